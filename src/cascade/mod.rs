@@ -1,0 +1,23 @@
+//! The binary TTL cascade as pure logic: no I/O, so it is tested exhaustively.
+//!
+//! A delay of `d` units is written as the L binary digits of `d` in the routing
+//! key. Level `l` holds a message for 2^l units when digit `l` is set and passes
+//! it straight down otherwise, so the waits add up to exactly `d` units. Each
+//! level queue has a single TTL, which keeps FIFO order equal to expiry order:
+//! no message ever waits behind a longer-lived one.
+
+mod plan;
+mod route;
+mod settings;
+#[cfg(test)]
+mod sim;
+
+pub use plan::{
+    ArgValue, Arguments, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec,
+    TopologyPlan,
+};
+pub use route::{Route, RouteError, validate_destination};
+pub use settings::{
+    Cascade, CascadeSettings, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType, SettingsError,
+    max_levels_for_unit,
+};

@@ -1,0 +1,286 @@
+//! The topology as data: every exchange, queue and binding the cascade needs.
+//!
+//! The provisioner declares exactly this, `provision --dry-run` prints it, and
+//! the routing simulator in the tests walks it, so all three agree by construction.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use super::settings::{Cascade, QueueType};
+
+pub(crate) fn level_exchange_name(prefix: &str, level: u32) -> String {
+    format!("{prefix}.level{level:02}")
+}
+
+pub(crate) fn level_queue_name(prefix: &str, level: u32) -> String {
+    format!("{prefix}.level{level:02}.wait")
+}
+
+/// The alternate exchange of the business exchange and the queue behind it share this name.
+pub(crate) fn unroutable_name(business_exchange: &str) -> String {
+    format!("{business_exchange}.unroutable")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeKind {
+    Topic,
+    Fanout,
+}
+
+/// An argument value, typed as RabbitMQ compares it on redeclaration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ArgValue {
+    Str(String),
+    Int(i64),
+}
+
+impl fmt::Display for ArgValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgValue::Str(s) => write!(f, "{s:?}"),
+            ArgValue::Int(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+pub type Arguments = BTreeMap<String, ArgValue>;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExchangeSpec {
+    pub name: String,
+    pub kind: ExchangeKind,
+    pub arguments: Arguments,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueSpec {
+    pub name: String,
+    pub arguments: Arguments,
+}
+
+impl QueueSpec {
+    pub fn ttl_ms(&self) -> Option<u64> {
+        match self.arguments.get("x-message-ttl") {
+            Some(ArgValue::Int(ttl)) => u64::try_from(*ttl).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn dead_letter_exchange(&self) -> Option<&str> {
+        match self.arguments.get("x-dead-letter-exchange") {
+            Some(ArgValue::Str(dlx)) => Some(dlx),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", content = "name", rename_all = "lowercase")]
+pub enum BindingTarget {
+    Queue(String),
+    Exchange(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BindingSpec {
+    pub source: String,
+    pub target: BindingTarget,
+    pub routing_key: String,
+}
+
+/// Everything to declare, in an order the broker accepts: exchanges, queues, bindings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopologyPlan {
+    pub exchanges: Vec<ExchangeSpec>,
+    pub queues: Vec<QueueSpec>,
+    pub bindings: Vec<BindingSpec>,
+}
+
+impl Cascade {
+    pub fn level_exchange(&self, level: u32) -> String {
+        level_exchange_name(self.prefix(), level)
+    }
+
+    pub fn level_queue(&self, level: u32) -> String {
+        level_queue_name(self.prefix(), level)
+    }
+
+    pub fn unroutable_exchange(&self) -> String {
+        unroutable_name(self.business_exchange())
+    }
+
+    pub fn unroutable_queue(&self) -> String {
+        unroutable_name(self.business_exchange())
+    }
+
+    /// Where level `level` sends what leaves it: the next level down, or the business exchange.
+    pub fn next_exchange(&self, level: u32) -> String {
+        match level.checked_sub(1) {
+            Some(lower) => self.level_exchange(lower),
+            None => self.business_exchange().to_owned(),
+        }
+    }
+
+    /// The binding key at level `level` that matches a routing key whose digit `level` is `digit`.
+    pub fn digit_pattern(&self, level: u32, digit: bool) -> String {
+        let mut pattern = "*.".repeat((self.levels() - 1 - level) as usize);
+        pattern.push_str(if digit { "1.#" } else { "0.#" });
+        pattern
+    }
+
+    fn queue_arguments(&self) -> Arguments {
+        let mut arguments = Arguments::new();
+        if self.queue_type() == QueueType::Quorum {
+            arguments.insert("x-queue-type".into(), ArgValue::Str("quorum".into()));
+            // At-least-once dead-lettering needs reject-publish overflow; together they
+            // mean a message is never dropped between two levels.
+            arguments.insert(
+                "x-dead-letter-strategy".into(),
+                ArgValue::Str("at-least-once".into()),
+            );
+            arguments.insert("x-overflow".into(), ArgValue::Str("reject-publish".into()));
+        }
+        arguments
+    }
+
+    pub fn plan(&self) -> TopologyPlan {
+        let business = self.business_exchange().to_owned();
+        let unroutable = self.unroutable_exchange();
+
+        let mut exchanges = vec![
+            ExchangeSpec {
+                name: unroutable.clone(),
+                kind: ExchangeKind::Fanout,
+                arguments: Arguments::new(),
+            },
+            ExchangeSpec {
+                name: business.clone(),
+                kind: ExchangeKind::Topic,
+                arguments: Arguments::from([(
+                    "alternate-exchange".to_owned(),
+                    ArgValue::Str(unroutable.clone()),
+                )]),
+            },
+        ];
+        let mut queues = vec![QueueSpec {
+            name: self.unroutable_queue(),
+            arguments: self.queue_arguments(),
+        }];
+        let mut bindings = vec![BindingSpec {
+            source: unroutable,
+            target: BindingTarget::Queue(self.unroutable_queue()),
+            routing_key: String::new(),
+        }];
+
+        for level in (0..self.levels()).rev() {
+            let exchange = self.level_exchange(level);
+            let queue = self.level_queue(level);
+            let next = self.next_exchange(level);
+            exchanges.push(ExchangeSpec {
+                name: exchange.clone(),
+                kind: ExchangeKind::Topic,
+                arguments: Arguments::new(),
+            });
+            let mut arguments = self.queue_arguments();
+            arguments.insert(
+                "x-message-ttl".into(),
+                // Validated against MAX_QUEUE_TTL_MS, far below i64::MAX.
+                ArgValue::Int(self.level_ttl_ms(level) as i64),
+            );
+            arguments.insert("x-dead-letter-exchange".into(), ArgValue::Str(next.clone()));
+            queues.push(QueueSpec {
+                name: queue.clone(),
+                arguments,
+            });
+            bindings.push(BindingSpec {
+                source: exchange.clone(),
+                target: BindingTarget::Queue(queue),
+                routing_key: self.digit_pattern(level, true),
+            });
+            bindings.push(BindingSpec {
+                source: exchange,
+                target: BindingTarget::Exchange(next),
+                routing_key: self.digit_pattern(level, false),
+            });
+        }
+        TopologyPlan {
+            exchanges,
+            queues,
+            bindings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cascade::CascadeSettings;
+
+    #[test]
+    fn four_levels_of_one_second() {
+        let cascade = CascadeSettings {
+            levels: 4,
+            unit_ms: 1000,
+            prefix: "p".into(),
+            business_exchange: "biz".into(),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        let plan = cascade.plan();
+        let names: Vec<_> = plan.exchanges.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["biz.unroutable", "biz", "p.level03", "p.level02", "p.level01", "p.level00"]
+        );
+        let level3 = &plan.queues[1];
+        assert_eq!(level3.name, "p.level03.wait");
+        assert_eq!(level3.ttl_ms(), Some(8000));
+        assert_eq!(level3.dead_letter_exchange(), Some("p.level02"));
+        assert_eq!(
+            level3.arguments.get("x-dead-letter-strategy"),
+            Some(&ArgValue::Str("at-least-once".into()))
+        );
+        assert_eq!(
+            level3.arguments.get("x-overflow"),
+            Some(&ArgValue::Str("reject-publish".into()))
+        );
+        assert_eq!(plan.queues[4].dead_letter_exchange(), Some("biz"));
+        let level1: Vec<_> = plan
+            .bindings
+            .iter()
+            .filter(|b| b.source == "p.level01")
+            .map(|b| (b.routing_key.as_str(), &b.target))
+            .collect();
+        assert_eq!(
+            level1,
+            [
+                ("*.*.1.#", &BindingTarget::Queue("p.level01.wait".into())),
+                ("*.*.0.#", &BindingTarget::Exchange("p.level00".into())),
+            ]
+        );
+        assert_eq!(
+            plan.exchanges[1].arguments.get("alternate-exchange"),
+            Some(&ArgValue::Str("biz.unroutable".into()))
+        );
+    }
+
+    #[test]
+    fn classic_queues_carry_no_quorum_arguments() {
+        let cascade = CascadeSettings {
+            levels: 2,
+            queue_type: QueueType::Classic,
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        for queue in cascade.plan().queues {
+            assert!(!queue.arguments.contains_key("x-queue-type"));
+            assert!(!queue.arguments.contains_key("x-overflow"));
+        }
+    }
+}

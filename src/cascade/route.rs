@@ -1,0 +1,225 @@
+//! From a requested delay and a destination to a routing key and an entry exchange.
+
+use std::time::Duration;
+
+use super::settings::{Cascade, MAX_NAME_BYTES};
+
+/// Where and how to publish one task so that it reaches the business exchange
+/// after exactly `delay_units` units, with `routing_key` unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// L binary digits of the delay, most significant first, then the destination.
+    pub routing_key: String,
+    /// The exchange of the highest set digit, or the business exchange for a zero delay.
+    pub entry_exchange: String,
+    pub delay_units: u64,
+    /// `delay_units * unit_ms`: the requested delay rounded up to the unit.
+    pub delay_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("destination {0}")]
+    InvalidDestination(String),
+    #[error(
+        "destination is {len} bytes; with {levels} levels the routing key allows at most {max} bytes of destination"
+    )]
+    DestinationTooLong { len: usize, levels: u32, max: usize },
+    #[error(
+        "a delay of {requested_ms} ms is beyond the longest this cascade supports ({max_ms} ms, {levels} levels of {unit_ms} ms)"
+    )]
+    DelayTooLong {
+        requested_ms: u128,
+        max_ms: u64,
+        levels: u32,
+        unit_ms: u64,
+    },
+}
+
+/// Checks that `destination` is dot-separated words of `[A-Za-z0-9_-]+`.
+///
+/// Wildcards are refused because a consumer binding could no longer name the
+/// destination exactly, and empty words because topic matching treats them
+/// differently across brokers.
+pub fn validate_destination(destination: &str) -> Result<(), RouteError> {
+    if destination.is_empty() {
+        return Err(RouteError::InvalidDestination("must not be empty".to_owned()));
+    }
+    for word in destination.split('.') {
+        if word.is_empty() {
+            return Err(RouteError::InvalidDestination(format!(
+                "{destination:?} has an empty word: words are separated by single dots"
+            )));
+        }
+        if let Some(c) = word
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')))
+        {
+            return Err(RouteError::InvalidDestination(format!(
+                "{destination:?} contains {c:?}; words may only hold A-Z, a-z, 0-9, '_' and '-'"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Cascade {
+    /// The longest destination that still fits AMQP's 255-byte routing key.
+    pub fn max_destination_bytes(&self) -> usize {
+        MAX_NAME_BYTES - 2 * self.levels() as usize
+    }
+
+    /// Rounds `delay` UP to a whole number of units: a task is never early.
+    pub fn delay_units(&self, delay: Duration) -> Result<u64, RouteError> {
+        let unit_ns = u128::from(self.unit_ms()) * 1_000_000;
+        let units = delay.as_nanos().div_ceil(unit_ns);
+        if units > u128::from(self.max_delay_units()) {
+            return Err(RouteError::DelayTooLong {
+                requested_ms: delay.as_nanos().div_ceil(1_000_000),
+                max_ms: self.max_delay_ms(),
+                levels: self.levels(),
+                unit_ms: self.unit_ms(),
+            });
+        }
+        // Bounded by max_delay_units above, which is a u64.
+        Ok(units as u64)
+    }
+
+    /// Plans the route of a task: validates the destination, rounds the delay up
+    /// and encodes it as the routing key's binary digits.
+    pub fn route(&self, delay: Duration, destination: &str) -> Result<Route, RouteError> {
+        validate_destination(destination)?;
+        let max = self.max_destination_bytes();
+        if destination.len() > max {
+            return Err(RouteError::DestinationTooLong {
+                len: destination.len(),
+                levels: self.levels(),
+                max,
+            });
+        }
+        let delay_units = self.delay_units(delay)?;
+        Ok(self.route_units(delay_units, destination))
+    }
+
+    /// The route of a delay already expressed in units (`<= max_delay_units`),
+    /// to an already validated destination.
+    pub fn route_units(&self, delay_units: u64, destination: &str) -> Route {
+        debug_assert!(delay_units <= self.max_delay_units());
+        let levels = self.levels();
+        let mut routing_key = String::with_capacity(2 * levels as usize + destination.len());
+        for level in (0..levels).rev() {
+            routing_key.push(if delay_units >> level & 1 == 1 { '1' } else { '0' });
+            routing_key.push('.');
+        }
+        routing_key.push_str(destination);
+        let entry_exchange = match delay_units.checked_ilog2() {
+            Some(highest_set_digit) => self.level_exchange(highest_set_digit),
+            None => self.business_exchange().to_owned(),
+        };
+        Route {
+            routing_key,
+            entry_exchange,
+            delay_units,
+            delay_ms: delay_units * self.unit_ms(),
+        }
+    }
+
+    /// The key a consumer binds its queue to the business exchange with to receive
+    /// exactly one destination: `#.b` would also match a destination `a.b`, whereas
+    /// L `*` words match only the L delay digits.
+    pub fn binding_key(&self, destination: &str) -> String {
+        let mut key = "*.".repeat(self.levels() as usize);
+        key.push_str(destination);
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cascade::CascadeSettings;
+
+    fn cascade(levels: u32, unit_ms: u64) -> Cascade {
+        CascadeSettings {
+            levels,
+            unit_ms,
+            prefix: "t".to_owned(),
+            business_exchange: "biz".to_owned(),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn worked_example_ten_seconds_with_four_levels() {
+        let route = cascade(4, 1000)
+            .route(Duration::from_secs(10), "d")
+            .unwrap();
+        assert_eq!(route.routing_key, "1.0.1.0.d");
+        assert_eq!(route.entry_exchange, "t.level03");
+        assert_eq!(route.delay_units, 10);
+        assert_eq!(route.delay_ms, 10_000);
+    }
+
+    #[test]
+    fn delays_round_up_to_the_unit() {
+        let c = cascade(8, 100);
+        assert_eq!(c.delay_units(Duration::ZERO).unwrap(), 0);
+        assert_eq!(c.delay_units(Duration::from_nanos(1)).unwrap(), 1);
+        assert_eq!(c.delay_units(Duration::from_millis(100)).unwrap(), 1);
+        assert_eq!(c.delay_units(Duration::from_millis(101)).unwrap(), 2);
+        assert_eq!(c.delay_units(Duration::from_micros(199_999)).unwrap(), 2);
+    }
+
+    #[test]
+    fn boundaries_zero_one_max_and_beyond() {
+        let c = cascade(4, 10);
+        let zero = c.route(Duration::ZERO, "d").unwrap();
+        assert_eq!(zero.routing_key, "0.0.0.0.d");
+        assert_eq!(zero.entry_exchange, "biz");
+        let one = c.route(Duration::from_millis(10), "d").unwrap();
+        assert_eq!(one.routing_key, "0.0.0.1.d");
+        assert_eq!(one.entry_exchange, "t.level00");
+        let max = c.route(Duration::from_millis(150), "d").unwrap();
+        assert_eq!(max.routing_key, "1.1.1.1.d");
+        assert_eq!(max.delay_ms, 150);
+        let err = c.route(Duration::from_micros(150_001), "d").unwrap_err();
+        assert_eq!(
+            err,
+            RouteError::DelayTooLong {
+                requested_ms: 151,
+                max_ms: 150,
+                levels: 4,
+                unit_ms: 10
+            }
+        );
+    }
+
+    #[test]
+    fn routing_key_fits_255_bytes_exactly() {
+        let c = cascade(32, 100);
+        let longest = "d".repeat(255 - 64);
+        assert_eq!(c.route(Duration::ZERO, &longest).unwrap().routing_key.len(), 255);
+        let too_long = "d".repeat(255 - 63);
+        assert!(matches!(
+            c.route(Duration::ZERO, &too_long),
+            Err(RouteError::DestinationTooLong { len: 192, levels: 32, max: 191 })
+        ));
+    }
+
+    #[test]
+    fn destinations_are_plain_words() {
+        for ok in ["d", "billing.invoice", "a-b_c.D9"] {
+            assert!(validate_destination(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a..b", ".a", "a.", "a.*", "#", "a b", "é", "a/b"] {
+            assert!(validate_destination(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn binding_key_has_one_star_per_level() {
+        assert_eq!(cascade(4, 10).binding_key("a.b"), "*.*.*.*.a.b");
+    }
+}

@@ -1,0 +1,175 @@
+//! Configuration: built-in defaults, then an optional file, then environment
+//! variables (`DELAYLINE__SECTION__KEY`), each overriding the one before.
+//!
+//! Unknown keys are errors rather than silently ignored: a misspelt
+//! `unit_ms` would otherwise change every delay without a word.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cascade::{Cascade, CascadeSettings, SettingsError};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub amqp: AmqpSettings,
+    pub http: HttpSettings,
+    pub cascade: CascadeSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpSettings {
+    /// `amqp://user:password@host:port/vhost` (`%2f` is the default vhost).
+    pub uri: String,
+    /// Channels publishes are spread over; confirms are pipelined on each.
+    pub publish_channels: usize,
+    /// How long a publish waits for the broker's confirm before answering 503.
+    pub confirm_timeout_ms: u64,
+    /// Upper bound of the exponential back-off between reconnection attempts.
+    pub reconnect_max_backoff_ms: u64,
+}
+
+impl Default for AmqpSettings {
+    fn default() -> Self {
+        Self {
+            uri: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            publish_channels: 4,
+            confirm_timeout_ms: 10_000,
+            reconnect_max_backoff_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    pub bind: String,
+    /// Largest accepted request body; larger ones get 413.
+    pub body_limit_bytes: usize,
+    /// Most tasks in one batch request.
+    pub batch_limit: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".to_owned(),
+            body_limit_bytes: 1024 * 1024,
+            batch_limit: 1000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A tracing env-filter directive; `RUST_LOG` takes precedence when set.
+    pub filter: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("configuration: {0}")]
+    Cascade(#[from] SettingsError),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+pub const ENV_PREFIX: &str = "DELAYLINE";
+
+impl Settings {
+    /// Defaults, overridden by `file` when given, overridden by the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder()
+            .add_source(config::Config::try_from(&Settings::default())?);
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let settings: Settings = builder
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?
+            .try_deserialize()?;
+        settings.check()?;
+        Ok(settings)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.amqp.publish_channels == 0 {
+            return Err(ConfigError::Invalid(
+                "amqp.publish_channels must be at least 1".into(),
+            ));
+        }
+        if self.http.batch_limit == 0 {
+            return Err(ConfigError::Invalid(
+                "http.batch_limit must be at least 1".into(),
+            ));
+        }
+        self.cascade()?;
+        Ok(())
+    }
+
+    pub fn cascade(&self) -> Result<Cascade, ConfigError> {
+        Ok(self.cascade.clone().validate()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn file_overrides_defaults_and_unknown_keys_are_errors() {
+        let mut file = tempfile();
+        writeln!(file.1, "[cascade]\nlevels = 8\nunit_ms = 10\nqueue_type = \"classic\"").unwrap();
+        let settings = Settings::load(Some(&file.0)).unwrap();
+        assert_eq!(settings.cascade.levels, 8);
+        assert_eq!(settings.cascade.unit_ms, 10);
+        assert_eq!(settings.amqp, AmqpSettings::default());
+
+        let mut bad = tempfile();
+        writeln!(bad.1, "[cascade]\nunit_msec = 10").unwrap();
+        let err = Settings::load(Some(&bad.0)).unwrap_err().to_string();
+        assert!(err.contains("unit_msec"), "{err}");
+
+        let mut too_long = tempfile();
+        writeln!(too_long.1, "[cascade]\nlevels = 33").unwrap();
+        let err = Settings::load(Some(&too_long.0)).unwrap_err().to_string();
+        assert!(err.contains("largest levels"), "{err}");
+    }
+
+    fn tempfile() -> (std::path::PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("delayline-{}.toml", uuid::Uuid::new_v4()));
+        let file = std::fs::File::create(&path).unwrap();
+        (path, file)
+    }
+}

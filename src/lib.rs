@@ -1,0 +1,4 @@
+pub mod cascade;
+pub mod config;
+pub mod task;
+pub mod telemetry;

@@ -1,0 +1,418 @@
+//! A task as submitted over HTTP, validated into what gets published.
+//!
+//! Pure: the current time is an argument, so every rule (one delay field,
+//! past `deliver_at` means now, never early) is unit-tested without a clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::cascade::{Cascade, MAX_NAME_BYTES, Route, RouteError};
+
+/// Headers delayline sets itself, and those the broker manages while dead-lettering.
+pub const DELAY_HEADER: &str = "x-delay-ms";
+pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
+const BROKER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-last-death"];
+
+/// The JSON body of `POST /v1/tasks`, as received.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskRequest<'a> {
+    destination: String,
+    delay_ms: Option<i64>,
+    delay: Option<String>,
+    deliver_at: Option<String>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    payload_base64: Option<String>,
+    content_type: Option<String>,
+    headers: Option<BTreeMap<String, serde_json::Value>>,
+    id: Option<String>,
+}
+
+/// The JSON body of `POST /v1/tasks/batch`: each task is parsed on its own so
+/// that one invalid task does not reject the others.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest<'a> {
+    #[serde(borrow)]
+    pub tasks: Vec<&'a RawValue>,
+}
+
+/// A caller-supplied header value; AMQP tables carry each as its own type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeaderValue {
+    Str(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+/// A valid task, ready to publish.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    pub id: String,
+    pub destination: String,
+    pub route: Route,
+    /// Epoch milliseconds at acceptance, rounded down: the start of the delay.
+    pub accepted_at_ms: u64,
+    /// `accepted_at_ms + route.delay_ms`: the earliest moment of delivery.
+    pub deliver_at_ms: u64,
+    pub payload: Vec<u8>,
+    pub content_type: String,
+    pub headers: Vec<(String, HeaderValue)>,
+}
+
+/// What a 202 answers for an accepted task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskAccepted {
+    pub id: String,
+    pub destination: String,
+    pub routing_key: String,
+    pub delay_ms: u64,
+    pub deliver_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    InvalidDestination(String),
+    #[error("{0}")]
+    InvalidDelay(String),
+    #[error("{0}")]
+    DelayOutOfRange(String),
+    #[error("{0}")]
+    InvalidPayload(String),
+    #[error("{0}")]
+    InvalidHeader(String),
+    #[error("{0}")]
+    InvalidId(String),
+}
+
+impl TaskError {
+    /// The stable, machine-readable code of the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TaskError::MalformedJson(_) => "malformed_json",
+            TaskError::InvalidRequest(_) => "invalid_request",
+            TaskError::InvalidDestination(_) => "invalid_destination",
+            TaskError::InvalidDelay(_) => "invalid_delay",
+            TaskError::DelayOutOfRange(_) => "delay_out_of_range",
+            TaskError::InvalidPayload(_) => "invalid_payload",
+            TaskError::InvalidHeader(_) => "invalid_header",
+            TaskError::InvalidId(_) => "invalid_id",
+        }
+    }
+
+    pub(crate) fn from_json(error: &serde_json::Error) -> Self {
+        match error.classify() {
+            serde_json::error::Category::Data => TaskError::InvalidRequest(error.to_string()),
+            _ => TaskError::MalformedJson(error.to_string()),
+        }
+    }
+}
+
+impl From<RouteError> for TaskError {
+    fn from(error: RouteError) -> Self {
+        match error {
+            RouteError::DelayTooLong { .. } => TaskError::DelayOutOfRange(error.to_string()),
+            RouteError::InvalidDestination(_) | RouteError::DestinationTooLong { .. } => {
+                TaskError::InvalidDestination(error.to_string())
+            }
+        }
+    }
+}
+
+pub fn epoch_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Formats epoch milliseconds as RFC 3339 in UTC, with millisecond precision.
+pub fn format_epoch_ms(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+impl Task {
+    /// Parses and validates one task body received at `now`.
+    pub fn parse(body: &[u8], cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
+        let request: TaskRequest = serde_json::from_slice(body).map_err(|e| TaskError::from_json(&e))?;
+        request.validate(cascade, now)
+    }
+
+    pub fn accepted(&self) -> TaskAccepted {
+        TaskAccepted {
+            id: self.id.clone(),
+            destination: self.destination.clone(),
+            routing_key: self.route.routing_key.clone(),
+            delay_ms: self.route.delay_ms,
+            deliver_at: format_epoch_ms(self.deliver_at_ms),
+        }
+    }
+}
+
+impl TaskRequest<'_> {
+    fn validate(self, cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
+        // The delay starts at the whole millisecond before `now`, so that
+        // `deliver_at_ms` is a bound the broker can only meet late, never early.
+        let accepted_at_ms = epoch_ms(now);
+        let delay = self.requested_delay(accepted_at_ms)?;
+        let route = cascade.route(delay, &self.destination)?;
+        let (payload, content_type) = self.payload()?;
+        Ok(Task {
+            id: validate_id(self.id)?,
+            deliver_at_ms: accepted_at_ms + route.delay_ms,
+            accepted_at_ms,
+            route,
+            destination: self.destination,
+            payload,
+            content_type,
+            headers: validate_headers(self.headers.unwrap_or_default())?,
+        })
+    }
+
+    fn requested_delay(&self, accepted_at_ms: u64) -> Result<Duration, TaskError> {
+        match (self.delay_ms, &self.delay, &self.deliver_at) {
+            (Some(ms), None, None) => u64::try_from(ms).map(Duration::from_millis).map_err(|_| {
+                TaskError::InvalidDelay(format!("delay_ms must not be negative, got {ms}"))
+            }),
+            (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
+                TaskError::InvalidDelay(format!(
+                    "delay {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
+                ))
+            }),
+            (None, None, Some(text)) => {
+                let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| {
+                    TaskError::InvalidDelay(format!(
+                        "deliver_at {text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\": {e}"
+                    ))
+                })?;
+                let from = i128::from(accepted_at_ms) * 1_000_000;
+                let nanos = at.unix_timestamp_nanos() - from;
+                // A deliver_at in the past means "now".
+                Ok(Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX)))
+            }
+            _ => Err(TaskError::InvalidDelay(
+                "give exactly one of delay_ms, delay or deliver_at".to_owned(),
+            )),
+        }
+    }
+
+    fn payload(&self) -> Result<(Vec<u8>, String), TaskError> {
+        if let Some(content_type) = &self.content_type {
+            if content_type.is_empty() || content_type.len() > MAX_NAME_BYTES {
+                return Err(TaskError::InvalidPayload(format!(
+                    "content_type must be 1 to {MAX_NAME_BYTES} bytes"
+                )));
+            }
+        }
+        let (payload, default_type) = match (self.payload, &self.payload_base64) {
+            (Some(_), Some(_)) => {
+                return Err(TaskError::InvalidPayload(
+                    "give payload or payload_base64, not both".to_owned(),
+                ));
+            }
+            (Some(json), None) => (json.get().as_bytes().to_vec(), "application/json"),
+            (None, Some(encoded)) => (
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| {
+                        TaskError::InvalidPayload(format!("payload_base64 is not valid base64: {e}"))
+                    })?,
+                "application/octet-stream",
+            ),
+            (None, None) => (Vec::new(), "application/octet-stream"),
+        };
+        let content_type = self.content_type.as_deref().unwrap_or(default_type);
+        Ok((payload, content_type.to_owned()))
+    }
+}
+
+fn validate_id(id: Option<String>) -> Result<String, TaskError> {
+    let Some(id) = id else {
+        return Ok(uuid::Uuid::new_v4().to_string());
+    };
+    if id.is_empty() || id.len() > MAX_NAME_BYTES || id.chars().any(char::is_control) {
+        return Err(TaskError::InvalidId(format!(
+            "id must be 1 to {MAX_NAME_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(id)
+}
+
+fn validate_headers(
+    headers: BTreeMap<String, serde_json::Value>,
+) -> Result<Vec<(String, HeaderValue)>, TaskError> {
+    headers
+        .into_iter()
+        .map(|(name, value)| {
+            if name.is_empty() || name.len() > MAX_NAME_BYTES {
+                return Err(TaskError::InvalidHeader(format!(
+                    "header names must be 1 to {MAX_NAME_BYTES} bytes"
+                )));
+            }
+            let lower = name.to_ascii_lowercase();
+            if lower == DELAY_HEADER
+                || lower == DELIVER_AT_HEADER
+                || BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
+            {
+                return Err(TaskError::InvalidHeader(format!(
+                    "header {name:?} is reserved for delayline or the broker"
+                )));
+            }
+            let value = match value {
+                serde_json::Value::String(s) => HeaderValue::Str(s),
+                serde_json::Value::Bool(b) => HeaderValue::Bool(b),
+                serde_json::Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                    (Some(i), _) => HeaderValue::Int(i),
+                    (None, Some(f)) if n.is_f64() => HeaderValue::Float(f),
+                    _ => {
+                        return Err(TaskError::InvalidHeader(format!(
+                            "header {name:?}: {n} does not fit a signed 64-bit integer"
+                        )));
+                    }
+                },
+                other => {
+                    return Err(TaskError::InvalidHeader(format!(
+                        "header {name:?} must be a string, number or boolean, got {other}"
+                    )));
+                }
+            };
+            Ok((name, value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cascade::CascadeSettings;
+
+    fn cascade() -> Cascade {
+        CascadeSettings {
+            levels: 8,
+            unit_ms: 100,
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    /// 2026-01-01T00:00:00.250Z plus half a millisecond.
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_micros(1_767_225_600_250_500)
+    }
+
+    fn parse(body: &str) -> Result<Task, TaskError> {
+        Task::parse(body.as_bytes(), &cascade(), now())
+    }
+
+    #[test]
+    fn json_payload_is_delivered_as_its_bytes() {
+        let task = parse(r#"{"destination":"a.b","delay_ms":150,"payload":{"k": [1, 2]}}"#).unwrap();
+        assert_eq!(task.payload, br#"{"k": [1, 2]}"#);
+        assert_eq!(task.content_type, "application/json");
+        assert_eq!(task.route.delay_ms, 200);
+        assert_eq!(task.route.routing_key, "0.0.0.0.0.0.1.0.a.b");
+        assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
+        assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
+        assert_eq!(task.accepted().deliver_at, "2026-01-01T00:00:00.45Z");
+        assert!(uuid::Uuid::parse_str(&task.id).is_ok());
+    }
+
+    #[test]
+    fn the_three_ways_to_say_when() {
+        assert_eq!(parse(r#"{"destination":"d","delay":"1s"}"#).unwrap().route.delay_ms, 1000);
+        assert_eq!(parse(r#"{"destination":"d","delay":"2s 500ms"}"#).unwrap().route.delay_ms, 2500);
+        assert_eq!(parse(r#"{"destination":"d","delay":"1s50ms"}"#).unwrap().route.delay_ms, 1100);
+        let at = parse(r#"{"destination":"d","deliver_at":"2026-01-01T00:00:01.3001Z"}"#).unwrap();
+        // 1050.1 ms after the accepted millisecond, rounded up to 11 units.
+        assert_eq!(at.route.delay_ms, 1100);
+        assert!(at.deliver_at_ms as f64 >= 1_767_225_601_300.1);
+        let offset = parse(r#"{"destination":"d","deliver_at":"2026-01-01T01:00:01.25+01:00"}"#).unwrap();
+        assert_eq!(offset.route.delay_ms, 1000);
+    }
+
+    #[test]
+    fn a_past_deliver_at_means_now() {
+        let task = parse(r#"{"destination":"d","deliver_at":"2020-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(task.route.delay_ms, 0);
+        assert_eq!(task.route.entry_exchange, "delayline.business");
+    }
+
+    #[test]
+    fn base64_payload_with_content_type() {
+        let task = parse(r#"{"destination":"d","delay_ms":0,"payload_base64":"AAEC/w==","content_type":"image/x"}"#)
+            .unwrap();
+        assert_eq!(task.payload, [0, 1, 2, 255]);
+        assert_eq!(task.content_type, "image/x");
+    }
+
+    #[test]
+    fn headers_keep_their_types() {
+        let task = parse(
+            r#"{"destination":"d","delay_ms":0,"id":"t-1","headers":{"s":"v","i":-3,"f":1.5,"b":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(task.id, "t-1");
+        assert_eq!(
+            task.headers,
+            [
+                ("b".into(), HeaderValue::Bool(true)),
+                ("f".into(), HeaderValue::Float(1.5)),
+                ("i".into(), HeaderValue::Int(-3)),
+                ("s".into(), HeaderValue::Str("v".into())),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_bad_request_has_its_code() {
+        let long_destination = format!(r#"{{"destination":"{}","delay_ms":1}}"#, "d".repeat(240));
+        let cases: &[(&str, &str)] = &[
+            ("{", "malformed_json"),
+            ("[]", "invalid_request"),
+            (r#"{"delay_ms":1}"#, "invalid_request"),
+            (r#"{"destination":"d","delay_ms":1,"delay_sec":3}"#, "invalid_request"),
+            (r#"{"destination":"d","delay_ms":1.5}"#, "invalid_request"),
+            (r#"{"destination":"a.*","delay_ms":1}"#, "invalid_destination"),
+            (r#"{"destination":"a..b","delay_ms":1}"#, "invalid_destination"),
+            (&long_destination, "invalid_destination"),
+            (r#"{"destination":"d"}"#, "invalid_delay"),
+            (r#"{"destination":"d","delay_ms":1,"delay":"1s"}"#, "invalid_delay"),
+            (r#"{"destination":"d","delay_ms":-1}"#, "invalid_delay"),
+            (r#"{"destination":"d","delay":"soon"}"#, "invalid_delay"),
+            (r#"{"destination":"d","deliver_at":"tomorrow"}"#, "invalid_delay"),
+            (r#"{"destination":"d","delay_ms":25501}"#, "delay_out_of_range"),
+            (r#"{"destination":"d","delay":"1h"}"#, "delay_out_of_range"),
+            (r#"{"destination":"d","delay_ms":1,"payload":1,"payload_base64":"AA=="}"#, "invalid_payload"),
+            (r#"{"destination":"d","delay_ms":1,"payload_base64":"%%"}"#, "invalid_payload"),
+            (r#"{"destination":"d","delay_ms":1,"content_type":""}"#, "invalid_payload"),
+            (r#"{"destination":"d","delay_ms":1,"headers":{"x-delay-ms":1}}"#, "invalid_header"),
+            (r#"{"destination":"d","delay_ms":1,"headers":{"X-Death":"x"}}"#, "invalid_header"),
+            (r#"{"destination":"d","delay_ms":1,"headers":{"k":null}}"#, "invalid_header"),
+            (r#"{"destination":"d","delay_ms":1,"headers":{"k":[1]}}"#, "invalid_header"),
+            (r#"{"destination":"d","delay_ms":1,"headers":{"k":18446744073709551615}}"#, "invalid_header"),
+            (r#"{"destination":"d","delay_ms":1,"id":""}"#, "invalid_id"),
+        ];
+        for (body, code) in cases {
+            let err = parse(body).unwrap_err();
+            assert_eq!(err.code(), *code, "{body}: {err}");
+        }
+        assert!(parse(r#"{"destination":"d","delay_ms":25500}"#).is_ok());
+    }
+}

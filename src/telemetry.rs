@@ -1,0 +1,22 @@
+//! Logging set-up: human-readable text by default, JSON lines for log shippers.
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+use crate::config::{LogFormat, LogSettings};
+
+/// Installs the global subscriber. `RUST_LOG`, when set, wins over `log.filter`
+/// so an operator can turn up verbosity without touching the configuration.
+pub fn init(settings: &LogSettings) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&settings.filter))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = match settings.format {
+        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Json => registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init(),
+    };
+    // A second initialisation (several services in one test binary) keeps the first subscriber.
+    let _ = result;
+}
