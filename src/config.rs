@@ -75,7 +75,9 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, default)]
 pub struct LogSettings {
     pub format: LogFormat,
-    /// A tracing env-filter directive; `RUST_LOG` takes precedence when set.
+    /// A tracing env-filter directive; `RUST_LOG` takes precedence when set. lapin is
+    /// silenced by default: it logs every channel the broker closes, even expected ones,
+    /// and delayline reports the connection problems that matter itself.
     pub filter: String,
 }
 
@@ -83,7 +85,7 @@ impl Default for LogSettings {
     fn default() -> Self {
         Self {
             format: LogFormat::Text,
-            filter: "info".to_owned(),
+            filter: "info,lapin=off".to_owned(),
         }
     }
 }

@@ -1,0 +1,115 @@
+//! Everything that talks to RabbitMQ: connecting, declaring the plan, publishing.
+
+mod diagnose;
+mod provision;
+mod publisher;
+
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Connection, ConnectionProperties};
+
+pub use diagnose::{Difference, TopologyConflict};
+pub use provision::{ProvisionReport, provision};
+pub use publisher::{PublishError, Publisher, PublisherOptions};
+
+use crate::cascade::{ArgValue, Arguments};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("cannot connect to RabbitMQ at {uri}: {source}")]
+    Connect { uri: String, source: lapin::Error },
+    #[error("{context}: {source}")]
+    Call {
+        context: String,
+        source: lapin::Error,
+    },
+    #[error(transparent)]
+    Conflict(#[from] TopologyConflict),
+}
+
+impl BrokerError {
+    /// A conflict needs an operator; anything else may pass by reconnecting.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, BrokerError::Conflict(_))
+    }
+}
+
+/// Adds what was being attempted to every broker error.
+pub(crate) trait Context<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T, BrokerError>;
+}
+
+impl<T> Context<T> for Result<T, lapin::Error> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T, BrokerError> {
+        self.map_err(|source| BrokerError::Call {
+            context: context(),
+            source,
+        })
+    }
+}
+
+/// The URI without its password, for logs and error messages.
+pub fn redact_uri(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => uri.to_owned(),
+    }
+}
+
+pub async fn connect(uri: &str, name: &str) -> Result<Connection, BrokerError> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(uri, properties)
+        .await
+        .map_err(|source| BrokerError::Connect {
+            uri: redact_uri(uri),
+            source,
+        })
+}
+
+pub(crate) fn amqp_value(value: &ArgValue) -> AMQPValue {
+    match value {
+        ArgValue::Str(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        ArgValue::Int(i) => AMQPValue::LongLongInt(*i),
+    }
+}
+
+pub(crate) fn field_table(arguments: &Arguments) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in arguments {
+        table.insert(ShortString::from(key.as_str()), amqp_value(value));
+    }
+    table
+}
+
+/// The broker's text for a PRECONDITION_FAILED channel error, if that is what `error` is.
+pub(crate) fn precondition_failed(error: &lapin::Error) -> Option<String> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp)
+            if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) =>
+        {
+            let text = amqp.get_message().as_str();
+            Some(text.strip_prefix("PRECONDITION_FAILED - ").unwrap_or(text).to_owned())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redact_uri("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact_uri("amqp://host"), "amqp://host");
+    }
+}

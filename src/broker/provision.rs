@@ -1,0 +1,135 @@
+//! Declares the topology plan. Declarations are idempotent on the broker, so
+//! running this at every start, or twice, changes nothing.
+
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use serde::Serialize;
+
+use super::diagnose::{diagnose_exchange, diagnose_queue};
+use super::{BrokerError, Context, field_table, precondition_failed};
+use crate::cascade::{BindingTarget, ExchangeKind, TopologyPlan};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProvisionReport {
+    pub exchanges: usize,
+    pub queues: usize,
+    pub bindings: usize,
+}
+
+pub(crate) fn lapin_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
+    match kind {
+        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+    }
+}
+
+pub(crate) fn durable_exchange() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    }
+}
+
+pub(crate) fn durable_queue() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+async fn open_channel(connection: &Connection) -> Result<Channel, BrokerError> {
+    connection
+        .create_channel()
+        .await
+        .context(|| "opening a channel to provision the topology".to_owned())
+}
+
+/// Declares every exchange, queue and binding of `plan`.
+///
+/// When the broker already holds an object with other settings, the error
+/// lists every difference, not just the first one the broker reports.
+pub async fn provision(
+    connection: &Connection,
+    plan: &TopologyPlan,
+) -> Result<ProvisionReport, BrokerError> {
+    let channel = open_channel(connection).await?;
+    for exchange in &plan.exchanges {
+        let declared = channel
+            .exchange_declare(
+                exchange.name.as_str().into(),
+                lapin_kind(exchange.kind),
+                durable_exchange(),
+                field_table(&exchange.arguments),
+            )
+            .await;
+        if let Err(error) = declared {
+            return Err(match precondition_failed(&error) {
+                Some(text) => diagnose_exchange(connection, exchange, text).await.into(),
+                None => BrokerError::Call {
+                    context: format!("declaring exchange {:?}", exchange.name),
+                    source: error,
+                },
+            });
+        }
+    }
+    for queue in &plan.queues {
+        let declared = channel
+            .queue_declare(
+                queue.name.as_str().into(),
+                durable_queue(),
+                field_table(&queue.arguments),
+            )
+            .await;
+        if let Err(error) = declared {
+            return Err(match precondition_failed(&error) {
+                Some(text) => diagnose_queue(connection, queue, text).await.into(),
+                None => BrokerError::Call {
+                    context: format!("declaring queue {:?}", queue.name),
+                    source: error,
+                },
+            });
+        }
+    }
+    for binding in &plan.bindings {
+        let bound = match &binding.target {
+            BindingTarget::Queue(queue) => {
+                channel
+                    .queue_bind(
+                        queue.as_str().into(),
+                        binding.source.as_str().into(),
+                        binding.routing_key.as_str().into(),
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+            }
+            BindingTarget::Exchange(exchange) => {
+                channel
+                    .exchange_bind(
+                        exchange.as_str().into(),
+                        binding.source.as_str().into(),
+                        binding.routing_key.as_str().into(),
+                        ExchangeBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+            }
+        };
+        bound.context(|| {
+            format!(
+                "binding {:?} to {:?} with {:?}",
+                binding.source, binding.target, binding.routing_key
+            )
+        })?;
+    }
+    // Closing is a courtesy; the declarations are already done.
+    let _ = channel.close(200, "provisioned".into()).await;
+    Ok(ProvisionReport {
+        exchanges: plan.exchanges.len(),
+        queues: plan.queues.len(),
+        bindings: plan.bindings.len(),
+    })
+}

@@ -1,0 +1,143 @@
+//! The command line: `serve`, `provision [--dry-run]`, `route`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::broker::{connect, provision};
+use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
+use crate::config::Settings;
+use crate::service::{self, shutdown_signal};
+
+#[derive(Debug, Parser)]
+#[command(name = "delayline", version, about = "Delayed delivery for RabbitMQ")]
+pub struct Cli {
+    /// Configuration file (TOML); DELAYLINE__SECTION__KEY variables override it.
+    #[arg(long, global = true, env = "DELAYLINE_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Provision the topology, then accept tasks over HTTP.
+    Serve,
+    /// Declare the cascade's exchanges, queues and bindings on the broker.
+    Provision {
+        /// Print the plan without touching the broker.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show how a task would be routed.
+    Route {
+        /// Delay such as 90s, 1h30m or 250ms.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        delay: std::time::Duration,
+        #[arg(long)]
+        destination: String,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("delayline: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init(&settings.log);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("delayline: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command, settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("delayline: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    let cascade = settings.cascade()?;
+    match command {
+        Command::Serve => {
+            let listener = tokio::net::TcpListener::bind(&settings.http.bind)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
+            service::run(settings, listener, shutdown_signal()).await?;
+        }
+        Command::Provision { dry_run: true } => print!("{}", describe_plan(&cascade.plan())),
+        Command::Provision { dry_run: false } => {
+            let connection = connect(&settings.amqp.uri, "delayline provision").await?;
+            let report = provision(&connection, &cascade.plan()).await;
+            let _ = connection.close(200, "provisioned".into()).await;
+            let report = report?;
+            println!(
+                "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
+                report.exchanges,
+                report.queues,
+                report.bindings,
+                cascade.levels(),
+                cascade.unit_ms(),
+                cascade.queue_type().as_str()
+            );
+        }
+        Command::Route { delay, destination } => print!("{}", describe_route(&cascade, delay, &destination)?),
+    }
+    Ok(())
+}
+
+fn describe_route(
+    cascade: &Cascade,
+    delay: std::time::Duration,
+    destination: &str,
+) -> anyhow::Result<String> {
+    let route = cascade.route(delay, destination)?;
+    Ok(format!(
+        "routing_key     {}\nentry_exchange  {}\ndelay_ms        {}\nbinding_key     {}\n",
+        route.routing_key,
+        route.entry_exchange,
+        route.delay_ms,
+        cascade.binding_key(destination)
+    ))
+}
+
+/// One line per object, in declaration order.
+pub fn describe_plan(plan: &TopologyPlan) -> String {
+    let mut out = String::new();
+    let arguments = |args: &crate::cascade::Arguments| {
+        args.iter()
+            .map(|(k, v)| format!(" {k}={v}"))
+            .collect::<String>()
+    };
+    for e in &plan.exchanges {
+        let kind = serde_json::to_value(e.kind).unwrap_or_default();
+        out += &format!(
+            "exchange {} type={} durable{}\n",
+            e.name,
+            kind.as_str().unwrap_or_default(),
+            arguments(&e.arguments)
+        );
+    }
+    for q in &plan.queues {
+        out += &format!("queue    {} durable{}\n", q.name, arguments(&q.arguments));
+    }
+    for b in &plan.bindings {
+        let target = match &b.target {
+            BindingTarget::Queue(q) => format!("queue {q}"),
+            BindingTarget::Exchange(e) => format!("exchange {e}"),
+        };
+        out += &format!("binding  {} -> {target} key={}\n", b.source, b.routing_key);
+    }
+    out
+}
+

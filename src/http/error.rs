@@ -1,0 +1,85 @@
+//! Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! Codes are stable and documented in the README; messages are for humans.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::broker::PublishError;
+use crate::task::TaskError;
+
+/// Seconds a client should wait before retrying after a broker problem.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code.to_owned(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+impl From<TaskError> for ApiError {
+    fn from(error: TaskError) -> Self {
+        let status = match error {
+            TaskError::MalformedJson(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        ApiError::new(status, error.code(), error.to_string())
+    }
+}
+
+impl From<PublishError> for ApiError {
+    fn from(error: PublishError) -> Self {
+        let code = match error {
+            PublishError::Unavailable | PublishError::Broker(_) => "broker_unavailable",
+            PublishError::Timeout(_) => "broker_timeout",
+            PublishError::Nacked => "broker_rejected",
+            PublishError::Returned(_) => "broker_unroutable",
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        let mut response = (status, Json(ErrorEnvelope { error: self.body() })).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
+    }
+}

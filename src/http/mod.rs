@@ -1,0 +1,56 @@
+//! The HTTP API (axum): tasks in, topology and health out.
+
+mod error;
+mod handlers;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+pub use error::{ApiError, ErrorBody, ErrorEnvelope};
+pub use handlers::{BatchItem, BatchResponse, TopologyView};
+
+use crate::broker::Publisher;
+use crate::cascade::Cascade;
+use crate::config::HttpSettings;
+
+/// What every handler shares. Cloning is cheap.
+#[derive(Clone)]
+pub struct AppState {
+    pub cascade: Arc<Cascade>,
+    pub publisher: Publisher,
+    pub batch_limit: usize,
+    topology: Arc<TopologyView>,
+}
+
+impl AppState {
+    pub fn new(cascade: Cascade, publisher: Publisher, settings: &HttpSettings) -> Self {
+        let topology = Arc::new(TopologyView::new(&cascade));
+        Self {
+            cascade: Arc::new(cascade),
+            publisher,
+            batch_limit: settings.batch_limit,
+            topology,
+        }
+    }
+}
+
+pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/tasks", post(handlers::create_task))
+        .route("/v1/tasks/batch", post(handlers::create_batch))
+        .route("/v1/topology", get(handlers::topology))
+        .route("/healthz", get(handlers::healthz))
+        .route("/readyz", get(handlers::readyz))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit_bytes))
+        .layer(TraceLayer::new_for_http())
+        // A bug in one request must answer 500, not take the service down.
+        .layer(CatchPanicLayer::custom(handlers::panic_response))
+        .with_state(state)
+}
