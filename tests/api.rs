@@ -1,0 +1,198 @@
+//! The HTTP API against a real broker: errors, batches, topology, health.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestApp, TestConsumer, close_connections_named, queue_depth, test_settings};
+use delayline::cascade::QueueType;
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_request_gets_its_code_and_publishes_nothing() {
+    let mut settings = test_settings(4, 10, QueueType::Classic);
+    settings.http.body_limit_bytes = 4096;
+    settings.http.batch_limit = 3;
+    let mut app = TestApp::spawn(settings).await;
+    let mut everything = TestConsumer::bind(&mut app, "#").await;
+
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("/v1/tasks", "application/json", "{".into(), 400, "malformed_json"),
+        ("/v1/tasks", "application/json", "".into(), 400, "malformed_json"),
+        ("/v1/tasks", "text/plain", r#"{"destination":"d","delay_ms":1}"#.into(), 415, "unsupported_media_type"),
+        ("/v1/tasks", "application/json", r#"{"delay_ms":1}"#.into(), 422, "invalid_request"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"extra":1}"#.into(), 422, "invalid_request"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d.#","delay_ms":1}"#.into(), 422, "invalid_destination"),
+        ("/v1/tasks", "application/json", format!(r#"{{"destination":"{}","delay_ms":1}}"#, "d".repeat(250)), 422, "invalid_destination"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d"}"#.into(), 422, "invalid_delay"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay":"1s","delay_ms":1}"#.into(), 422, "invalid_delay"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":151}"#.into(), 422, "delay_out_of_range"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"payload_base64":"!"}"#.into(), 422, "invalid_payload"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"headers":{"x-deliver-at-ms":1}}"#.into(), 422, "invalid_header"),
+        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"id":""}"#.into(), 422, "invalid_id"),
+        ("/v1/tasks", "application/json", format!(r#"{{"destination":"d","delay_ms":1,"payload":"{}"}}"#, "x".repeat(5000)), 413, "payload_too_large"),
+        ("/v1/tasks/batch", "application/json", r#"{"tasks":"no"}"#.into(), 422, "invalid_request"),
+        ("/v1/tasks/batch", "application/json", r#"{"tasks":[1,2,3,4]}"#.into(), 422, "batch_too_large"),
+        ("/v1/nothing", "application/json", "{}".into(), 404, "not_found"),
+    ];
+    for (path, content_type, body, status, code) in &cases {
+        let response = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .header("content-type", *content_type)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), *status, "{path} {body:.80}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["code"], *code, "{path} {body:.80}: {error}");
+        assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let response = app.http.delete(format!("{}/v1/tasks", app.base)).send().await.unwrap();
+    assert_eq!(response.status(), 405);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "method_not_allowed");
+
+    // Nothing reached the broker: no level queue, the unroutable queue nor a catch-all consumer.
+    assert!(everything.next(Duration::from_millis(300)).await.is_none());
+    for level in 0..app.cascade.levels() {
+        assert_eq!(queue_depth(&app.cascade.level_queue(level)).await, 0);
+    }
+    assert_eq!(queue_depth(&app.cascade.unroutable_queue()).await, 0);
+    // And the service is still up.
+    assert_eq!(app.get("/healthz").await.0, 200);
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_publishes_valid_tasks_and_reports_invalid_ones_in_order() {
+    let mut app = TestApp::spawn(test_settings(4, 10, QueueType::Quorum)).await;
+    let key = app.cascade.binding_key("batch.dest");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    let (status, response) = app
+        .post(
+            "/v1/tasks/batch",
+            &json!({"tasks": [
+                {"destination": "batch.dest", "delay_ms": 30, "id": "first", "payload": 1},
+                {"destination": "batch.*", "delay_ms": 30},
+                {"destination": "batch.dest", "delay_ms": 99999},
+                {"destination": "batch.dest", "delay": "20ms", "id": "fourth", "payload_base64": "AP8="},
+                "not an object",
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{response}");
+    let results = response["results"].as_array().unwrap();
+    let statuses: Vec<_> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [202, 422, 422, 202, 422]);
+    assert_eq!(results[0]["task"]["id"], "first");
+    assert_eq!(results[0]["task"]["delay_ms"], 30);
+    assert_eq!(results[1]["error"]["code"], "invalid_destination");
+    assert_eq!(results[2]["error"]["code"], "delay_out_of_range");
+    assert_eq!(results[3]["task"]["id"], "fourth");
+    assert_eq!(results[4]["error"]["code"], "invalid_request");
+
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let message = consumer.next(Duration::from_secs(10)).await.expect("batch task delivered");
+        ids.push(message.properties.message_id().as_ref().unwrap().to_string());
+        if ids.last().unwrap() == "fourth" {
+            assert_eq!(message.body, [0, 255]);
+            assert_eq!(
+                message.properties.content_type().as_ref().unwrap().as_str(),
+                "application/octet-stream"
+            );
+        }
+    }
+    ids.sort();
+    assert_eq!(ids, ["first", "fourth"]);
+    assert!(consumer.next(Duration::from_millis(300)).await.is_none());
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_tells_consumers_how_to_bind() {
+    let app = TestApp::spawn(test_settings(4, 250, QueueType::Quorum)).await;
+    let (status, topology) = app.get("/v1/topology").await;
+    assert_eq!(status, 200);
+    assert_eq!(topology["business_exchange"], app.cascade.business_exchange());
+    assert_eq!(topology["unroutable_queue"], app.cascade.unroutable_queue());
+    assert_eq!(topology["unit_ms"], 250);
+    assert_eq!(topology["levels"], 4);
+    assert_eq!(topology["max_delay_ms"], 3750);
+    assert_eq!(topology["queue_type"], "quorum");
+    assert_eq!(topology["binding_key"], "*.*.*.*.{destination}");
+    let queues = topology["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 4);
+    assert_eq!(queues[0]["ttl_ms"], 2000);
+    assert_eq!(queues[3]["ttl_ms"], 250);
+    assert_eq!(queues[3]["dead_letter_exchange"], app.cascade.business_exchange());
+
+    let (status, topology) = app.get("/v1/topology?destination=billing.invoice").await;
+    assert_eq!(status, 200);
+    assert_eq!(topology["binding_key"], "*.*.*.*.billing.invoice");
+    let (status, error) = app.get("/v1/topology?destination=a.*").await;
+    assert_eq!(status, 422);
+    assert_eq!(error["error"]["code"], "invalid_destination");
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
+    let app = TestApp::spawn(test_settings(3, 10, QueueType::Classic)).await;
+    let name = format!("delayline {}", app.cascade.prefix());
+    assert_eq!(close_connections_named(&name), 1);
+
+    // The supervisor notices, withdraws the session, then reconnects.
+    let mut saw_unavailable = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = app.post("/v1/tasks", &json!({"destination": "d", "delay_ms": 10})).await;
+        match status {
+            202 if saw_unavailable => break,
+            202 => {}
+            503 => {
+                assert_eq!(body["error"]["code"], "broker_unavailable", "{body}");
+                assert_eq!(app.get("/readyz").await.0, 503);
+                saw_unavailable = true;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never recovered (saw 503: {saw_unavailable})");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(app.get("/readyz").await.0, 200);
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_and_503_while_the_broker_is_unreachable() {
+    let mut settings = test_settings(3, 10, QueueType::Classic);
+    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned();
+    let app = TestApp::start(settings).await;
+    // Give the listener a moment; it answers even though the broker never will.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        if let Ok(r) = app.http.get(format!("{}/healthz", app.base)).send().await {
+            break r.status();
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(health, 200);
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("not_ready")));
+    let response = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .json(&json!({"destination": "d", "delay_ms": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "broker_unavailable");
+    app.stop().await.unwrap();
+}

@@ -1,0 +1,327 @@
+//! Test helpers: a real RabbitMQ, a unique name prefix per test, and cleanup
+//! of everything a test declared, even when it panics.
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use delayline::broker::connect;
+use delayline::cascade::{Cascade, QueueType};
+use delayline::config::Settings;
+use delayline::service::{self, ServiceError};
+use delayline::task::epoch_ms;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const AMQP_URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Settings for one test: its own prefix and business exchange, small levels and units.
+pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settings {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let mut settings = Settings::default();
+    settings.amqp.uri = AMQP_URI.to_owned();
+    settings.cascade.levels = levels;
+    settings.cascade.unit_ms = unit_ms;
+    settings.cascade.queue_type = queue_type;
+    settings.cascade.prefix = format!("dltest-{}", &id[..12]);
+    settings.cascade.business_exchange = format!("dltest-{}.business", &id[..12]);
+    settings.http.bind = "127.0.0.1:0".to_owned();
+    settings
+}
+
+/// Deletes the cascade's objects and any extra queues when dropped.
+pub struct Cleanup {
+    pub exchanges: Vec<String>,
+    pub queues: Vec<String>,
+}
+
+impl Cleanup {
+    pub fn for_cascade(cascade: &Cascade) -> Self {
+        let plan = cascade.plan();
+        Cleanup {
+            exchanges: plan.exchanges.into_iter().map(|e| e.name).collect(),
+            queues: plan.queues.into_iter().map(|q| q.name).collect(),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let exchanges = std::mem::take(&mut self.exchanges);
+        let queues = std::mem::take(&mut self.queues);
+        // Drop cannot be async, and may run inside a runtime: use a thread of its own.
+        let cleaned = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            runtime.block_on(async move {
+                let connection = connect(AMQP_URI, "delayline test cleanup").await.expect("cleanup connection");
+                for queue in queues {
+                    let channel = connection.create_channel().await.expect("cleanup channel");
+                    let _ = channel
+                        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for exchange in exchanges {
+                    let channel = connection.create_channel().await.expect("cleanup channel");
+                    let _ = channel
+                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = connection.close(200, "cleaned".into()).await;
+            });
+        })
+        .join();
+        if cleaned.is_err() && !std::thread::panicking() {
+            panic!("cleanup failed");
+        }
+    }
+}
+
+/// A running delayline on an ephemeral port, with its own topology.
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub settings: Settings,
+    pub cascade: Cascade,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<Result<(), ServiceError>>>,
+    // Last, so the service has stopped before its topology is deleted.
+    pub cleanup: Cleanup,
+}
+
+impl TestApp {
+    pub async fn spawn(settings: Settings) -> TestApp {
+        let app = Self::start(settings).await;
+        app.wait_ready().await;
+        app
+    }
+
+    /// Starts without waiting for readiness.
+    pub async fn start(settings: Settings) -> TestApp {
+        let cascade = settings.cascade().expect("valid test settings");
+        let cleanup = Cleanup::for_cascade(&cascade);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(service::run(settings.clone(), listener, async {
+            let _ = stopped.await;
+        }));
+        TestApp {
+            base,
+            http: reqwest::Client::new(),
+            settings,
+            cascade,
+            stop: Some(stop),
+            handle: Some(handle),
+            cleanup,
+        }
+    }
+
+    pub async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "service never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Stops the service gracefully and returns how it ended.
+    pub async fn stop(mut self) -> Result<(), ServiceError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.handle.take().unwrap().await.unwrap()
+    }
+
+    /// How the service ended, if it ended on its own.
+    pub async fn join(mut self) -> Result<(), ServiceError> {
+        tokio::time::timeout(Duration::from_secs(30), self.handle.take().unwrap())
+            .await
+            .expect("service did not stop")
+            .unwrap()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+        }
+    }
+}
+
+/// A message as a consumer received it, stamped with the moment it arrived.
+pub struct Received {
+    pub received_at_ms: u64,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+    pub properties: lapin::BasicProperties,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&lapin::types::AMQPValue> {
+        self.properties.headers().as_ref()?.inner().get(name)
+    }
+
+    pub fn header_i64(&self, name: &str) -> Option<i64> {
+        match self.header(name)? {
+            lapin::types::AMQPValue::LongLongInt(v) => Some(*v),
+            other => panic!("header {name} is {other:?}"),
+        }
+    }
+}
+
+/// A consumer on a fresh queue bound to the business exchange with `binding_key`.
+pub struct TestConsumer {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub queue: String,
+    consumer: lapin::Consumer,
+}
+
+impl TestConsumer {
+    pub async fn bind(app: &mut TestApp, binding_key: &str) -> TestConsumer {
+        let queue = format!("{}.consumer.{}", app.cascade.prefix(), app.cleanup.queues.len());
+        app.cleanup.queues.push(queue.clone());
+        Self::declare(&queue, Some((app.cascade.business_exchange(), binding_key))).await
+    }
+
+    /// Consumes an existing queue (such as the unroutable one).
+    pub async fn existing(queue: &str) -> TestConsumer {
+        Self::declare(queue, None).await
+    }
+
+    async fn declare(queue: &str, binding: Option<(&str, &str)>) -> TestConsumer {
+        let connection = connect(AMQP_URI, "delayline test consumer").await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        if let Some((exchange, key)) = binding {
+            channel
+                .queue_declare(queue.into(), QueueDeclareOptions::default(), FieldTable::default())
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    queue.into(),
+                    exchange.into(),
+                    key.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        TestConsumer {
+            connection,
+            channel,
+            queue: queue.to_owned(),
+            consumer,
+        }
+    }
+
+    /// The next message, or None if nothing arrives within `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<Received> {
+        let delivery = tokio::time::timeout(timeout, self.consumer.next()).await.ok()??.unwrap();
+        let received_at_ms = epoch_ms(SystemTime::now());
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        Some(Received {
+            received_at_ms,
+            routing_key: delivery.routing_key.to_string(),
+            body: delivery.data,
+            properties: delivery.properties,
+        })
+    }
+}
+
+/// Messages waiting in `queue`, by a passive declare.
+pub async fn queue_depth(queue: &str) -> u32 {
+    let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = connection.close(200, "probed".into()).await;
+    declared.message_count()
+}
+
+/// Runs `rabbitmqctl` with JSON output and parses it.
+pub fn rabbitmqctl_json(args: &[&str]) -> Value {
+    let output = Command::new("rabbitmqctl")
+        .args(args)
+        .args(["-q", "--formatter", "json"])
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(output.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("rabbitmqctl JSON")
+}
+
+/// Closes, from the broker's side, every connection whose name is `name`.
+pub fn close_connections_named(name: &str) -> usize {
+    // The plain format prints pids as close_connection takes them; JSON does not.
+    let output = Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl runs");
+    let listing = String::from_utf8_lossy(&output.stdout);
+    let needle = format!("{{\"connection_name\",\"{name}\"}}");
+    let mut closed = 0;
+    for line in listing.lines().filter(|l| l.contains(&needle)) {
+        let pid = line.split('\t').next().unwrap();
+        let status = Command::new("rabbitmqctl")
+            .args(["-q", "close_connection", pid, "test closes the connection"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        closed += 1;
+    }
+    closed
+}

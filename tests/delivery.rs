@@ -1,0 +1,134 @@
+//! Tasks travel the real cascade and arrive on a consumer queue on time.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use common::{TestApp, TestConsumer, queue_depth, test_settings};
+use delayline::cascade::QueueType;
+use delayline::task::epoch_ms;
+use lapin::types::AMQPValue;
+use serde_json::{Value, json};
+
+/// Generous: the 2-core CI machine may be busy. "Never early" is the strict bound.
+const LATENESS_ALLOWED_MS: u64 = 5_000;
+
+async fn tasks_arrive_never_early_and_intact(queue_type: QueueType, unit_ms: u64, delays_ms: &[u64]) {
+    let mut app = TestApp::spawn(test_settings(6, unit_ms, queue_type)).await;
+    let destination = "orders.created";
+    let binding_key = app.cascade.binding_key(destination);
+    let mut consumer = TestConsumer::bind(&mut app, &binding_key).await;
+    // A consumer of the shorter destination "created" must not see "orders.created".
+    let suffix_key = app.cascade.binding_key("created");
+    let mut suffix = TestConsumer::bind(&mut app, &suffix_key).await;
+
+    let mut expected: HashMap<String, (u64, Value)> = HashMap::new();
+    for (n, &delay_ms) in delays_ms.iter().enumerate() {
+        let requested_at_ms = epoch_ms(SystemTime::now());
+        let body = json!({
+            "destination": destination,
+            "delay_ms": delay_ms,
+            "payload": {"n": n, "text": "héllo"},
+            "headers": {"tenant": "t1", "attempt": 3, "ratio": 0.5, "urgent": true},
+        });
+        let (status, accepted) = app.post("/v1/tasks", &body).await;
+        assert_eq!(status, 202, "{accepted}");
+        let effective = accepted["delay_ms"].as_u64().unwrap();
+        assert!(effective >= delay_ms && effective < delay_ms + unit_ms, "{accepted}");
+        assert_eq!(effective % unit_ms, 0);
+        let id = accepted["id"].as_str().unwrap().to_owned();
+        expected.insert(id, (requested_at_ms + delay_ms, accepted));
+    }
+    // One by deliver_at and one by human duration.
+    for body in [
+        json!({"destination": destination, "deliver_at": delayline::task::format_epoch_ms(epoch_ms(SystemTime::now()) + 333)}),
+        json!({"destination": destination, "delay": "250ms"}),
+    ] {
+        let requested_at_ms = epoch_ms(SystemTime::now());
+        let (status, accepted) = app.post("/v1/tasks", &body).await;
+        assert_eq!(status, 202, "{accepted}");
+        let due = requested_at_ms + if body.get("delay").is_some() { 250 } else { 332 };
+        expected.insert(accepted["id"].as_str().unwrap().to_owned(), (due, accepted));
+    }
+
+    let max_wait = Duration::from_millis(app.cascade.max_delay_ms() + LATENESS_ALLOWED_MS);
+    let mut pending = expected.len();
+    while pending > 0 {
+        let message = consumer
+            .next(max_wait)
+            .await
+            .unwrap_or_else(|| panic!("{pending} tasks never arrived"));
+        let id = message.properties.message_id().as_ref().unwrap().to_string();
+        let (requested_due_ms, accepted) = expected.remove(&id).expect("unknown or duplicate task");
+        pending -= 1;
+        let deliver_at_ms = message.header_i64("x-deliver-at-ms").unwrap() as u64;
+        assert_eq!(delayline::task::format_epoch_ms(deliver_at_ms), accepted["deliver_at"]);
+        assert_eq!(message.header_i64("x-delay-ms").unwrap() as u64, accepted["delay_ms"]);
+        assert!(
+            message.received_at_ms >= deliver_at_ms,
+            "task {id} arrived {} ms early",
+            deliver_at_ms - message.received_at_ms
+        );
+        assert!(message.received_at_ms >= requested_due_ms, "task {id} early for its requester");
+        assert!(message.received_at_ms <= deliver_at_ms + LATENESS_ALLOWED_MS, "task {id} very late");
+        assert_eq!(message.routing_key, accepted["routing_key"]);
+        if body_is_task_payload(&message.body) {
+            assert_eq!(message.properties.content_type().as_ref().unwrap().as_str(), "application/json");
+            assert_eq!(message.header("tenant"), Some(&AMQPValue::LongString("t1".into())));
+            assert_eq!(message.header("attempt"), Some(&AMQPValue::LongLongInt(3)));
+            assert_eq!(message.header("ratio"), Some(&AMQPValue::Double(0.5)));
+            assert_eq!(message.header("urgent"), Some(&AMQPValue::Boolean(true)));
+            assert_eq!(message.properties.delivery_mode(), &Some(2));
+        }
+    }
+    assert!(suffix.next(Duration::from_millis(200)).await.is_none());
+    for level in 0..app.cascade.levels() {
+        assert_eq!(queue_depth(&app.cascade.level_queue(level)).await, 0);
+    }
+    assert_eq!(queue_depth(&app.cascade.unroutable_queue()).await, 0);
+    app.stop().await.unwrap();
+}
+
+fn body_is_task_payload(body: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    assert_eq!(value["text"], "héllo");
+    value.get("n").is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_cascade_delivers_every_delay_never_early() {
+    tasks_arrive_never_early_and_intact(
+        QueueType::Quorum,
+        20,
+        &[0, 1, 19, 20, 21, 150, 333, 640, 1000, 1260],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_cascade_delivers_every_delay_never_early() {
+    tasks_arrive_never_early_and_intact(QueueType::Classic, 10, &[0, 5, 10, 99, 315, 630]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_destination_is_parked_not_lost() {
+    let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Quorum)).await;
+    let _someone_else = TestConsumer::bind(&mut app, "*.*.*.billing").await;
+    for delay_ms in [0, 30] {
+        let (status, accepted) = app
+            .post("/v1/tasks", &json!({"destination": "nobody.home", "delay_ms": delay_ms, "payload": "lost?"}))
+            .await;
+        assert_eq!(status, 202, "{accepted}");
+    }
+    let mut parked = TestConsumer::existing(&app.cascade.unroutable_queue()).await;
+    for _ in 0..2 {
+        let message = parked.next(Duration::from_secs(10)).await.expect("parked message");
+        assert_eq!(message.body, b"\"lost?\"");
+        assert!(message.routing_key.ends_with(".nobody.home"));
+    }
+    drop(parked);
+    app.stop().await.unwrap();
+}

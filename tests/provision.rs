@@ -1,0 +1,245 @@
+//! The provisioner against a real broker: exact topology, idempotency, conflicts.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use common::{AMQP_URI, Cleanup, TestApp, queue_depth, rabbitmqctl_json, test_settings};
+use delayline::broker::{BrokerError, connect, provision};
+use delayline::cascade::{ArgValue, BindingTarget, ExchangeKind, QueueType};
+use delayline::service::ServiceError;
+use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, ExchangeKind as LapinKind};
+use serde_json::Value;
+
+fn arg_json(value: &ArgValue) -> Value {
+    match value {
+        ArgValue::Str(s) => Value::from(s.as_str()),
+        ArgValue::Int(i) => Value::from(*i),
+    }
+}
+
+/// rabbitmqctl prints arguments as [name, type, value] triples.
+fn broker_arguments(object: &Value) -> BTreeSet<(String, String)> {
+    object["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a[0].as_str().unwrap().to_owned(), a[2].to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_holds_exactly_the_plan() {
+    for queue_type in [QueueType::Quorum, QueueType::Classic] {
+        let cascade = test_settings(5, 100, queue_type).cascade().unwrap();
+        let _cleanup = Cleanup::for_cascade(&cascade);
+        let plan = cascade.plan();
+        let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+        let report = provision(&connection, &plan).await.unwrap();
+        assert_eq!((report.exchanges, report.queues, report.bindings), (7, 6, 11));
+
+        let ours = |name: &str| name.starts_with(cascade.prefix());
+        let queues = rabbitmqctl_json(&["list_queues", "name", "durable", "type", "arguments"]);
+        let queues: Vec<&Value> = queues.as_array().unwrap().iter().filter(|q| ours(q["name"].as_str().unwrap())).collect();
+        assert_eq!(queues.len(), plan.queues.len());
+        for spec in &plan.queues {
+            let found = queues.iter().find(|q| q["name"] == spec.name.as_str()).expect("queue declared");
+            assert_eq!(found["durable"], true);
+            assert_eq!(found["type"], queue_type.as_str());
+            let wanted: BTreeSet<_> = spec.arguments.iter().map(|(k, v)| (k.clone(), arg_json(v).to_string())).collect();
+            assert_eq!(broker_arguments(found), wanted, "{}", spec.name);
+        }
+
+        let exchanges = rabbitmqctl_json(&["list_exchanges", "name", "type", "durable", "arguments"]);
+        for spec in &plan.exchanges {
+            let found = exchanges
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == spec.name.as_str())
+                .expect("exchange declared");
+            let kind = match spec.kind {
+                ExchangeKind::Topic => "topic",
+                ExchangeKind::Fanout => "fanout",
+            };
+            assert_eq!((found["type"].as_str(), found["durable"].as_bool()), (Some(kind), Some(true)));
+            let wanted: BTreeSet<_> = spec.arguments.iter().map(|(k, v)| (k.clone(), arg_json(v).to_string())).collect();
+            assert_eq!(broker_arguments(found), wanted, "{}", spec.name);
+        }
+
+        let bindings = rabbitmqctl_json(&["list_bindings", "source_name", "destination_name", "destination_kind", "routing_key"]);
+        let on_broker: BTreeSet<(String, String, String, String)> = bindings
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| ours(b["source_name"].as_str().unwrap()))
+            .map(|b| {
+                let s = |k: &str| b[k].as_str().unwrap().to_owned();
+                (s("source_name"), s("destination_kind"), s("destination_name"), s("routing_key"))
+            })
+            .collect();
+        let planned: BTreeSet<_> = plan
+            .bindings
+            .iter()
+            .map(|b| {
+                let (kind, name) = match &b.target {
+                    BindingTarget::Queue(q) => ("queue", q),
+                    BindingTarget::Exchange(e) => ("exchange", e),
+                };
+                (b.source.clone(), kind.to_owned(), name.clone(), b.routing_key.clone())
+            })
+            .collect();
+        assert_eq!(on_broker, planned);
+        let _ = connection.close(200, "done".into()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_twice_changes_nothing() {
+    let cascade = test_settings(4, 10, QueueType::Quorum).cascade().unwrap();
+    let _cleanup = Cleanup::for_cascade(&cascade);
+    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let first = provision(&connection, &cascade.plan()).await.unwrap();
+
+    // A parked message must survive re-provisioning.
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    channel
+        .basic_publish(
+            cascade.business_exchange().into(),
+            "0.0.0.0.no.consumer".into(),
+            BasicPublishOptions::default(),
+            b"kept",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(queue_depth(&cascade.unroutable_queue()).await, 1);
+
+    let second = provision(&connection, &cascade.plan()).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(queue_depth(&cascade.unroutable_queue()).await, 1);
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_queue_is_explained_in_full_and_stops_the_service() {
+    let settings = test_settings(4, 100, QueueType::Quorum);
+    let cascade = settings.cascade().unwrap();
+    let _cleanup = Cleanup::for_cascade(&cascade);
+    // Someone declared level 2 by hand: classic, another TTL, no dead-lettering.
+    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(999));
+    channel
+        .queue_declare(
+            cascade.level_queue(2).as_str().into(),
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            arguments,
+        )
+        .await
+        .unwrap();
+
+    let error = provision(&connection, &cascade.plan()).await.unwrap_err();
+    let BrokerError::Conflict(conflict) = &error else {
+        panic!("expected a conflict, got {error}");
+    };
+    assert_eq!(conflict.kind, "queue");
+    assert_eq!(conflict.name, cascade.level_queue(2));
+    let mut differences: Vec<_> = conflict
+        .differences
+        .iter()
+        .map(|d| (d.field.as_str(), d.existing.as_str(), d.wanted.as_str()))
+        .collect();
+    differences.sort();
+    let exchange = format!("{:?}", cascade.level_exchange(1));
+    // Every argument RabbitMQ compares on redeclaration; it does not compare
+    // x-dead-letter-strategy, so that one cannot be seen from outside.
+    assert_eq!(
+        differences,
+        [
+            ("x-dead-letter-exchange", "(not set)", exchange.as_str()),
+            ("x-message-ttl", "999", "400"),
+            ("x-overflow", "(not set)", "\"reject-publish\""),
+            ("x-queue-type", "(not set)", "\"quorum\""),
+        ]
+    );
+    let message = error.to_string();
+    assert!(message.contains(&cascade.level_queue(2)), "{message}");
+    assert!(message.contains("cannot change a queue's arguments in place"), "{message}");
+    let _ = connection.close(200, "done".into()).await;
+
+    // The service refuses to start rather than serve a cascade it cannot trust.
+    let app = TestApp::start(settings).await;
+    match app.join().await {
+        Err(ServiceError::Broker(BrokerError::Conflict(c))) => assert_eq!(c.name, cascade.level_queue(2)),
+        other => panic!("service should stop with the conflict, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_business_exchange_is_explained() {
+    let cascade = test_settings(2, 100, QueueType::Classic).cascade().unwrap();
+    let _cleanup = Cleanup::for_cascade(&cascade);
+    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            cascade.business_exchange().into(),
+            LapinKind::Direct,
+            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let error = provision(&connection, &cascade.plan()).await.unwrap_err();
+    let BrokerError::Conflict(conflict) = &error else {
+        panic!("expected a conflict, got {error}");
+    };
+    assert_eq!(conflict.kind, "exchange");
+    let differences: Vec<_> = conflict
+        .differences
+        .iter()
+        .map(|d| (d.field.as_str(), d.existing.as_str()))
+        .collect();
+    // RabbitMQ does not compare alternate-exchange once the type differs, so the type is what it reports.
+    assert_eq!(differences[0], ("type", "direct"));
+    assert!(error.to_string().contains(cascade.business_exchange()));
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[test]
+fn cli_prints_the_plan_and_routes_without_a_broker() {
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_delayline"))
+            .args(args)
+            .env("DELAYLINE__CASCADE__LEVELS", "4")
+            .env("DELAYLINE__CASCADE__UNIT_MS", "1000")
+            .env("DELAYLINE__AMQP__URI", "amqp://guest:guest@127.0.0.1:1/%2f")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let route = run(&["route", "--delay", "10s", "--destination", "d"]);
+    assert!(route.contains("routing_key     1.0.1.0.d"), "{route}");
+    assert!(route.contains("entry_exchange  delayline.level03"), "{route}");
+    assert!(route.contains("delay_ms        10000"), "{route}");
+    let plan = run(&["provision", "--dry-run"]);
+    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 5);
+    assert!(plan.contains("queue    delayline.level03.wait durable x-dead-letter-exchange=\"delayline.level02\""), "{plan}");
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_delayline"))
+        .args(["route", "--delay", "10s", "--destination", "d"])
+        .env("DELAYLINE__CASCADE__UNIT_MSEC", "5")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unit_msec"));
+}
