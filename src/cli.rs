@@ -91,7 +91,9 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 cascade.queue_type().as_str()
             );
         }
-        Command::Route { delay, destination } => print!("{}", describe_route(&cascade, delay, &destination)?),
+        Command::Route { delay, destination } => {
+            print!("{}", describe_route(&cascade, delay, &destination)?)
+        }
     }
     Ok(())
 }
@@ -140,4 +142,3 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
     }
     out
 }
-

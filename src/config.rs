@@ -105,8 +105,8 @@ pub const ENV_PREFIX: &str = "DELAYLINE";
 impl Settings {
     /// Defaults, overridden by `file` when given, overridden by the environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder()
-            .add_source(config::Config::try_from(&Settings::default())?);
+        let mut builder =
+            config::Config::builder().add_source(config::Config::try_from(&Settings::default())?);
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
         }
@@ -152,7 +152,11 @@ mod tests {
     #[test]
     fn file_overrides_defaults_and_unknown_keys_are_errors() {
         let mut file = tempfile();
-        writeln!(file.1, "[cascade]\nlevels = 8\nunit_ms = 10\nqueue_type = \"classic\"").unwrap();
+        writeln!(
+            file.1,
+            "[cascade]\nlevels = 8\nunit_ms = 10\nqueue_type = \"classic\""
+        )
+        .unwrap();
         let settings = Settings::load(Some(&file.0)).unwrap();
         assert_eq!(settings.cascade.levels, 8);
         assert_eq!(settings.cascade.unit_ms, 10);
@@ -167,6 +171,12 @@ mod tests {
         writeln!(too_long.1, "[cascade]\nlevels = 33").unwrap();
         let err = Settings::load(Some(&too_long.0)).unwrap_err().to_string();
         assert!(err.contains("largest levels"), "{err}");
+    }
+
+    #[test]
+    fn the_example_file_documents_exactly_the_defaults() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/delayline.example.toml");
+        assert_eq!(Settings::load(Some(&example)).unwrap(), Settings::default());
     }
 
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {

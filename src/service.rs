@@ -48,8 +48,11 @@ pub async fn run(
 ) -> Result<(), ServiceError> {
     let cascade = settings.cascade()?;
     let broker_shutdown = CancellationToken::new();
-    let (publisher, mut supervisor) =
-        Publisher::start(publisher_options(&settings), cascade.plan(), broker_shutdown.clone());
+    let (publisher, mut supervisor) = Publisher::start(
+        publisher_options(&settings),
+        cascade.plan(),
+        broker_shutdown.clone(),
+    );
     let app = router(
         AppState::new(cascade, publisher, &settings.http),
         settings.http.body_limit_bytes,

@@ -150,7 +150,8 @@ pub fn format_epoch_ms(ms: u64) -> String {
 impl Task {
     /// Parses and validates one task body received at `now`.
     pub fn parse(body: &[u8], cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
-        let request: TaskRequest = serde_json::from_slice(body).map_err(|e| TaskError::from_json(&e))?;
+        let request: TaskRequest =
+            serde_json::from_slice(body).map_err(|e| TaskError::from_json(&e))?;
         request.validate(cascade, now)
     }
 
@@ -204,7 +205,9 @@ impl TaskRequest<'_> {
                 let from = i128::from(accepted_at_ms) * 1_000_000;
                 let nanos = at.unix_timestamp_nanos() - from;
                 // A deliver_at in the past means "now".
-                Ok(Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX)))
+                Ok(Duration::from_nanos(
+                    u64::try_from(nanos.max(0)).unwrap_or(u64::MAX),
+                ))
             }
             _ => Err(TaskError::InvalidDelay(
                 "give exactly one of delay_ms, delay or deliver_at".to_owned(),
@@ -213,12 +216,12 @@ impl TaskRequest<'_> {
     }
 
     fn payload(&self) -> Result<(Vec<u8>, String), TaskError> {
-        if let Some(content_type) = &self.content_type {
-            if content_type.is_empty() || content_type.len() > MAX_NAME_BYTES {
-                return Err(TaskError::InvalidPayload(format!(
-                    "content_type must be 1 to {MAX_NAME_BYTES} bytes"
-                )));
-            }
+        if let Some(content_type) = &self.content_type
+            && (content_type.is_empty() || content_type.len() > MAX_NAME_BYTES)
+        {
+            return Err(TaskError::InvalidPayload(format!(
+                "content_type must be 1 to {MAX_NAME_BYTES} bytes"
+            )));
         }
         let (payload, default_type) = match (self.payload, &self.payload_base64) {
             (Some(_), Some(_)) => {
@@ -231,7 +234,9 @@ impl TaskRequest<'_> {
                 base64::engine::general_purpose::STANDARD
                     .decode(encoded)
                     .map_err(|e| {
-                        TaskError::InvalidPayload(format!("payload_base64 is not valid base64: {e}"))
+                        TaskError::InvalidPayload(format!(
+                            "payload_base64 is not valid base64: {e}"
+                        ))
                     })?,
                 "application/octet-stream",
             ),
@@ -323,7 +328,8 @@ mod tests {
 
     #[test]
     fn json_payload_is_delivered_as_its_bytes() {
-        let task = parse(r#"{"destination":"a.b","delay_ms":150,"payload":{"k": [1, 2]}}"#).unwrap();
+        let task =
+            parse(r#"{"destination":"a.b","delay_ms":150,"payload":{"k": [1, 2]}}"#).unwrap();
         assert_eq!(task.payload, br#"{"k": [1, 2]}"#);
         assert_eq!(task.content_type, "application/json");
         assert_eq!(task.route.delay_ms, 200);
@@ -336,14 +342,33 @@ mod tests {
 
     #[test]
     fn the_three_ways_to_say_when() {
-        assert_eq!(parse(r#"{"destination":"d","delay":"1s"}"#).unwrap().route.delay_ms, 1000);
-        assert_eq!(parse(r#"{"destination":"d","delay":"2s 500ms"}"#).unwrap().route.delay_ms, 2500);
-        assert_eq!(parse(r#"{"destination":"d","delay":"1s50ms"}"#).unwrap().route.delay_ms, 1100);
+        assert_eq!(
+            parse(r#"{"destination":"d","delay":"1s"}"#)
+                .unwrap()
+                .route
+                .delay_ms,
+            1000
+        );
+        assert_eq!(
+            parse(r#"{"destination":"d","delay":"2s 500ms"}"#)
+                .unwrap()
+                .route
+                .delay_ms,
+            2500
+        );
+        assert_eq!(
+            parse(r#"{"destination":"d","delay":"1s50ms"}"#)
+                .unwrap()
+                .route
+                .delay_ms,
+            1100
+        );
         let at = parse(r#"{"destination":"d","deliver_at":"2026-01-01T00:00:01.3001Z"}"#).unwrap();
         // 1050.1 ms after the accepted millisecond, rounded up to 11 units.
         assert_eq!(at.route.delay_ms, 1100);
         assert!(at.deliver_at_ms as f64 >= 1_767_225_601_300.1);
-        let offset = parse(r#"{"destination":"d","deliver_at":"2026-01-01T01:00:01.25+01:00"}"#).unwrap();
+        let offset =
+            parse(r#"{"destination":"d","deliver_at":"2026-01-01T01:00:01.25+01:00"}"#).unwrap();
         assert_eq!(offset.route.delay_ms, 1000);
     }
 
@@ -387,26 +412,68 @@ mod tests {
             ("{", "malformed_json"),
             ("[]", "invalid_request"),
             (r#"{"delay_ms":1}"#, "invalid_request"),
-            (r#"{"destination":"d","delay_ms":1,"delay_sec":3}"#, "invalid_request"),
+            (
+                r#"{"destination":"d","delay_ms":1,"delay_sec":3}"#,
+                "invalid_request",
+            ),
             (r#"{"destination":"d","delay_ms":1.5}"#, "invalid_request"),
-            (r#"{"destination":"a.*","delay_ms":1}"#, "invalid_destination"),
-            (r#"{"destination":"a..b","delay_ms":1}"#, "invalid_destination"),
+            (
+                r#"{"destination":"a.*","delay_ms":1}"#,
+                "invalid_destination",
+            ),
+            (
+                r#"{"destination":"a..b","delay_ms":1}"#,
+                "invalid_destination",
+            ),
             (&long_destination, "invalid_destination"),
             (r#"{"destination":"d"}"#, "invalid_delay"),
-            (r#"{"destination":"d","delay_ms":1,"delay":"1s"}"#, "invalid_delay"),
+            (
+                r#"{"destination":"d","delay_ms":1,"delay":"1s"}"#,
+                "invalid_delay",
+            ),
             (r#"{"destination":"d","delay_ms":-1}"#, "invalid_delay"),
             (r#"{"destination":"d","delay":"soon"}"#, "invalid_delay"),
-            (r#"{"destination":"d","deliver_at":"tomorrow"}"#, "invalid_delay"),
-            (r#"{"destination":"d","delay_ms":25501}"#, "delay_out_of_range"),
+            (
+                r#"{"destination":"d","deliver_at":"tomorrow"}"#,
+                "invalid_delay",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":25501}"#,
+                "delay_out_of_range",
+            ),
             (r#"{"destination":"d","delay":"1h"}"#, "delay_out_of_range"),
-            (r#"{"destination":"d","delay_ms":1,"payload":1,"payload_base64":"AA=="}"#, "invalid_payload"),
-            (r#"{"destination":"d","delay_ms":1,"payload_base64":"%%"}"#, "invalid_payload"),
-            (r#"{"destination":"d","delay_ms":1,"content_type":""}"#, "invalid_payload"),
-            (r#"{"destination":"d","delay_ms":1,"headers":{"x-delay-ms":1}}"#, "invalid_header"),
-            (r#"{"destination":"d","delay_ms":1,"headers":{"X-Death":"x"}}"#, "invalid_header"),
-            (r#"{"destination":"d","delay_ms":1,"headers":{"k":null}}"#, "invalid_header"),
-            (r#"{"destination":"d","delay_ms":1,"headers":{"k":[1]}}"#, "invalid_header"),
-            (r#"{"destination":"d","delay_ms":1,"headers":{"k":18446744073709551615}}"#, "invalid_header"),
+            (
+                r#"{"destination":"d","delay_ms":1,"payload":1,"payload_base64":"AA=="}"#,
+                "invalid_payload",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"payload_base64":"%%"}"#,
+                "invalid_payload",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"content_type":""}"#,
+                "invalid_payload",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"headers":{"x-delay-ms":1}}"#,
+                "invalid_header",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"headers":{"X-Death":"x"}}"#,
+                "invalid_header",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"headers":{"k":null}}"#,
+                "invalid_header",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"headers":{"k":[1]}}"#,
+                "invalid_header",
+            ),
+            (
+                r#"{"destination":"d","delay_ms":1,"headers":{"k":18446744073709551615}}"#,
+                "invalid_header",
+            ),
             (r#"{"destination":"d","delay_ms":1,"id":""}"#, "invalid_id"),
         ];
         for (body, code) in cases {

@@ -12,7 +12,9 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter);
     let result = match settings.format {
-        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
         LogFormat::Json => registry
             .with(fmt::layer().json().with_writer(std::io::stderr))
             .try_init(),

@@ -17,23 +17,128 @@ async fn every_bad_request_gets_its_code_and_publishes_nothing() {
     let mut everything = TestConsumer::bind(&mut app, "#").await;
 
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
-        ("/v1/tasks", "application/json", "{".into(), 400, "malformed_json"),
-        ("/v1/tasks", "application/json", "".into(), 400, "malformed_json"),
-        ("/v1/tasks", "text/plain", r#"{"destination":"d","delay_ms":1}"#.into(), 415, "unsupported_media_type"),
-        ("/v1/tasks", "application/json", r#"{"delay_ms":1}"#.into(), 422, "invalid_request"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"extra":1}"#.into(), 422, "invalid_request"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d.#","delay_ms":1}"#.into(), 422, "invalid_destination"),
-        ("/v1/tasks", "application/json", format!(r#"{{"destination":"{}","delay_ms":1}}"#, "d".repeat(250)), 422, "invalid_destination"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d"}"#.into(), 422, "invalid_delay"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay":"1s","delay_ms":1}"#.into(), 422, "invalid_delay"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":151}"#.into(), 422, "delay_out_of_range"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"payload_base64":"!"}"#.into(), 422, "invalid_payload"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"headers":{"x-deliver-at-ms":1}}"#.into(), 422, "invalid_header"),
-        ("/v1/tasks", "application/json", r#"{"destination":"d","delay_ms":1,"id":""}"#.into(), 422, "invalid_id"),
-        ("/v1/tasks", "application/json", format!(r#"{{"destination":"d","delay_ms":1,"payload":"{}"}}"#, "x".repeat(5000)), 413, "payload_too_large"),
-        ("/v1/tasks/batch", "application/json", r#"{"tasks":"no"}"#.into(), 422, "invalid_request"),
-        ("/v1/tasks/batch", "application/json", r#"{"tasks":[1,2,3,4]}"#.into(), 422, "batch_too_large"),
-        ("/v1/nothing", "application/json", "{}".into(), 404, "not_found"),
+        (
+            "/v1/tasks",
+            "application/json",
+            "{".into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            "".into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "/v1/tasks",
+            "text/plain",
+            r#"{"destination":"d","delay_ms":1}"#.into(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"delay_ms":1}"#.into(),
+            422,
+            "invalid_request",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay_ms":1,"extra":1}"#.into(),
+            422,
+            "invalid_request",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d.#","delay_ms":1}"#.into(),
+            422,
+            "invalid_destination",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            format!(r#"{{"destination":"{}","delay_ms":1}}"#, "d".repeat(250)),
+            422,
+            "invalid_destination",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d"}"#.into(),
+            422,
+            "invalid_delay",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay":"1s","delay_ms":1}"#.into(),
+            422,
+            "invalid_delay",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay_ms":151}"#.into(),
+            422,
+            "delay_out_of_range",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay_ms":1,"payload_base64":"!"}"#.into(),
+            422,
+            "invalid_payload",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay_ms":1,"headers":{"x-deliver-at-ms":1}}"#.into(),
+            422,
+            "invalid_header",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"d","delay_ms":1,"id":""}"#.into(),
+            422,
+            "invalid_id",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            format!(
+                r#"{{"destination":"d","delay_ms":1,"payload":"{}"}}"#,
+                "x".repeat(5000)
+            ),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "/v1/tasks/batch",
+            "application/json",
+            r#"{"tasks":"no"}"#.into(),
+            422,
+            "invalid_request",
+        ),
+        (
+            "/v1/tasks/batch",
+            "application/json",
+            r#"{"tasks":[1,2,3,4]}"#.into(),
+            422,
+            "batch_too_large",
+        ),
+        (
+            "/v1/nothing",
+            "application/json",
+            "{}".into(),
+            404,
+            "not_found",
+        ),
     ];
     for (path, content_type, body, status, code) in &cases {
         let response = app
@@ -47,9 +152,18 @@ async fn every_bad_request_gets_its_code_and_publishes_nothing() {
         assert_eq!(response.status().as_u16(), *status, "{path} {body:.80}");
         let error: Value = response.json().await.unwrap();
         assert_eq!(error["error"]["code"], *code, "{path} {body:.80}: {error}");
-        assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
     }
-    let response = app.http.delete(format!("{}/v1/tasks", app.base)).send().await.unwrap();
+    let response = app
+        .http
+        .delete(format!("{}/v1/tasks", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 405);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "method_not_allowed");
@@ -84,7 +198,10 @@ async fn batch_publishes_valid_tasks_and_reports_invalid_ones_in_order() {
         .await;
     assert_eq!(status, 200, "{response}");
     let results = response["results"].as_array().unwrap();
-    let statuses: Vec<_> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    let statuses: Vec<_> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
     assert_eq!(statuses, [202, 422, 422, 202, 422]);
     assert_eq!(results[0]["task"]["id"], "first");
     assert_eq!(results[0]["task"]["delay_ms"], 30);
@@ -95,8 +212,18 @@ async fn batch_publishes_valid_tasks_and_reports_invalid_ones_in_order() {
 
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let message = consumer.next(Duration::from_secs(10)).await.expect("batch task delivered");
-        ids.push(message.properties.message_id().as_ref().unwrap().to_string());
+        let message = consumer
+            .next(Duration::from_secs(10))
+            .await
+            .expect("batch task delivered");
+        ids.push(
+            message
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .to_string(),
+        );
         if ids.last().unwrap() == "fourth" {
             assert_eq!(message.body, [0, 255]);
             assert_eq!(
@@ -116,7 +243,10 @@ async fn topology_tells_consumers_how_to_bind() {
     let app = TestApp::spawn(test_settings(4, 250, QueueType::Quorum)).await;
     let (status, topology) = app.get("/v1/topology").await;
     assert_eq!(status, 200);
-    assert_eq!(topology["business_exchange"], app.cascade.business_exchange());
+    assert_eq!(
+        topology["business_exchange"],
+        app.cascade.business_exchange()
+    );
     assert_eq!(topology["unroutable_queue"], app.cascade.unroutable_queue());
     assert_eq!(topology["unit_ms"], 250);
     assert_eq!(topology["levels"], 4);
@@ -127,7 +257,10 @@ async fn topology_tells_consumers_how_to_bind() {
     assert_eq!(queues.len(), 4);
     assert_eq!(queues[0]["ttl_ms"], 2000);
     assert_eq!(queues[3]["ttl_ms"], 250);
-    assert_eq!(queues[3]["dead_letter_exchange"], app.cascade.business_exchange());
+    assert_eq!(
+        queues[3]["dead_letter_exchange"],
+        app.cascade.business_exchange()
+    );
 
     let (status, topology) = app.get("/v1/topology?destination=billing.invoice").await;
     assert_eq!(status, 200);
@@ -148,7 +281,9 @@ async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
     let mut saw_unavailable = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (status, body) = app.post("/v1/tasks", &json!({"destination": "d", "delay_ms": 10})).await;
+        let (status, body) = app
+            .post("/v1/tasks", &json!({"destination": "d", "delay_ms": 10}))
+            .await;
         match status {
             202 if saw_unavailable => break,
             202 => {}
@@ -159,7 +294,10 @@ async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
             }
             other => panic!("unexpected {other}: {body}"),
         }
-        assert!(tokio::time::Instant::now() < deadline, "never recovered (saw 503: {saw_unavailable})");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never recovered (saw 503: {saw_unavailable})"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(app.get("/readyz").await.0, 200);
@@ -182,7 +320,10 @@ async fn not_ready_and_503_while_the_broker_is_unreachable() {
     };
     assert_eq!(health, 200);
     let (status, body) = app.get("/readyz").await;
-    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("not_ready")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("not_ready"))
+    );
     let response = app
         .http
         .post(format!("{}/v1/tasks", app.base))

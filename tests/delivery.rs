@@ -14,7 +14,11 @@ use serde_json::{Value, json};
 /// Generous: the 2-core CI machine may be busy. "Never early" is the strict bound.
 const LATENESS_ALLOWED_MS: u64 = 5_000;
 
-async fn tasks_arrive_never_early_and_intact(queue_type: QueueType, unit_ms: u64, delays_ms: &[u64]) {
+async fn tasks_arrive_never_early_and_intact(
+    queue_type: QueueType,
+    unit_ms: u64,
+    delays_ms: &[u64],
+) {
     let mut app = TestApp::spawn(test_settings(6, unit_ms, queue_type)).await;
     let destination = "orders.created";
     let binding_key = app.cascade.binding_key(destination);
@@ -35,7 +39,10 @@ async fn tasks_arrive_never_early_and_intact(queue_type: QueueType, unit_ms: u64
         let (status, accepted) = app.post("/v1/tasks", &body).await;
         assert_eq!(status, 202, "{accepted}");
         let effective = accepted["delay_ms"].as_u64().unwrap();
-        assert!(effective >= delay_ms && effective < delay_ms + unit_ms, "{accepted}");
+        assert!(
+            effective >= delay_ms && effective < delay_ms + unit_ms,
+            "{accepted}"
+        );
         assert_eq!(effective % unit_ms, 0);
         let id = accepted["id"].as_str().unwrap().to_owned();
         expected.insert(id, (requested_at_ms + delay_ms, accepted));
@@ -48,7 +55,12 @@ async fn tasks_arrive_never_early_and_intact(queue_type: QueueType, unit_ms: u64
         let requested_at_ms = epoch_ms(SystemTime::now());
         let (status, accepted) = app.post("/v1/tasks", &body).await;
         assert_eq!(status, 202, "{accepted}");
-        let due = requested_at_ms + if body.get("delay").is_some() { 250 } else { 332 };
+        let due = requested_at_ms
+            + if body.get("delay").is_some() {
+                250
+            } else {
+                332
+            };
         expected.insert(accepted["id"].as_str().unwrap().to_owned(), (due, accepted));
     }
 
@@ -59,23 +71,46 @@ async fn tasks_arrive_never_early_and_intact(queue_type: QueueType, unit_ms: u64
             .next(max_wait)
             .await
             .unwrap_or_else(|| panic!("{pending} tasks never arrived"));
-        let id = message.properties.message_id().as_ref().unwrap().to_string();
+        let id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
         let (requested_due_ms, accepted) = expected.remove(&id).expect("unknown or duplicate task");
         pending -= 1;
         let deliver_at_ms = message.header_i64("x-deliver-at-ms").unwrap() as u64;
-        assert_eq!(delayline::task::format_epoch_ms(deliver_at_ms), accepted["deliver_at"]);
-        assert_eq!(message.header_i64("x-delay-ms").unwrap() as u64, accepted["delay_ms"]);
+        assert_eq!(
+            delayline::task::format_epoch_ms(deliver_at_ms),
+            accepted["deliver_at"]
+        );
+        assert_eq!(
+            message.header_i64("x-delay-ms").unwrap() as u64,
+            accepted["delay_ms"]
+        );
         assert!(
             message.received_at_ms >= deliver_at_ms,
             "task {id} arrived {} ms early",
             deliver_at_ms - message.received_at_ms
         );
-        assert!(message.received_at_ms >= requested_due_ms, "task {id} early for its requester");
-        assert!(message.received_at_ms <= deliver_at_ms + LATENESS_ALLOWED_MS, "task {id} very late");
+        assert!(
+            message.received_at_ms >= requested_due_ms,
+            "task {id} early for its requester"
+        );
+        assert!(
+            message.received_at_ms <= deliver_at_ms + LATENESS_ALLOWED_MS,
+            "task {id} very late"
+        );
         assert_eq!(message.routing_key, accepted["routing_key"]);
         if body_is_task_payload(&message.body) {
-            assert_eq!(message.properties.content_type().as_ref().unwrap().as_str(), "application/json");
-            assert_eq!(message.header("tenant"), Some(&AMQPValue::LongString("t1".into())));
+            assert_eq!(
+                message.properties.content_type().as_ref().unwrap().as_str(),
+                "application/json"
+            );
+            assert_eq!(
+                message.header("tenant"),
+                Some(&AMQPValue::LongString("t1".into()))
+            );
             assert_eq!(message.header("attempt"), Some(&AMQPValue::LongLongInt(3)));
             assert_eq!(message.header("ratio"), Some(&AMQPValue::Double(0.5)));
             assert_eq!(message.header("urgent"), Some(&AMQPValue::Boolean(true)));
@@ -119,13 +154,19 @@ async fn unroutable_destination_is_parked_not_lost() {
     let _someone_else = TestConsumer::bind(&mut app, "*.*.*.billing").await;
     for delay_ms in [0, 30] {
         let (status, accepted) = app
-            .post("/v1/tasks", &json!({"destination": "nobody.home", "delay_ms": delay_ms, "payload": "lost?"}))
+            .post(
+                "/v1/tasks",
+                &json!({"destination": "nobody.home", "delay_ms": delay_ms, "payload": "lost?"}),
+            )
             .await;
         assert_eq!(status, 202, "{accepted}");
     }
     let mut parked = TestConsumer::existing(&app.cascade.unroutable_queue()).await;
     for _ in 0..2 {
-        let message = parked.next(Duration::from_secs(10)).await.expect("parked message");
+        let message = parked
+            .next(Duration::from_secs(10))
+            .await
+            .expect("parked message");
         assert_eq!(message.body, b"\"lost?\"");
         assert!(message.routing_key.ends_with(".nobody.home"));
     }

@@ -39,21 +39,37 @@ async fn the_broker_holds_exactly_the_plan() {
         let plan = cascade.plan();
         let connection = connect(AMQP_URI, "delayline test").await.unwrap();
         let report = provision(&connection, &plan).await.unwrap();
-        assert_eq!((report.exchanges, report.queues, report.bindings), (7, 6, 11));
+        assert_eq!(
+            (report.exchanges, report.queues, report.bindings),
+            (7, 6, 11)
+        );
 
         let ours = |name: &str| name.starts_with(cascade.prefix());
         let queues = rabbitmqctl_json(&["list_queues", "name", "durable", "type", "arguments"]);
-        let queues: Vec<&Value> = queues.as_array().unwrap().iter().filter(|q| ours(q["name"].as_str().unwrap())).collect();
+        let queues: Vec<&Value> = queues
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|q| ours(q["name"].as_str().unwrap()))
+            .collect();
         assert_eq!(queues.len(), plan.queues.len());
         for spec in &plan.queues {
-            let found = queues.iter().find(|q| q["name"] == spec.name.as_str()).expect("queue declared");
+            let found = queues
+                .iter()
+                .find(|q| q["name"] == spec.name.as_str())
+                .expect("queue declared");
             assert_eq!(found["durable"], true);
             assert_eq!(found["type"], queue_type.as_str());
-            let wanted: BTreeSet<_> = spec.arguments.iter().map(|(k, v)| (k.clone(), arg_json(v).to_string())).collect();
+            let wanted: BTreeSet<_> = spec
+                .arguments
+                .iter()
+                .map(|(k, v)| (k.clone(), arg_json(v).to_string()))
+                .collect();
             assert_eq!(broker_arguments(found), wanted, "{}", spec.name);
         }
 
-        let exchanges = rabbitmqctl_json(&["list_exchanges", "name", "type", "durable", "arguments"]);
+        let exchanges =
+            rabbitmqctl_json(&["list_exchanges", "name", "type", "durable", "arguments"]);
         for spec in &plan.exchanges {
             let found = exchanges
                 .as_array()
@@ -65,12 +81,25 @@ async fn the_broker_holds_exactly_the_plan() {
                 ExchangeKind::Topic => "topic",
                 ExchangeKind::Fanout => "fanout",
             };
-            assert_eq!((found["type"].as_str(), found["durable"].as_bool()), (Some(kind), Some(true)));
-            let wanted: BTreeSet<_> = spec.arguments.iter().map(|(k, v)| (k.clone(), arg_json(v).to_string())).collect();
+            assert_eq!(
+                (found["type"].as_str(), found["durable"].as_bool()),
+                (Some(kind), Some(true))
+            );
+            let wanted: BTreeSet<_> = spec
+                .arguments
+                .iter()
+                .map(|(k, v)| (k.clone(), arg_json(v).to_string()))
+                .collect();
             assert_eq!(broker_arguments(found), wanted, "{}", spec.name);
         }
 
-        let bindings = rabbitmqctl_json(&["list_bindings", "source_name", "destination_name", "destination_kind", "routing_key"]);
+        let bindings = rabbitmqctl_json(&[
+            "list_bindings",
+            "source_name",
+            "destination_name",
+            "destination_kind",
+            "routing_key",
+        ]);
         let on_broker: BTreeSet<(String, String, String, String)> = bindings
             .as_array()
             .unwrap()
@@ -78,7 +107,12 @@ async fn the_broker_holds_exactly_the_plan() {
             .filter(|b| ours(b["source_name"].as_str().unwrap()))
             .map(|b| {
                 let s = |k: &str| b[k].as_str().unwrap().to_owned();
-                (s("source_name"), s("destination_kind"), s("destination_name"), s("routing_key"))
+                (
+                    s("source_name"),
+                    s("destination_kind"),
+                    s("destination_name"),
+                    s("routing_key"),
+                )
             })
             .collect();
         let planned: BTreeSet<_> = plan
@@ -89,7 +123,12 @@ async fn the_broker_holds_exactly_the_plan() {
                     BindingTarget::Queue(q) => ("queue", q),
                     BindingTarget::Exchange(e) => ("exchange", e),
                 };
-                (b.source.clone(), kind.to_owned(), name.clone(), b.routing_key.clone())
+                (
+                    b.source.clone(),
+                    kind.to_owned(),
+                    name.clone(),
+                    b.routing_key.clone(),
+                )
             })
             .collect();
         assert_eq!(on_broker, planned);
@@ -140,7 +179,10 @@ async fn a_conflicting_queue_is_explained_in_full_and_stops_the_service() {
     channel
         .queue_declare(
             cascade.level_queue(2).as_str().into(),
-            QueueDeclareOptions { durable: true, ..Default::default() },
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
             arguments,
         )
         .await
@@ -172,13 +214,18 @@ async fn a_conflicting_queue_is_explained_in_full_and_stops_the_service() {
     );
     let message = error.to_string();
     assert!(message.contains(&cascade.level_queue(2)), "{message}");
-    assert!(message.contains("cannot change a queue's arguments in place"), "{message}");
+    assert!(
+        message.contains("cannot change a queue's arguments in place"),
+        "{message}"
+    );
     let _ = connection.close(200, "done".into()).await;
 
     // The service refuses to start rather than serve a cascade it cannot trust.
     let app = TestApp::start(settings).await;
     match app.join().await {
-        Err(ServiceError::Broker(BrokerError::Conflict(c))) => assert_eq!(c.name, cascade.level_queue(2)),
+        Err(ServiceError::Broker(BrokerError::Conflict(c))) => {
+            assert_eq!(c.name, cascade.level_queue(2))
+        }
         other => panic!("service should stop with the conflict, got {other:?}"),
     }
 }
@@ -193,7 +240,10 @@ async fn a_conflicting_business_exchange_is_explained() {
         .exchange_declare(
             cascade.business_exchange().into(),
             LapinKind::Direct,
-            ExchangeDeclareOptions { durable: true, ..Default::default() },
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
             FieldTable::default(),
         )
         .await
@@ -224,16 +274,28 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
             .env("DELAYLINE__AMQP__URI", "amqp://guest:guest@127.0.0.1:1/%2f")
             .output()
             .unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8(output.stdout).unwrap()
     };
     let route = run(&["route", "--delay", "10s", "--destination", "d"]);
     assert!(route.contains("routing_key     1.0.1.0.d"), "{route}");
-    assert!(route.contains("entry_exchange  delayline.level03"), "{route}");
+    assert!(
+        route.contains("entry_exchange  delayline.level03"),
+        "{route}"
+    );
     assert!(route.contains("delay_ms        10000"), "{route}");
     let plan = run(&["provision", "--dry-run"]);
     assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 5);
-    assert!(plan.contains("queue    delayline.level03.wait durable x-dead-letter-exchange=\"delayline.level02\""), "{plan}");
+    assert!(
+        plan.contains(
+            "queue    delayline.level03.wait durable x-dead-letter-exchange=\"delayline.level02\""
+        ),
+        "{plan}"
+    );
 
     let bad = Command::new(env!("CARGO_BIN_EXE_delayline"))
         .args(["route", "--delay", "10s", "--destination", "d"])

@@ -116,7 +116,11 @@ fn parse_inequivalent(text: &str) -> Option<Inequivalent> {
 /// The broker's current value in a form it will find equivalent, or None if unknown.
 fn as_amqp(reported: &Reported, wanted: Option<&AMQPValue>) -> Option<AMQPValue> {
     let integer = || reported.value.parse().ok().map(AMQPValue::LongLongInt);
-    let string = || Some(AMQPValue::LongString(LongString::from(reported.value.as_str())));
+    let string = || {
+        Some(AMQPValue::LongString(LongString::from(
+            reported.value.as_str(),
+        )))
+    };
     match reported.amqp_type.as_deref() {
         Some("longstr") => string(),
         Some("bool") => reported.value.parse().ok().map(AMQPValue::Boolean),
@@ -407,7 +411,10 @@ mod tests {
             durable: true,
             arguments: BTreeMap::from([
                 ("x-message-ttl".into(), AMQPValue::LongLongInt(8000)),
-                ("x-queue-type".into(), AMQPValue::LongString("quorum".into())),
+                (
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("quorum".into()),
+                ),
             ]),
         };
         let found = parse_inequivalent(
@@ -425,6 +432,10 @@ mod tests {
         )
         .unwrap();
         assert!(guess.adopt(&found));
-        assert!(!guess.arguments.contains_key(&ShortString::from("x-queue-type")));
+        assert!(
+            !guess
+                .arguments
+                .contains_key(&ShortString::from("x-queue-type"))
+        );
     }
 }

@@ -94,7 +94,11 @@ pub(crate) fn precondition_failed(error: &lapin::Error) -> Option<String> {
             if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) =>
         {
             let text = amqp.get_message().as_str();
-            Some(text.strip_prefix("PRECONDITION_FAILED - ").unwrap_or(text).to_owned())
+            Some(
+                text.strip_prefix("PRECONDITION_FAILED - ")
+                    .unwrap_or(text)
+                    .to_owned(),
+            )
         }
         _ => None,
     }

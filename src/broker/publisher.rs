@@ -50,7 +50,9 @@ pub enum PublishError {
     Timeout(Duration),
     #[error("RabbitMQ refused the message (negative acknowledgement)")]
     Nacked,
-    #[error("RabbitMQ returned the message as unroutable ({0}): the cascade topology is incomplete")]
+    #[error(
+        "RabbitMQ returned the message as unroutable ({0}): the cascade topology is incomplete"
+    )]
     Returned(String),
 }
 
@@ -133,14 +135,21 @@ impl Publisher {
             .borrow()
             .clone()
             .ok_or(PublishError::Unavailable)?;
-        let index = self.shared.next_channel.fetch_add(1, Ordering::Relaxed) % session.channels.len();
+        let index =
+            self.shared.next_channel.fetch_add(1, Ordering::Relaxed) % session.channels.len();
         let channel = &session.channels[index];
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
         let confirm = channel
-            .basic_publish(exchange.into(), routing_key.into(), options, payload, properties)
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                options,
+                payload,
+                properties,
+            )
             .await
             .map_err(|e| session.fail(e))?;
         let confirmation = tokio::time::timeout(self.shared.confirm_timeout, confirm)
@@ -193,7 +202,10 @@ pub(crate) fn task_properties(task: &Task) -> BasicProperties {
         .with_headers(headers)
 }
 
-async fn establish(options: &PublisherOptions, plan: &TopologyPlan) -> Result<Session, BrokerError> {
+async fn establish(
+    options: &PublisherOptions,
+    plan: &TopologyPlan,
+) -> Result<Session, BrokerError> {
     let connection = connect(&options.uri, &options.connection_name).await?;
     let session = async {
         provision(&connection, plan).await?;
@@ -226,7 +238,11 @@ async fn establish(options: &PublisherOptions, plan: &TopologyPlan) -> Result<Se
 }
 
 async fn close(connection: &Connection) {
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "delayline stopping".into())).await;
+    let _ = tokio::time::timeout(
+        CLOSE_TIMEOUT,
+        connection.close(200, "delayline stopping".into()),
+    )
+    .await;
 }
 
 /// Resolves with the reason once `connection` is no longer usable.

@@ -235,7 +235,14 @@ mod tests {
         let names: Vec<_> = plan.exchanges.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(
             names,
-            ["biz.unroutable", "biz", "p.level03", "p.level02", "p.level01", "p.level00"]
+            [
+                "biz.unroutable",
+                "biz",
+                "p.level03",
+                "p.level02",
+                "p.level01",
+                "p.level00"
+            ]
         );
         let level3 = &plan.queues[1];
         assert_eq!(level3.name, "p.level03.wait");

@@ -43,7 +43,9 @@ pub enum RouteError {
 /// differently across brokers.
 pub fn validate_destination(destination: &str) -> Result<(), RouteError> {
     if destination.is_empty() {
-        return Err(RouteError::InvalidDestination("must not be empty".to_owned()));
+        return Err(RouteError::InvalidDestination(
+            "must not be empty".to_owned(),
+        ));
     }
     for word in destination.split('.') {
         if word.is_empty() {
@@ -108,7 +110,11 @@ impl Cascade {
         let levels = self.levels();
         let mut routing_key = String::with_capacity(2 * levels as usize + destination.len());
         for level in (0..levels).rev() {
-            routing_key.push(if delay_units >> level & 1 == 1 { '1' } else { '0' });
+            routing_key.push(if delay_units >> level & 1 == 1 {
+                '1'
+            } else {
+                '0'
+            });
             routing_key.push('.');
         }
         routing_key.push_str(destination);
@@ -200,11 +206,18 @@ mod tests {
     fn routing_key_fits_255_bytes_exactly() {
         let c = cascade(32, 100);
         let longest = "d".repeat(255 - 64);
-        assert_eq!(c.route(Duration::ZERO, &longest).unwrap().routing_key.len(), 255);
+        assert_eq!(
+            c.route(Duration::ZERO, &longest).unwrap().routing_key.len(),
+            255
+        );
         let too_long = "d".repeat(255 - 63);
         assert!(matches!(
             c.route(Duration::ZERO, &too_long),
-            Err(RouteError::DestinationTooLong { len: 192, levels: 32, max: 191 })
+            Err(RouteError::DestinationTooLong {
+                len: 192,
+                levels: 32,
+                max: 191
+            })
         ));
     }
 

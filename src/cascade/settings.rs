@@ -121,8 +121,14 @@ impl CascadeSettings {
         check_name("business_exchange", &self.business_exchange)?;
         // The longest derived names must still be valid AMQP short strings.
         check_name("prefix", &level_queue_name(&self.prefix, self.levels - 1))?;
-        check_name("prefix", &level_exchange_name(&self.prefix, self.levels - 1))?;
-        check_name("business_exchange", &unroutable_name(&self.business_exchange))?;
+        check_name(
+            "prefix",
+            &level_exchange_name(&self.prefix, self.levels - 1),
+        )?;
+        check_name(
+            "business_exchange",
+            &unroutable_name(&self.business_exchange),
+        )?;
         Ok(Cascade { settings: self })
     }
 }
@@ -133,7 +139,9 @@ fn check_name(field: &'static str, name: &str) -> Result<(), SettingsError> {
         return invalid("must not be empty".to_owned());
     }
     if name.starts_with("amq.") {
-        return invalid(format!("{name:?}: names starting with \"amq.\" are reserved by the broker"));
+        return invalid(format!(
+            "{name:?}: names starting with \"amq.\" are reserved by the broker"
+        ));
     }
     if name.len() > MAX_NAME_BYTES {
         return invalid(format!(
@@ -219,7 +227,11 @@ mod tests {
         assert_eq!(max_levels_for_unit(1000), Some(29));
         let err = settings(33, 100).validate().unwrap_err();
         assert!(matches!(err, SettingsError::TtlTooLong { .. }));
-        assert!(err.to_string().contains("the largest levels for unit_ms = 100 is 32"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("the largest levels for unit_ms = 100 is 32"),
+            "{err}"
+        );
         assert!(settings(39, 1).validate().is_ok());
         assert!(settings(40, 1).validate().is_err());
         assert!(settings(200, 1).validate().is_err());

@@ -162,7 +162,10 @@ mod tests {
         (1u32..=40).prop_flat_map(|levels| {
             let largest_fitting = crate::cascade::MAX_QUEUE_TTL_MS >> (levels - 1);
             let fitting = 1..=largest_fitting.clamp(1, 1_000_000);
-            (Just(levels), prop_oneof![3 => fitting, 1 => 1u64..=1_000_000])
+            (
+                Just(levels),
+                prop_oneof![3 => fitting, 1 => 1u64..=1_000_000],
+            )
         })
     }
 

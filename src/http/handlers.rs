@@ -39,17 +39,19 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 "send the task as JSON with Content-Type: application/json",
             ));
         }
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    "the request body is larger than http.body_limit_bytes allows",
-                )
-            } else {
-                ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
-            }
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        "the request body is larger than http.body_limit_bytes allows",
+                    )
+                } else {
+                    ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
+                }
+            })?;
         Ok(JsonBody(bytes))
     }
 }

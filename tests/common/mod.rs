@@ -64,7 +64,9 @@ impl Drop for Cleanup {
                 .build()
                 .expect("cleanup runtime");
             runtime.block_on(async move {
-                let connection = connect(AMQP_URI, "delayline test cleanup").await.expect("cleanup connection");
+                let connection = connect(AMQP_URI, "delayline test cleanup")
+                    .await
+                    .expect("cleanup connection");
                 for queue in queues {
                     let channel = connection.create_channel().await.expect("cleanup channel");
                     let _ = channel
@@ -135,7 +137,10 @@ impl TestApp {
             {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "service never became ready");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "service never became ready"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -153,7 +158,12 @@ impl TestApp {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }
@@ -214,9 +224,20 @@ pub struct TestConsumer {
 
 impl TestConsumer {
     pub async fn bind(app: &mut TestApp, binding_key: &str) -> TestConsumer {
-        let queue = format!("{}.consumer.{}", app.cascade.prefix(), app.cleanup.queues.len());
-        app.cleanup.queues.push(queue.clone());
-        Self::declare(&queue, Some((app.cascade.business_exchange(), binding_key))).await
+        let exchange = app.cascade.business_exchange().to_owned();
+        Self::bind_to(&mut app.cleanup, &app.cascade, &exchange, binding_key).await
+    }
+
+    /// A queue named after the cascade's prefix, deleted by `cleanup`.
+    pub async fn bind_to(
+        cleanup: &mut Cleanup,
+        cascade: &Cascade,
+        exchange: &str,
+        binding_key: &str,
+    ) -> TestConsumer {
+        let queue = format!("{}.consumer.{}", cascade.prefix(), cleanup.queues.len());
+        cleanup.queues.push(queue.clone());
+        Self::declare(&queue, Some((exchange, binding_key))).await
     }
 
     /// Consumes an existing queue (such as the unroutable one).
@@ -229,7 +250,11 @@ impl TestConsumer {
         let channel = connection.create_channel().await.unwrap();
         if let Some((exchange, key)) = binding {
             channel
-                .queue_declare(queue.into(), QueueDeclareOptions::default(), FieldTable::default())
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions::default(),
+                    FieldTable::default(),
+                )
                 .await
                 .unwrap();
             channel
@@ -262,7 +287,10 @@ impl TestConsumer {
 
     /// The next message, or None if nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Received> {
-        let delivery = tokio::time::timeout(timeout, self.consumer.next()).await.ok()??.unwrap();
+        let delivery = tokio::time::timeout(timeout, self.consumer.next())
+            .await
+            .ok()??
+            .unwrap();
         let received_at_ms = epoch_ms(SystemTime::now());
         delivery.ack(BasicAckOptions::default()).await.unwrap();
         Some(Received {
@@ -300,7 +328,11 @@ pub fn rabbitmqctl_json(args: &[&str]) -> Value {
         .args(["-q", "--formatter", "json"])
         .output()
         .expect("rabbitmqctl runs");
-    assert!(output.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     serde_json::from_slice(&output.stdout).expect("rabbitmqctl JSON")
 }
 

@@ -1,0 +1,26 @@
+# Makes sure the services the test suite talks to are up. Sourced by .ci/run.
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+ensure_rabbitmq() {
+  if ! command -v rabbitmq-server >/dev/null 2>&1; then
+    echo "ci: installing RabbitMQ"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+  fi
+  if ! port_open 5672; then
+    echo "ci: starting RabbitMQ"
+    rabbitmq-server -detached || true
+  fi
+  for _ in $(seq 1 120); do
+    if port_open 5672 && rabbitmqctl -q await_startup >/dev/null 2>&1; then
+      # Quorum queues and at-least-once dead-lettering need these on an upgraded node.
+      rabbitmqctl -q enable_feature_flag all >/dev/null 2>&1 || true
+      echo "ci: RabbitMQ is up ($(rabbitmqctl -q version 2>/dev/null || echo 'version unknown'))"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "ci: RabbitMQ did not come up on 127.0.0.1:5672" >&2
+  return 1
+}
