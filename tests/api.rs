@@ -337,3 +337,95 @@ async fn not_ready_and_503_while_the_broker_is_unreachable() {
     assert_eq!(body["error"]["code"], "broker_unavailable");
     app.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_is_a_503_and_nothing_unconfirmed_is_reported_accepted() {
+    let app = TestApp::spawn(test_settings(3, 1000, QueueType::Quorum)).await;
+    // Cap level 2's queue at one message: with reject-publish overflow the broker nacks the next.
+    let policy = format!("{}-full", app.cascade.prefix());
+    let pattern = format!("^{}$", regex_escape(&app.cascade.level_queue(2)));
+    let set = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "set_policy",
+            &policy,
+            &pattern,
+            r#"{"max-length":1}"#,
+            "--apply-to",
+            "queues",
+        ])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let task = json!({"destination": "d", "delay_ms": 4000});
+    let mut statuses = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The policy takes effect asynchronously; publish until the broker refuses.
+    while !statuses.contains(&503) {
+        let (status, body) = app.post("/v1/tasks", &task).await;
+        if status == 503 {
+            assert_eq!(body["error"]["code"], "broker_rejected", "{body}");
+        }
+        statuses.push(status);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never nacked: {statuses:?}"
+        );
+    }
+    let accepted = statuses.iter().filter(|s| **s == 202).count() as u32;
+    let _ = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "clear_policy", &policy])
+        .status();
+    assert!(accepted >= 1);
+    // Quorum queues enforce the limit loosely; what matters is that every 202 was stored.
+    assert_eq!(common::queue_depth(&app.cascade.level_queue(2)).await, accepted);
+    app.stop().await.unwrap();
+}
+
+fn regex_escape(name: &str) -> String {
+    name.replace('.', "\\.")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_level_exchange_is_a_503_then_the_service_heals_itself() {
+    let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Classic)).await;
+    let key = app.cascade.binding_key("heal");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    consumer
+        .channel
+        .exchange_delete(
+            app.cascade.level_exchange(2).as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (status, body) = app
+        .post("/v1/tasks", &json!({"destination": "heal", "delay_ms": 40}))
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "broker_unavailable");
+    // The failed channel makes the supervisor reconnect, which provisions again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = app
+            .post(
+                "/v1/tasks",
+                &json!({"destination": "heal", "delay_ms": 40, "id": "healed"}),
+            )
+            .await;
+        if status == 202 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never healed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("delivered after healing");
+    assert_eq!(
+        message.properties.message_id().as_ref().unwrap().as_str(),
+        "healed"
+    );
+    app.stop().await.unwrap();
+}
