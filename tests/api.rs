@@ -378,7 +378,10 @@ async fn a_nack_is_a_503_and_nothing_unconfirmed_is_reported_accepted() {
         .status();
     assert!(accepted >= 1);
     // Quorum queues enforce the limit loosely; what matters is that every 202 was stored.
-    assert_eq!(common::queue_depth(&app.cascade.level_queue(2)).await, accepted);
+    assert_eq!(
+        common::queue_depth(&app.cascade.level_queue(2)).await,
+        accepted
+    );
     app.stop().await.unwrap();
 }
 

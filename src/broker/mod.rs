@@ -9,8 +9,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Connection, ConnectionProperties};
 
 pub use diagnose::{Difference, TopologyConflict};
-pub use provision::{ProvisionReport, provision};
-pub use publisher::{PublishError, Publisher, PublisherOptions};
+pub use provision::{ProvisionReport, provision, teardown};
+pub use publisher::{PublishError, Publisher, PublisherOptions, task_properties};
 
 use crate::cascade::{ArgValue, Arguments};
 

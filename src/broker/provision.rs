@@ -133,3 +133,22 @@ pub async fn provision(
         bindings: plan.bindings.len(),
     })
 }
+
+/// Deletes every queue and exchange of `plan`, with the messages they hold.
+/// Objects already gone are skipped. For tests, benchmarks and retired chains.
+pub async fn teardown(connection: &Connection, plan: &TopologyPlan) -> Result<(), BrokerError> {
+    for queue in &plan.queues {
+        // A delete of a missing queue closes the channel on some versions: one channel each.
+        let channel = open_channel(connection).await?;
+        let _ = channel
+            .queue_delete(queue.name.as_str().into(), Default::default())
+            .await;
+    }
+    for exchange in &plan.exchanges {
+        let channel = open_channel(connection).await?;
+        let _ = channel
+            .exchange_delete(exchange.name.as_str().into(), Default::default())
+            .await;
+    }
+    Ok(())
+}

@@ -179,7 +179,7 @@ impl Session {
 }
 
 /// The message as consumers see it.
-pub(crate) fn task_properties(task: &Task) -> BasicProperties {
+pub fn task_properties(task: &Task) -> BasicProperties {
     let mut headers = FieldTable::default();
     for (name, value) in &task.headers {
         let value = match value {

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
 pub use handlers::{BatchItem, BatchResponse, TopologyView};
@@ -49,7 +49,12 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
-        .layer(TraceLayer::new_for_http())
+        // Failed requests are logged where the reason is known (with the task id);
+        // tower-http's default would log every 503 readiness probe as an error.
+        .layer(
+            TraceLayer::new_for_http()
+                .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        )
         // A bug in one request must answer 500, not take the service down.
         .layer(CatchPanicLayer::custom(handlers::panic_response))
         .with_state(state)

@@ -1,0 +1,321 @@
+//! Delivery: how close to the requested time tasks arrive, and how fast the
+//! cascade drains a burst that falls due at once.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::bail;
+use delayline::broker::connect;
+use futures_util::StreamExt;
+use indicatif::ProgressBar;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::sut::ServiceUnderTest;
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or_default()
+}
+
+/// Consumes every task for `destination` from a queue of its own, stamping arrivals.
+async fn consume(
+    sut: &mut ServiceUnderTest,
+    destination: &str,
+    amqp_uri: &str,
+) -> anyhow::Result<mpsc::UnboundedReceiver<(String, i64)>> {
+    let queue = format!("{}.bench.{destination}", sut.cascade.prefix());
+    sut.own_queue(&queue);
+    let connection = connect(amqp_uri, "delayline-bench consumer").await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            sut.cascade.business_exchange().into(),
+            sut.cascade.binding_key(destination).as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel.basic_qos(2000, BasicQosOptions::default()).await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let (sender, receiver) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _keep = connection;
+        while let Some(Ok(delivery)) = consumer.next().await {
+            let at = now_us();
+            let id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            if sender.send((id, at)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(receiver)
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Precision {
+    pub unit_ms: u64,
+    pub queue_type: String,
+    pub label: String,
+    pub tasks: usize,
+    pub received: usize,
+    /// Tasks falling due per second over the window.
+    pub due_per_sec: f64,
+    /// Received before the requested time: must be 0.
+    pub early: usize,
+    /// Received before the `deliver_at` delayline answered: must be 0.
+    pub early_vs_deliver_at: usize,
+    /// Lateness relative to the requested time (send time + requested delay), ms.
+    pub late_p50_ms: f64,
+    pub late_p90_ms: f64,
+    pub late_p99_ms: f64,
+    pub late_max_ms: f64,
+    /// Lateness relative to `deliver_at` (requested rounded up to the unit): the cascade's own delay.
+    pub after_deliver_at_p50_ms: f64,
+    pub after_deliver_at_p99_ms: f64,
+    #[serde(skip)]
+    pub lateness_ms: Vec<f64>,
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+struct Submitted {
+    requested_due_us: i64,
+    deliver_at_us: i64,
+}
+
+/// POSTs `tasks` tasks with delays spread uniformly (to the microsecond's
+/// millisecond, so most are not whole units) over `min_delay..max_delay`.
+#[allow(clippy::too_many_arguments)]
+pub async fn precision(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    label: &str,
+    tasks: usize,
+    min_delay_ms: u64,
+    max_delay_ms: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Precision> {
+    let destination = format!("precision-{label}");
+    let mut arrivals = consume(sut, &destination, amqp_uri).await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let url = format!("{}/v1/tasks", sut.base);
+    progress.set_length(tasks as u64);
+    progress.set_position(0);
+    progress.set_message(format!("{label}: submitting"));
+
+    let span = max_delay_ms - min_delay_ms;
+    let submissions = futures_util::stream::iter(0..tasks)
+        .map(|n| {
+            let client = client.clone();
+            let url = url.clone();
+            let destination = destination.clone();
+            async move {
+                // A deterministic spread; a prime stride makes it look random to the unit.
+                let delay_ms = min_delay_ms + (n as u64 * 104_729) % span.max(1);
+                let id = format!("p{n}");
+                let requested_due_us = now_us() + delay_ms as i64 * 1000;
+                let body =
+                    serde_json::json!({"destination": destination, "delay_ms": delay_ms, "id": id});
+                let response = client.post(&url).json(&body).send().await.ok()?;
+                if response.status() != 202 {
+                    return None;
+                }
+                let accepted: serde_json::Value = response.json().await.ok()?;
+                let deliver_at = accepted["deliver_at"].as_str()?;
+                let deliver_at = time::OffsetDateTime::parse(
+                    deliver_at,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()?;
+                Some((
+                    id,
+                    Submitted {
+                        requested_due_us,
+                        deliver_at_us: (deliver_at.unix_timestamp_nanos() / 1000) as i64,
+                    },
+                ))
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let submitted: HashMap<String, Submitted> = submissions.into_iter().flatten().collect();
+    if submitted.len() != tasks {
+        bail!(
+            "{} of {tasks} precision tasks were not accepted",
+            tasks - submitted.len()
+        );
+    }
+    progress.set_message(format!("{label}: waiting for deliveries"));
+
+    let deadline = Instant::now() + Duration::from_millis(max_delay_ms) + Duration::from_secs(60);
+    let (mut late, mut after_deliver_at) = (Vec::new(), Vec::new());
+    let (mut early, mut early_vs_deliver_at) = (0, 0);
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < tasks {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some((id, at))) = tokio::time::timeout(remaining, arrivals.recv()).await else {
+            break;
+        };
+        let Some(task) = submitted.get(&id) else {
+            continue;
+        };
+        if !seen.insert(id) {
+            continue;
+        }
+        progress.inc(1);
+        if at < task.requested_due_us {
+            early += 1;
+        }
+        if at < task.deliver_at_us {
+            early_vs_deliver_at += 1;
+        }
+        late.push((at - task.requested_due_us) as f64 / 1000.0);
+        after_deliver_at.push((at - task.deliver_at_us) as f64 / 1000.0);
+    }
+    late.sort_by(f64::total_cmp);
+    after_deliver_at.sort_by(f64::total_cmp);
+    Ok(Precision {
+        unit_ms: sut.cascade.unit_ms(),
+        queue_type: sut.cascade.queue_type().as_str().to_owned(),
+        label: label.to_owned(),
+        tasks,
+        received: seen.len(),
+        due_per_sec: tasks as f64 / (span as f64 / 1000.0),
+        early,
+        early_vs_deliver_at,
+        late_p50_ms: quantile(&late, 0.5),
+        late_p90_ms: quantile(&late, 0.9),
+        late_p99_ms: quantile(&late, 0.99),
+        late_max_ms: late.last().copied().unwrap_or(f64::NAN),
+        after_deliver_at_p50_ms: quantile(&after_deliver_at, 0.5),
+        after_deliver_at_p99_ms: quantile(&after_deliver_at, 0.99),
+        lateness_ms: late,
+    })
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Drain {
+    pub queue_type: String,
+    pub tasks: usize,
+    pub received: usize,
+    /// From the common due time to the last arrival.
+    pub drain_seconds: f64,
+    pub due_tasks_per_sec: f64,
+    pub first_arrival_after_due_ms: f64,
+}
+
+/// A burst of `tasks` tasks that all fall due at the same moment, entering at
+/// different levels (their delays differ by when they were submitted).
+pub async fn burst(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    tasks: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<Drain> {
+    let mut arrivals = consume(sut, "burst", amqp_uri).await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let url = format!("{}/v1/tasks/batch", sut.base);
+    // Submission runs at several thousand tasks/s; leave room for it before the due time.
+    let due_us = now_us() + 3_000_000 + tasks as i64 * 400;
+    let due_at = delayline::task::format_epoch_ms((due_us / 1000) as u64);
+    progress.set_length(tasks as u64);
+    progress.set_position(0);
+    progress.set_message("burst: submitting");
+    let batches: Vec<_> = (0..tasks)
+        .collect::<Vec<_>>()
+        .chunks(500)
+        .map(|chunk| {
+            let tasks: Vec<_> = chunk
+                .iter()
+                .map(|n| serde_json::json!({"destination": "burst", "deliver_at": due_at, "id": format!("b{n}")}))
+                .collect();
+            serde_json::json!({ "tasks": tasks })
+        })
+        .collect();
+    let accepted: usize = futures_util::stream::iter(batches)
+        .map(|batch| {
+            let client = client.clone();
+            let url = url.clone();
+            async move {
+                let Ok(response) = client.post(&url).json(&batch).send().await else {
+                    return 0;
+                };
+                response
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .matches("\"status\":202")
+                    .count()
+            }
+        })
+        .buffer_unordered(4)
+        .fold(0, |sum, n| async move { sum + n })
+        .await;
+    if accepted != tasks {
+        bail!(
+            "{} of {tasks} burst tasks were not accepted",
+            tasks - accepted
+        );
+    }
+    if now_us() > due_us {
+        bail!(
+            "submitting the burst took longer than planned; the tasks were due before all were sent"
+        );
+    }
+    progress.set_message("burst: draining");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let (mut first, mut last, mut received) = (i64::MAX, 0, 0);
+    while received < tasks {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some((_, at))) = tokio::time::timeout(remaining, arrivals.recv()).await else {
+            break;
+        };
+        first = first.min(at);
+        last = last.max(at);
+        received += 1;
+        progress.inc(1);
+    }
+    let drain_seconds = (last - due_us) as f64 / 1e6;
+    Ok(Drain {
+        queue_type: sut.cascade.queue_type().as_str().to_owned(),
+        tasks,
+        received,
+        drain_seconds,
+        due_tasks_per_sec: received as f64 / drain_seconds,
+        first_arrival_after_due_ms: (first - due_us) as f64 / 1000.0,
+    })
+}

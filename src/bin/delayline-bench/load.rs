@@ -1,0 +1,271 @@
+//! Ingest: raw AMQP publishes with confirms (the broker's ceiling) and the same
+//! tasks through delayline's HTTP endpoints.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use delayline::broker::{connect, task_properties};
+use delayline::cascade::Cascade;
+use delayline::task::Task;
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Confirmation};
+use serde::Serialize;
+
+/// Delays long enough that nothing expires while ingest is measured, so the
+/// broker spends its time accepting, not dead-lettering.
+fn ingest_delay_ms(n: u64) -> u64 {
+    60_000 + (n * 7919) % 60_000
+}
+
+pub fn task_body(n: u64) -> Vec<u8> {
+    format!(
+        r#"{{"destination":"bench.ingest","delay_ms":{},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}},"headers":{{"tenant":"t-{}"}}}}"#,
+        ingest_delay_ms(n),
+        n % 16
+    )
+    .into_bytes()
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Throughput {
+    pub path: String,
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub tasks: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub tasks_per_sec: f64,
+    /// Latency of one request (one publish+confirm for raw AMQP), in ms.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("static histogram bounds")
+}
+
+struct WorkerResult {
+    tasks: u64,
+    errors: u64,
+    latency_us: Histogram<u64>,
+}
+
+fn summarise(
+    path: &str,
+    concurrency: usize,
+    batch_size: usize,
+    elapsed: Duration,
+    results: Vec<WorkerResult>,
+) -> Throughput {
+    let mut latency = latency_histogram();
+    let (mut tasks, mut errors) = (0, 0);
+    for r in results {
+        tasks += r.tasks;
+        errors += r.errors;
+        let _ = latency.add(&r.latency_us);
+    }
+    let seconds = elapsed.as_secs_f64();
+    Throughput {
+        path: path.to_owned(),
+        concurrency,
+        batch_size,
+        tasks,
+        errors,
+        seconds,
+        tasks_per_sec: tasks as f64 / seconds,
+        p50_ms: latency.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_ms: latency.value_at_quantile(0.99) as f64 / 1000.0,
+    }
+}
+
+fn ticker(progress: &ProgressBar, duration: Duration) -> tokio::task::JoinHandle<()> {
+    let progress = progress.clone();
+    progress.set_length(duration.as_millis() as u64);
+    progress.set_position(0);
+    tokio::spawn(async move {
+        let start = Instant::now();
+        while start.elapsed() < duration {
+            progress.set_position(start.elapsed().as_millis() as u64);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// The broker's own limit: the same messages delayline would publish, straight
+/// into the entry exchanges, `in_flight` confirms outstanding over `channels`.
+pub async fn raw_amqp(
+    uri: &str,
+    cascade: &Cascade,
+    channels: usize,
+    in_flight: usize,
+    duration: Duration,
+    progress: &ProgressBar,
+) -> anyhow::Result<Throughput> {
+    let now = SystemTime::now();
+    let messages: Arc<Vec<(String, String, Vec<u8>, BasicProperties)>> = Arc::new(
+        (0..1024)
+            .map(|n| {
+                let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
+                let properties = task_properties(&task);
+                (
+                    task.route.entry_exchange,
+                    task.route.routing_key,
+                    task.payload,
+                    properties,
+                )
+            })
+            .collect(),
+    );
+    let connection = connect(uri, "delayline-bench raw").await?;
+    let mut opened = Vec::new();
+    for _ in 0..channels {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        opened.push(channel);
+    }
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tick = ticker(progress, duration);
+    let workers: Vec<_> = (0..in_flight)
+        .map(|w| {
+            let channel = opened[w % channels].clone();
+            let messages = messages.clone();
+            tokio::spawn(async move {
+                let mut result = WorkerResult {
+                    tasks: 0,
+                    errors: 0,
+                    latency_us: latency_histogram(),
+                };
+                let mut n = w;
+                while Instant::now() < deadline {
+                    let (exchange, key, payload, properties) = &messages[n % messages.len()];
+                    n += in_flight;
+                    let sent = Instant::now();
+                    let options = BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    };
+                    let confirmed = match channel
+                        .basic_publish(
+                            exchange.as_str().into(),
+                            key.as_str().into(),
+                            options,
+                            payload,
+                            properties.clone(),
+                        )
+                        .await
+                    {
+                        Ok(confirm) => confirm.await,
+                        Err(e) => Err(e),
+                    };
+                    match confirmed {
+                        Ok(Confirmation::Ack(None)) => {
+                            result.tasks += 1;
+                            let _ = result.latency_us.record(sent.elapsed().as_micros() as u64);
+                        }
+                        _ => result.errors += 1,
+                    }
+                }
+                result
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for worker in workers {
+        results.push(worker.await.context("raw publisher")?);
+    }
+    let elapsed = start.elapsed();
+    tick.abort();
+    let _ = connection.close(200, "bench done".into()).await;
+    Ok(summarise(
+        "amqp (raw ceiling)",
+        in_flight,
+        1,
+        elapsed,
+        results,
+    ))
+}
+
+/// `concurrency` clients, each POSTing back to back for `duration`.
+/// With `batch_size` > 1 they use `/v1/tasks/batch`.
+pub async fn http(
+    base: &str,
+    concurrency: usize,
+    batch_size: usize,
+    duration: Duration,
+    progress: &ProgressBar,
+) -> anyhow::Result<Throughput> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .tcp_nodelay(true)
+        .build()?;
+    let (url, path) = if batch_size > 1 {
+        (format!("{base}/v1/tasks/batch"), "http batch")
+    } else {
+        (format!("{base}/v1/tasks"), "http single")
+    };
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tick = ticker(progress, duration);
+    let workers: Vec<_> = (0..concurrency)
+        .map(|w| {
+            let client = client.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut result = WorkerResult {
+                    tasks: 0,
+                    errors: 0,
+                    latency_us: latency_histogram(),
+                };
+                let mut n = w as u64;
+                while Instant::now() < deadline {
+                    let body = if batch_size > 1 {
+                        let mut body = b"{\"tasks\":[".to_vec();
+                        for i in 0..batch_size as u64 {
+                            if i > 0 {
+                                body.push(b',');
+                            }
+                            body.extend(task_body(n + i));
+                        }
+                        body.extend(b"]}");
+                        body
+                    } else {
+                        task_body(n)
+                    };
+                    n += (concurrency * batch_size) as u64;
+                    let sent = Instant::now();
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await;
+                    let accepted = match response {
+                        Ok(r) if batch_size > 1 && r.status() == 200 => {
+                            let text = r.text().await.unwrap_or_default();
+                            text.matches("\"status\":202").count() as u64
+                        }
+                        Ok(r) if r.status() == 202 => 1,
+                        _ => 0,
+                    };
+                    let _ = result.latency_us.record(sent.elapsed().as_micros() as u64);
+                    result.tasks += accepted;
+                    result.errors += batch_size as u64 - accepted;
+                }
+                result
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for worker in workers {
+        results.push(worker.await.context("http client")?);
+    }
+    let elapsed = start.elapsed();
+    tick.abort();
+    Ok(summarise(path, concurrency, batch_size, elapsed, results))
+}

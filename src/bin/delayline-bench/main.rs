@@ -1,0 +1,351 @@
+//! delayline-bench: ingest against the broker's own ceiling, delivery precision
+//! and cascade drain rate, measured in one run on the same broker.
+//!
+//! Each phase starts its own `delayline` process (the release binary next to
+//! this one) with a topology of its own, and deletes that topology afterwards.
+//! Results go to stdout as tables and to `<out>/results.json`, with plots in
+//! `<out>/throughput.png` and `<out>/lateness.png`.
+
+mod delivery;
+mod load;
+mod plot;
+mod sut;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use delayline::cascade::QueueType;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use delivery::{Drain, Precision};
+use load::Throughput;
+use sut::ServiceUnderTest;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "delayline-bench",
+    about = "Benchmarks delayline against the local RabbitMQ"
+)]
+struct Args {
+    /// A short smoke run: fewer tasks, shorter phases.
+    #[arg(long)]
+    quick: bool,
+    /// Where results.json and the plots are written.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_uri: String,
+    /// Seconds each ingest measurement runs (default 10, 2 with --quick).
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Publishing channels, for both the raw ceiling and the service.
+    #[arg(long, default_value_t = 4)]
+    channels: usize,
+    /// Only these phases (ingest, precision, drain); all by default.
+    #[arg(long, value_delimiter = ',')]
+    phases: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    machine: Machine,
+    quick: bool,
+    ingest: Vec<Throughput>,
+    raw_ceiling_tasks_per_sec: Option<f64>,
+    best_single_ratio: Option<f64>,
+    best_batch_ratio: Option<f64>,
+    service_peak_rss_kib: Option<u64>,
+    /// Service CPU time (user + system) per task accepted over HTTP.
+    service_cpu_us_per_task: Option<f64>,
+    precision: Vec<Precision>,
+    drain: Vec<Drain>,
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cpus: usize,
+    cpu_model: String,
+    rabbitmq: String,
+}
+
+fn machine() -> Machine {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let rabbitmq = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "version"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model,
+        rabbitmq,
+    }
+}
+
+fn bar(message: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:40} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(message.to_owned());
+    bar
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let run = |phase: &str| args.phases.is_empty() || args.phases.iter().any(|p| p == phase);
+    let seconds = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
+    std::fs::create_dir_all(&args.out)?;
+    let mut results = Results {
+        machine: machine(),
+        quick: args.quick,
+        ingest: Vec::new(),
+        raw_ceiling_tasks_per_sec: None,
+        best_single_ratio: None,
+        best_batch_ratio: None,
+        service_peak_rss_kib: None,
+        service_cpu_us_per_task: None,
+        precision: Vec::new(),
+        drain: Vec::new(),
+    };
+
+    if run("ingest") {
+        let sut =
+            ServiceUnderTest::spawn(&args.amqp_uri, 32, 100, QueueType::Quorum, args.channels)
+                .await?;
+        let progress = bar("ingest: raw AMQP ceiling");
+        // The ceiling is the best the broker does at any depth of pipelining.
+        for in_flight in [64, 256, 1024] {
+            progress.set_message(format!("ingest: raw AMQP, {in_flight} in flight"));
+            let raw = load::raw_amqp(
+                &args.amqp_uri,
+                &sut.cascade,
+                args.channels,
+                in_flight,
+                seconds,
+                &progress,
+            )
+            .await?;
+            let best = results
+                .raw_ceiling_tasks_per_sec
+                .unwrap_or(0.0)
+                .max(raw.tasks_per_sec);
+            results.raw_ceiling_tasks_per_sec = Some(best);
+            results.ingest.push(raw);
+        }
+        let cpu_before = sut.cpu_ms();
+        let mut http_tasks = 0;
+        let single = if args.quick {
+            vec![1, 16, 64]
+        } else {
+            vec![1, 4, 16, 64, 256]
+        };
+        for concurrency in single {
+            progress.set_message(format!("ingest: http single x{concurrency}"));
+            let measured = load::http(&sut.base, concurrency, 1, seconds, &progress).await?;
+            http_tasks += measured.tasks;
+            results.ingest.push(measured);
+        }
+        let batch = if args.quick {
+            vec![1, 4]
+        } else {
+            vec![1, 2, 4, 8]
+        };
+        for concurrency in batch {
+            progress.set_message(format!("ingest: http batch(100) x{concurrency}"));
+            let measured = load::http(&sut.base, concurrency, 100, seconds, &progress).await?;
+            http_tasks += measured.tasks;
+            results.ingest.push(measured);
+        }
+        progress.finish_and_clear();
+        results.service_peak_rss_kib = sut.peak_rss_kib();
+        if let (Some(before), Some(after)) = (cpu_before, sut.cpu_ms()) {
+            results.service_cpu_us_per_task =
+                Some((after - before) * 1000.0 / http_tasks.max(1) as f64);
+        }
+        sut.stop().await?;
+        let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
+        let best = |path: &str| {
+            results
+                .ingest
+                .iter()
+                .filter(|t| t.path == path)
+                .map(|t| t.tasks_per_sec / ceiling)
+                .fold(None, |best: Option<f64>, r| {
+                    Some(best.map_or(r, |b| b.max(r)))
+                })
+        };
+        results.best_single_ratio = best("http single");
+        results.best_batch_ratio = best("http batch");
+    }
+
+    if run("precision") {
+        let (low, high) = if args.quick { (50, 500) } else { (200, 5000) };
+        // (unit, min delay, max delay): delays span several units, starting above one unit.
+        let scenarios = if args.quick {
+            [(1000, 1_000, 4_000), (10, 100, 2_100)]
+        } else {
+            [(1000, 1_000, 11_000), (10, 100, 5_100)]
+        };
+        for (unit_ms, min_delay, max_delay) in scenarios {
+            let levels = if unit_ms >= 1000 { 20 } else { 24 };
+            let mut sut = ServiceUnderTest::spawn(
+                &args.amqp_uri,
+                levels,
+                unit_ms,
+                QueueType::Quorum,
+                args.channels,
+            )
+            .await?;
+            for (label, tasks) in [("low", low), ("high", high)] {
+                let progress = bar(&format!("precision {unit_ms} ms {label}"));
+                let label = format!("{unit_ms}ms-{label}");
+                let precision = delivery::precision(
+                    &mut sut,
+                    &args.amqp_uri,
+                    &label,
+                    tasks,
+                    min_delay,
+                    max_delay,
+                    &progress,
+                )
+                .await?;
+                progress.finish_and_clear();
+                results.precision.push(precision);
+            }
+            sut.stop().await?;
+        }
+    }
+
+    if run("drain") {
+        let tasks = if args.quick { 2_000 } else { 20_000 };
+        for queue_type in [QueueType::Quorum, QueueType::Classic] {
+            let mut sut =
+                ServiceUnderTest::spawn(&args.amqp_uri, 16, 10, queue_type, args.channels).await?;
+            let progress = bar(&format!("drain ({})", queue_type.as_str()));
+            let drain = delivery::burst(&mut sut, &args.amqp_uri, tasks, &progress).await?;
+            progress.finish_and_clear();
+            results.drain.push(drain);
+            sut.stop().await?;
+        }
+    }
+
+    print_report(&results);
+    let json = args.out.join("results.json");
+    std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
+    println!("\nresults: {}", json.display());
+    for written in plot::write_plots(
+        &args.out,
+        &results.ingest,
+        results.raw_ceiling_tasks_per_sec,
+        &results.precision,
+    ) {
+        match written {
+            Ok(path) => println!("plot:    {}", path.display()),
+            Err(error) => println!("plot skipped: {error}"),
+        }
+    }
+    Ok(())
+}
+
+fn print_report(results: &Results) {
+    let m = &results.machine;
+    println!(
+        "\nmachine: {} cpus, {}; RabbitMQ {}",
+        m.cpus, m.cpu_model, m.rabbitmq
+    );
+    if !results.ingest.is_empty() {
+        println!(
+            "\n{:<20} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7}",
+            "ingest", "conc", "batch", "tasks/s", "ratio", "p50 ms", "p99 ms", "errors"
+        );
+        let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
+        for t in &results.ingest {
+            println!(
+                "{:<20} {:>5} {:>6} {:>10.0} {:>8.2} {:>9.2} {:>9.2} {:>7}",
+                t.path,
+                t.concurrency,
+                t.batch_size,
+                t.tasks_per_sec,
+                t.tasks_per_sec / ceiling,
+                t.p50_ms,
+                t.p99_ms,
+                t.errors
+            );
+        }
+        let fmt = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}"));
+        println!(
+            "best ratio to the raw ceiling: single {} (target 0.5), batch {} (target 0.8)",
+            fmt(results.best_single_ratio),
+            fmt(results.best_batch_ratio)
+        );
+        if let Some(rss) = results.service_peak_rss_kib {
+            println!(
+                "service peak RSS during ingest: {:.1} MiB",
+                rss as f64 / 1024.0
+            );
+        }
+    }
+    if !results.precision.is_empty() {
+        println!(
+            "\n{:<14} {:>6} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>12}",
+            "precision",
+            "tasks",
+            "due/s",
+            "recv",
+            "early",
+            "late p50",
+            "p90",
+            "p99",
+            "max",
+            "vs due p50"
+        );
+        for p in &results.precision {
+            println!(
+                "{:<14} {:>6} {:>8.0} {:>6} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1}",
+                p.label,
+                p.tasks,
+                p.due_per_sec,
+                p.received,
+                p.early,
+                p.late_p50_ms,
+                p.late_p90_ms,
+                p.late_p99_ms,
+                p.late_max_ms,
+                p.after_deliver_at_p50_ms
+            );
+        }
+        println!(
+            "(lateness in ms relative to the requested time; 'vs due' relative to deliver_at, the time rounded up to the unit)"
+        );
+    }
+    if !results.drain.is_empty() {
+        println!(
+            "\n{:<10} {:>7} {:>9} {:>10} {:>12} {:>14}",
+            "drain", "tasks", "received", "seconds", "due tasks/s", "first after ms"
+        );
+        for d in &results.drain {
+            println!(
+                "{:<10} {:>7} {:>9} {:>10.2} {:>12.0} {:>14.1}",
+                d.queue_type,
+                d.tasks,
+                d.received,
+                d.drain_seconds,
+                d.due_tasks_per_sec,
+                d.first_arrival_after_due_ms
+            );
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The service under test: a real `delayline` process with a topology of its own.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use delayline::broker::{connect, teardown};
+use delayline::cascade::{Cascade, CascadeSettings, QueueType};
+use lapin::options::QueueDeleteOptions;
+use tokio::process::{Child, Command};
+
+pub struct ServiceUnderTest {
+    child: Child,
+    pub base: String,
+    pub cascade: Cascade,
+    amqp_uri: String,
+    extra_queues: Vec<String>,
+}
+
+fn service_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name("delayline");
+    if !path.exists() {
+        bail!(
+            "{} not found: build it next to the benchmark with `cargo build --release --bins`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+impl ServiceUnderTest {
+    pub async fn spawn(
+        amqp_uri: &str,
+        levels: u32,
+        unit_ms: u64,
+        queue_type: QueueType,
+        channels: usize,
+    ) -> anyhow::Result<Self> {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let cascade = CascadeSettings {
+            levels,
+            unit_ms,
+            queue_type,
+            prefix: format!("bench-{id}"),
+            business_exchange: format!("bench-{id}.business"),
+        }
+        .validate()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(service_binary()?)
+            .arg("serve")
+            .env("DELAYLINE__AMQP__URI", amqp_uri)
+            .env("DELAYLINE__AMQP__PUBLISH_CHANNELS", channels.to_string())
+            .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+            .env("DELAYLINE__HTTP__BATCH_LIMIT", "1000")
+            .env("DELAYLINE__CASCADE__LEVELS", levels.to_string())
+            .env("DELAYLINE__CASCADE__UNIT_MS", unit_ms.to_string())
+            .env("DELAYLINE__CASCADE__QUEUE_TYPE", queue_type.as_str())
+            .env("DELAYLINE__CASCADE__PREFIX", cascade.prefix())
+            .env(
+                "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+                cascade.business_exchange(),
+            )
+            .env("DELAYLINE__LOG__FILTER", "warn,lapin=off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting delayline")?;
+        let sut = ServiceUnderTest {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            cascade,
+            amqp_uri: amqp_uri.to_owned(),
+            extra_queues: Vec::new(),
+        };
+        let http = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = http.get(format!("{}/readyz", sut.base)).send().await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return Ok(sut);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("delayline did not become ready within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A queue deleted with the topology at the end.
+    pub fn own_queue(&mut self, name: &str) {
+        self.extra_queues.push(name.to_owned());
+    }
+
+    /// Peak resident set size of the service so far (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let pid = self.child.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// CPU time (user + system) the service has used so far, in ms.
+    pub fn cpu_ms(&self) -> Option<f64> {
+        let pid = self.child.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        // Linux reports USER_HZ = 100 ticks per second on every supported architecture.
+        Some(ticks * 10.0)
+    }
+
+    /// Stops the service (SIGTERM, so it drains) and deletes its topology.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await;
+        let connection = connect(&self.amqp_uri, "delayline-bench teardown").await?;
+        for queue in &self.extra_queues {
+            let channel = connection.create_channel().await?;
+            let _ = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        teardown(&connection, &self.cascade.plan()).await?;
+        let _ = connection.close(200, "bench done".into()).await;
+        Ok(())
+    }
+}
