@@ -24,3 +24,12 @@ ensure_rabbitmq() {
   echo "ci: RabbitMQ did not come up on 127.0.0.1:5672" >&2
   return 1
 }
+
+# The benchmark's plots link fontconfig and freetype; CI lints the benchmark.
+ensure_build_libraries() {
+  if ! pkg-config --exists fontconfig freetype2 2>/dev/null; then
+    echo "ci: installing fontconfig and freetype development files"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pkg-config libfontconfig1-dev libfreetype-dev >/dev/null
+  fi
+}

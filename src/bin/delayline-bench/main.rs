@@ -161,7 +161,7 @@ async fn main() -> anyhow::Result<()> {
         let batch = if args.quick {
             vec![1, 4]
         } else {
-            vec![1, 2, 4, 8]
+            vec![1, 2, 4, 8, 16]
         };
         for concurrency in batch {
             progress.set_message(format!("ingest: http batch(100) x{concurrency}"));
