@@ -313,6 +313,21 @@ impl Drop for TestUser {
     }
 }
 
+/// A task posted now gets 503 broker_unavailable with a Retry-After.
+async fn assert_task_refused_as_unavailable(app: &TestApp) {
+    let response = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .json(&json!({"destination": "d", "delay_ms": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "broker_unavailable");
+}
+
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !check().await {
@@ -334,17 +349,7 @@ async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
     let name = format!("delayline {}", app.cascade.prefix());
     assert_eq!(close_connections_named(&name), 1);
     eventually("not ready", async || app.get("/readyz").await.0 == 503).await;
-    let response = app
-        .http
-        .post(format!("{}/v1/tasks", app.base))
-        .json(&json!({"destination": "d", "delay_ms": 10}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 503);
-    assert_eq!(response.headers()["retry-after"], "1");
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "broker_unavailable");
+    assert_task_refused_as_unavailable(&app).await;
 
     // Once the broker lets it in again, the service reconnects by itself.
     user.grant();
@@ -379,17 +384,7 @@ async fn not_ready_and_503_while_the_broker_is_unreachable() {
         (status, body["error"]["code"].as_str()),
         (503, Some("not_ready"))
     );
-    let response = app
-        .http
-        .post(format!("{}/v1/tasks", app.base))
-        .json(&json!({"destination": "d", "delay_ms": 10}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 503);
-    assert_eq!(response.headers()["retry-after"], "1");
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "broker_unavailable");
+    assert_task_refused_as_unavailable(&app).await;
     app.stop().await.unwrap();
 }
 

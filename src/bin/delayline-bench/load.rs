@@ -95,6 +95,20 @@ fn ticker(progress: &ProgressBar, duration: Duration) -> tokio::task::JoinHandle
     })
 }
 
+/// Waits for every load worker; the elapsed time ends when the last one does.
+async fn join_workers(
+    workers: Vec<tokio::task::JoinHandle<WorkerResult>>,
+    start: Instant,
+    tick: tokio::task::JoinHandle<()>,
+) -> anyhow::Result<(Vec<WorkerResult>, Duration)> {
+    let mut results = Vec::new();
+    for worker in workers {
+        results.push(worker.await.context("load worker")?);
+    }
+    tick.abort();
+    Ok((results, start.elapsed()))
+}
+
 /// Exchange, routing key, body and properties, exactly as delayline would publish them.
 type PreparedMessage = (String, String, Vec<u8>, BasicProperties);
 
@@ -179,12 +193,7 @@ pub async fn raw_amqp(
             })
         })
         .collect();
-    let mut results = Vec::new();
-    for worker in workers {
-        results.push(worker.await.context("raw publisher")?);
-    }
-    let elapsed = start.elapsed();
-    tick.abort();
+    let (results, elapsed) = join_workers(workers, start, tick).await?;
     let _ = connection.close(200, "bench done".into()).await;
     Ok(summarise(
         "amqp (raw ceiling)",
@@ -275,11 +284,6 @@ pub async fn http(
             })
         })
         .collect();
-    let mut results = Vec::new();
-    for worker in workers {
-        results.push(worker.await.context("http client")?);
-    }
-    let elapsed = start.elapsed();
-    tick.abort();
+    let (results, elapsed) = join_workers(workers, start, tick).await?;
     Ok(summarise(path, concurrency, batch_size, elapsed, results))
 }
