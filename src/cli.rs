@@ -122,11 +122,10 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
             .collect::<String>()
     };
     for e in &plan.exchanges {
-        let kind = serde_json::to_value(e.kind).unwrap_or_default();
         out += &format!(
             "exchange {} type={} durable{}\n",
             e.name,
-            kind.as_str().unwrap_or_default(),
+            e.kind.as_str(),
             arguments(&e.arguments)
         );
     }

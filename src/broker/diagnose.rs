@@ -13,7 +13,7 @@ use lapin::{Channel, Connection};
 
 use super::provision::{durable_exchange, durable_queue, lapin_kind};
 use super::{amqp_value, precondition_failed};
-use crate::cascade::{ExchangeKind, ExchangeSpec, QueueSpec};
+use crate::cascade::{ExchangeSpec, QueueSpec};
 
 /// Each probe costs a channel; no real object has this many checked arguments.
 const MAX_PROBES: usize = 16;
@@ -264,8 +264,6 @@ pub(crate) async fn diagnose_queue(
     }
 }
 
-const EXCHANGE_KINDS: [ExchangeKind; 2] = [ExchangeKind::Topic, ExchangeKind::Fanout];
-
 fn kind_name(kind: &lapin::ExchangeKind) -> String {
     match kind {
         lapin::ExchangeKind::Direct => "direct".to_owned(),
@@ -294,11 +292,14 @@ pub(crate) async fn diagnose_exchange(
         .is_some_and(|t| t.starts_with("cannot redeclare exchange"))
     {
         // The broker does not say which of type and durability differ: try each.
-        let kinds = EXCHANGE_KINDS
-            .iter()
-            .map(|k| lapin_kind(*k))
-            .chain([lapin::ExchangeKind::Direct, lapin::ExchangeKind::Headers]);
+        let kinds = [
+            lapin::ExchangeKind::Topic,
+            lapin::ExchangeKind::Fanout,
+            lapin::ExchangeKind::Direct,
+            lapin::ExchangeKind::Headers,
+        ];
         let candidates: Vec<_> = kinds
+            .into_iter()
             .flat_map(|kind| [(kind.clone(), true), (kind, false)])
             .collect();
         let mut found = None;

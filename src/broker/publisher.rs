@@ -102,14 +102,6 @@ impl Publisher {
         })
     }
 
-    /// Waits until a session is available (the service is ready) or `timeout` passes.
-    pub async fn wait_ready(&self, timeout: Duration) -> bool {
-        let mut sessions = self.shared.session.subscribe();
-        tokio::time::timeout(timeout, sessions.wait_for(Option::is_some))
-            .await
-            .is_ok_and(|r| r.is_ok())
-    }
-
     pub async fn publish_task(&self, task: &Task) -> Result<(), PublishError> {
         self.publish(
             &task.route.entry_exchange,

@@ -30,6 +30,15 @@ pub enum ExchangeKind {
     Fanout,
 }
 
+impl ExchangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeKind::Topic => "topic",
+            ExchangeKind::Fanout => "fanout",
+        }
+    }
+}
+
 /// An argument value, typed as RabbitMQ compares it on redeclaration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]

@@ -5,15 +5,14 @@
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
-use delayline::broker::connect;
-use delayline::cascade::{Cascade, QueueType};
+use delayline::broker::{connect, teardown};
+use delayline::cascade::{Cascade, QueueType, TopologyPlan};
 use delayline::config::Settings;
 use delayline::service::{self, ServiceError};
 use delayline::task::epoch_ms;
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
@@ -37,25 +36,25 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings
 }
 
-/// Deletes the cascade's objects and any extra queues when dropped.
+/// Deletes the cascade's objects and the test's own queues when dropped.
 pub struct Cleanup {
-    pub exchanges: Vec<String>,
+    plan: TopologyPlan,
+    /// Queues the test declared itself, such as consumer queues.
     pub queues: Vec<String>,
 }
 
 impl Cleanup {
     pub fn for_cascade(cascade: &Cascade) -> Self {
-        let plan = cascade.plan();
         Cleanup {
-            exchanges: plan.exchanges.into_iter().map(|e| e.name).collect(),
-            queues: plan.queues.into_iter().map(|q| q.name).collect(),
+            plan: cascade.plan(),
+            queues: Vec::new(),
         }
     }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let exchanges = std::mem::take(&mut self.exchanges);
+        let plan = self.plan.clone();
         let queues = std::mem::take(&mut self.queues);
         // Drop cannot be async, and may run inside a runtime: use a thread of its own.
         let cleaned = std::thread::spawn(move || {
@@ -73,12 +72,9 @@ impl Drop for Cleanup {
                         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                         .await;
                 }
-                for exchange in exchanges {
-                    let channel = connection.create_channel().await.expect("cleanup channel");
-                    let _ = channel
-                        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-                        .await;
-                }
+                teardown(&connection, &plan)
+                    .await
+                    .expect("cleanup teardown");
                 let _ = connection.close(200, "cleaned".into()).await;
             });
         })

@@ -54,6 +54,16 @@ struct WorkerResult {
     latency_us: Histogram<u64>,
 }
 
+impl WorkerResult {
+    fn new() -> Self {
+        WorkerResult {
+            tasks: 0,
+            errors: 0,
+            latency_us: latency_histogram(),
+        }
+    }
+}
+
 fn summarise(
     path: &str,
     concurrency: usize,
@@ -154,11 +164,7 @@ pub async fn raw_amqp(
             let channel = opened[w % channels].clone();
             let messages = messages.clone();
             tokio::spawn(async move {
-                let mut result = WorkerResult {
-                    tasks: 0,
-                    errors: 0,
-                    latency_us: latency_histogram(),
-                };
+                let mut result = WorkerResult::new();
                 let mut n = w;
                 while Instant::now() < deadline {
                     let (exchange, key, payload, properties) = &messages[n % messages.len()];
@@ -252,11 +258,7 @@ pub async fn http(
             let url = url.clone();
             let bodies = bodies.clone();
             tokio::spawn(async move {
-                let mut result = WorkerResult {
-                    tasks: 0,
-                    errors: 0,
-                    latency_us: latency_histogram(),
-                };
+                let mut result = WorkerResult::new();
                 let mut n = w;
                 while Instant::now() < deadline {
                     let body = bodies[n % bodies.len()].clone();
