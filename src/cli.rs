@@ -1,4 +1,4 @@
-//! The command line: `serve`, `provision [--dry-run]`, `route`.
+//! The command line: `serve`, `provision [--dry-run]`, `migrate`, `route`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +30,8 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Create or update the ledger's schema (also done at start-up), then exit.
+    Migrate,
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -91,6 +93,10 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 cascade.queue_type().as_str()
             );
         }
+        Command::Migrate => match crate::store::migrate_only(&settings.store).await? {
+            Some(target) => println!("ledger {target}: schema up to date"),
+            None => println!("store.url is \"none\": there is no ledger to migrate"),
+        },
         Command::Route { delay, destination } => {
             print!("{}", describe_route(&cascade, delay, &destination)?)
         }

@@ -16,6 +16,7 @@ pub struct Settings {
     pub amqp: AmqpSettings,
     pub http: HttpSettings,
     pub cascade: CascadeSettings,
+    pub store: StoreSettings,
     pub log: LogSettings,
 }
 
@@ -59,6 +60,43 @@ impl Default for HttpSettings {
             bind: "127.0.0.1:8080".to_owned(),
             body_limit_bytes: 1024 * 1024,
             batch_limit: 1000,
+        }
+    }
+}
+
+/// The task ledger. See `crate::store`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSettings {
+    /// Empty: SQLite in `data_dir`. Otherwise `sqlite://path`, `postgres://…`,
+    /// or `none` for the stateless mode (no ledger: 503 while the broker is down).
+    pub url: String,
+    /// Where the embedded SQLite ledger lives.
+    pub data_dir: String,
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// Tasks waiting for the broker beyond which new tasks get 503, so that
+    /// an outage cannot fill the disk silently.
+    pub max_pending: u64,
+    /// How long a task's row is kept once it has been published and is due.
+    pub retention_ms: u64,
+    /// How often rows past their retention are deleted.
+    pub prune_interval_ms: u64,
+    /// Bytes of the payload kept after publishing, for inspection; 0 keeps none.
+    /// Until then the whole payload is kept: the forwarder may need it.
+    pub payload_copy_bytes: u32,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            data_dir: "data".to_owned(),
+            max_connections: 8,
+            max_pending: 100_000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            prune_interval_ms: 60_000,
+            payload_copy_bytes: 64 * 1024,
         }
     }
 }
@@ -132,6 +170,11 @@ impl Settings {
         if self.http.batch_limit == 0 {
             return Err(ConfigError::Invalid(
                 "http.batch_limit must be at least 1".into(),
+            ));
+        }
+        if self.store.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "store.max_connections must be at least 1".into(),
             ));
         }
         self.cascade()?;

@@ -10,8 +10,12 @@
 //! - [`broker`]: everything that talks to RabbitMQ. Connecting, declaring the
 //!   plan (with a full diagnosis when the broker holds something else), and
 //!   the publisher: confirms, pipelining, reconnection.
-//! - [`http`]: the axum API around the two: routes, JSON errors, health.
-//! - [`service`]: wires broker and HTTP together and shuts them down in order.
+//! - [`store`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
+//!   replicas): migrations, group commit, idempotency, inspection queries.
+//! - [`scheduler`]: takes a task in (ledger, then broker) and runs the
+//!   forwarder that publishes pending tasks, and retention.
+//! - [`http`]: the axum API around them: routes, JSON errors, health.
+//! - [`service`]: wires it all together and shuts it down in order.
 //! - [`config`], [`telemetry`], [`cli`]: settings, logs and the command line.
 //!   `main.rs` only calls [`cli::main`].
 
@@ -20,6 +24,8 @@ pub mod cascade;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod scheduler;
 pub mod service;
+pub mod store;
 pub mod task;
 pub mod telemetry;

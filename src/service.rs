@@ -2,6 +2,7 @@
 //! them in the order that loses nothing.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -11,6 +12,8 @@ use tracing::info;
 use crate::broker::{BrokerError, Publisher, PublisherOptions};
 use crate::config::{ConfigError, Settings};
 use crate::http::{AppState, router};
+use crate::scheduler::Scheduler;
+use crate::store::{self, LedgerOptions, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -18,6 +21,8 @@ pub enum ServiceError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
     #[error("the broker supervisor stopped unexpectedly: {0}")]
@@ -36,41 +41,76 @@ pub fn publisher_options(settings: &Settings) -> PublisherOptions {
 
 /// Serves until `shutdown` resolves.
 ///
-/// The listener answers at once, but tasks get 503 until the broker is
-/// connected and the topology provisioned. On shutdown the listener stops
-/// taking requests, in-flight publishes finish and get their confirms, and
-/// only then is the broker connection closed. A conflicting topology stops
-/// the service with an error: no amount of retrying would fix it.
+/// The ledger is opened and migrated first: without it nothing could be
+/// promised. The listener then answers at once; until the broker is connected
+/// and the topology provisioned, tasks wait in the ledger as pending (or get
+/// 503 without one). On shutdown the listener stops taking requests, in-flight
+/// publishes finish and get their confirms, the forwarder finishes its round,
+/// and only then are the broker connection and the ledger closed. A
+/// conflicting topology stops the service with an error: no amount of
+/// retrying would fix it.
 pub async fn run(
     settings: Settings,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    let cascade = settings.cascade()?;
+    let cascade = Arc::new(settings.cascade()?);
+    let ledger = store::open(
+        &settings.store,
+        LedgerOptions {
+            max_pending: settings.store.max_pending,
+            payload_copy_bytes: settings.store.payload_copy_bytes,
+        },
+    )
+    .await?;
+    match &ledger {
+        Some(ledger) => info!(ledger = ledger.target(), "ledger open"),
+        None => info!("no ledger: tasks are only published (store.url = \"none\")"),
+    }
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
         publisher_options(&settings),
         cascade.plan(),
         broker_shutdown.clone(),
     );
+    let scheduler = Scheduler::new(
+        publisher,
+        ledger.clone(),
+        cascade,
+        Duration::from_millis(settings.amqp.confirm_timeout_ms),
+    );
+    let background_shutdown = CancellationToken::new();
+    let background = scheduler.spawn_background(
+        Duration::from_millis(settings.store.retention_ms),
+        Duration::from_millis(settings.store.prune_interval_ms),
+        background_shutdown.clone(),
+    );
     let app = router(
-        AppState::new(cascade, publisher, &settings.http),
+        AppState::new(scheduler, &settings.http),
         settings.http.body_limit_bytes,
     );
     info!(address = %listener.local_addr()?, "listening");
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    tokio::select! {
-        served = server => {
-            served?;
-            info!("HTTP requests drained; closing the broker connection");
-            broker_shutdown.cancel();
-            supervisor.await??;
-        }
-        supervised = &mut supervisor => {
-            supervised??;
-        }
+    let outcome = tokio::select! {
+        served = server => served.map_err(ServiceError::from),
+        supervised = &mut supervisor => supervised.map_err(ServiceError::from).and_then(|r| {
+            r.map_err(ServiceError::from)
+        }),
+    };
+    info!("HTTP requests drained; stopping the forwarder");
+    background_shutdown.cancel();
+    for task in background {
+        let _ = task.await;
     }
-    Ok(())
+    if !supervisor.is_finished() {
+        info!("closing the broker connection");
+        broker_shutdown.cancel();
+        supervisor.await??;
+    }
+    if let Some(ledger) = ledger {
+        ledger.close().await;
+    }
+    outcome
 }
 
 /// Resolves on ctrl-c or SIGTERM.

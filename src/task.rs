@@ -45,7 +45,10 @@ pub struct BatchRequest<'a> {
 }
 
 /// A caller-supplied header value; AMQP tables carry each as its own type.
-#[derive(Clone, Debug, PartialEq)]
+/// Stored in the ledger as plain JSON, which the untagged form reads back
+/// into the same variants (an integer stays an integer).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
 pub enum HeaderValue {
     Str(String),
     Int(i64),
@@ -57,6 +60,8 @@ pub enum HeaderValue {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Task {
     pub id: String,
+    /// The client chose the id, which then names the request for idempotency.
+    pub client_id: bool,
     pub destination: String,
     pub route: Route,
     /// Epoch milliseconds at acceptance, rounded down: the start of the delay.
@@ -68,6 +73,32 @@ pub struct Task {
     pub headers: Vec<(String, HeaderValue)>,
 }
 
+/// Where an accepted task is: `pending` in the ledger until the broker has
+/// confirmed it, `published` (owned by the broker) after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    Pending,
+    Published,
+}
+
+impl TaskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Published => "published",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<TaskState> {
+        match text {
+            "pending" => Some(TaskState::Pending),
+            "published" => Some(TaskState::Published),
+            _ => None,
+        }
+    }
+}
+
 /// What a 202 answers for an accepted task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskAccepted {
@@ -76,6 +107,7 @@ pub struct TaskAccepted {
     pub routing_key: String,
     pub delay_ms: u64,
     pub deliver_at: String,
+    pub state: TaskState,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -147,6 +179,12 @@ pub fn format_epoch_ms(ms: u64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
+/// Parses an RFC 3339 time into epoch milliseconds, rounded down.
+pub fn parse_epoch_ms(text: &str) -> Option<u64> {
+    let at = OffsetDateTime::parse(text, &Rfc3339).ok()?;
+    u64::try_from(at.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
+
 impl Task {
     /// Parses and validates one task body received at `now`.
     pub fn parse(body: &[u8], cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
@@ -155,15 +193,41 @@ impl Task {
         request.validate(cascade, now)
     }
 
-    pub fn accepted(&self) -> TaskAccepted {
+    pub fn accepted(&self, state: TaskState) -> TaskAccepted {
         TaskAccepted {
             id: self.id.clone(),
             destination: self.destination.clone(),
             routing_key: self.route.routing_key.clone(),
             delay_ms: self.route.delay_ms,
             deliver_at: format_epoch_ms(self.deliver_at_ms),
+            state,
         }
     }
+
+    /// The delay the client was granted, whatever route the message takes now.
+    pub fn granted_delay_ms(&self) -> u64 {
+        self.deliver_at_ms - self.accepted_at_ms
+    }
+
+    /// Routes a task that waited in the ledger by what remains of its delay,
+    /// rounded up to the unit, so it is never early; a task already due goes
+    /// straight to the business exchange.
+    pub fn reroute_at(&mut self, cascade: &Cascade, now_ms: u64) -> Result<(), RouteError> {
+        let remaining = Duration::from_millis(self.deliver_at_ms.saturating_sub(now_ms));
+        self.route = cascade.route(remaining, &self.destination)?;
+        Ok(())
+    }
+}
+
+/// Identifies a request body for idempotency: SHA-256 of its canonical JSON
+/// (keys sorted, no whitespace), so that a retry serialised differently by
+/// the client still counts as the same request.
+pub fn fingerprint(body: &[u8]) -> Result<String, TaskError> {
+    use sha2::{Digest, Sha256};
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| TaskError::from_json(&e))?;
+    let canonical = serde_json::to_vec(&value).map_err(|e| TaskError::from_json(&e))?;
+    Ok(format!("{:x}", Sha256::digest(&canonical)))
 }
 
 impl TaskRequest<'_> {
@@ -175,6 +239,7 @@ impl TaskRequest<'_> {
         let route = cascade.route(delay, &self.destination)?;
         let (payload, content_type) = self.payload()?;
         Ok(Task {
+            client_id: self.id.is_some(),
             id: validate_id(self.id)?,
             deliver_at_ms: accepted_at_ms + route.delay_ms,
             accepted_at_ms,
@@ -336,7 +401,7 @@ mod tests {
         assert_eq!(task.route.routing_key, "0.0.0.0.0.0.1.0.a.b");
         assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
         assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
-        assert_eq!(task.accepted().deliver_at, "2026-01-01T00:00:00.45Z");
+        assert_eq!(task.accepted(TaskState::Published).deliver_at, "2026-01-01T00:00:00.45Z");
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());
     }
 
@@ -403,6 +468,44 @@ mod tests {
                 ("s".into(), HeaderValue::Str("v".into())),
             ]
         );
+    }
+
+    #[test]
+    fn headers_survive_the_ledger_json() {
+        let task = parse(
+            r#"{"destination":"d","delay_ms":0,"headers":{"s":"7","i":7,"f":7.0,"b":false}}"#,
+        )
+        .unwrap();
+        let stored: BTreeMap<_, _> = task.headers.iter().cloned().collect();
+        let json = serde_json::to_string(&stored).unwrap();
+        let back: BTreeMap<String, HeaderValue> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.into_iter().collect::<Vec<_>>(), task.headers);
+    }
+
+    #[test]
+    fn rerouting_counts_what_remains_and_is_never_early() {
+        let mut task = parse(r#"{"destination":"d","delay_ms":1000}"#).unwrap();
+        assert_eq!(task.granted_delay_ms(), 1000);
+        // 349 ms of the delay passed in the ledger: 651 ms remain, 700 after rounding up.
+        task.reroute_at(&cascade(), task.accepted_at_ms + 349).unwrap();
+        assert_eq!(task.route.delay_ms, 700);
+        assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
+        assert_eq!(task.granted_delay_ms(), 1000, "the header keeps the granted delay");
+        // Overdue: straight to the business exchange.
+        task.reroute_at(&cascade(), task.deliver_at_ms + 5).unwrap();
+        assert_eq!(task.route.delay_ms, 0);
+        assert_eq!(task.route.entry_exchange, cascade().business_exchange());
+    }
+
+    #[test]
+    fn fingerprints_ignore_formatting_but_not_content() {
+        let a = fingerprint(br#"{"destination":"d","delay_ms":5,"payload":{"x":1,"y":2}}"#).unwrap();
+        let b = fingerprint(b"{ \"payload\": {\"y\":2, \"x\":1}, \"delay_ms\":5, \"destination\":\"d\" }")
+            .unwrap();
+        let c = fingerprint(br#"{"destination":"d","delay_ms":6,"payload":{"x":1,"y":2}}"#).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.len(), 64);
     }
 
     #[test]

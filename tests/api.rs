@@ -4,7 +4,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestApp, TestConsumer, close_connections_named, queue_depth, test_settings};
+use common::{
+    TestApp, TestConsumer, TestUser, close_connections_named, eventually, queue_depth,
+    test_settings,
+};
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
 
@@ -271,48 +274,6 @@ async fn topology_tells_consumers_how_to_bind() {
     app.stop().await.unwrap();
 }
 
-fn rabbitmqctl(args: &[&str]) {
-    let status = std::process::Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success(), "rabbitmqctl {args:?}");
-}
-
-/// A broker user of the test's own, so its permissions can be taken away
-/// without touching other tests; deleted on drop.
-struct TestUser(String);
-
-impl TestUser {
-    fn create() -> Self {
-        let name = format!(
-            "dltest-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        rabbitmqctl(&["add_user", &name, "secret"]);
-        let user = TestUser(name);
-        user.grant();
-        user
-    }
-
-    fn grant(&self) {
-        rabbitmqctl(&["set_permissions", "-p", "/", &self.0, ".*", ".*", ".*"]);
-    }
-
-    fn revoke(&self) {
-        rabbitmqctl(&["clear_permissions", "-p", "/", &self.0]);
-    }
-}
-
-impl Drop for TestUser {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
-            .args(["-q", "delete_user", &self.0])
-            .status();
-    }
-}
-
 /// A task posted now gets 503 broker_unavailable with a Retry-After.
 async fn assert_task_refused_as_unavailable(app: &TestApp) {
     let response = app
@@ -328,19 +289,11 @@ async fn assert_task_refused_as_unavailable(app: &TestApp) {
     assert_eq!(body["error"]["code"], "broker_unavailable");
 }
 
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
     let user = TestUser::create();
     let mut settings = test_settings(3, 10, QueueType::Classic);
-    settings.amqp.uri = format!("amqp://{}:secret@127.0.0.1:5672/%2f", user.0);
+    settings.amqp.uri = user.uri();
     settings.amqp.reconnect_max_backoff_ms = 200;
     let app = TestApp::spawn(settings).await;
 

@@ -183,7 +183,7 @@ pub fn task_properties(task: &Task) -> BasicProperties {
         headers.insert(ShortString::from(name.as_str()), value);
     }
     let as_i64 = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
-    headers.insert(DELAY_HEADER.into(), as_i64(task.route.delay_ms));
+    headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
     BasicProperties::default()
         .with_message_id(task.id.as_str().into())

@@ -8,6 +8,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use crate::broker::PublishError;
+use crate::scheduler::SubmitError;
+use crate::store::StoreError;
 use crate::task::TaskError;
 
 /// Seconds a client should wait before retrying after a broker problem.
@@ -67,6 +69,33 @@ impl From<PublishError> for ApiError {
             PublishError::Returned(_) => "broker_unroutable",
         };
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            error.to_string(),
+        )
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(error: SubmitError) -> Self {
+        match error {
+            SubmitError::Publish(error) => error.into(),
+            SubmitError::Ledger(error) => error.into(),
+            SubmitError::LedgerFull { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ledger_full",
+                error.to_string(),
+            ),
+            SubmitError::Conflict { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", error.to_string())
+            }
+        }
     }
 }
 

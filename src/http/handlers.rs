@@ -1,19 +1,32 @@
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use base64::Engine;
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
 use super::AppState;
 use super::error::{ApiError, ErrorBody};
-use crate::cascade::{Cascade, validate_destination};
-use crate::task::{BatchRequest, Task, TaskAccepted, TaskError};
+use crate::cascade::{Cascade, MAX_NAME_BYTES, validate_destination};
+use crate::scheduler::{Idempotency, Submitted};
+use crate::store::{Cursor, Ledger, StoreError, TaskFilter, TaskRecord};
+use crate::task::{
+    BatchRequest, Task, TaskAccepted, TaskError, TaskState, fingerprint, format_epoch_ms,
+    parse_epoch_ms,
+};
+
+/// Names a request so that its retries are answered, not scheduled again.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set on the answer to a retry that was recognised.
+const REPLAYED: &str = "idempotent-replayed";
 
 /// A request body that must be JSON, read whole within the body limit.
 pub struct JsonBody(pub Bytes);
@@ -56,21 +69,79 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     }
 }
 
-async fn publish(state: &AppState, task: &Task) -> Result<(), ApiError> {
-    state.publisher.publish_task(task).await.map_err(|error| {
-        warn!(task_id = %task.id, %error, "task not accepted");
-        ApiError::from(error)
-    })
+/// The Idempotency-Key header, checked, and the request's fingerprint when
+/// the request can be repeated (it has a key or a client-chosen id).
+fn idempotency(
+    headers: &HeaderMap,
+    body: &[u8],
+    task: &Task,
+    has_ledger: bool,
+) -> Result<Idempotency, ApiError> {
+    if !has_ledger {
+        return Ok(Idempotency::default());
+    }
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => {
+            let key = value
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= MAX_NAME_BYTES)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_idempotency_key",
+                        format!(
+                            "Idempotency-Key must be 1 to {MAX_NAME_BYTES} bytes of visible ASCII"
+                        ),
+                    )
+                })?;
+            Some(key.to_owned())
+        }
+    };
+    let fingerprint = if key.is_some() || task.client_id {
+        Some(fingerprint(body)?)
+    } else {
+        None
+    };
+    Ok(Idempotency { key, fingerprint })
+}
+
+async fn submit(
+    state: &AppState,
+    task: &Task,
+    idempotency: Idempotency,
+) -> Result<Submitted, ApiError> {
+    let span = info_span!("task", task_id = %task.id);
+    state
+        .scheduler
+        .submit(task, idempotency)
+        .instrument(span)
+        .await
+        .map_err(|error| {
+            let error = ApiError::from(error);
+            if error.status.is_server_error() {
+                warn!(task_id = %task.id, error = %error.message, "task not accepted");
+            }
+            error
+        })
 }
 
 pub async fn create_task(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody,
-) -> Result<(StatusCode, Json<TaskAccepted>), ApiError> {
-    let task = Task::parse(&body, &state.cascade, SystemTime::now())?;
-    let span = info_span!("task", task_id = %task.id);
-    publish(&state, &task).instrument(span).await?;
-    Ok((StatusCode::ACCEPTED, Json(task.accepted())))
+) -> Result<Response, ApiError> {
+    let task = Task::parse(&body, &state.scheduler.cascade, SystemTime::now())?;
+    let idempotency = idempotency(&headers, &body, &task, state.scheduler.ledger.is_some())?;
+    let submitted = submit(&state, &task, idempotency).await?;
+    let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
+    if submitted.replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 /// One task's outcome in a batch: `task` when accepted, `error` otherwise.
@@ -79,6 +150,9 @@ pub struct BatchItem {
     pub status: u16,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub task: Option<TaskAccepted>,
+    /// The task was accepted by an earlier request with the same id.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub replayed: bool,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<ErrorBody>,
 }
@@ -93,13 +167,16 @@ impl BatchItem {
         BatchItem {
             status: error.status.as_u16(),
             task: None,
+            replayed: false,
             error: Some(error.body()),
         }
     }
 }
 
-/// Publishes every valid task of the batch concurrently; their confirms are
-/// pipelined, so a batch costs about one round trip, not one per task.
+/// Takes every valid task of the batch concurrently: their ledger writes
+/// share commits and their confirms are pipelined, so a batch costs about
+/// one round trip of each, not one per task. A task's client `id` is its
+/// idempotency key.
 pub async fn create_batch(
     State(state): State<AppState>,
     JsonBody(body): JsonBody,
@@ -118,18 +195,23 @@ pub async fn create_batch(
         ));
     }
     let now = SystemTime::now();
+    let no_headers = HeaderMap::new();
+    let has_ledger = state.scheduler.ledger.is_some();
     let outcomes = batch.tasks.iter().map(|raw| {
         let state = &state;
+        let no_headers = &no_headers;
         async move {
-            let task = match Task::parse(raw.get().as_bytes(), &state.cascade, now) {
-                Ok(task) => task,
-                Err(error) => return BatchItem::rejected(error.into()),
+            let body = raw.get().as_bytes();
+            let accepted = async {
+                let task = Task::parse(body, &state.scheduler.cascade, now)?;
+                let idempotency = idempotency(no_headers, body, &task, has_ledger)?;
+                submit(state, &task, idempotency).await
             };
-            let span = info_span!("task", task_id = %task.id);
-            match publish(state, &task).instrument(span).await {
-                Ok(()) => BatchItem {
+            match accepted.await {
+                Ok(submitted) => BatchItem {
                     status: StatusCode::ACCEPTED.as_u16(),
-                    task: Some(task.accepted()),
+                    task: Some(submitted.accepted),
+                    replayed: submitted.replayed,
                     error: None,
                 },
                 Err(error) => BatchItem::rejected(error),
@@ -139,6 +221,166 @@ pub async fn create_batch(
     Ok(Json(BatchResponse {
         results: join_all(outcomes).await,
     }))
+}
+
+/// A task as the ledger knows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskView {
+    pub id: String,
+    pub state: TaskState,
+    pub destination: String,
+    pub routing_key: String,
+    pub delay_ms: u64,
+    pub deliver_at: String,
+    pub created_at: String,
+    pub published_at: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub content_type: String,
+    pub headers: BTreeMap<String, crate::task::HeaderValue>,
+    /// The payload's size as submitted.
+    pub payload_bytes: u64,
+    /// What the ledger still holds of the payload (see store.payload_copy_bytes).
+    pub payload_base64: Option<String>,
+    pub payload_truncated: bool,
+    /// Publishing attempts so far.
+    pub attempts: u64,
+    /// Why the last attempt failed, while the task is pending.
+    pub last_error: Option<String>,
+}
+
+impl TaskView {
+    fn new(record: TaskRecord) -> Result<TaskView, StoreError> {
+        let payload_bytes = u64::try_from(record.payload_bytes).unwrap_or(0);
+        let kept = record.payload.as_ref().map_or(0, |p| p.len() as u64);
+        let payload_truncated = kept < payload_bytes;
+        Ok(TaskView {
+            state: record.state()?,
+            deliver_at: format_epoch_ms(record.deliver_at_ms()),
+            created_at: format_epoch_ms(record.created_at_ms()),
+            published_at: record.published_at_ms().map(format_epoch_ms),
+            headers: record.header_values()?,
+            delay_ms: u64::try_from(record.delay_ms).unwrap_or(0),
+            attempts: u64::try_from(record.attempts).unwrap_or(0),
+            payload_base64: record
+                .payload
+                .as_ref()
+                .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+            payload_bytes,
+            payload_truncated,
+            id: record.id,
+            destination: record.destination,
+            routing_key: record.routing_key,
+            idempotency_key: record.idempotency_key,
+            content_type: record.content_type,
+            last_error: record.last_error,
+        })
+    }
+}
+
+fn ledger(state: &AppState) -> Result<&Ledger, ApiError> {
+    state.scheduler.ledger.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "ledger_disabled",
+            "this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected",
+        )
+    })
+}
+
+pub async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let record = ledger(&state)?.get(&id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "task_not_found",
+            format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
+        )
+    })?;
+    Ok(Json(TaskView::new(record)?))
+}
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    destination: Option<String>,
+    state: Option<String>,
+    due_before: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+fn invalid_query(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+}
+
+impl ListQuery {
+    fn filter(self) -> Result<TaskFilter, ApiError> {
+        let state = match self.state.as_deref() {
+            None => None,
+            Some(text) => Some(TaskState::parse(text).ok_or_else(|| {
+                invalid_query(format!("state must be pending or published, got {text:?}"))
+            })?),
+        };
+        let due_before_ms = match self.due_before.as_deref() {
+            None => None,
+            Some(text) => Some(parse_epoch_ms(text).ok_or_else(|| {
+                invalid_query(format!("due_before {text:?} is not an RFC 3339 time"))
+            })?),
+        };
+        let limit = self.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(invalid_query(format!("limit must be 1 to {MAX_PAGE}")));
+        }
+        let after = match self.cursor.as_deref() {
+            None => None,
+            Some(text) => Some(Cursor::decode(text).map_err(|e| invalid_query(e.to_string()))?),
+        };
+        Ok(TaskFilter {
+            destination: self.destination,
+            state,
+            due_before_ms,
+            after,
+            limit,
+        })
+    }
+}
+
+/// Tasks in due order, a page at a time.
+pub async fn list_tasks(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<TaskPage>, ApiError> {
+    let ledger = ledger(&state)?;
+    let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
+    let filter = query.filter()?;
+    let records = ledger.list(&filter).await?;
+    let next_cursor = (records.len() == filter.limit as usize)
+        .then(|| records.last())
+        .flatten()
+        .map(|last| {
+            Cursor {
+                deliver_at_ms: last.deliver_at_ms(),
+                id: last.id.clone(),
+            }
+            .encode()
+        });
+    let tasks = records
+        .into_iter()
+        .map(TaskView::new)
+        .collect::<Result<_, _>>()?;
+    Ok(Json(TaskPage { tasks, next_cursor }))
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -206,7 +448,7 @@ pub async fn topology(
     validate_destination(&destination).map_err(|e| ApiError::from(TaskError::from(e)))?;
     let mut view = serde_json::to_value(state.topology.as_ref())
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    view["binding_key"] = state.cascade.binding_key(&destination).into();
+    view["binding_key"] = state.scheduler.cascade.binding_key(&destination).into();
     Ok(Json(view).into_response())
 }
 
@@ -219,17 +461,52 @@ pub async fn healthz() -> impl IntoResponse {
     Json(Status { status: "ok" })
 }
 
-/// Ready means a task posted now would be confirmed: connected and provisioned.
+#[derive(Serialize)]
+struct Readiness {
+    status: &'static str,
+    /// Whether tasks are published as they come, or wait in the ledger.
+    broker: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pending: Option<u64>,
+}
+
+/// Ready means a task posted now would be accepted. Without a ledger that
+/// needs the broker (connected and provisioned); with one, the ledger must
+/// answer and have room, and the broker may be away.
 pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    if state.publisher.is_ready() {
-        Ok(Json(Status { status: "ready" }))
+    let broker_ready = state.scheduler.publisher.is_ready();
+    let broker = if broker_ready {
+        "connected"
     } else {
-        Err(ApiError::new(
+        "disconnected"
+    };
+    let Some(ledger) = &state.scheduler.ledger else {
+        if !broker_ready {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "not connected to RabbitMQ, or the topology is not provisioned yet",
+            ));
+        }
+        return Ok(Json(Readiness {
+            status: "ready",
+            broker,
+            pending: None,
+        }));
+    };
+    let pending = ledger.recount_pending().await?;
+    if ledger.is_full() {
+        return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "not connected to RabbitMQ, or the topology is not provisioned yet",
-        ))
+            "ledger_full",
+            format!("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows"),
+        ));
     }
+    Ok(Json(Readiness {
+        status: "ready",
+        broker,
+        pending: Some(pending),
+    }))
 }
 
 pub async fn not_found() -> ApiError {

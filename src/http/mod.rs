@@ -12,27 +12,24 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
-pub use handlers::{BatchItem, BatchResponse, TopologyView};
+pub use handlers::{BatchItem, BatchResponse, TaskPage, TaskView, TopologyView};
 
-use crate::broker::Publisher;
-use crate::cascade::Cascade;
 use crate::config::HttpSettings;
+use crate::scheduler::Scheduler;
 
 /// What every handler shares. Cloning is cheap.
 #[derive(Clone)]
 pub struct AppState {
-    pub cascade: Arc<Cascade>,
-    pub publisher: Publisher,
+    pub scheduler: Scheduler,
     pub batch_limit: usize,
     topology: Arc<TopologyView>,
 }
 
 impl AppState {
-    pub fn new(cascade: Cascade, publisher: Publisher, settings: &HttpSettings) -> Self {
-        let topology = Arc::new(TopologyView::new(&cascade));
+    pub fn new(scheduler: Scheduler, settings: &HttpSettings) -> Self {
+        let topology = Arc::new(TopologyView::new(&scheduler.cascade));
         Self {
-            cascade: Arc::new(cascade),
-            publisher,
+            scheduler,
             batch_limit: settings.batch_limit,
             topology,
         }
@@ -41,8 +38,12 @@ impl AppState {
 
 pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
     Router::new()
-        .route("/v1/tasks", post(handlers::create_task))
+        .route(
+            "/v1/tasks",
+            post(handlers::create_task).get(handlers::list_tasks),
+        )
         .route("/v1/tasks/batch", post(handlers::create_batch))
+        .route("/v1/tasks/{id}", get(handlers::get_task))
         .route("/v1/topology", get(handlers::topology))
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))

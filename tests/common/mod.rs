@@ -33,14 +33,65 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings.cascade.prefix = format!("dltest-{}", &id[..12]);
     settings.cascade.business_exchange = format!("dltest-{}.business", &id[..12]);
     settings.http.bind = "127.0.0.1:0".to_owned();
+    // Stateless unless a test asks for a ledger with `with_ledger`.
+    settings.store.url = "none".to_owned();
     settings
 }
 
-/// Deletes the cascade's objects and the test's own queues when dropped.
+pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A ledger of the test's own: a fresh SQLite directory, or a fresh
+/// PostgreSQL schema; both deleted by the cascade's [`Cleanup`].
+pub fn with_ledger(mut settings: Settings, backend: Backend) -> Settings {
+    let name = settings.cascade.prefix.replace('-', "_");
+    match backend {
+        Backend::Sqlite => {
+            let dir = std::env::temp_dir().join(&name);
+            settings.store.data_dir = dir.display().to_string();
+            settings.store.url = String::new();
+        }
+        Backend::Postgres => {
+            psql(&format!("CREATE SCHEMA {name}"));
+            settings.store.url = format!("{POSTGRES_URL}?options[search_path]={name}");
+        }
+    }
+    settings
+}
+
+pub fn psql(sql: &str) {
+    let output = Command::new("psql")
+        .args([POSTGRES_URL, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        output.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Deletes a test's ledger, whichever backend it is on.
+fn delete_ledger(settings: &Settings) {
+    if settings.store.url.starts_with("postgres") {
+        let schema = settings.cascade.prefix.replace('-', "_");
+        psql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    } else if settings.store.url.is_empty() {
+        let _ = std::fs::remove_dir_all(&settings.store.data_dir);
+    }
+}
+
+/// Deletes the cascade's objects, the test's own queues and its ledger when dropped.
 pub struct Cleanup {
     plan: TopologyPlan,
     /// Queues the test declared itself, such as consumer queues.
     pub queues: Vec<String>,
+    ledger_of: Option<Settings>,
 }
 
 impl Cleanup {
@@ -48,12 +99,36 @@ impl Cleanup {
         Cleanup {
             plan: cascade.plan(),
             queues: Vec::new(),
+            ledger_of: None,
         }
+    }
+
+    /// Cleans nothing: what is left when a cleanup moved elsewhere.
+    fn empty() -> Self {
+        Cleanup {
+            plan: TopologyPlan {
+                exchanges: Vec::new(),
+                queues: Vec::new(),
+                bindings: Vec::new(),
+            },
+            queues: Vec::new(),
+            ledger_of: None,
+        }
+    }
+
+    pub fn for_settings(settings: &Settings) -> Self {
+        let cascade = settings.cascade().expect("valid test settings");
+        let mut cleanup = Self::for_cascade(&cascade);
+        cleanup.ledger_of = Some(settings.clone());
+        cleanup
     }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
+        if let Some(settings) = &self.ledger_of {
+            delete_ledger(settings);
+        }
         let plan = self.plan.clone();
         let queues = std::mem::take(&mut self.queues);
         // Drop cannot be async, and may run inside a runtime: use a thread of its own.
@@ -106,8 +181,12 @@ impl TestApp {
 
     /// Starts without waiting for readiness.
     pub async fn start(settings: Settings) -> TestApp {
+        let cleanup = Cleanup::for_settings(&settings);
+        Self::start_with(settings, cleanup).await
+    }
+
+    async fn start_with(settings: Settings, cleanup: Cleanup) -> TestApp {
         let cascade = settings.cascade().expect("valid test settings");
-        let cleanup = Cleanup::for_cascade(&cascade);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -125,11 +204,13 @@ impl TestApp {
         }
     }
 
+    /// Ready and connected to the broker, so tasks are published at once.
     pub async fn wait_ready(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
                 && r.status() == 200
+                && r.json::<Value>().await.is_ok_and(|b| b["broker"] == "connected")
             {
                 return;
             }
@@ -162,6 +243,19 @@ impl TestApp {
             .unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Stops the service gracefully and starts it again on the same settings
+    /// (and ledger), without waiting for the broker.
+    pub async fn restart(mut self) -> TestApp {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.handle.take().unwrap().await.unwrap().expect("clean stop");
+        let cleanup = std::mem::replace(&mut self.cleanup, Cleanup::empty());
+        let settings = self.settings.clone();
+        drop(self);
+        Self::start_with(settings, cleanup).await
     }
 
     /// Stops the service gracefully and returns how it ended.
@@ -352,4 +446,59 @@ pub fn close_connections_named(name: &str) -> usize {
         closed += 1;
     }
     closed
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let status = Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .status()
+        .expect("rabbitmqctl runs");
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
+/// A broker user of the test's own: revoking its permissions cuts the
+/// service off the broker deterministically, without touching other tests.
+pub struct TestUser(pub String);
+
+impl TestUser {
+    pub fn create() -> Self {
+        let name = format!(
+            "dltest-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        rabbitmqctl(&["add_user", &name, "secret"]);
+        let user = TestUser(name);
+        user.grant();
+        user
+    }
+
+    pub fn uri(&self) -> String {
+        format!("amqp://{}:secret@127.0.0.1:5672/%2f", self.0)
+    }
+
+    pub fn grant(&self) {
+        rabbitmqctl(&["set_permissions", "-p", "/", &self.0, ".*", ".*", ".*"]);
+    }
+
+    pub fn revoke(&self) {
+        rabbitmqctl(&["clear_permissions", "-p", "/", &self.0]);
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_user", &self.0])
+            .status();
+    }
+}
+
+/// Waits up to 20 s for `check` to hold.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,0 +1,407 @@
+//! The task ledger: every accepted task as a row, in SQLite (embedded, the
+//! default) or PostgreSQL (shared by several replicas).
+//!
+//! The ledger is what lets delayline answer 202 while RabbitMQ is down (the
+//! task waits here as `pending` until the forwarder publishes it), replay a
+//! retried request instead of scheduling it twice, and say what is scheduled.
+//!
+//! Both backends run the same SQL text: `$N` placeholders, integer epoch
+//! milliseconds, and nothing either dialect lacks. Only the schema differs,
+//! in `migrations/sqlite` and `migrations/postgres`. [`on_pool!`] expands a
+//! query once per backend, so every query is written once.
+//!
+//! Writes on the request path go through [`writer`]: one transaction for
+//! everything that arrived while the previous one committed (group commit).
+
+mod cursor;
+mod record;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use cursor::{Cursor, CursorError};
+pub use record::{TaskRecord, headers_json};
+pub use writer::Admission;
+
+use crate::config::StoreSettings;
+use crate::task::TaskState;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// How long SQLite waits for another connection's write lock before failing.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `$body` with `$pool` bound to the backend's own pool type: the body
+/// is type-checked (and compiled) once per backend.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            $crate::store::Pool::Sqlite($p) => $body,
+            $crate::store::Pool::Postgres($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store.url {0:?} is neither empty, \"none\", sqlite://… nor postgres://…")]
+    UnknownUrl(String),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the ledger at {target}: {source}")]
+    Connect { target: String, source: sqlx::Error },
+    #[error("migrating the ledger at {target}: {source}")]
+    Migrate {
+        target: String,
+        source: sqlx::migrate::MigrateError,
+    },
+    #[error("ledger: {context}: {source}")]
+    Query {
+        context: &'static str,
+        source: sqlx::Error,
+    },
+    #[error("ledger row {id}: {reason}")]
+    Corrupt { id: String, reason: String },
+    #[error("the ledger writer has stopped")]
+    Closed,
+    /// One failure answered to every write of the group it broke.
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
+}
+
+/// Adds what was being done to a database error.
+pub(crate) trait QueryContext<T> {
+    fn context(self, context: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> QueryContext<T> for Result<T, sqlx::Error> {
+    fn context(self, context: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::Query { context, source })
+    }
+}
+
+/// Where the ledger lives, as `store.url` says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    None,
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Location {
+    pub fn parse(settings: &StoreSettings) -> Result<Location, StoreError> {
+        let url = settings.url.trim();
+        if url.is_empty() {
+            return Ok(Location::Sqlite(
+                Path::new(&settings.data_dir).join("delayline.db"),
+            ));
+        }
+        if url == "none" {
+            return Ok(Location::None);
+        }
+        if let Some(path) = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        {
+            let path = path.split('?').next().unwrap_or(path);
+            return Ok(Location::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Location::Postgres(url.to_owned()));
+        }
+        Err(StoreError::UnknownUrl(url.to_owned()))
+    }
+
+    /// For logs and errors: never the password.
+    pub fn describe(&self) -> String {
+        match self {
+            Location::None => "none".to_owned(),
+            Location::Sqlite(path) => format!("sqlite://{}", path.display()),
+            Location::Postgres(url) => crate::broker::redact_uri(url),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Tuning the ledger takes from the rest of the configuration.
+#[derive(Clone, Debug)]
+pub struct LedgerOptions {
+    pub max_pending: u64,
+    pub payload_copy_bytes: u32,
+}
+
+/// A cheap, cloneable handle to the ledger.
+#[derive(Clone)]
+pub struct Ledger {
+    pool: Pool,
+    target: Arc<str>,
+    writes: writer::Handle,
+    /// Tasks waiting for the broker, as last counted plus what this process
+    /// added since: the bound that answers 503 before the disk fills.
+    pending: Arc<AtomicU64>,
+    options: LedgerOptions,
+}
+
+/// Opens the pool, creating the SQLite file and its directory if needed.
+async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, StoreError> {
+    let connect = |source| StoreError::Connect {
+        target: location.describe(),
+        source,
+    };
+    match location {
+        Location::None => unreachable!("no pool for the stateless mode"),
+        Location::Sqlite(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+            }
+            // WAL lets readers (inspection) run beside the writer; FULL makes
+            // every commit durable before a 202 leaves, and group commit
+            // shares each fsync between all the requests of a group.
+            let options = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections)
+                .connect_with(options)
+                .await
+                .map_err(connect)?;
+            Ok(Pool::Sqlite(pool))
+        }
+        Location::Postgres(url) => {
+            let options = PgConnectOptions::from_str(url).map_err(connect)?;
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_with(options)
+                .await
+                .map_err(connect)?;
+            Ok(Pool::Postgres(pool))
+        }
+    }
+}
+
+/// Applies every migration not yet applied. Safe to run from several
+/// replicas at once: sqlx serialises them with a lock on PostgreSQL.
+async fn migrate(pool: &Pool, target: &str) -> Result<(), StoreError> {
+    let result = match pool {
+        Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
+        Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
+    };
+    result.map_err(|source| StoreError::Migrate {
+        target: target.to_owned(),
+        source,
+    })
+}
+
+/// `delayline migrate`: brings the schema up to date and says where.
+pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, StoreError> {
+    let location = Location::parse(settings)?;
+    if location == Location::None {
+        return Ok(None);
+    }
+    let pool = open_pool(&location, 1).await?;
+    let target = location.describe();
+    let result = migrate(&pool, &target).await;
+    on_pool!(&pool, p => p.close().await);
+    result.map(|()| Some(target))
+}
+
+/// Open ledger, or `None` in the stateless mode (`store.url = "none"`).
+pub async fn open(
+    settings: &StoreSettings,
+    options: LedgerOptions,
+) -> Result<Option<Ledger>, StoreError> {
+    let location = Location::parse(settings)?;
+    if location == Location::None {
+        return Ok(None);
+    }
+    let pool = open_pool(&location, settings.max_connections).await?;
+    let target = location.describe();
+    migrate(&pool, &target).await?;
+    let ledger = Ledger {
+        writes: writer::spawn(pool.clone(), options.payload_copy_bytes),
+        pool,
+        target: target.into(),
+        pending: Arc::new(AtomicU64::new(0)),
+        options,
+    };
+    ledger.recount_pending().await?;
+    Ok(Some(ledger))
+}
+
+/// What `GET /v1/tasks` filters on.
+#[derive(Clone, Debug, Default)]
+pub struct TaskFilter {
+    pub destination: Option<String>,
+    pub state: Option<TaskState>,
+    pub due_before_ms: Option<u64>,
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+/// Epoch milliseconds as the ledger stores them.
+pub(crate) fn db_ms(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+impl Ledger {
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Records a new task as pending, leased to the caller until
+    /// `lease_until_ms`; or finds the task this request repeats.
+    pub async fn admit(&self, record: TaskRecord) -> Result<Admission, StoreError> {
+        self.writes.admit(record).await
+    }
+
+    /// The broker confirmed the task. Only ever called after a confirm.
+    pub async fn mark_published(&self, id: String) -> Result<(), StoreError> {
+        self.writes.published(id).await
+    }
+
+    /// Publishing failed: the forwarder takes the task from `retry_at_ms` on.
+    pub async fn retry_later(
+        &self,
+        id: String,
+        retry_at_ms: u64,
+        error: String,
+    ) -> Result<(), StoreError> {
+        self.writes.retry(id, retry_at_ms, error).await
+    }
+
+    /// Whether the bound on waiting tasks is reached.
+    pub fn is_full(&self) -> bool {
+        self.pending.load(Ordering::Relaxed) >= self.options.max_pending
+    }
+
+    pub fn max_pending(&self) -> u64 {
+        self.options.max_pending
+    }
+
+    pub fn pending_changed(&self, added: u64, removed: u64) {
+        self.pending.fetch_add(added, Ordering::Relaxed);
+        let _ = self
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(removed))
+            });
+    }
+
+    /// Counts the pending tasks again: other replicas add and forward too.
+    pub async fn recount_pending(&self) -> Result<u64, StoreError> {
+        const SQL: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'pending'";
+        let count: i64 = on_pool!(&self.pool, p => sqlx::query_scalar(SQL).fetch_one(p).await)
+            .context("counting pending tasks")?;
+        let count = u64::try_from(count).unwrap_or(0);
+        self.pending.store(count, Ordering::Relaxed);
+        Ok(count)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let sql = format!("SELECT {} FROM tasks WHERE id = $1", record::COLUMNS);
+        on_pool!(&self.pool, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await)
+            .context("reading a task")
+    }
+
+    /// Tasks in due order (`deliver_at`, then id), after the cursor.
+    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM tasks \
+             WHERE ($1 IS NULL OR destination = $1) \
+               AND ($2 IS NULL OR state = $2) \
+               AND ($3 IS NULL OR deliver_at_ms < $3) \
+               AND ($4 IS NULL OR deliver_at_ms > $4 OR (deliver_at_ms = $4 AND id > $5)) \
+             ORDER BY deliver_at_ms, id LIMIT $6",
+            record::COLUMNS
+        );
+        let (after_ms, after_id) = match &filter.after {
+            Some(cursor) => (Some(db_ms(cursor.deliver_at_ms)), cursor.id.as_str()),
+            None => (None, ""),
+        };
+        on_pool!(&self.pool, p => sqlx::query_as(&sql)
+            .bind(filter.destination.as_deref())
+            .bind(filter.state.map(TaskState::as_str))
+            .bind(filter.due_before_ms.map(db_ms))
+            .bind(after_ms)
+            .bind(after_id)
+            .bind(i64::from(filter.limit))
+            .fetch_all(p)
+            .await)
+        .context("listing tasks")
+    }
+
+    /// Takes up to `limit` pending tasks whose lease has expired, leasing them
+    /// to the caller until `lease_until_ms`. The condition is repeated outside
+    /// the subquery so that, on PostgreSQL, a replica that waited for another
+    /// replica's claim re-checks it and skips what was just taken.
+    pub async fn claim_due(
+        &self,
+        now_ms: u64,
+        lease_until_ms: u64,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let sql = format!(
+            "UPDATE tasks SET next_attempt_at_ms = $2, attempts = attempts + 1 \
+             WHERE state = 'pending' AND next_attempt_at_ms <= $1 AND id IN ( \
+                 SELECT id FROM tasks WHERE state = 'pending' AND next_attempt_at_ms <= $1 \
+                 ORDER BY next_attempt_at_ms LIMIT $3) \
+             RETURNING {}",
+            record::COLUMNS
+        );
+        on_pool!(&self.pool, p => sqlx::query_as(&sql)
+            .bind(db_ms(now_ms))
+            .bind(db_ms(lease_until_ms))
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await)
+        .context("claiming pending tasks")
+    }
+
+    /// Deletes up to `limit` published tasks that were due before `before_ms`;
+    /// returns how many. Small batches keep each lock short.
+    pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, StoreError> {
+        const SQL: &str = "DELETE FROM tasks WHERE id IN ( \
+             SELECT id FROM tasks WHERE state = 'published' AND deliver_at_ms < $1 LIMIT $2)";
+        let result = on_pool!(&self.pool, p => sqlx::query(SQL)
+            .bind(db_ms(before_ms))
+            .bind(i64::from(limit))
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))
+        .context("pruning delivered tasks")?;
+        Ok(result)
+    }
+
+    /// Closes every connection. Call once nothing writes any more: every
+    /// write is awaited by its caller, so none is left queued then.
+    pub async fn close(&self) {
+        on_pool!(&self.pool, p => p.close().await);
+    }
+}
