@@ -1,4 +1,4 @@
-# Makes sure the services the test suite talks to are up. Sourced by .ci/run.
+# Makes sure the services the test suite talks to (RabbitMQ, PostgreSQL) are up. Sourced by .ci/run.
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -32,4 +32,33 @@ ensure_build_libraries() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pkg-config libfontconfig1-dev libfreetype-dev >/dev/null
   fi
+}
+
+# The ledger's tests run on PostgreSQL as well as SQLite: postgres over TCP on
+# 127.0.0.1:5432 with trust authentication, and the database "test".
+ensure_postgres() {
+  if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    echo "ci: installing PostgreSQL"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-client >/dev/null
+    local hba
+    hba="$(ls /etc/postgresql/*/main/pg_hba.conf | head -n1)"
+    sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+  fi
+  if ! port_open 5432; then
+    echo "ci: starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  fi
+  for _ in $(seq 1 60); do
+    if psql "postgresql://postgres@127.0.0.1:5432/postgres" -qAtc 'select 1' >/dev/null 2>&1; then
+      if ! psql "postgresql://postgres@127.0.0.1:5432/postgres" -qAtc "select 1 from pg_database where datname = 'test'" | grep -q 1; then
+        psql "postgresql://postgres@127.0.0.1:5432/postgres" -qc 'CREATE DATABASE test'
+      fi
+      echo "ci: PostgreSQL is up ($(psql "postgresql://postgres@127.0.0.1:5432/postgres" -qAtc 'show server_version'))"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "ci: PostgreSQL did not come up on 127.0.0.1:5432" >&2
+  return 1
 }

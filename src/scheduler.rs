@@ -232,7 +232,11 @@ impl Scheduler {
     async fn forward_one(&self, ledger: &Ledger, record: &TaskRecord) -> bool {
         let now_ms = epoch_ms(SystemTime::now());
         let outcome = match record.to_task(&self.cascade, now_ms) {
-            Ok(task) => self.publisher.publish_task(&task).await.map_err(|e| e.to_string()),
+            Ok(task) => self
+                .publisher
+                .publish_task(&task)
+                .await
+                .map_err(|e| e.to_string()),
             Err(error) => {
                 error!(task_id = %record.id, %error, "cannot rebuild a pending task");
                 Err(error.to_string())

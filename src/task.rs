@@ -401,7 +401,10 @@ mod tests {
         assert_eq!(task.route.routing_key, "0.0.0.0.0.0.1.0.a.b");
         assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
         assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
-        assert_eq!(task.accepted(TaskState::Published).deliver_at, "2026-01-01T00:00:00.45Z");
+        assert_eq!(
+            task.accepted(TaskState::Published).deliver_at,
+            "2026-01-01T00:00:00.45Z"
+        );
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());
     }
 
@@ -487,10 +490,15 @@ mod tests {
         let mut task = parse(r#"{"destination":"d","delay_ms":1000}"#).unwrap();
         assert_eq!(task.granted_delay_ms(), 1000);
         // 349 ms of the delay passed in the ledger: 651 ms remain, 700 after rounding up.
-        task.reroute_at(&cascade(), task.accepted_at_ms + 349).unwrap();
+        task.reroute_at(&cascade(), task.accepted_at_ms + 349)
+            .unwrap();
         assert_eq!(task.route.delay_ms, 700);
         assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
-        assert_eq!(task.granted_delay_ms(), 1000, "the header keeps the granted delay");
+        assert_eq!(
+            task.granted_delay_ms(),
+            1000,
+            "the header keeps the granted delay"
+        );
         // Overdue: straight to the business exchange.
         task.reroute_at(&cascade(), task.deliver_at_ms + 5).unwrap();
         assert_eq!(task.route.delay_ms, 0);
@@ -499,10 +507,14 @@ mod tests {
 
     #[test]
     fn fingerprints_ignore_formatting_but_not_content() {
-        let a = fingerprint(br#"{"destination":"d","delay_ms":5,"payload":{"x":1,"y":2}}"#).unwrap();
-        let b = fingerprint(b"{ \"payload\": {\"y\":2, \"x\":1}, \"delay_ms\":5, \"destination\":\"d\" }")
-            .unwrap();
-        let c = fingerprint(br#"{"destination":"d","delay_ms":6,"payload":{"x":1,"y":2}}"#).unwrap();
+        let a =
+            fingerprint(br#"{"destination":"d","delay_ms":5,"payload":{"x":1,"y":2}}"#).unwrap();
+        let b = fingerprint(
+            b"{ \"payload\": {\"y\":2, \"x\":1}, \"delay_ms\":5, \"destination\":\"d\" }",
+        )
+        .unwrap();
+        let c =
+            fingerprint(br#"{"destination":"d","delay_ms":6,"payload":{"x":1,"y":2}}"#).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a.len(), 64);

@@ -116,7 +116,12 @@ async fn a_retry_is_answered_not_scheduled_and_a_different_body_is_a_conflict(ba
     // Exactly two messages were scheduled: one per distinct request.
     let mut ids = BTreeSet::new();
     while let Some(message) = consumer.next(Duration::from_secs(2)).await {
-        let id = message.properties.message_id().as_ref().unwrap().to_string();
+        let id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
         assert!(ids.insert(id), "a task was delivered twice");
     }
     let expected: BTreeSet<String> = [first["id"].as_str().unwrap(), "client-1"]
@@ -133,7 +138,10 @@ async fn tasks_can_be_inspected_and_listed_page_by_page(backend: Backend) {
 
     // Long enough delays that the cascade keeps them; the listing is by deliver_at.
     let mut expected = Vec::new();
-    for (i, delay_ms) in [3000, 1000, 5000, 2000, 4000, 1000, 6000].iter().enumerate() {
+    for (i, delay_ms) in [3000, 1000, 5000, 2000, 4000, 1000, 6000]
+        .iter()
+        .enumerate()
+    {
         let destination = if i % 2 == 0 { "even" } else { "odd" };
         let body = json!({
             "destination": destination, "delay_ms": delay_ms,
@@ -145,10 +153,20 @@ async fn tasks_can_be_inspected_and_listed_page_by_page(backend: Backend) {
     }
 
     let (status, one) = app
-        .get(&format!("/v1/tasks/{}", expected[0]["id"].as_str().unwrap()))
+        .get(&format!(
+            "/v1/tasks/{}",
+            expected[0]["id"].as_str().unwrap()
+        ))
         .await;
     assert_eq!(status, 200);
-    for field in ["id", "destination", "routing_key", "delay_ms", "deliver_at", "state"] {
+    for field in [
+        "id",
+        "destination",
+        "routing_key",
+        "delay_ms",
+        "deliver_at",
+        "state",
+    ] {
         assert_eq!(one[field], expected[0][field], "{field}");
     }
     assert_eq!(one["state"], "published");
@@ -190,7 +208,9 @@ async fn tasks_can_be_inspected_and_listed_page_by_page(backend: Backend) {
     assert!(odd["next_cursor"].is_null());
     let due_before = expected[3]["deliver_at"].as_str().unwrap(); // the 2000 ms one
     let (_, soon) = app
-        .get(&format!("/v1/tasks?due_before={due_before}&state=published"))
+        .get(&format!(
+            "/v1/tasks?due_before={due_before}&state=published"
+        ))
         .await;
     assert_eq!(soon["tasks"].as_array().unwrap().len(), 2, "{soon}");
     let (_, pending) = app.get("/v1/tasks?state=pending").await;
@@ -271,7 +291,12 @@ async fn pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early(ba
             "early by {} ms",
             deliver_at - message.received_at_ms as i64
         );
-        let id = message.properties.message_id().as_ref().unwrap().to_string();
+        let id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
         assert!(arrived.insert(id), "delivered twice");
     }
     assert_eq!(arrived, ids);
@@ -305,7 +330,10 @@ async fn the_pending_bound_turns_into_503(backend: Backend) {
     assert_eq!(status, 503);
     assert_eq!(full["error"]["code"], "ledger_full");
     let (status, ready) = app.get("/readyz").await;
-    assert_eq!((status, &ready["error"]["code"]), (503, &json!("ledger_full")));
+    assert_eq!(
+        (status, &ready["error"]["code"]),
+        (503, &json!("ledger_full"))
+    );
 
     // Once the broker is back the backlog drains and tasks are taken again.
     user.grant();
@@ -338,9 +366,10 @@ async fn payload_copies_are_bounded_and_delivered_rows_are_pruned(backend: Backe
     let message = consumer.next(Duration::from_secs(10)).await.unwrap();
     assert_eq!(message.body, [0, 1, 2, 3, 4, 5, 6, 7]);
 
-    eventually("the delivered task is pruned after its retention", async || {
-        app.get(&path).await.0 == 404
-    })
+    eventually(
+        "the delivered task is pruned after its retention",
+        async || app.get(&path).await.0 == 404,
+    )
     .await;
     app.stop().await.unwrap();
 }
@@ -350,7 +379,10 @@ async fn without_a_ledger_there_is_nothing_to_inspect() {
     let app = TestApp::spawn(test_settings(3, 10, QueueType::Classic)).await;
     for path in ["/v1/tasks/x", "/v1/tasks"] {
         let (status, error) = app.get(path).await;
-        assert_eq!((status, &error["error"]["code"]), (501, &json!("ledger_disabled")));
+        assert_eq!(
+            (status, &error["error"]["code"]),
+            (501, &json!("ledger_disabled"))
+        );
     }
     app.stop().await.unwrap();
 }

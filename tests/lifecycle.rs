@@ -1,4 +1,5 @@
-//! The real binary: SIGTERM drains in-flight publishes before it exits.
+//! The real binary: SIGTERM drains in-flight publishes before it exits, and
+//! after SIGKILL the next start forwards what the ledger kept.
 
 mod common;
 
@@ -6,47 +7,70 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Cleanup, TestConsumer, test_settings};
+use common::{AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, test_settings, with_ledger};
+use delayline::broker::{connect, provision};
 use delayline::cascade::QueueType;
+use delayline::config::Settings;
+use delayline::task::DELIVER_AT_HEADER;
 use serde_json::{Value, json};
+use tokio::process::Child;
+
+/// The `delayline serve` binary on `port`, configured by the environment.
+fn spawn_binary(settings: &Settings, port: u16) -> Child {
+    let c = &settings.cascade;
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
+        .arg("serve")
+        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+        .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
+        .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
+        .env("DELAYLINE__CASCADE__PREFIX", &c.prefix)
+        .env(
+            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+            &c.business_exchange,
+        )
+        .env("DELAYLINE__CASCADE__LEVELS", c.levels.to_string())
+        .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
+        .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
+        .env("DELAYLINE__STORE__URL", &settings.store.url)
+        .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_ready(http: &reqwest::Client, base: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = http.get(format!("{base}/readyz")).send().await
+            && response.status() == 200
+        {
+            return response.json().await.unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() {
     let settings = test_settings(3, 10, QueueType::Quorum);
     let cascade = settings.cascade().unwrap();
     let mut cleanup = Cleanup::for_cascade(&cascade);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
-        .arg("serve")
-        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
-        .env("DELAYLINE__CASCADE__PREFIX", cascade.prefix())
-        .env(
-            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
-            cascade.business_exchange(),
-        )
-        .env("DELAYLINE__CASCADE__LEVELS", "3")
-        .env("DELAYLINE__CASCADE__UNIT_MS", "10")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_binary(&settings, port);
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status() == 200)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&http, &base).await;
     let key = cascade.binding_key("drain");
     let exchange = cascade.business_exchange().to_owned();
     let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
@@ -106,4 +130,63 @@ async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() 
             .unwrap_or_else(|| panic!("{} accepted tasks never arrived", accepted.len()));
         accepted.remove(message.properties.message_id().as_ref().unwrap().as_str());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_the_next_start_forwards_every_pending_task() {
+    // The service's user may not touch the broker: every task stays pending.
+    let user = TestUser::create();
+    user.revoke();
+    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = user.uri();
+    let cascade = settings.cascade().unwrap();
+    let mut cleanup = Cleanup::for_settings(&settings);
+    // The consumer's queue needs the business exchange before the service made it.
+    let admin = connect(AMQP_URI, "delayline test provision").await.unwrap();
+    provision(&admin, &cascade.plan()).await.unwrap();
+    let exchange = cascade.business_exchange().to_owned();
+    let key = cascade.binding_key("crash");
+    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
+
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut child = spawn_binary(&settings, port);
+    assert_eq!(wait_ready(&http, &base).await["broker"], "disconnected");
+    let mut accepted = HashSet::new();
+    for n in 0..20 {
+        let response = http
+            .post(format!("{base}/v1/tasks"))
+            .json(&json!({"destination": "crash", "delay_ms": n * 40}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["state"], "pending");
+        accepted.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    child.kill().await.unwrap();
+
+    user.grant();
+    let _child = spawn_binary(&settings, port);
+    while !accepted.is_empty() {
+        let message = consumer
+            .next(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("{} pending tasks never arrived", accepted.len()));
+        let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
+        assert!(message.received_at_ms as i64 >= deliver_at, "early");
+        let id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        assert!(
+            accepted.remove(&id),
+            "{id} delivered twice or never accepted"
+        );
+    }
+    let _ = admin.close(200, "done".into()).await;
 }

@@ -92,9 +92,11 @@ impl From<SubmitError> for ApiError {
                 "ledger_full",
                 error.to_string(),
             ),
-            SubmitError::Conflict { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", error.to_string())
-            }
+            SubmitError::Conflict { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                error.to_string(),
+            ),
         }
     }
 }

@@ -53,9 +53,15 @@ mod tests {
 
     #[test]
     fn ids_with_colons_survive() {
-        let cursor = Cursor { deliver_at_ms: 7, id: "a:b:c".into() };
+        let cursor = Cursor {
+            deliver_at_ms: 7,
+            id: "a:b:c".into(),
+        };
         assert_eq!(Cursor::decode(&cursor.encode()), Ok(cursor));
         assert_eq!(Cursor::decode("!!"), Err(CursorError));
-        assert_eq!(Cursor::decode(&URL_SAFE_NO_PAD.encode("x:y")), Err(CursorError));
+        assert_eq!(
+            Cursor::decode(&URL_SAFE_NO_PAD.encode("x:y")),
+            Err(CursorError)
+        );
     }
 }

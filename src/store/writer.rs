@@ -34,20 +34,22 @@ pub enum Admission {
     Conflict(TaskRecord),
 }
 
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
 enum Write {
     Admit {
-        record: TaskRecord,
-        reply: oneshot::Sender<Result<Admission, StoreError>>,
+        record: Box<TaskRecord>,
+        reply: Reply<Admission>,
     },
     Published {
         id: String,
-        reply: oneshot::Sender<Result<(), StoreError>>,
+        reply: Reply<()>,
     },
     Retry {
         id: String,
         retry_at_ms: u64,
         error: String,
-        reply: oneshot::Sender<Result<(), StoreError>>,
+        reply: Reply<()>,
     },
 }
 
@@ -63,10 +65,7 @@ pub(super) fn spawn(pool: Pool, payload_copy_bytes: u32) -> Handle {
 }
 
 impl Handle {
-    async fn send<T>(
-        &self,
-        write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Write,
-    ) -> Result<T, StoreError> {
+    async fn send<T>(&self, write: impl FnOnce(Reply<T>) -> Write) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.writes
             .send(write(reply))
@@ -76,7 +75,11 @@ impl Handle {
     }
 
     pub async fn admit(&self, record: TaskRecord) -> Result<Admission, StoreError> {
-        self.send(|reply| Write::Admit { record, reply }).await
+        self.send(|reply| Write::Admit {
+            record: Box::new(record),
+            reply,
+        })
+        .await
     }
 
     pub async fn published(&self, id: String) -> Result<(), StoreError> {
@@ -109,9 +112,9 @@ async fn run(pool: Pool, mut queue: mpsc::Receiver<Write>, payload_copy_bytes: u
 /// One group, split by kind; each keeps its callers' reply channels.
 #[derive(Default)]
 struct Group {
-    admits: Vec<(TaskRecord, oneshot::Sender<Result<Admission, StoreError>>)>,
-    published: Vec<(String, oneshot::Sender<Result<(), StoreError>>)>,
-    retries: Vec<(String, u64, String, oneshot::Sender<Result<(), StoreError>>)>,
+    admits: Vec<(Box<TaskRecord>, Reply<Admission>)>,
+    published: Vec<(String, Reply<()>)>,
+    retries: Vec<(String, u64, String, Reply<()>)>,
 }
 
 async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
@@ -201,7 +204,7 @@ async fn transact(
     group: &Group,
     payload_copy_bytes: u32,
 ) -> Result<Vec<Admission>, StoreError> {
-    let records: Vec<&TaskRecord> = group.admits.iter().map(|(r, _)| r).collect();
+    let records: Vec<&TaskRecord> = group.admits.iter().map(|(r, _)| r.as_ref()).collect();
     let mut decided = dedupe_in_group(&records);
     let fresh: Vec<&TaskRecord> = records
         .iter()

@@ -129,6 +129,9 @@ impl Drop for Cleanup {
         if let Some(settings) = &self.ledger_of {
             delete_ledger(settings);
         }
+        if self.plan.exchanges.is_empty() && self.queues.is_empty() {
+            return;
+        }
         let plan = self.plan.clone();
         let queues = std::mem::take(&mut self.queues);
         // Drop cannot be async, and may run inside a runtime: use a thread of its own.
@@ -210,7 +213,9 @@ impl TestApp {
         loop {
             if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
                 && r.status() == 200
-                && r.json::<Value>().await.is_ok_and(|b| b["broker"] == "connected")
+                && r.json::<Value>()
+                    .await
+                    .is_ok_and(|b| b["broker"] == "connected")
             {
                 return;
             }
@@ -251,7 +256,12 @@ impl TestApp {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        self.handle.take().unwrap().await.unwrap().expect("clean stop");
+        self.handle
+            .take()
+            .unwrap()
+            .await
+            .unwrap()
+            .expect("clean stop");
         let cleanup = std::mem::replace(&mut self.cleanup, Cleanup::empty());
         let settings = self.settings.clone();
         drop(self);
