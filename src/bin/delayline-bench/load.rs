@@ -33,6 +33,8 @@ pub fn task_body(n: u64) -> Vec<u8> {
 #[derive(Clone, Debug, Serialize)]
 pub struct Throughput {
     pub path: String,
+    /// The service's ledger (none, sqlite, postgres); "-" for raw AMQP.
+    pub store: String,
     pub concurrency: usize,
     pub batch_size: usize,
     pub tasks: u64,
@@ -66,6 +68,7 @@ impl WorkerResult {
 
 fn summarise(
     path: &str,
+    store: &str,
     concurrency: usize,
     batch_size: usize,
     elapsed: Duration,
@@ -81,6 +84,7 @@ fn summarise(
     let seconds = elapsed.as_secs_f64();
     Throughput {
         path: path.to_owned(),
+        store: store.to_owned(),
         concurrency,
         batch_size,
         tasks,
@@ -203,6 +207,7 @@ pub async fn raw_amqp(
     let _ = connection.close(200, "bench done".into()).await;
     Ok(summarise(
         "amqp (raw ceiling)",
+        "-",
         in_flight,
         1,
         elapsed,
@@ -214,6 +219,7 @@ pub async fn raw_amqp(
 /// With `batch_size` > 1 they use `/v1/tasks/batch`.
 pub async fn http(
     base: &str,
+    store: &str,
     concurrency: usize,
     batch_size: usize,
     duration: Duration,
@@ -287,5 +293,12 @@ pub async fn http(
         })
         .collect();
     let (results, elapsed) = join_workers(workers, start, tick).await?;
-    Ok(summarise(path, concurrency, batch_size, elapsed, results))
+    Ok(summarise(
+        path,
+        store,
+        concurrency,
+        batch_size,
+        elapsed,
+        results,
+    ))
 }

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use delivery::{Drain, Precision};
 use load::Throughput;
-use sut::ServiceUnderTest;
+use sut::{ServiceUnderTest, Store};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -46,6 +46,12 @@ struct Args {
     /// Only these phases (ingest, precision, drain); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
+    /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres).
+    #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
+    stores: Vec<String>,
+    /// The database the postgres ledger gets a schema of its own in.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    postgres_url: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -54,13 +60,20 @@ struct Results {
     quick: bool,
     ingest: Vec<Throughput>,
     raw_ceiling_tasks_per_sec: Option<f64>,
+    /// Per ledger: the best HTTP rates against the raw ceiling, and the service's cost.
+    stores: Vec<StoreSummary>,
+    precision: Vec<Precision>,
+    drain: Vec<Drain>,
+}
+
+#[derive(Debug, Serialize)]
+struct StoreSummary {
+    store: String,
     best_single_ratio: Option<f64>,
     best_batch_ratio: Option<f64>,
     service_peak_rss_kib: Option<u64>,
     /// Service CPU time (user + system) per task accepted over HTTP.
     service_cpu_us_per_task: Option<f64>,
-    precision: Vec<Precision>,
-    drain: Vec<Drain>,
 }
 
 #[derive(Debug, Serialize)]
@@ -113,82 +126,56 @@ async fn main() -> anyhow::Result<()> {
         quick: args.quick,
         ingest: Vec::new(),
         raw_ceiling_tasks_per_sec: None,
-        best_single_ratio: None,
-        best_batch_ratio: None,
-        service_peak_rss_kib: None,
-        service_cpu_us_per_task: None,
+        stores: Vec::new(),
         precision: Vec::new(),
         drain: Vec::new(),
     };
 
     if run("ingest") {
-        let sut =
-            ServiceUnderTest::spawn(&args.amqp_uri, 32, 100, QueueType::Quorum, args.channels)
-                .await?;
-        let progress = bar("ingest: raw AMQP ceiling");
-        // The ceiling is the best the broker does at any depth of pipelining.
-        for in_flight in [64, 256, 1024] {
-            progress.set_message(format!("ingest: raw AMQP, {in_flight} in flight"));
-            let raw = load::raw_amqp(
+        let stores = args
+            .stores
+            .iter()
+            .map(|name| Store::parse(name, &args.postgres_url))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for store in stores {
+            let sut = ServiceUnderTest::spawn(
                 &args.amqp_uri,
-                &sut.cascade,
+                32,
+                100,
+                QueueType::Quorum,
                 args.channels,
-                in_flight,
-                seconds,
-                &progress,
+                &store,
             )
             .await?;
-            let best = results
-                .raw_ceiling_tasks_per_sec
-                .unwrap_or(0.0)
-                .max(raw.tasks_per_sec);
-            results.raw_ceiling_tasks_per_sec = Some(best);
-            results.ingest.push(raw);
+            let progress = bar("ingest");
+            if results.raw_ceiling_tasks_per_sec.is_none() {
+                // The ceiling is the best the broker does at any depth of pipelining.
+                for in_flight in [64, 256, 1024] {
+                    progress.set_message(format!("ingest: raw AMQP, {in_flight} in flight"));
+                    let raw = load::raw_amqp(
+                        &args.amqp_uri,
+                        &sut.cascade,
+                        args.channels,
+                        in_flight,
+                        seconds,
+                        &progress,
+                    )
+                    .await?;
+                    let best = results
+                        .raw_ceiling_tasks_per_sec
+                        .unwrap_or(0.0)
+                        .max(raw.tasks_per_sec);
+                    results.raw_ceiling_tasks_per_sec = Some(best);
+                    results.ingest.push(raw);
+                }
+            }
+            let summary =
+                ingest_over_http(&args, &sut, store.name(), seconds, &progress, &mut results)
+                    .await?;
+            progress.finish_and_clear();
+            results.stores.push(summary);
+            sut.stop().await?;
         }
-        let cpu_before = sut.cpu_ms();
-        let mut http_tasks = 0;
-        let single = if args.quick {
-            vec![1, 16, 64]
-        } else {
-            vec![1, 4, 16, 64, 256]
-        };
-        for concurrency in single {
-            progress.set_message(format!("ingest: http single x{concurrency}"));
-            let measured = load::http(&sut.base, concurrency, 1, seconds, &progress).await?;
-            http_tasks += measured.tasks;
-            results.ingest.push(measured);
-        }
-        let batch = if args.quick {
-            vec![1, 4]
-        } else {
-            vec![1, 2, 4, 8, 16]
-        };
-        for concurrency in batch {
-            progress.set_message(format!("ingest: http batch(100) x{concurrency}"));
-            let measured = load::http(&sut.base, concurrency, 100, seconds, &progress).await?;
-            http_tasks += measured.tasks;
-            results.ingest.push(measured);
-        }
-        progress.finish_and_clear();
-        results.service_peak_rss_kib = sut.peak_rss_kib();
-        if let (Some(before), Some(after)) = (cpu_before, sut.cpu_ms()) {
-            results.service_cpu_us_per_task =
-                Some((after - before) * 1000.0 / http_tasks.max(1) as f64);
-        }
-        sut.stop().await?;
-        let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
-        let best = |path: &str| {
-            results
-                .ingest
-                .iter()
-                .filter(|t| t.path == path)
-                .map(|t| t.tasks_per_sec / ceiling)
-                .fold(None, |best: Option<f64>, r| {
-                    Some(best.map_or(r, |b| b.max(r)))
-                })
-        };
-        results.best_single_ratio = best("http single");
-        results.best_batch_ratio = best("http batch");
     }
 
     if run("precision") {
@@ -207,6 +194,7 @@ async fn main() -> anyhow::Result<()> {
                 unit_ms,
                 QueueType::Quorum,
                 args.channels,
+                &Store::None,
             )
             .await?;
             for (label, tasks) in [("low", low), ("high", high)] {
@@ -232,8 +220,15 @@ async fn main() -> anyhow::Result<()> {
     if run("drain") {
         let tasks = if args.quick { 2_000 } else { 20_000 };
         for queue_type in [QueueType::Quorum, QueueType::Classic] {
-            let mut sut =
-                ServiceUnderTest::spawn(&args.amqp_uri, 16, 10, queue_type, args.channels).await?;
+            let mut sut = ServiceUnderTest::spawn(
+                &args.amqp_uri,
+                16,
+                10,
+                queue_type,
+                args.channels,
+                &Store::None,
+            )
+            .await?;
             let progress = bar(&format!("drain ({})", queue_type.as_str()));
             let drain = delivery::burst(&mut sut, &args.amqp_uri, tasks, &progress).await?;
             progress.finish_and_clear();
@@ -260,6 +255,67 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Single and batch HTTP ingest against one service; the summary is
+/// relative to the raw ceiling measured before.
+async fn ingest_over_http(
+    args: &Args,
+    sut: &ServiceUnderTest,
+    store: &str,
+    seconds: Duration,
+    progress: &ProgressBar,
+    results: &mut Results,
+) -> anyhow::Result<StoreSummary> {
+    let cpu_before = sut.cpu_ms();
+    let first = results.ingest.len();
+    let single = if args.quick {
+        vec![1, 16, 64]
+    } else {
+        vec![1, 4, 16, 64, 256]
+    };
+    let batch = if args.quick {
+        vec![1, 4]
+    } else {
+        vec![1, 2, 4, 8, 16]
+    };
+    let runs = single
+        .into_iter()
+        .map(|c| (c, 1))
+        .chain(batch.into_iter().map(|c| (c, 100)));
+    for (concurrency, batch_size) in runs {
+        let kind = if batch_size > 1 {
+            "batch(100)"
+        } else {
+            "single"
+        };
+        progress.set_message(format!("ingest [{store}]: http {kind} x{concurrency}"));
+        let measured =
+            load::http(&sut.base, store, concurrency, batch_size, seconds, progress).await?;
+        results.ingest.push(measured);
+    }
+    let measured = &results.ingest[first..];
+    let http_tasks: u64 = measured.iter().map(|t| t.tasks).sum();
+    let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
+    let best = |path: &str| {
+        measured
+            .iter()
+            .filter(|t| t.path == path)
+            .map(|t| t.tasks_per_sec / ceiling)
+            .reduce(f64::max)
+    };
+    Ok(StoreSummary {
+        store: store.to_owned(),
+        best_single_ratio: best("http single"),
+        best_batch_ratio: best("http batch"),
+        service_peak_rss_kib: sut.peak_rss_kib(),
+        service_cpu_us_per_task: match (cpu_before, sut.cpu_ms()) {
+            (Some(before), Some(after)) => {
+                Some((after - before) * 1000.0 / http_tasks.max(1) as f64)
+            }
+            _ => None,
+        },
+    })
+}
+
 fn print_report(results: &Results) {
     let m = &results.machine;
     println!(
@@ -268,14 +324,15 @@ fn print_report(results: &Results) {
     );
     if !results.ingest.is_empty() {
         println!(
-            "\n{:<20} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7}",
-            "ingest", "conc", "batch", "tasks/s", "ratio", "p50 ms", "p99 ms", "errors"
+            "\n{:<20} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7}",
+            "ingest", "ledger", "conc", "batch", "tasks/s", "ratio", "p50 ms", "p99 ms", "errors"
         );
         let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
         for t in &results.ingest {
             println!(
-                "{:<20} {:>5} {:>6} {:>10.0} {:>8.2} {:>9.2} {:>9.2} {:>7}",
+                "{:<20} {:>9} {:>5} {:>6} {:>10.0} {:>8.2} {:>9.2} {:>9.2} {:>7}",
                 t.path,
+                t.store,
                 t.concurrency,
                 t.batch_size,
                 t.tasks_per_sec,
@@ -287,16 +344,22 @@ fn print_report(results: &Results) {
         }
         let fmt = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}"));
         println!(
-            "best ratio to the raw ceiling: single {} (target 0.5), batch {} (target 0.8)",
-            fmt(results.best_single_ratio),
-            fmt(results.best_batch_ratio)
+            "\n{:<9} {:>12} {:>12} {:>10} {:>12}",
+            "ledger", "best single", "best batch", "peak MiB", "CPU us/task"
         );
-        if let Some(rss) = results.service_peak_rss_kib {
+        for s in &results.stores {
             println!(
-                "service peak RSS during ingest: {:.1} MiB",
-                rss as f64 / 1024.0
+                "{:<9} {:>12} {:>12} {:>10} {:>12}",
+                s.store,
+                fmt(s.best_single_ratio),
+                fmt(s.best_batch_ratio),
+                s.service_peak_rss_kib
+                    .map_or("-".to_owned(), |k| format!("{:.1}", k as f64 / 1024.0)),
+                s.service_cpu_us_per_task
+                    .map_or("-".to_owned(), |c| format!("{c:.0}")),
             );
         }
+        println!("(ratios to the raw AMQP ceiling; targets: single 0.5, batch 0.8)");
     }
     if !results.precision.is_empty() {
         println!(

@@ -54,21 +54,25 @@ fn throughput(
         .x_desc("concurrent clients (requests in flight)")
         .y_desc("tasks per second")
         .draw()?;
-    let series = [("http single", BLUE), ("http batch", GREEN)];
-    for (path_name, color) in series {
+    let mut series: Vec<(&str, &str)> = Vec::new();
+    for t in ingest.iter().filter(|t| t.path.starts_with("http")) {
+        if !series.contains(&(t.path.as_str(), t.store.as_str())) {
+            series.push((t.path.as_str(), t.store.as_str()));
+        }
+    }
+    for (index, (path_name, store)) in series.into_iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
         let points: Vec<(f64, f64)> = ingest
             .iter()
-            .filter(|t| t.path == path_name)
+            .filter(|t| t.path == path_name && t.store == store)
             .map(|t| (t.concurrency as f64, t.tasks_per_sec))
             .collect();
-        if points.is_empty() {
-            continue;
-        }
-        let label = if path_name == "http batch" {
+        let kind = if path_name == "http batch" {
             "HTTP batch of 100"
         } else {
             "HTTP single task"
         };
+        let label = format!("{kind}, ledger {store}");
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
             .label(label)

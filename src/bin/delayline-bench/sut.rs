@@ -10,12 +10,56 @@ use delayline::cascade::{Cascade, CascadeSettings, QueueType};
 use lapin::options::QueueDeleteOptions;
 use tokio::process::{Child, Command};
 
+/// Which ledger the service under test keeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// `store.url = "none"`: stateless.
+    None,
+    /// The embedded default, in a directory of its own.
+    Sqlite,
+    /// A schema of its own in this database.
+    Postgres(String),
+}
+
+impl Store {
+    pub fn parse(name: &str, postgres_url: &str) -> anyhow::Result<Store> {
+        match name {
+            "none" => Ok(Store::None),
+            "sqlite" => Ok(Store::Sqlite),
+            "postgres" => Ok(Store::Postgres(postgres_url.to_owned())),
+            other => bail!("unknown store {other:?}: use none, sqlite or postgres"),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::None => "none",
+            Store::Sqlite => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+}
+
 pub struct ServiceUnderTest {
     child: Child,
     pub base: String,
     pub cascade: Cascade,
     amqp_uri: String,
     extra_queues: Vec<String>,
+    store: Store,
+    /// The SQLite directory or the PostgreSQL schema, deleted by `stop`.
+    store_name: String,
+}
+
+fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("psql")
+        .args([url, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .status()
+        .context("running psql")?;
+    if !status.success() {
+        bail!("psql {sql} failed");
+    }
+    Ok(())
 }
 
 fn service_binary() -> anyhow::Result<PathBuf> {
@@ -36,6 +80,7 @@ impl ServiceUnderTest {
         unit_ms: u64,
         queue_type: QueueType,
         channels: usize,
+        store: &Store,
     ) -> anyhow::Result<Self> {
         let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let cascade = CascadeSettings {
@@ -49,7 +94,19 @@ impl ServiceUnderTest {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        let store_name = format!("bench_{id}");
+        let data_dir = std::env::temp_dir().join(&store_name);
+        let store_url = match store {
+            Store::None => "none".to_owned(),
+            Store::Sqlite => String::new(),
+            Store::Postgres(url) => {
+                psql(url, &format!("CREATE SCHEMA {store_name}"))?;
+                format!("{url}?options[search_path]={store_name}")
+            }
+        };
         let child = Command::new(service_binary()?)
+            .env("DELAYLINE__STORE__URL", store_url)
+            .env("DELAYLINE__STORE__DATA_DIR", &data_dir)
             .arg("serve")
             .env("DELAYLINE__AMQP__URI", amqp_uri)
             .env("DELAYLINE__AMQP__PUBLISH_CHANNELS", channels.to_string())
@@ -75,6 +132,8 @@ impl ServiceUnderTest {
             cascade,
             amqp_uri: amqp_uri.to_owned(),
             extra_queues: Vec::new(),
+            store: store.clone(),
+            store_name,
         };
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -117,7 +176,7 @@ impl ServiceUnderTest {
         Some(ticks * 10.0)
     }
 
-    /// Stops the service (SIGTERM, so it drains) and deletes its topology.
+    /// Stops the service (SIGTERM, so it drains) and deletes its topology and ledger.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {
             let _ = std::process::Command::new("kill")
@@ -134,6 +193,15 @@ impl ServiceUnderTest {
         }
         teardown(&connection, &self.cascade.plan()).await?;
         let _ = connection.close(200, "bench done".into()).await;
+        match &self.store {
+            Store::None => {}
+            Store::Sqlite => {
+                let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&self.store_name));
+            }
+            Store::Postgres(url) => {
+                psql(url, &format!("DROP SCHEMA {} CASCADE", self.store_name))?;
+            }
+        }
         Ok(())
     }
 }
