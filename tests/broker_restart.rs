@@ -7,25 +7,16 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{AMQP_URI, Backend, TestApp, TestConsumer, eventually, test_settings, with_ledger};
+use common::{
+    AMQP_URI, Backend, TestApp, TestConsumer, eventually, rabbitmqctl, test_settings, with_ledger,
+};
 use delayline::broker::connect;
 use delayline::cascade::QueueType;
-use delayline::task::DELIVER_AT_HEADER;
 use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde_json::json;
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .arg("-q")
-        .args(args)
-        .status()
-        .expect("rabbitmqctl runs");
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
-}
 
 /// The broker's application is stopped until this is dropped, even on panic.
 struct BrokerStopped;
@@ -92,24 +83,9 @@ async fn tasks_accepted_while_rabbitmq_is_stopped_arrive_after_it_restarts() {
     let app = app.restart().await;
     drop(stopped);
 
-    let mut consumer = TestConsumer::existing(&queue).await;
-    while !accepted.is_empty() {
-        let message = consumer
-            .next(Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|| panic!("{} pending tasks never arrived", accepted.len()));
-        let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
-        assert!(message.received_at_ms as i64 >= deliver_at, "early");
-        let id = message
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .to_string();
-        assert!(
-            accepted.remove(&id),
-            "{id} delivered twice or never accepted"
-        );
-    }
+    TestConsumer::existing(&queue)
+        .await
+        .expect_each_once_never_early(accepted, Duration::from_secs(30))
+        .await;
     app.stop().await.unwrap();
 }

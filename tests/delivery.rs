@@ -71,12 +71,7 @@ async fn tasks_arrive_never_early_and_intact(
             .next(max_wait)
             .await
             .unwrap_or_else(|| panic!("{pending} tasks never arrived"));
-        let id = message
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .to_string();
+        let id = message.message_id();
         let (requested_due_ms, accepted) = expected.remove(&id).expect("unknown or duplicate task");
         pending -= 1;
         let deliver_at_ms = message.header_i64("x-deliver-at-ms").unwrap() as u64;

@@ -11,7 +11,6 @@ use common::{AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, test_settings, 
 use delayline::broker::{connect, provision};
 use delayline::cascade::QueueType;
 use delayline::config::Settings;
-use delayline::task::DELIVER_AT_HEADER;
 use serde_json::{Value, json};
 use tokio::process::Child;
 
@@ -128,7 +127,7 @@ async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() 
             .next(Duration::from_secs(10))
             .await
             .unwrap_or_else(|| panic!("{} accepted tasks never arrived", accepted.len()));
-        accepted.remove(message.properties.message_id().as_ref().unwrap().as_str());
+        accepted.remove(message.message_id().as_str());
     }
 }
 
@@ -170,23 +169,8 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
 
     user.grant();
     let _child = spawn_binary(&settings, port);
-    while !accepted.is_empty() {
-        let message = consumer
-            .next(Duration::from_secs(20))
-            .await
-            .unwrap_or_else(|| panic!("{} pending tasks never arrived", accepted.len()));
-        let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
-        assert!(message.received_at_ms as i64 >= deliver_at, "early");
-        let id = message
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .to_string();
-        assert!(
-            accepted.remove(&id),
-            "{id} delivered twice or never accepted"
-        );
-    }
+    consumer
+        .expect_each_once_never_early(accepted, Duration::from_secs(20))
+        .await;
     let _ = admin.close(200, "done".into()).await;
 }

@@ -405,3 +405,35 @@ impl Ledger {
         on_pool!(&self.pool, p => p.close().await);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn location(url: &str) -> Result<Location, StoreError> {
+        Location::parse(&StoreSettings {
+            url: url.to_owned(),
+            data_dir: "/var/lib/delayline".to_owned(),
+            ..StoreSettings::default()
+        })
+    }
+
+    #[test]
+    fn store_url_picks_the_backend() {
+        assert_eq!(
+            location("").unwrap(),
+            Location::Sqlite(PathBuf::from("/var/lib/delayline/delayline.db"))
+        );
+        assert_eq!(location("none").unwrap(), Location::None);
+        assert_eq!(
+            location("sqlite:///tmp/x.db?mode=rwc").unwrap(),
+            Location::Sqlite(PathBuf::from("/tmp/x.db"))
+        );
+        let pg = location("postgres://app:secret@db/delayline").unwrap();
+        assert_eq!(pg.describe(), "postgres://app:***@db/delayline");
+        assert!(matches!(
+            location("mysql://db"),
+            Err(StoreError::UnknownUrl(_))
+        ));
+    }
+}

@@ -2,6 +2,7 @@
 //! of everything a test declared, even when it panics.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
@@ -9,7 +10,7 @@ use delayline::broker::{connect, teardown};
 use delayline::cascade::{Cascade, QueueType, TopologyPlan};
 use delayline::config::Settings;
 use delayline::service::{self, ServiceError};
-use delayline::task::epoch_ms;
+use delayline::task::{DELIVER_AT_HEADER, epoch_ms};
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -302,6 +303,15 @@ pub struct Received {
 }
 
 impl Received {
+    /// The task id.
+    pub fn message_id(&self) -> String {
+        self.properties
+            .message_id()
+            .as_ref()
+            .expect("every task has a message_id")
+            .to_string()
+    }
+
     pub fn header(&self, name: &str) -> Option<&lapin::types::AMQPValue> {
         self.properties.headers().as_ref()?.inner().get(name)
     }
@@ -385,6 +395,29 @@ impl TestConsumer {
         }
     }
 
+    /// Receives every one of `ids` exactly once, none before its
+    /// `x-deliver-at-ms`, each within `wait` of the one before.
+    pub async fn expect_each_once_never_early(&mut self, ids: HashSet<String>, wait: Duration) {
+        let mut missing = ids;
+        while !missing.is_empty() {
+            let message = self
+                .next(wait)
+                .await
+                .unwrap_or_else(|| panic!("{} tasks never arrived", missing.len()));
+            let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
+            assert!(
+                message.received_at_ms as i64 >= deliver_at,
+                "early by {} ms",
+                deliver_at - message.received_at_ms as i64
+            );
+            let id = message.message_id();
+            assert!(
+                missing.remove(&id),
+                "{id} delivered twice or never accepted"
+            );
+        }
+    }
+
     /// The next message, or None if nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Received> {
         let delivery = tokio::time::timeout(timeout, self.consumer.next())
@@ -458,7 +491,7 @@ pub fn close_connections_named(name: &str) -> usize {
     closed
 }
 
-fn rabbitmqctl(args: &[&str]) {
+pub fn rabbitmqctl(args: &[&str]) {
     let status = Command::new("rabbitmqctl")
         .arg("-q")
         .args(args)
