@@ -12,6 +12,7 @@ use common::{
     with_ledger,
 };
 use delayline::cascade::QueueType;
+use delayline::task::parse_epoch_ms;
 use serde_json::{Value, json};
 
 /// Each test runs once on SQLite and once on PostgreSQL.
@@ -182,8 +183,9 @@ async fn tasks_can_be_inspected_and_listed_page_by_page(backend: Backend) {
         assert_eq!(status, 200, "{page}");
         pages += 1;
         for task in page["tasks"].as_array().unwrap() {
+            let deliver_at = task["deliver_at"].as_str().unwrap();
             seen.push((
-                task["deliver_at"].as_str().unwrap().to_owned(),
+                parse_epoch_ms(deliver_at).unwrap(),
                 task["id"].as_str().unwrap().to_owned(),
             ));
         }
