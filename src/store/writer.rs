@@ -160,6 +160,27 @@ async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
     }
 }
 
+/// Largest rows per statement. Statements come in a few fixed sizes (this and
+/// the powers of two below it) so that each is prepared once and then reused
+/// from the statement cache, instead of one new statement per group size.
+const CHUNK: usize = 64;
+
+fn statement_sized_chunks<T>(items: &[T]) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let mut rest = items;
+    while !rest.is_empty() {
+        let size = if rest.len() >= CHUNK {
+            CHUNK
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
 /// A retry of a request accepted before, or another request under its key.
 fn judge(new: &TaskRecord, existing: TaskRecord) -> Admission {
     let same_request = new.fingerprint.is_some()
@@ -221,34 +242,36 @@ async fn transact(
     on_pool!(pool, p => async {
         let mut tx = p.begin().await.context("starting a transaction")?;
         if !fresh.is_empty() {
-            let mut insert = QueryBuilder::new(format!("INSERT INTO tasks ({COLUMNS}) "));
-            insert.push_values(&fresh, |mut row, r| {
-                row.push_bind(&r.id)
-                    .push_bind(&r.idempotency_key)
-                    .push_bind(&r.fingerprint)
-                    .push_bind(&r.destination)
-                    .push_bind(&r.routing_key)
-                    .push_bind(r.delay_ms)
-                    .push_bind(r.deliver_at_ms)
-                    .push_bind(&r.content_type)
-                    .push_bind(&r.headers)
-                    .push_bind(&r.payload)
-                    .push_bind(r.payload_bytes)
-                    .push_bind(&r.state)
-                    .push_bind(r.created_at_ms)
-                    .push_bind(r.published_at_ms)
-                    .push_bind(r.next_attempt_at_ms)
-                    .push_bind(r.attempts)
-                    .push_bind(&r.last_error);
-            });
-            insert.push(" ON CONFLICT DO NOTHING RETURNING id");
-            let inserted: HashSet<String> = insert
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
-                .context("recording tasks")?
-                .into_iter()
-                .collect();
+            let mut inserted: HashSet<String> = HashSet::with_capacity(fresh.len());
+            for chunk in statement_sized_chunks(&fresh) {
+                let mut insert = QueryBuilder::new(format!("INSERT INTO tasks ({COLUMNS}) "));
+                insert.push_values(chunk, |mut row, r| {
+                    row.push_bind(&r.id)
+                        .push_bind(&r.idempotency_key)
+                        .push_bind(&r.fingerprint)
+                        .push_bind(&r.destination)
+                        .push_bind(&r.routing_key)
+                        .push_bind(r.delay_ms)
+                        .push_bind(r.deliver_at_ms)
+                        .push_bind(&r.content_type)
+                        .push_bind(&r.headers)
+                        .push_bind(&r.payload)
+                        .push_bind(r.payload_bytes)
+                        .push_bind(&r.state)
+                        .push_bind(r.created_at_ms)
+                        .push_bind(r.published_at_ms)
+                        .push_bind(r.next_attempt_at_ms)
+                        .push_bind(r.attempts)
+                        .push_bind(&r.last_error);
+                });
+                insert.push(" ON CONFLICT DO NOTHING RETURNING id");
+                let ids: Vec<String> = insert
+                    .build_query_scalar()
+                    .fetch_all(&mut *tx)
+                    .await
+                    .context("recording tasks")?;
+                inserted.extend(ids);
+            }
             for (record, decision) in records.iter().zip(decided.iter_mut()) {
                 if decision.is_some() || inserted.contains(&record.id) {
                     continue;
@@ -276,7 +299,8 @@ async fn transact(
                 *decision = Some(judge(record, existing));
             }
         }
-        if !group.published.is_empty() {
+        let published: Vec<&String> = group.published.iter().map(|(id, _)| id).collect();
+        for chunk in statement_sized_chunks(&published) {
             let mut update = QueryBuilder::new(
                 "UPDATE tasks SET state = 'published', last_error = NULL, published_at_ms = ",
             );
@@ -288,8 +312,8 @@ async fn transact(
                 .push_bind(copy_bytes)
                 .push(") END WHERE state = 'pending' AND id IN (");
             let mut ids = update.separated(", ");
-            for (id, _) in &group.published {
-                ids.push_bind(id);
+            for id in chunk {
+                ids.push_bind(*id);
             }
             update.push(")");
             update
@@ -342,6 +366,21 @@ mod tests {
             next_attempt_at_ms: 0,
             attempts: 1,
             last_error: None,
+        }
+    }
+
+    #[test]
+    fn chunks_come_in_few_sizes_and_keep_every_item_in_order() {
+        for n in 0..=300 {
+            let items: Vec<usize> = (0..n).collect();
+            let chunks = statement_sized_chunks(&items);
+            assert!(
+                chunks
+                    .iter()
+                    .all(|c| c.len().is_power_of_two() && c.len() <= CHUNK)
+            );
+            assert_eq!(chunks.concat(), items);
+            assert!(chunks.len() <= n / CHUNK + CHUNK.ilog2() as usize + 1);
         }
     }
 
