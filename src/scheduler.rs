@@ -109,10 +109,7 @@ impl Scheduler {
             });
         }
         let now_ms = epoch_ms(SystemTime::now());
-        let key_name = match &idempotency.key {
-            Some(key) => format!("Idempotency-Key {key:?}"),
-            None => format!("task id {:?}", task.id),
-        };
+        let header_key = idempotency.key.clone();
         let record = TaskRecord::pending(
             task,
             idempotency.key,
@@ -129,7 +126,10 @@ impl Scheduler {
             }
             Admission::Conflict(existing) => {
                 return Err(SubmitError::Conflict {
-                    key: key_name,
+                    key: match header_key {
+                        Some(key) => format!("Idempotency-Key {key:?}"),
+                        None => format!("task id {:?}", task.id),
+                    },
                     existing_id: existing.id,
                 });
             }

@@ -327,7 +327,7 @@ async fn the_pending_bound_turns_into_503(backend: Backend) {
 async fn payload_copies_are_bounded_and_delivered_rows_are_pruned(backend: Backend) {
     let mut settings = with_ledger(test_settings(3, 10, QueueType::Classic), backend);
     settings.store.payload_copy_bytes = 4;
-    settings.store.retention_ms = 1500;
+    settings.store.retention_ms = 3000;
     settings.store.prune_interval_ms = 100;
     let mut app = TestApp::spawn(settings).await;
     let every_destination = app.cascade.binding_key("#");

@@ -72,7 +72,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
 /// The Idempotency-Key header, checked, and the request's fingerprint when
 /// the request can be repeated (it has a key or a client-chosen id).
 fn idempotency(
-    headers: &HeaderMap,
+    key_header: Option<&HeaderValue>,
     body: &[u8],
     task: &Task,
     has_ledger: bool,
@@ -80,7 +80,7 @@ fn idempotency(
     if !has_ledger {
         return Ok(Idempotency::default());
     }
-    let key = match headers.get(IDEMPOTENCY_KEY) {
+    let key = match key_header {
         None => None,
         Some(value) => {
             let key = value
@@ -133,7 +133,12 @@ pub async fn create_task(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     let task = Task::parse(&body, &state.scheduler.cascade, SystemTime::now())?;
-    let idempotency = idempotency(&headers, &body, &task, state.scheduler.ledger.is_some())?;
+    let idempotency = idempotency(
+        headers.get(IDEMPOTENCY_KEY),
+        &body,
+        &task,
+        state.scheduler.ledger.is_some(),
+    )?;
     let submitted = submit(&state, &task, idempotency).await?;
     let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
     if submitted.replayed {
@@ -195,16 +200,14 @@ pub async fn create_batch(
         ));
     }
     let now = SystemTime::now();
-    let no_headers = HeaderMap::new();
     let has_ledger = state.scheduler.ledger.is_some();
     let outcomes = batch.tasks.iter().map(|raw| {
         let state = &state;
-        let no_headers = &no_headers;
         async move {
             let body = raw.get().as_bytes();
             let accepted = async {
                 let task = Task::parse(body, &state.scheduler.cascade, now)?;
-                let idempotency = idempotency(no_headers, body, &task, has_ledger)?;
+                let idempotency = idempotency(None, body, &task, has_ledger)?;
                 submit(state, &task, idempotency).await
             };
             match accepted.await {

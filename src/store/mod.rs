@@ -30,7 +30,7 @@ use sqlx::sqlite::{
 };
 
 pub use cursor::{Cursor, CursorError};
-pub use record::{TaskRecord, headers_json};
+pub use record::TaskRecord;
 pub use writer::Admission;
 
 use crate::config::StoreSettings;
@@ -98,31 +98,30 @@ impl<T> QueryContext<T> for Result<T, sqlx::Error> {
 /// Where the ledger lives, as `store.url` says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
-    None,
     Sqlite(PathBuf),
     Postgres(String),
 }
 
 impl Location {
-    pub fn parse(settings: &StoreSettings) -> Result<Location, StoreError> {
+    /// `None` for the stateless mode (`store.url = "none"`).
+    pub fn parse(settings: &StoreSettings) -> Result<Option<Location>, StoreError> {
         let url = settings.url.trim();
         if url.is_empty() {
-            return Ok(Location::Sqlite(
-                Path::new(&settings.data_dir).join("delayline.db"),
-            ));
+            let path = Path::new(&settings.data_dir).join("delayline.db");
+            return Ok(Some(Location::Sqlite(path)));
         }
         if url == "none" {
-            return Ok(Location::None);
+            return Ok(None);
         }
         if let Some(path) = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
         {
             let path = path.split('?').next().unwrap_or(path);
-            return Ok(Location::Sqlite(PathBuf::from(path)));
+            return Ok(Some(Location::Sqlite(PathBuf::from(path))));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Location::Postgres(url.to_owned()));
+            return Ok(Some(Location::Postgres(url.to_owned())));
         }
         Err(StoreError::UnknownUrl(url.to_owned()))
     }
@@ -130,7 +129,6 @@ impl Location {
     /// For logs and errors: never the password.
     pub fn describe(&self) -> String {
         match self {
-            Location::None => "none".to_owned(),
             Location::Sqlite(path) => format!("sqlite://{}", path.display()),
             Location::Postgres(url) => crate::broker::redact_uri(url),
         }
@@ -169,7 +167,6 @@ async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, St
         source,
     };
     match location {
-        Location::None => unreachable!("no pool for the stateless mode"),
         Location::Sqlite(path) => {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
@@ -221,10 +218,9 @@ async fn migrate(pool: &Pool, target: &str) -> Result<(), StoreError> {
 
 /// `delayline migrate`: brings the schema up to date and says where.
 pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, StoreError> {
-    let location = Location::parse(settings)?;
-    if location == Location::None {
+    let Some(location) = Location::parse(settings)? else {
         return Ok(None);
-    }
+    };
     let pool = open_pool(&location, 1).await?;
     let target = location.describe();
     let result = migrate(&pool, &target).await;
@@ -237,10 +233,9 @@ pub async fn open(
     settings: &StoreSettings,
     options: LedgerOptions,
 ) -> Result<Option<Ledger>, StoreError> {
-    let location = Location::parse(settings)?;
-    if location == Location::None {
+    let Some(location) = Location::parse(settings)? else {
         return Ok(None);
-    }
+    };
     let pool = open_pool(&location, settings.max_connections).await?;
     let target = location.describe();
     migrate(&pool, &target).await?;
@@ -410,7 +405,7 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    fn location(url: &str) -> Result<Location, StoreError> {
+    fn location(url: &str) -> Result<Option<Location>, StoreError> {
         Location::parse(&StoreSettings {
             url: url.to_owned(),
             data_dir: "/var/lib/delayline".to_owned(),
@@ -422,14 +417,18 @@ mod tests {
     fn store_url_picks_the_backend() {
         assert_eq!(
             location("").unwrap(),
-            Location::Sqlite(PathBuf::from("/var/lib/delayline/delayline.db"))
+            Some(Location::Sqlite(PathBuf::from(
+                "/var/lib/delayline/delayline.db"
+            )))
         );
-        assert_eq!(location("none").unwrap(), Location::None);
+        assert_eq!(location("none").unwrap(), None);
         assert_eq!(
             location("sqlite:///tmp/x.db?mode=rwc").unwrap(),
-            Location::Sqlite(PathBuf::from("/tmp/x.db"))
+            Some(Location::Sqlite(PathBuf::from("/tmp/x.db")))
         );
-        let pg = location("postgres://app:secret@db/delayline").unwrap();
+        let pg = location("postgres://app:secret@db/delayline")
+            .unwrap()
+            .unwrap();
         assert_eq!(pg.describe(), "postgres://app:***@db/delayline");
         assert!(matches!(
             location("mysql://db"),

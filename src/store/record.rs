@@ -36,7 +36,7 @@ pub struct TaskRecord {
 }
 
 /// The caller's headers as the ledger stores them.
-pub fn headers_json(headers: &[(String, HeaderValue)]) -> String {
+fn headers_json(headers: &[(String, HeaderValue)]) -> String {
     let map: BTreeMap<&str, &HeaderValue> = headers.iter().map(|(k, v)| (k.as_str(), v)).collect();
     serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_owned())
 }
