@@ -17,6 +17,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub cascade: CascadeSettings,
     pub store: StoreSettings,
+    pub metrics: MetricsSettings,
     pub log: LogSettings,
 }
 
@@ -97,6 +98,23 @@ impl Default for StoreSettings {
             retention_ms: 7 * 24 * 3600 * 1000,
             prune_interval_ms: 60_000,
             payload_copy_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// `GET /metrics`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// How often the level and unroutable queue depths are read from the
+    /// broker (passive declares over AMQP, one connection); 0 turns it off.
+    pub queue_poll_ms: u64,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            queue_poll_ms: 5_000,
         }
     }
 }

@@ -14,7 +14,8 @@
 //!   replicas): migrations, group commit, idempotency, inspection queries.
 //! - [`scheduler`]: takes a task in (ledger, then broker) and runs the
 //!   forwarder that publishes pending tasks, and retention.
-//! - [`http`]: the axum API around them: routes, JSON errors, health.
+//! - [`http`]: the axum API around them: routes, JSON errors, health, metrics.
+//! - [`metrics`]: the Prometheus registry; queue depths are polled by [`broker`].
 //! - [`service`]: wires it all together and shuts it down in order.
 //! - [`config`], [`telemetry`], [`cli`]: settings, logs and the command line.
 //!   `main.rs` only calls [`cli::main`].
@@ -24,6 +25,7 @@ pub mod cascade;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod scheduler;
 pub mod service;
 pub mod store;

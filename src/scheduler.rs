@@ -21,6 +21,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{PublishError, Publisher};
 use crate::cascade::Cascade;
+use crate::metrics::Metrics;
 use crate::store::{Admission, Ledger, StoreError, TaskRecord};
 use crate::task::{Task, TaskAccepted, TaskState, epoch_ms};
 
@@ -72,6 +73,7 @@ pub struct Scheduler {
     pub publisher: Publisher,
     pub ledger: Option<Ledger>,
     pub cascade: Arc<Cascade>,
+    pub metrics: Arc<Metrics>,
     lease_ms: u64,
 }
 
@@ -80,6 +82,7 @@ impl Scheduler {
         publisher: Publisher,
         ledger: Option<Ledger>,
         cascade: Arc<Cascade>,
+        metrics: Arc<Metrics>,
         confirm_timeout: Duration,
     ) -> Self {
         let confirm_ms = u64::try_from(confirm_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -87,6 +90,7 @@ impl Scheduler {
             publisher,
             ledger,
             cascade,
+            metrics,
             lease_ms: confirm_ms.saturating_add(LEASE_MARGIN_MS),
         }
     }
@@ -242,6 +246,11 @@ impl Scheduler {
                 Err(error.to_string())
             }
         };
+        self.metrics.forwarded(if outcome.is_ok() {
+            "published"
+        } else {
+            "failed"
+        });
         let written = match &outcome {
             Ok(()) => {
                 ledger.pending_changed(0, 1);

@@ -9,9 +9,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::broker::{BrokerError, Publisher, PublisherOptions};
+use crate::broker::{BrokerError, Publisher, PublisherOptions, poll_queue_depths};
 use crate::config::{ConfigError, Settings};
 use crate::http::{AppState, router};
+use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 use crate::store::{self, LedgerOptions, StoreError};
 
@@ -29,13 +30,14 @@ pub enum ServiceError {
     Supervisor(#[from] tokio::task::JoinError),
 }
 
-pub fn publisher_options(settings: &Settings) -> PublisherOptions {
+pub fn publisher_options(settings: &Settings, metrics: &Metrics) -> PublisherOptions {
     PublisherOptions {
         uri: settings.amqp.uri.clone(),
         channels: settings.amqp.publish_channels,
         confirm_timeout: Duration::from_millis(settings.amqp.confirm_timeout_ms),
         max_backoff: Duration::from_millis(settings.amqp.reconnect_max_backoff_ms),
         connection_name: format!("delayline {}", settings.cascade.prefix),
+        confirm_latency: metrics.confirm_latency.clone(),
     }
 }
 
@@ -55,11 +57,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
     let cascade = Arc::new(settings.cascade()?);
+    let metrics = Arc::new(Metrics::new());
     let ledger = store::open(
         &settings.store,
         LedgerOptions {
             max_pending: settings.store.max_pending,
             payload_copy_bytes: settings.store.payload_copy_bytes,
+            commit_group_size: metrics.ledger_commit_group.clone(),
         },
     )
     .await?;
@@ -69,22 +73,32 @@ pub async fn run(
     }
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
-        publisher_options(&settings),
+        publisher_options(&settings, &metrics),
         cascade.plan(),
         broker_shutdown.clone(),
     );
     let scheduler = Scheduler::new(
         publisher,
         ledger.clone(),
-        cascade,
+        cascade.clone(),
+        metrics.clone(),
         Duration::from_millis(settings.amqp.confirm_timeout_ms),
     );
     let background_shutdown = CancellationToken::new();
-    let background = scheduler.spawn_background(
+    let mut background = scheduler.spawn_background(
         Duration::from_millis(settings.store.retention_ms),
         Duration::from_millis(settings.store.prune_interval_ms),
         background_shutdown.clone(),
     );
+    if settings.metrics.queue_poll_ms > 0 {
+        background.push(tokio::spawn(poll_queue_depths(
+            settings.amqp.uri.clone(),
+            cascade,
+            metrics,
+            Duration::from_millis(settings.metrics.queue_poll_ms),
+            background_shutdown.clone(),
+        )));
+    }
     let app = router(
         AppState::new(scheduler, &settings.http),
         settings.http.body_limit_bytes,

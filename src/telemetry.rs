@@ -15,8 +15,17 @@ pub fn init(settings: &LogSettings) {
         LogFormat::Text => registry
             .with(fmt::layer().with_writer(std::io::stderr))
             .try_init(),
+        // Event fields at the top level, so `task_id` is a key of its own for
+        // log shippers; the enclosing span (with the request's task) nests under "span".
         LogFormat::Json => registry
-            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
     };
     // A second initialisation (several services in one test binary) keeps the first subscriber.

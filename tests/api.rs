@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    TestApp, TestConsumer, TestUser, close_connections_named, eventually, queue_depth,
-    test_settings,
+    Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, queue_depth,
+    sample, test_settings, with_ledger,
 };
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
@@ -424,4 +424,103 @@ async fn a_deleted_level_exchange_is_a_503_then_the_service_heals_itself() {
         .expect("delivered after healing");
     assert_eq!(message.message_id().as_str(), "healed");
     app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
+    let mut settings = with_ledger(test_settings(8, 10, QueueType::Classic), Backend::Sqlite);
+    settings.metrics.queue_poll_ms = 100;
+    let app = TestApp::spawn(settings).await;
+
+    // 200 units: the first digit set is level 7's, where it waits 1.28 s.
+    let (status, _) = app
+        .post(
+            "/v1/tasks",
+            &json!({"destination": "waits", "delay_ms": 2000}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    // Nobody is bound for this destination: it is parked at once.
+    let (status, _) = app
+        .post(
+            "/v1/tasks",
+            &json!({"destination": "nobody", "delay_ms": 0}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let retried = || {
+        app.http
+            .post(format!("{}/v1/tasks", app.base))
+            .header("Idempotency-Key", "metrics-retry")
+            .json(&json!({"destination": "nobody.either", "delay_ms": 0}))
+            .send()
+    };
+    assert_eq!(retried().await.unwrap().status(), 202);
+    assert_eq!(retried().await.unwrap().status(), 202);
+    let (status, _) = app
+        .post("/v1/tasks", &json!({"destination": "d", "delay_ms": -1}))
+        .await;
+    assert_eq!(status, 422);
+    let unsupported = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsupported.status(), 415);
+    let (status, _) = app
+        .post(
+            "/v1/tasks/batch",
+            &json!({"tasks": [{"destination": "nobody", "delay_ms": 0}, {"delay_ms": 1}]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let level7 = format!(
+        "delayline_level_queue_messages{{level=\"7\",queue=\"{}\"}}",
+        app.cascade.level_queue(7)
+    );
+    eventually("the depths to be polled", async || {
+        let scrape = app.scrape().await;
+        sample(&scrape, &level7) == Some(1.0)
+            && sample(&scrape, "delayline_unroutable_queue_messages") == Some(3.0)
+    })
+    .await;
+
+    let scrape = app.scrape().await;
+    let expect = |series: &str, value: f64| {
+        assert_eq!(
+            sample(&scrape, series),
+            Some(value),
+            "{series} in\n{scrape}"
+        );
+    };
+    expect("delayline_tasks_accepted_total{state=\"published\"}", 4.0);
+    expect("delayline_tasks_replayed_total", 1.0);
+    expect(
+        "delayline_tasks_rejected_total{code=\"invalid_delay\"}",
+        1.0,
+    );
+    expect(
+        "delayline_tasks_rejected_total{code=\"unsupported_media_type\"}",
+        1.0,
+    );
+    expect(
+        "delayline_tasks_rejected_total{code=\"invalid_request\"}",
+        1.0,
+    );
+    expect("delayline_publish_confirm_seconds_count", 4.0);
+    expect("delayline_broker_connected", 1.0);
+    expect("delayline_ledger_pending_tasks", 0.0);
+    for level in 0..7 {
+        let series = format!(
+            "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
+            app.cascade.level_queue(level)
+        );
+        expect(&series, 0.0);
+    }
+    let groups = sample(&scrape, "delayline_ledger_commit_group_size_count").unwrap();
+    assert!(groups >= 1.0, "{scrape}");
+    assert!(sample(&scrape, "delayline_queue_depth_polled_timestamp_seconds").unwrap() > 1.7e9);
 }

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{
-    Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, test_settings,
-    with_ledger,
+    Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, sample,
+    test_settings, with_ledger,
 };
 use delayline::cascade::QueueType;
 use delayline::task::parse_epoch_ms;
@@ -275,6 +275,9 @@ async fn pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early(ba
         status == 200 && ready["broker"] == "disconnected" && ready["pending"] == 4
     })
     .await;
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_ledger_pending_tasks"), Some(4.0));
+    assert_eq!(sample(&scrape, "delayline_broker_connected"), Some(0.0));
 
     user.grant();
     consumer
@@ -289,6 +292,10 @@ async fn pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early(ba
     assert_eq!(published["state"], "published");
     assert!(published["attempts"].as_u64().unwrap() >= 2);
     assert!(published["last_error"].is_null());
+    let scrape = app.scrape().await;
+    let forwarded = "delayline_forwarder_tasks_total{outcome=\"published\"}";
+    assert_eq!(sample(&scrape, forwarded), Some(4.0), "{scrape}");
+    assert_eq!(sample(&scrape, "delayline_ledger_pending_tasks"), Some(0.0));
     app.stop().await.unwrap();
 }
 

@@ -16,8 +16,13 @@ use tokio::process::Child;
 
 /// The `delayline serve` binary on `port`, configured by the environment.
 fn spawn_binary(settings: &Settings, port: u16) -> Child {
+    serve_command(settings, port).spawn().unwrap()
+}
+
+fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command {
     let c = &settings.cascade;
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
+    command
         .arg("serve")
         .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
         .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
@@ -34,9 +39,8 @@ fn spawn_binary(settings: &Settings, port: u16) -> Child {
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        .kill_on_drop(true);
+    command
 }
 
 fn free_port() -> u16 {
@@ -96,14 +100,7 @@ async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() 
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&child);
 
     let mut accepted = HashSet::new();
     for request in requests {
@@ -173,4 +170,72 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
         .expect_each_once_never_early(accepted, Duration::from_secs(20))
         .await;
     let _ = admin.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
+    let mut settings = with_ledger(test_settings(3, 10, QueueType::Classic), Backend::Sqlite);
+    // Nothing listens there: the task is kept pending, and says so in the log.
+    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned();
+    let _cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let child = serve_command(&settings, port)
+        .env("DELAYLINE__LOG__FORMAT", "json")
+        .env("DELAYLINE__LOG__FILTER", "info,delayline=debug,lapin=off")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    wait_ready(&http, &base).await;
+    let accepted: Value = http
+        .post(format!("{base}/v1/tasks"))
+        .json(&json!({"destination": "logged", "delay_ms": 50}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(accepted["state"], "pending");
+    let id = accepted["id"].as_str().unwrap().to_owned();
+
+    terminate(&child);
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("stopped")
+        .unwrap();
+    let log = String::from_utf8(output.stderr).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["timestamp"].is_string() && l["level"].is_string())
+    );
+    let about_the_task: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.to_string().contains(&id))
+        .collect();
+    assert!(!about_the_task.is_empty(), "no line names the task:\n{log}");
+    for line in about_the_task {
+        assert_eq!(line["task_id"], id.as_str(), "{line}");
+    }
+    let kept = lines
+        .iter()
+        .find(|l| l["message"] == "kept pending for the forwarder")
+        .unwrap_or_else(|| panic!("no line says the task was kept:\n{log}"));
+    assert_eq!(kept["task_id"], id.as_str());
+}
+
+/// SIGTERM, as systemd, Kubernetes and docker send it.
+fn terminate(child: &Child) {
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }

@@ -1,6 +1,7 @@
 //! Everything that talks to RabbitMQ: connecting, declaring the plan, publishing.
 
 mod diagnose;
+mod inspect;
 mod provision;
 mod publisher;
 
@@ -9,6 +10,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Connection, ConnectionProperties};
 
 pub use diagnose::{Difference, TopologyConflict};
+pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{PublishError, Publisher, PublisherOptions, task_properties};
 

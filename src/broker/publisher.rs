@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,8 @@ pub struct PublisherOptions {
     pub confirm_timeout: Duration,
     pub max_backoff: Duration,
     pub connection_name: String,
+    /// Observes the time from publish to confirm, in seconds.
+    pub confirm_latency: Histogram,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +71,7 @@ struct Shared {
     session: watch::Sender<Option<Arc<Session>>>,
     next_channel: AtomicUsize,
     confirm_timeout: Duration,
+    confirm_latency: Histogram,
 }
 
 /// A cheap, cloneable handle to the publishing side of the broker connection.
@@ -89,6 +93,7 @@ impl Publisher {
             session: watch::Sender::new(None),
             next_channel: AtomicUsize::new(0),
             confirm_timeout: options.confirm_timeout,
+            confirm_latency: options.confirm_latency.clone(),
         });
         let supervisor = tokio::spawn(supervise(shared.clone(), options, plan, shutdown));
         (Publisher { shared }, supervisor)
@@ -134,6 +139,7 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let started = std::time::Instant::now();
         let confirm = channel
             .basic_publish(
                 exchange.into(),
@@ -148,6 +154,9 @@ impl Publisher {
             .await
             .map_err(|_| PublishError::Timeout(self.shared.confirm_timeout))?
             .map_err(|e| session.fail(e))?;
+        self.shared
+            .confirm_latency
+            .observe(started.elapsed().as_secs_f64());
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(PublishError::Returned(format!(

@@ -101,10 +101,16 @@ impl From<SubmitError> for ApiError {
     }
 }
 
+/// Carried on every error response so middleware can count rejections by
+/// code, including those of extractors that run before a handler.
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
         let mut response = (status, Json(ErrorEnvelope { error: self.body() })).into_response();
+        response.extensions_mut().insert(ErrorCode(self.code));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
 use super::AppState;
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, ErrorCode};
 use crate::cascade::{Cascade, MAX_NAME_BYTES, validate_destination};
 use crate::scheduler::{Idempotency, Submitted};
 use crate::store::{Cursor, Ledger, StoreError, TaskFilter, TaskRecord};
@@ -118,6 +118,16 @@ async fn submit(
         .submit(task, idempotency)
         .instrument(span)
         .await
+        .inspect(|submitted| {
+            let state_label = match submitted.accepted.state {
+                TaskState::Published => "published",
+                TaskState::Pending => "pending",
+            };
+            state
+                .scheduler
+                .metrics
+                .accepted(state_label, submitted.replayed);
+        })
         .map_err(|error| {
             let error = ApiError::from(error);
             if error.status.is_server_error() {
@@ -217,7 +227,10 @@ pub async fn create_batch(
                     replayed: submitted.replayed,
                     error: None,
                 },
-                Err(error) => BatchItem::rejected(error),
+                Err(error) => {
+                    state.scheduler.metrics.rejected(error.code);
+                    BatchItem::rejected(error)
+                }
             }
         }
     });
@@ -458,6 +471,43 @@ pub async fn topology(
 #[derive(Serialize)]
 struct Status {
     status: &'static str,
+}
+
+/// Prometheus scrape. Values that live elsewhere are read now, not mirrored.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let scheduler = &state.scheduler;
+    let metrics = &scheduler.metrics;
+    metrics
+        .broker_connected
+        .set(i64::from(scheduler.publisher.is_ready()));
+    if let Some(ledger) = &scheduler.ledger {
+        let pending = ledger.recount_pending().await?;
+        metrics
+            .ledger_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+    let text = metrics.encode().map_err(|error| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("encoding the metrics failed: {error}"),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
+}
+
+/// Counts the rejections of the task routes' error responses; a batch's
+/// per-task rejections are counted where they are decided.
+pub async fn count_rejections(
+    State(state): State<AppState>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+        state.scheduler.metrics.rejected(code);
+    }
+    response
 }
 
 pub async fn healthz() -> impl IntoResponse {

@@ -5,9 +5,9 @@ mod handlers;
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+use axum::{Router, middleware};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
@@ -37,13 +37,21 @@ impl AppState {
 }
 
 pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
+    let count_rejections =
+        middleware::from_fn_with_state(state.clone(), handlers::count_rejections);
     Router::new()
         .route(
             "/v1/tasks",
-            post(handlers::create_task).get(handlers::list_tasks),
+            post(handlers::create_task)
+                .route_layer(count_rejections.clone())
+                .get(handlers::list_tasks),
         )
-        .route("/v1/tasks/batch", post(handlers::create_batch))
+        .route(
+            "/v1/tasks/batch",
+            post(handlers::create_batch).route_layer(count_rejections),
+        )
         .route("/v1/tasks/{id}", get(handlers::get_task))
+        .route("/metrics", get(handlers::metrics))
         .route("/v1/topology", get(handlers::topology))
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))

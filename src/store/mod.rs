@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::Histogram;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
@@ -146,6 +147,8 @@ pub(crate) enum Pool {
 pub struct LedgerOptions {
     pub max_pending: u64,
     pub payload_copy_bytes: u32,
+    /// Observes how many writes each transaction commits.
+    pub commit_group_size: Histogram,
 }
 
 /// A cheap, cloneable handle to the ledger.
@@ -240,7 +243,11 @@ pub async fn open(
     let target = location.describe();
     migrate(&pool, &target).await?;
     let ledger = Ledger {
-        writes: writer::spawn(pool.clone(), options.payload_copy_bytes),
+        writes: writer::spawn(
+            pool.clone(),
+            options.payload_copy_bytes,
+            options.commit_group_size.clone(),
+        ),
         pool,
         target: target.into(),
         pending: Arc::new(AtomicU64::new(0)),

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use prometheus_client::metrics::histogram::Histogram;
 use sqlx::QueryBuilder;
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
@@ -58,9 +59,9 @@ pub(super) struct Handle {
     writes: mpsc::Sender<Write>,
 }
 
-pub(super) fn spawn(pool: Pool, payload_copy_bytes: u32) -> Handle {
+pub(super) fn spawn(pool: Pool, payload_copy_bytes: u32, group_sizes: Histogram) -> Handle {
     let (writes, queue) = mpsc::channel(QUEUE);
-    tokio::spawn(run(pool, queue, payload_copy_bytes));
+    tokio::spawn(run(pool, queue, payload_copy_bytes, group_sizes));
     Handle { writes }
 }
 
@@ -102,9 +103,15 @@ impl Handle {
     }
 }
 
-async fn run(pool: Pool, mut queue: mpsc::Receiver<Write>, payload_copy_bytes: u32) {
+async fn run(
+    pool: Pool,
+    mut queue: mpsc::Receiver<Write>,
+    payload_copy_bytes: u32,
+    group_sizes: Histogram,
+) {
     let mut group = Vec::with_capacity(MAX_GROUP);
     while queue.recv_many(&mut group, MAX_GROUP).await > 0 {
+        group_sizes.observe(group.len() as f64);
         commit(&pool, std::mem::take(&mut group), payload_copy_bytes).await;
     }
 }

@@ -36,7 +36,37 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings.http.bind = "127.0.0.1:0".to_owned();
     // Stateless unless a test asks for a ledger with `with_ledger`.
     settings.store.url = "none".to_owned();
+    // Only the metrics test polls queue depths; dozens of pollers would load the broker.
+    settings.metrics.queue_poll_ms = 0;
     settings
+}
+
+/// The value of the sample `series` (name and labels, as exposed) in a scrape.
+pub fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
+impl TestApp {
+    pub async fn scrape(&self) -> String {
+        let response = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/openmetrics-text")
+        );
+        response.text().await.unwrap()
+    }
 }
 
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

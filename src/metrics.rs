@@ -1,0 +1,218 @@
+//! Prometheus metrics, served at `GET /metrics`.
+//!
+//! One [`Metrics`] per running service (tests run several in one process, so
+//! nothing is global). Counters and histograms are updated where the event
+//! happens; values that already live elsewhere (connection state, pending
+//! tasks) are read at scrape time instead of being mirrored, so they cannot
+//! drift. Queue depths come from [`crate::broker::poll_queue_depths`], which
+//! asks the broker over AMQP and needs no management plugin.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `published`, or `pending` when the ledger holds it for the forwarder.
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The stable error code of the API answer.
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabel {
+    pub level: u32,
+    pub queue: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub tasks_accepted: Family<StateLabel, Counter>,
+    pub tasks_replayed: Counter,
+    pub tasks_rejected: Family<CodeLabel, Counter>,
+    pub confirm_latency: Histogram,
+    pub broker_connected: Gauge,
+    pub ledger_pending: Gauge,
+    pub ledger_commit_group: Histogram,
+    pub forwarded: Family<OutcomeLabel, Counter>,
+    pub level_messages: Family<LevelLabel, Gauge>,
+    pub unroutable_messages: Gauge,
+    /// Seconds since the epoch of the last successful depth poll; 0 before the first.
+    pub queue_depth_polled: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("delayline");
+        let tasks_accepted = Family::<StateLabel, Counter>::default();
+        registry.register(
+            "tasks_accepted",
+            "Tasks answered 202, by the state they were accepted in",
+            tasks_accepted.clone(),
+        );
+        let tasks_replayed = Counter::default();
+        registry.register(
+            "tasks_replayed",
+            "Repeated requests answered with the original result; nothing new was scheduled",
+            tasks_replayed.clone(),
+        );
+        let tasks_rejected = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "tasks_rejected",
+            "Tasks or requests not accepted, by API error code",
+            tasks_rejected.clone(),
+        );
+        // 0.25 ms to about 8 s.
+        let confirm_latency = Histogram::new(exponential_buckets(0.000_25, 2.0, 16));
+        registry.register(
+            "publish_confirm_seconds",
+            "Time from publishing a message to the broker's confirm",
+            confirm_latency.clone(),
+        );
+        let broker_connected = Gauge::default();
+        registry.register(
+            "broker_connected",
+            "1 when connected to RabbitMQ with the topology provisioned and not blocked",
+            broker_connected.clone(),
+        );
+        let ledger_pending = Gauge::default();
+        registry.register(
+            "ledger_pending_tasks",
+            "Tasks in the ledger not yet confirmed by the broker",
+            ledger_pending.clone(),
+        );
+        let ledger_commit_group = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register(
+            "ledger_commit_group_size",
+            "Ledger writes committed together in one transaction",
+            ledger_commit_group.clone(),
+        );
+        let forwarded = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "forwarder_tasks",
+            "Pending tasks the forwarder tried to publish, by outcome",
+            forwarded.clone(),
+        );
+        let level_messages = Family::<LevelLabel, Gauge>::default();
+        registry.register(
+            "level_queue_messages",
+            "Messages waiting in each level queue of the cascade",
+            level_messages.clone(),
+        );
+        let unroutable_messages = Gauge::default();
+        registry.register(
+            "unroutable_queue_messages",
+            "Messages parked because no queue was bound for their destination",
+            unroutable_messages.clone(),
+        );
+        let queue_depth_polled = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "queue_depth_polled_timestamp_seconds",
+            "When the queue depths were last read from the broker",
+            queue_depth_polled.clone(),
+        );
+        Metrics {
+            registry,
+            tasks_accepted,
+            tasks_replayed,
+            tasks_rejected,
+            confirm_latency,
+            broker_connected,
+            ledger_pending,
+            ledger_commit_group,
+            forwarded,
+            level_messages,
+            unroutable_messages,
+            queue_depth_polled,
+        }
+    }
+
+    pub fn accepted(&self, state: &'static str, replayed: bool) {
+        if replayed {
+            self.tasks_replayed.inc();
+        } else {
+            self.tasks_accepted
+                .get_or_create(&StateLabel { state })
+                .inc();
+        }
+    }
+
+    pub fn rejected(&self, code: &'static str) {
+        self.tasks_rejected.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn forwarded(&self, outcome: &'static str) {
+        self.forwarded
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_is_exposed_with_its_prefix() {
+        let metrics = Metrics::new();
+        metrics.accepted("published", false);
+        metrics.accepted("published", true);
+        metrics.rejected("invalid_delay");
+        metrics.confirm_latency.observe(0.002);
+        metrics.forwarded("published");
+        metrics
+            .level_messages
+            .get_or_create(&LevelLabel {
+                level: 3,
+                queue: "p.level03.wait".into(),
+            })
+            .set(0);
+        let text = metrics.encode().unwrap();
+        for line in [
+            "delayline_tasks_accepted_total{state=\"published\"} 1",
+            "delayline_tasks_replayed_total 1",
+            "delayline_tasks_rejected_total{code=\"invalid_delay\"} 1",
+            "delayline_publish_confirm_seconds_count 1",
+            "delayline_forwarder_tasks_total{outcome=\"published\"} 1",
+            "delayline_level_queue_messages{level=\"3\",queue=\"p.level03.wait\"} 0",
+            "delayline_broker_connected 0",
+            "delayline_ledger_commit_group_size_count 0",
+            "delayline_unroutable_queue_messages 0",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
