@@ -1,11 +1,12 @@
-//! The command line: `serve`, `provision [--dry-run]`, `migrate`, `route`.
+//! The command line: `serve`, `provision [--dry-run | --check]`, `migrate`,
+//! `migrate-topology --from`, `route`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::broker::{connect, provision};
+use crate::broker::{OldChain, check, connect, migrate_topology, provision};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::Settings;
 use crate::service::{self, shutdown_signal};
@@ -27,8 +28,20 @@ pub enum Command {
     /// Declare the cascade's exchanges, queues and bindings on the broker.
     Provision {
         /// Print the plan without touching the broker.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "check")]
         dry_run: bool,
+        /// Compare the broker with the plan, print every difference and
+        /// change nothing; exits with 1 when something is missing or differs.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Move every waiting message from an older chain into the configured
+    /// one (by what remains of its delay), then delete the old chain.
+    /// Safe to run again after a crash.
+    MigrateTopology {
+        /// The old chain: its version (same prefix), or its settings file.
+        #[arg(long, value_name = "VERSION|FILE")]
+        from: String,
     },
     /// Create or update the ledger's schema (also done at start-up), then exit.
     Migrate,
@@ -40,6 +53,16 @@ pub enum Command {
         #[arg(long)]
         destination: String,
     },
+}
+
+/// The chain `--from` names: a version number, or a settings file.
+fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
+    if let Ok(version) = from.parse::<u32>() {
+        return Ok(OldChain::version_of(new, version));
+    }
+    let settings =
+        Settings::load(Some(Path::new(from))).map_err(|e| anyhow::anyhow!("--from {from}: {e}"))?;
+    Ok(OldChain::from_settings(&settings.cascade()?))
 }
 
 pub fn main() -> ExitCode {
@@ -60,7 +83,7 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli.command, settings)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("delayline: {error:#}");
             ExitCode::FAILURE
@@ -68,7 +91,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
     let cascade = settings.cascade()?;
     match command {
         Command::Serve => {
@@ -77,8 +100,49 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
             service::run(settings, listener, shutdown_signal()).await?;
         }
-        Command::Provision { dry_run: true } => print!("{}", describe_plan(&cascade.plan())),
-        Command::Provision { dry_run: false } => {
+        Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
+        Command::Provision { check: true, .. } => {
+            let connection = connect(&settings.amqp.uri, "delayline provision --check").await?;
+            let report = check(&connection, &cascade).await;
+            let _ = connection.close(200, "checked".into()).await;
+            let report = report?;
+            print!("{report}");
+            if report.problems() > 0 {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::MigrateTopology { from } => {
+            let old = old_chain(&from, &cascade)?;
+            let connection = connect(&settings.amqp.uri, "delayline migrate-topology").await?;
+            let report = migrate_topology(&connection, &old, &cascade).await;
+            let _ = connection.close(200, "migrated".into()).await;
+            let report = report?;
+            println!(
+                "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
+                 delivered, {} parked messages moved, {} poisoned (in {}); the old chain is deleted",
+                old.prefix,
+                old.version,
+                report.levels,
+                cascade.prefix(),
+                cascade.version(),
+                report.rescheduled,
+                report.overdue,
+                report.parked,
+                report.poisoned,
+                cascade.poison_queue(),
+            );
+            if report.levels != cascade.levels() && report.levels > 0 {
+                println!(
+                    "the number of levels changed from {} to {}: routing keys now have {} digits, \
+                     so consumers bind with {:?}",
+                    report.levels,
+                    cascade.levels(),
+                    cascade.levels(),
+                    cascade.binding_key("<destination>")
+                );
+            }
+        }
+        Command::Provision { .. } => {
             let connection = connect(&settings.amqp.uri, "delayline provision").await?;
             let report = provision(&connection, &cascade.plan()).await;
             let _ = connection.close(200, "provisioned".into()).await;
@@ -101,7 +165,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             print!("{}", describe_route(&cascade, delay, &destination)?)
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn describe_route(

@@ -196,7 +196,7 @@ mod tests {
             .level_messages
             .get_or_create(&LevelLabel {
                 level: 3,
-                queue: "p.level03.wait".into(),
+                queue: "p.v1.level03.wait".into(),
             })
             .set(0);
         let text = metrics.encode().unwrap();
@@ -206,7 +206,7 @@ mod tests {
             "delayline_tasks_rejected_total{code=\"invalid_delay\"} 1",
             "delayline_publish_confirm_seconds_count 1",
             "delayline_forwarder_tasks_total{outcome=\"published\"} 1",
-            "delayline_level_queue_messages{level=\"3\",queue=\"p.level03.wait\"} 0",
+            "delayline_level_queue_messages{level=\"3\",queue=\"p.v1.level03.wait\"} 0",
             "delayline_broker_connected 0",
             "delayline_ledger_commit_group_size_count 0",
             "delayline_unroutable_queue_messages 0",

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use common::{AMQP_URI, Cleanup, TestApp, queue_depth, rabbitmqctl_json, test_settings};
-use delayline::broker::{BrokerError, connect, provision};
+use delayline::broker::{BrokerError, Status, check, connect, provision, queue_state};
 use delayline::cascade::{ArgValue, BindingTarget, QueueType};
 use delayline::service::ServiceError;
 use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
@@ -281,7 +281,7 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
     let route = run(&["route", "--delay", "10s", "--destination", "d"]);
     assert!(route.contains("routing_key     1.0.1.0.d"), "{route}");
     assert!(
-        route.contains("entry_exchange  delayline.level03"),
+        route.contains("entry_exchange  delayline.v1.level03"),
         "{route}"
     );
     assert!(route.contains("delay_ms        10000"), "{route}");
@@ -289,7 +289,7 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
     assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 5);
     assert!(
         plan.contains(
-            "queue    delayline.level03.wait durable x-dead-letter-exchange=\"delayline.level02\""
+            "queue    delayline.v1.level03.wait durable x-dead-letter-exchange=\"delayline.v1.level02\""
         ),
         "{plan}"
     );
@@ -301,4 +301,106 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unit_msec"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
+    let mut settings = test_settings(3, 50, QueueType::Classic);
+    let v1 = settings.cascade().unwrap();
+    let _cleanup = Cleanup::for_cascade(&v1);
+    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    provision(&connection, &v1.plan()).await.unwrap();
+
+    let report = check(&connection, &v1).await.unwrap();
+    assert_eq!(report.problems(), 0, "{report}");
+    assert!(report.other_chains.is_empty());
+
+    // Same version, another unit: every level queue differs in its TTL.
+    let mut other_unit = settings.clone();
+    other_unit.cascade.unit_ms = 100;
+    let report = check(&connection, &other_unit.cascade().unwrap())
+        .await
+        .unwrap();
+    let differing: Vec<(String, Vec<String>)> = report
+        .objects
+        .iter()
+        .filter_map(|o| match &o.status {
+            Status::Differs(c) => Some((
+                o.name.clone(),
+                c.differences
+                    .iter()
+                    .map(|d| format!("{}: {} -> {}", d.field, d.existing, d.wanted))
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let ttls = |level: u32| {
+        vec![format!(
+            "x-message-ttl: {} -> {}",
+            50 << level,
+            100 << level
+        )]
+    };
+    let expected: Vec<_> = (0..3)
+        .rev()
+        .map(|level| (v1.level_queue(level), ttls(level)))
+        .collect();
+    assert_eq!(differing, expected);
+
+    // The next version: its objects are missing, and v1 is found beside it.
+    settings.cascade.version = 2;
+    let v2 = settings.cascade().unwrap();
+    let report = check(&connection, &v2).await.unwrap();
+    let missing: BTreeSet<&str> = report
+        .objects
+        .iter()
+        .filter(|o| o.status == Status::Missing)
+        .map(|o| o.name.as_str())
+        .collect();
+    let mut expected: BTreeSet<String> = (0..3)
+        .flat_map(|l| [v2.level_exchange(l), v2.level_queue(l)])
+        .collect();
+    expected.insert(v2.unroutable_queue());
+    assert_eq!(missing, expected.iter().map(String::as_str).collect());
+    assert_eq!(report.other_chains.len(), 1);
+    assert_eq!(report.other_chains[0].version, 1);
+    assert_eq!(report.other_chains[0].levels.len(), 3);
+    // Nothing was declared by looking.
+    assert!(
+        queue_state(&connection, &v2.level_queue(0))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The command says the same and fails while anything is missing.
+    let run = |version: &str| {
+        Command::new(env!("CARGO_BIN_EXE_delayline"))
+            .args(["provision", "--check"])
+            .env("DELAYLINE__CASCADE__PREFIX", v1.prefix())
+            .env(
+                "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+                v1.business_exchange(),
+            )
+            .env("DELAYLINE__CASCADE__LEVELS", "3")
+            .env("DELAYLINE__CASCADE__UNIT_MS", "50")
+            .env("DELAYLINE__CASCADE__QUEUE_TYPE", "classic")
+            .env("DELAYLINE__CASCADE__VERSION", version)
+            .output()
+            .unwrap()
+    };
+    let matching = run("1");
+    let out = String::from_utf8_lossy(&matching.stdout);
+    assert!(matching.status.success(), "{out}");
+    assert!(out.contains("chain v1 matches the plan"), "{out}");
+    let next = run("2");
+    let out = String::from_utf8_lossy(&next.stdout);
+    assert_eq!(next.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(&format!("missing  queue    {}", v2.level_queue(2))),
+        "{out}"
+    );
+    assert!(out.contains("migrate-topology --from 1"), "{out}");
+    let _ = connection.close(200, "done".into()).await;
 }

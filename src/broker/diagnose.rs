@@ -256,9 +256,10 @@ pub(crate) async fn diagnose_queue(
         differences,
         advice: format!(
             "RabbitMQ cannot change a queue's arguments in place. Either restore the cascade \
-             settings that created it (levels, unit_ms, queue_type), choose another \
-             cascade.prefix for a new chain, or move its messages out and delete it \
-             (`rabbitmqctl delete_queue {}`): deleting a queue loses the messages it holds.",
+             settings that created it (levels, unit_ms, queue_type), or raise cascade.version \
+             and run `delayline migrate-topology --from <this version>`, which moves the \
+             messages of {:?} into the new chain and removes the old one. Never delete it \
+             by hand: that loses the messages it holds.",
             queue.name
         ),
     }

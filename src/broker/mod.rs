@@ -1,7 +1,9 @@
 //! Everything that talks to RabbitMQ: connecting, declaring the plan, publishing.
 
+mod check;
 mod diagnose;
 mod inspect;
+mod migrate;
 mod provision;
 mod publisher;
 
@@ -9,8 +11,13 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Connection, ConnectionProperties};
 
+pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
 pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
+pub use migrate::{
+    MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER,
+    migrate_topology,
+};
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{PublishError, Publisher, PublisherOptions, task_properties};
 

@@ -7,6 +7,7 @@
 //! no message ever waits behind a longer-lived one.
 
 mod plan;
+mod reschedule;
 mod route;
 mod settings;
 #[cfg(test)]
@@ -14,8 +15,10 @@ mod sim;
 
 pub use plan::{
     ArgValue, Arguments, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec,
-    TopologyPlan,
+    TopologyPlan, level_exchange_name, level_queue_name, poison_queue_name,
+    unroutable_exchange_name, unroutable_queue_name,
 };
+pub use reschedule::{Unschedulable, destination_of};
 pub use route::{Route, RouteError, validate_destination};
 pub use settings::{
     Cascade, CascadeSettings, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType, SettingsError,

@@ -10,17 +10,33 @@ use serde::Serialize;
 
 use super::settings::{Cascade, QueueType};
 
-pub(crate) fn level_exchange_name(prefix: &str, level: u32) -> String {
-    format!("{prefix}.level{level:02}")
+// Every object whose arguments follow from the settings carries the chain's
+// version in its name: the broker cannot change a queue's arguments, so a
+// new TTL, unit or queue type is a new chain beside the old one, never an
+// edit of it (see `migrate-topology`). The business exchange and the
+// unroutable exchange have no such arguments and keep their names, so
+// consumers' bindings outlive every migration.
+
+pub fn level_exchange_name(prefix: &str, version: u32, level: u32) -> String {
+    format!("{prefix}.v{version}.level{level:02}")
 }
 
-pub(crate) fn level_queue_name(prefix: &str, level: u32) -> String {
-    format!("{prefix}.level{level:02}.wait")
+pub fn level_queue_name(prefix: &str, version: u32, level: u32) -> String {
+    format!("{prefix}.v{version}.level{level:02}.wait")
 }
 
-/// The alternate exchange of the business exchange and the queue behind it share this name.
-pub(crate) fn unroutable_name(business_exchange: &str) -> String {
+/// Where `migrate-topology` parks messages it cannot reschedule.
+pub fn poison_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.poison")
+}
+
+/// The alternate exchange of the business exchange.
+pub fn unroutable_exchange_name(business_exchange: &str) -> String {
     format!("{business_exchange}.unroutable")
+}
+
+pub fn unroutable_queue_name(business_exchange: &str, version: u32) -> String {
+    format!("{business_exchange}.unroutable.v{version}")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -111,19 +127,32 @@ pub struct TopologyPlan {
 
 impl Cascade {
     pub fn level_exchange(&self, level: u32) -> String {
-        level_exchange_name(self.prefix(), level)
+        level_exchange_name(self.prefix(), self.version(), level)
     }
 
     pub fn level_queue(&self, level: u32) -> String {
-        level_queue_name(self.prefix(), level)
+        level_queue_name(self.prefix(), self.version(), level)
     }
 
     pub fn unroutable_exchange(&self) -> String {
-        unroutable_name(self.business_exchange())
+        unroutable_exchange_name(self.business_exchange())
     }
 
     pub fn unroutable_queue(&self) -> String {
-        unroutable_name(self.business_exchange())
+        unroutable_queue_name(self.business_exchange(), self.version())
+    }
+
+    pub fn poison_queue(&self) -> String {
+        poison_queue_name(self.prefix(), self.version())
+    }
+
+    /// The arguments of every queue of this chain besides the TTL and
+    /// dead-letter target: the poison queue, declared by `migrate-topology`, has these.
+    pub fn plain_queue(&self, name: String) -> QueueSpec {
+        QueueSpec {
+            name,
+            arguments: self.queue_arguments(),
+        }
     }
 
     /// Where level `level` sends what leaves it: the next level down, or the business exchange.
@@ -175,10 +204,7 @@ impl Cascade {
                 )]),
             },
         ];
-        let mut queues = vec![QueueSpec {
-            name: self.unroutable_queue(),
-            arguments: self.queue_arguments(),
-        }];
+        let mut queues = vec![self.plain_queue(self.unroutable_queue())];
         let mut bindings = vec![BindingSpec {
             source: unroutable,
             target: BindingTarget::Queue(self.unroutable_queue()),
@@ -247,16 +273,17 @@ mod tests {
             [
                 "biz.unroutable",
                 "biz",
-                "p.level03",
-                "p.level02",
-                "p.level01",
-                "p.level00"
+                "p.v1.level03",
+                "p.v1.level02",
+                "p.v1.level01",
+                "p.v1.level00"
             ]
         );
+        assert_eq!(plan.queues[0].name, "biz.unroutable.v1");
         let level3 = &plan.queues[1];
-        assert_eq!(level3.name, "p.level03.wait");
+        assert_eq!(level3.name, "p.v1.level03.wait");
         assert_eq!(level3.ttl_ms(), Some(8000));
-        assert_eq!(level3.dead_letter_exchange(), Some("p.level02"));
+        assert_eq!(level3.dead_letter_exchange(), Some("p.v1.level02"));
         assert_eq!(
             level3.arguments.get("x-dead-letter-strategy"),
             Some(&ArgValue::Str("at-least-once".into()))
@@ -269,20 +296,39 @@ mod tests {
         let level1: Vec<_> = plan
             .bindings
             .iter()
-            .filter(|b| b.source == "p.level01")
+            .filter(|b| b.source == "p.v1.level01")
             .map(|b| (b.routing_key.as_str(), &b.target))
             .collect();
         assert_eq!(
             level1,
             [
-                ("*.*.1.#", &BindingTarget::Queue("p.level01.wait".into())),
-                ("*.*.0.#", &BindingTarget::Exchange("p.level00".into())),
+                ("*.*.1.#", &BindingTarget::Queue("p.v1.level01.wait".into())),
+                ("*.*.0.#", &BindingTarget::Exchange("p.v1.level00".into())),
             ]
         );
         assert_eq!(
             plan.exchanges[1].arguments.get("alternate-exchange"),
             Some(&ArgValue::Str("biz.unroutable".into()))
         );
+    }
+
+    #[test]
+    fn a_new_version_renames_every_object_with_arguments_and_nothing_else() {
+        let settings = |version| CascadeSettings {
+            levels: 3,
+            version,
+            ..CascadeSettings::default()
+        };
+        let one = settings(1).validate().unwrap().plan();
+        let two = settings(2).validate().unwrap().plan();
+        for (a, b) in one.exchanges.iter().zip(&two.exchanges) {
+            // Only the business exchange carries an argument, and it names the
+            // unversioned alternate exchange.
+            assert_eq!(a.name == b.name, a.name.starts_with("delayline.business"));
+        }
+        for (a, b) in one.queues.iter().zip(&two.queues) {
+            assert_ne!(a.name, b.name);
+        }
     }
 
     #[test]

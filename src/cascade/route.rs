@@ -163,7 +163,7 @@ mod tests {
             .route(Duration::from_secs(10), "d")
             .unwrap();
         assert_eq!(route.routing_key, "1.0.1.0.d");
-        assert_eq!(route.entry_exchange, "t.level03");
+        assert_eq!(route.entry_exchange, "t.v1.level03");
         assert_eq!(route.delay_units, 10);
         assert_eq!(route.delay_ms, 10_000);
     }
@@ -186,7 +186,7 @@ mod tests {
         assert_eq!(zero.entry_exchange, "biz");
         let one = c.route(Duration::from_millis(10), "d").unwrap();
         assert_eq!(one.routing_key, "0.0.0.1.d");
-        assert_eq!(one.entry_exchange, "t.level00");
+        assert_eq!(one.entry_exchange, "t.v1.level00");
         let max = c.route(Duration::from_millis(150), "d").unwrap();
         assert_eq!(max.routing_key, "1.1.1.1.d");
         assert_eq!(max.delay_ms, 150);

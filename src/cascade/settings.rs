@@ -5,7 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::{level_exchange_name, level_queue_name, unroutable_name};
+use super::plan::{
+    level_exchange_name, level_queue_name, poison_queue_name, unroutable_exchange_name,
+    unroutable_queue_name,
+};
 
 /// The largest `x-message-ttl` RabbitMQ accepts (10 years, measured on 3.10.8).
 pub const MAX_QUEUE_TTL_MS: u64 = 315_360_000_000;
@@ -44,6 +47,10 @@ pub struct CascadeSettings {
     pub queue_type: QueueType,
     /// Prefix of every level exchange and queue name.
     pub prefix: String,
+    /// The chain's version, part of every level exchange and queue name.
+    /// Changing levels, unit_ms or queue_type needs a new version and a
+    /// `delayline migrate-topology --from <old version>`.
+    pub version: u32,
     /// The exchange tasks are delivered to when their delay has elapsed.
     pub business_exchange: String,
 }
@@ -55,6 +62,7 @@ impl Default for CascadeSettings {
             unit_ms: 100,
             queue_type: QueueType::Quorum,
             prefix: "delayline".to_owned(),
+            version: 1,
             business_exchange: "delayline.business".to_owned(),
         }
     }
@@ -66,6 +74,8 @@ pub enum SettingsError {
     NoLevels,
     #[error("cascade.unit_ms must be at least 1")]
     ZeroUnit,
+    #[error("cascade.version must be at least 1")]
+    ZeroVersion,
     #[error(
         "cascade.levels = {levels} with unit_ms = {unit_ms} gives the top level a TTL of {top_ttl_ms} ms, \
          above RabbitMQ's limit of {MAX_QUEUE_TTL_MS} ms (10 years); {hint}"
@@ -104,6 +114,9 @@ impl CascadeSettings {
         if self.unit_ms == 0 {
             return Err(SettingsError::ZeroUnit);
         }
+        if self.version == 0 {
+            return Err(SettingsError::ZeroVersion);
+        }
         let top_ttl_ms = (1u128 << (self.levels - 1).min(127)) * u128::from(self.unit_ms);
         if self.levels > 64 || top_ttl_ms > u128::from(MAX_QUEUE_TTL_MS) {
             let hint = match max_levels_for_unit(self.unit_ms) {
@@ -120,14 +133,15 @@ impl CascadeSettings {
         check_name("prefix", &self.prefix)?;
         check_name("business_exchange", &self.business_exchange)?;
         // The longest derived names must still be valid AMQP short strings.
-        check_name("prefix", &level_queue_name(&self.prefix, self.levels - 1))?;
-        check_name(
-            "prefix",
-            &level_exchange_name(&self.prefix, self.levels - 1),
-        )?;
+        let (prefix, version, top) = (&self.prefix, self.version, self.levels - 1);
+        check_name("prefix", &level_queue_name(prefix, version, top))?;
+        check_name("prefix", &level_exchange_name(prefix, version, top))?;
+        check_name("prefix", &poison_queue_name(prefix, version))?;
+        let business = &self.business_exchange;
+        check_name("business_exchange", &unroutable_exchange_name(business))?;
         check_name(
             "business_exchange",
-            &unroutable_name(&self.business_exchange),
+            &unroutable_queue_name(business, version),
         )?;
         Ok(Cascade { settings: self })
     }
@@ -179,6 +193,10 @@ impl Cascade {
 
     pub fn prefix(&self) -> &str {
         &self.settings.prefix
+    }
+
+    pub fn version(&self) -> u32 {
+        self.settings.version
     }
 
     pub fn business_exchange(&self) -> &str {
@@ -244,6 +262,11 @@ mod tests {
     fn zero_levels_and_zero_unit_are_rejected() {
         assert_eq!(settings(0, 100).validate(), Err(SettingsError::NoLevels));
         assert_eq!(settings(4, 0).validate(), Err(SettingsError::ZeroUnit));
+        let unversioned = CascadeSettings {
+            version: 0,
+            ..settings(4, 10)
+        };
+        assert_eq!(unversioned.validate(), Err(SettingsError::ZeroVersion));
     }
 
     #[test]

@@ -104,6 +104,7 @@ mod tests {
             unit_ms,
             queue_type,
             prefix: "p".into(),
+            version: 1,
             business_exchange: "biz".into(),
         }
         .validate()
@@ -176,12 +177,13 @@ mod tests {
         fn any_delay_arrives_after_exactly_its_effective_delay(
             (levels, unit_ms) in levels_and_unit(),
             quorum in any::<bool>(),
+            version in 1u32..1000,
             fraction in 0.0f64..1.1,
             destination in "[a-z0-9_-]{1,8}(\\.[A-Z0-9_-]{1,8}){0,3}",
         ) {
             let queue_type = if quorum { QueueType::Quorum } else { QueueType::Classic };
             let settings = CascadeSettings {
-                levels, unit_ms, queue_type, prefix: "p".into(), business_exchange: "biz".into(),
+                levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: "biz".into(),
             };
             let fits = max_levels_for_unit(unit_ms).is_some_and(|max| levels <= max);
             let Ok(c) = settings.validate() else {

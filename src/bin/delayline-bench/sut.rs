@@ -88,6 +88,7 @@ impl ServiceUnderTest {
             unit_ms,
             queue_type,
             prefix: format!("bench-{id}"),
+            version: 1,
             business_exchange: format!("bench-{id}.business"),
         }
         .validate()?;

@@ -1,0 +1,249 @@
+//! `provision --check`: the broker compared with the plan, changing nothing.
+//!
+//! Each object is first looked up passively; only one that exists is
+//! redeclared with the plan's settings, which the broker either accepts
+//! without change (equal settings) or refuses with PRECONDITION_FAILED, which
+//! [`super::diagnose`] expands into every difference. A missing object is
+//! reported, never created.
+
+use std::fmt;
+
+use lapin::Connection;
+
+use super::diagnose::{diagnose_exchange, diagnose_queue};
+use super::inspect::{QueueState, exchange_exists, queue_state};
+use super::provision::{durable_exchange, durable_queue, lapin_kind};
+use super::{BrokerError, Context, TopologyConflict, field_table, precondition_failed};
+use crate::cascade::{Cascade, ExchangeSpec, QueueSpec, level_queue_name};
+
+/// The most levels a chain can have (a TTL of 2^63 units is far past any limit).
+const MAX_LEVELS: u32 = 64;
+/// Versions above the configured one that are looked for, in case of a rollback.
+const VERSIONS_ABOVE: u32 = 2;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Matches,
+    Missing,
+    Differs(TopologyConflict),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedObject {
+    pub kind: &'static str,
+    pub name: String,
+    pub status: Status,
+    /// For a queue that exists.
+    pub messages: Option<u32>,
+}
+
+/// Level queues of another version of the chain, still on the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtherChain {
+    pub version: u32,
+    pub levels: Vec<QueueState>,
+}
+
+impl OtherChain {
+    pub fn messages(&self) -> u64 {
+        self.levels.iter().map(|q| u64::from(q.messages)).sum()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckReport {
+    pub version: u32,
+    pub objects: Vec<CheckedObject>,
+    pub other_chains: Vec<OtherChain>,
+}
+
+impl CheckReport {
+    /// Objects that are missing or differ: what `provision` would create or refuse.
+    pub fn problems(&self) -> usize {
+        self.objects
+            .iter()
+            .filter(|o| o.status != Status::Matches)
+            .count()
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for object in &self.objects {
+            let messages = object
+                .messages
+                .map(|n| format!(" ({n} messages)"))
+                .unwrap_or_default();
+            match &object.status {
+                Status::Matches => {
+                    writeln!(f, "ok       {:<8} {}{messages}", object.kind, object.name)?
+                }
+                Status::Missing => writeln!(f, "missing  {:<8} {}", object.kind, object.name)?,
+                Status::Differs(conflict) => {
+                    writeln!(f, "differs  {:<8} {}{messages}", object.kind, object.name)?;
+                    for d in &conflict.differences {
+                        writeln!(
+                            f,
+                            "           {}: the broker has {}, the plan wants {}",
+                            d.field, d.existing, d.wanted
+                        )?;
+                    }
+                }
+            }
+        }
+        for chain in &self.other_chains {
+            writeln!(
+                f,
+                "other    chain    v{}: {} level queues holding {} messages; \
+                 move them with `delayline migrate-topology --from {}`",
+                chain.version,
+                chain.levels.len(),
+                chain.messages(),
+                chain.version
+            )?;
+        }
+        writeln!(
+            f,
+            "note     bindings are not compared: AMQP cannot list them, and \
+             `delayline provision` (or `serve`) declares any that are missing"
+        )?;
+        match self.problems() {
+            0 => writeln!(f, "chain v{} matches the plan", self.version),
+            n => writeln!(
+                f,
+                "chain v{}: {n} objects missing or different",
+                self.version
+            ),
+        }
+    }
+}
+
+async fn check_exchange(
+    connection: &Connection,
+    exchange: &ExchangeSpec,
+) -> Result<CheckedObject, BrokerError> {
+    let checked = |status| CheckedObject {
+        kind: "exchange",
+        name: exchange.name.clone(),
+        status,
+        messages: None,
+    };
+    if !exchange_exists(connection, &exchange.name).await? {
+        return Ok(checked(Status::Missing));
+    }
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| format!("opening a channel to check exchange {:?}", exchange.name))?;
+    let declared = channel
+        .exchange_declare(
+            exchange.name.as_str().into(),
+            lapin_kind(exchange.kind),
+            durable_exchange(),
+            field_table(&exchange.arguments),
+        )
+        .await;
+    match declared {
+        Ok(()) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(checked(Status::Matches))
+        }
+        Err(error) => match precondition_failed(&error) {
+            Some(text) => Ok(checked(Status::Differs(
+                diagnose_exchange(connection, exchange, text).await,
+            ))),
+            None => Err(BrokerError::Call {
+                context: format!("checking exchange {:?}", exchange.name),
+                source: error,
+            }),
+        },
+    }
+}
+
+async fn check_queue(
+    connection: &Connection,
+    queue: &QueueSpec,
+) -> Result<CheckedObject, BrokerError> {
+    let Some(state) = queue_state(connection, &queue.name).await? else {
+        return Ok(CheckedObject {
+            kind: "queue",
+            name: queue.name.clone(),
+            status: Status::Missing,
+            messages: None,
+        });
+    };
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| format!("opening a channel to check queue {:?}", queue.name))?;
+    let declared = channel
+        .queue_declare(
+            queue.name.as_str().into(),
+            durable_queue(),
+            field_table(&queue.arguments),
+        )
+        .await;
+    let status = match declared {
+        Ok(_) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Status::Matches
+        }
+        Err(error) => match precondition_failed(&error) {
+            Some(text) => Status::Differs(diagnose_queue(connection, queue, text).await),
+            None => {
+                return Err(BrokerError::Call {
+                    context: format!("checking queue {:?}", queue.name),
+                    source: error,
+                });
+            }
+        },
+    };
+    Ok(CheckedObject {
+        kind: "queue",
+        name: queue.name.clone(),
+        status,
+        messages: Some(state.messages),
+    })
+}
+
+/// The level queues of version `version` of the chain named `prefix`, from
+/// level 0 up to the first one missing; empty when there is no such chain.
+pub async fn discover_chain(
+    connection: &Connection,
+    prefix: &str,
+    version: u32,
+) -> Result<Vec<QueueState>, BrokerError> {
+    let mut levels = Vec::new();
+    for level in 0..MAX_LEVELS {
+        match queue_state(connection, &level_queue_name(prefix, version, level)).await? {
+            Some(state) => levels.push(state),
+            None => break,
+        }
+    }
+    Ok(levels)
+}
+
+/// Compares every object of `cascade`'s plan with the broker, and looks for
+/// other versions of the chain.
+pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckReport, BrokerError> {
+    let plan = cascade.plan();
+    let mut objects = Vec::new();
+    for exchange in &plan.exchanges {
+        objects.push(check_exchange(connection, exchange).await?);
+    }
+    for queue in &plan.queues {
+        objects.push(check_queue(connection, queue).await?);
+    }
+    let mut other_chains = Vec::new();
+    for version in (1..=cascade.version() + VERSIONS_ABOVE).filter(|&v| v != cascade.version()) {
+        let levels = discover_chain(connection, cascade.prefix(), version).await?;
+        if !levels.is_empty() {
+            other_chains.push(OtherChain { version, levels });
+        }
+    }
+    Ok(CheckReport {
+        version: cascade.version(),
+        objects,
+        other_chains,
+    })
+}

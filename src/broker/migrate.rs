@@ -1,0 +1,529 @@
+//! `migrate-topology`: from one version of the chain to the next without
+//! losing a message.
+//!
+//! The new chain is provisioned beside the old one. Every message waiting in
+//! an old level queue is consumed, routed afresh by what remains until its
+//! `x-deliver-at-ms` (rounded up to the new unit, so never early), published
+//! into the new chain with confirms, and acknowledged only after the confirm.
+//! A crash at any point leaves each message either still in the old queue
+//! (unacknowledged messages return to it) or already in the new chain, or, if
+//! the crash fell between confirm and ack, in both: at worst a duplicate,
+//! never a loss. Re-running finishes the job.
+//!
+//! Parked (unroutable) messages move to the new parking queue with their
+//! routing key; a message that cannot be rescheduled (no header, a key that
+//! does not parse, a delay beyond the new chain) goes to the new chain's
+//! poison queue with its routing key and the reason in headers.
+//!
+//! Old queues are drained from the top level down, because a message expiring
+//! meanwhile only ever moves down. They are deleted only when empty
+//! (`if-empty`), top down, and the old exchanges after them; the deletion is
+//! what makes the old chain's level count unknowable, so exchanges outlive
+//! queues and give it back on a re-run.
+
+use std::time::{Duration, SystemTime};
+
+use futures_util::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use tracing::info;
+
+use super::check::discover_chain;
+use super::inspect::{exchange_exists, queue_state};
+use super::provision::durable_queue;
+use super::{BrokerError, Context, field_table, precondition_failed, provision};
+use crate::cascade::{
+    Cascade, level_exchange_name, level_queue_name, poison_queue_name, unroutable_queue_name,
+};
+use crate::task::{DELIVER_AT_HEADER, epoch_ms};
+
+/// A poisoned message's routing key before it was moved.
+pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
+/// Why a message was poisoned.
+pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";
+
+/// Messages taken, published and confirmed together.
+const WINDOW: u16 = 256;
+/// A queue with no delivery for this long is drained.
+const IDLE: Duration = Duration::from_millis(300);
+/// Drain passes over every old queue before giving up on an ever-refilling one.
+const MAX_PASSES: u32 = 20;
+/// The most levels a chain can have.
+const MAX_LEVELS: u32 = 64;
+/// Headers the broker adds on dead-lettering; they describe the old chain.
+const DEATH_HEADERS: [&str; 7] = [
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+];
+
+/// The chain being retired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OldChain {
+    pub prefix: String,
+    pub version: u32,
+    pub business_exchange: String,
+    /// Known when the old settings are given; otherwise read off the broker.
+    pub levels: Option<u32>,
+}
+
+impl OldChain {
+    /// The version before `new`'s, with the same names otherwise.
+    pub fn version_of(new: &Cascade, version: u32) -> Self {
+        OldChain {
+            prefix: new.prefix().to_owned(),
+            version,
+            business_exchange: new.business_exchange().to_owned(),
+            levels: None,
+        }
+    }
+
+    pub fn from_settings(old: &Cascade) -> Self {
+        OldChain {
+            prefix: old.prefix().to_owned(),
+            version: old.version(),
+            business_exchange: old.business_exchange().to_owned(),
+            levels: Some(old.levels()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Levels of the old chain.
+    pub levels: u32,
+    /// Moved into the new chain with their remaining delay.
+    pub rescheduled: u64,
+    /// Already due: sent straight to the business exchange.
+    pub overdue: u64,
+    /// Moved to the new parking queue.
+    pub parked: u64,
+    /// Could not be rescheduled: in the new poison queue.
+    pub poisoned: u64,
+    /// Whether the old chain's queues and exchanges were deleted.
+    pub removed: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error(
+        "the old and the new chain are both {0}: raise cascade.version (or change cascade.prefix) \
+         in the new settings first"
+    )]
+    SameChain(String),
+    #[error(
+        "moving a message from {queue:?} failed: {reason}. Nothing unconfirmed was acknowledged; \
+         run the migration again"
+    )]
+    Publish { queue: String, reason: String },
+    #[error(
+        "{queue:?} still receives messages after {MAX_PASSES} passes: is a delayline of the old \
+         version still publishing into it? Stop it, then run the migration again"
+    )]
+    StillFilling { queue: String },
+}
+
+/// What becomes of one message taken from an old queue.
+enum Kind {
+    /// From an old level queue of `levels` levels: rescheduled or poisoned.
+    Level { levels: u32 },
+    /// From the old parking queue: parked again in the new one.
+    Parked,
+    /// From the old poison queue: into the new one as it is.
+    Poison,
+}
+
+struct Mover<'a> {
+    new: &'a Cascade,
+    publish: Channel,
+    report: MigrationReport,
+}
+
+/// Moves everything out of `old` into `new` and removes `old`.
+pub async fn migrate_topology(
+    connection: &Connection,
+    old: &OldChain,
+    new: &Cascade,
+) -> Result<MigrationReport, MigrateError> {
+    if old.prefix == new.prefix() && old.version == new.version() {
+        return Err(MigrateError::SameChain(format!(
+            "{}.v{}",
+            old.prefix, old.version
+        )));
+    }
+    provision(connection, &new.plan()).await?;
+    let poison = new.plain_queue(new.poison_queue());
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| "opening a channel to migrate".to_owned())?;
+    channel
+        .queue_declare(
+            poison.name.as_str().into(),
+            durable_queue(),
+            field_table(&poison.arguments),
+        )
+        .await
+        .context(|| format!("declaring the poison queue {:?}", poison.name))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .context(|| "enabling publisher confirms".to_owned())?;
+
+    let levels = match old.levels {
+        Some(levels) => levels,
+        None => old_levels(connection, old).await?,
+    };
+    let old_parked = unroutable_queue_name(&old.business_exchange, old.version);
+    let old_poison = poison_queue_name(&old.prefix, old.version);
+    // From now on only the new parking queue receives what is unroutable.
+    if queue_state(connection, &old_parked).await?.is_some() {
+        unbind_parking(connection, &old_parked, &old.business_exchange).await?;
+    }
+
+    let mut mover = Mover {
+        new,
+        publish: channel,
+        report: MigrationReport {
+            levels,
+            ..MigrationReport::default()
+        },
+    };
+    let mut queues: Vec<(String, Kind)> = (0..levels)
+        .rev()
+        .map(|level| {
+            (
+                level_queue_name(&old.prefix, old.version, level),
+                Kind::Level { levels },
+            )
+        })
+        .collect();
+    queues.push((old_parked, Kind::Parked));
+    queues.push((old_poison, Kind::Poison));
+
+    for pass in 1..=MAX_PASSES {
+        let mut moved = 0;
+        for (queue, kind) in &queues {
+            moved += mover.drain(connection, queue, kind).await?;
+        }
+        info!(pass, moved, report = ?mover.report, "migration pass done");
+        if moved == 0 && remove_if_empty(connection, &queues).await? {
+            for level in (0..levels).rev() {
+                let exchange = level_exchange_name(&old.prefix, old.version, level);
+                delete_exchange(connection, &exchange).await?;
+            }
+            mover.report.removed = true;
+            let _ = mover.publish.close(200, "migrated".into()).await;
+            return Ok(mover.report);
+        }
+    }
+    let queue = queues.first().map(|(q, _)| q.clone()).unwrap_or_default();
+    Err(MigrateError::StillFilling { queue })
+}
+
+/// The old chain's level count: its contiguous exchanges (or queues) from level 0.
+async fn old_levels(connection: &Connection, old: &OldChain) -> Result<u32, BrokerError> {
+    let mut exchanges = 0;
+    while exchanges < MAX_LEVELS
+        && exchange_exists(
+            connection,
+            &level_exchange_name(&old.prefix, old.version, exchanges),
+        )
+        .await?
+    {
+        exchanges += 1;
+    }
+    let queues = discover_chain(connection, &old.prefix, old.version)
+        .await?
+        .len() as u32;
+    Ok(exchanges.max(queues))
+}
+
+async fn unbind_parking(
+    connection: &Connection,
+    queue: &str,
+    business_exchange: &str,
+) -> Result<(), BrokerError> {
+    let exchange = crate::cascade::unroutable_exchange_name(business_exchange);
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| "opening a channel to unbind the old parking queue".to_owned())?;
+    channel
+        .queue_unbind(
+            queue.into(),
+            exchange.as_str().into(),
+            "".into(),
+            FieldTable::default(),
+        )
+        .await
+        .context(|| format!("unbinding {queue:?} from {exchange:?}"))?;
+    let _ = channel.close(200, "unbound".into()).await;
+    Ok(())
+}
+
+/// Deletes each queue that exists, top level first, only if it is empty.
+/// False when one was not empty (it refilled): drain again.
+async fn remove_if_empty(
+    connection: &Connection,
+    queues: &[(String, Kind)],
+) -> Result<bool, BrokerError> {
+    for (queue, _) in queues {
+        if queue_state(connection, queue).await?.is_none() {
+            continue;
+        }
+        let channel = connection
+            .create_channel()
+            .await
+            .context(|| format!("opening a channel to delete {queue:?}"))?;
+        let options = QueueDeleteOptions {
+            if_empty: true,
+            ..QueueDeleteOptions::default()
+        };
+        match channel.queue_delete(queue.as_str().into(), options).await {
+            Ok(_) => {
+                info!(queue, "deleted the drained old queue");
+                let _ = channel.close(200, "deleted".into()).await;
+            }
+            Err(error) if precondition_failed(&error).is_some() => return Ok(false),
+            Err(error) => {
+                return Err(BrokerError::Call {
+                    context: format!("deleting {queue:?}"),
+                    source: error,
+                });
+            }
+        }
+    }
+    Ok(true)
+}
+
+async fn delete_exchange(connection: &Connection, exchange: &str) -> Result<(), BrokerError> {
+    if !exchange_exists(connection, exchange).await? {
+        return Ok(());
+    }
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| format!("opening a channel to delete {exchange:?}"))?;
+    channel
+        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+        .await
+        .context(|| format!("deleting the old exchange {exchange:?}"))?;
+    let _ = channel.close(200, "deleted".into()).await;
+    Ok(())
+}
+
+fn header_i64(properties: &BasicProperties, name: &str) -> Option<i64> {
+    let value = properties.headers().as_ref()?.inner().get(name)?;
+    match value {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The properties as they were, without the old chain's dead-letter history,
+/// plus `extra` headers.
+fn moved_properties(properties: &BasicProperties, extra: &[(&str, String)]) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    if let Some(old) = properties.headers() {
+        for (key, value) in old.inner() {
+            if !DEATH_HEADERS.contains(&key.as_str()) {
+                headers.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    for (key, value) in extra {
+        headers.insert(
+            ShortString::from(*key),
+            AMQPValue::LongString(LongString::from(value.as_str())),
+        );
+    }
+    properties.clone().with_headers(headers)
+}
+
+impl Mover<'_> {
+    /// Where a message goes, and with which properties.
+    fn destination(
+        &mut self,
+        delivery: &Delivery,
+        kind: &Kind,
+    ) -> (String, String, BasicProperties) {
+        let key = delivery.routing_key.as_str();
+        match kind {
+            Kind::Level { levels } => {
+                let deliver_at = header_i64(&delivery.properties, DELIVER_AT_HEADER);
+                let now_ms = epoch_ms(SystemTime::now());
+                match self.new.reschedule(key, *levels, deliver_at, now_ms) {
+                    Ok(route) => {
+                        if route.delay_units == 0 {
+                            self.report.overdue += 1;
+                        } else {
+                            self.report.rescheduled += 1;
+                        }
+                        let properties = moved_properties(&delivery.properties, &[]);
+                        (route.entry_exchange, route.routing_key, properties)
+                    }
+                    Err(reason) => {
+                        self.report.poisoned += 1;
+                        let properties = moved_properties(
+                            &delivery.properties,
+                            &[
+                                (ROUTING_KEY_HEADER, key.to_owned()),
+                                (POISON_REASON_HEADER, reason.to_string()),
+                            ],
+                        );
+                        (String::new(), self.new.poison_queue(), properties)
+                    }
+                }
+            }
+            Kind::Parked => {
+                self.report.parked += 1;
+                (
+                    self.new.unroutable_exchange(),
+                    key.to_owned(),
+                    delivery.properties.clone(),
+                )
+            }
+            Kind::Poison => {
+                self.report.poisoned += 1;
+                (
+                    String::new(),
+                    self.new.poison_queue(),
+                    delivery.properties.clone(),
+                )
+            }
+        }
+    }
+
+    /// Moves what `queue` holds, window by window, until it stays empty for
+    /// [`IDLE`]. Returns how many messages were moved.
+    async fn drain(
+        &mut self,
+        connection: &Connection,
+        queue: &str,
+        kind: &Kind,
+    ) -> Result<u64, MigrateError> {
+        // Deleting it later (if-empty) proves it stayed empty.
+        if queue_state(connection, queue)
+            .await?
+            .is_none_or(|q| q.messages == 0)
+        {
+            return Ok(0);
+        }
+        let consuming = connection
+            .create_channel()
+            .await
+            .context(|| format!("opening a channel to drain {queue:?}"))?;
+        consuming
+            .basic_qos(WINDOW, BasicQosOptions::default())
+            .await
+            .context(|| format!("limiting unacknowledged messages from {queue:?}"))?;
+        let tag = "delayline-migrate-topology";
+        let mut consumer = consuming
+            .basic_consume(
+                queue.into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .context(|| format!("consuming {queue:?}"))?;
+        let mut moved = 0;
+        loop {
+            let first = match tokio::time::timeout(IDLE, consumer.next()).await {
+                // Idle, or the consumer was cancelled by the broker.
+                Err(_) | Ok(None) => break,
+                Ok(Some(delivery)) => delivery,
+            };
+            let mut window = vec![first.context(|| format!("receiving from {queue:?}"))?];
+            while window.len() < usize::from(WINDOW) {
+                match consumer.next().now_or_never() {
+                    Some(Some(delivery)) => {
+                        window.push(delivery.context(|| format!("receiving from {queue:?}"))?)
+                    }
+                    _ => break,
+                }
+            }
+            self.publish_window(queue, kind, &window).await?;
+            if let Some(last) = window.last() {
+                last.acker
+                    .ack(BasicAckOptions { multiple: true })
+                    .await
+                    .context(|| format!("acknowledging moved messages of {queue:?}"))?;
+            }
+            moved += window.len() as u64;
+        }
+        let _ = consuming
+            .basic_cancel(tag.into(), BasicCancelOptions::default())
+            .await;
+        let _ = consuming.close(200, "drained".into()).await;
+        if moved > 0 {
+            info!(queue, moved, "moved messages out of the old chain");
+        }
+        Ok(moved)
+    }
+
+    /// Publishes every message of the window, then waits for all confirms.
+    async fn publish_window(
+        &mut self,
+        queue: &str,
+        kind: &Kind,
+        window: &[Delivery],
+    ) -> Result<(), MigrateError> {
+        let failed = |reason: String| MigrateError::Publish {
+            queue: queue.to_owned(),
+            reason,
+        };
+        let mut confirms = Vec::with_capacity(window.len());
+        for delivery in window {
+            let (exchange, routing_key, properties) = self.destination(delivery, kind);
+            let confirm = self
+                .publish
+                .basic_publish(
+                    exchange.as_str().into(),
+                    routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &delivery.data,
+                    properties,
+                )
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            match confirm.await.map_err(|e| failed(e.to_string()))? {
+                Confirmation::Ack(None) => {}
+                Confirmation::Ack(Some(returned)) => {
+                    return Err(failed(format!(
+                        "returned as unroutable ({} {})",
+                        returned.reply_code, returned.reply_text
+                    )));
+                }
+                Confirmation::Nack(_) => return Err(failed("negatively acknowledged".into())),
+                Confirmation::NotRequested => {
+                    return Err(failed("the channel is not in confirm mode".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}

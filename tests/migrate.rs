@@ -1,0 +1,213 @@
+//! `migrate-topology` against a real broker, with tasks in flight: every task
+//! still arrives, never early; what cannot be rescheduled is kept, not lost;
+//! the old chain is gone afterwards; a crash in the middle costs at worst a
+//! duplicate.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{
+    AMQP_URI, Cleanup, TestApp, TestConsumer, close_connections_named, eventually, queue_depth,
+    test_settings,
+};
+use delayline::broker::{
+    MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER, connect, exchange_exists,
+    migrate_topology, provision, queue_state,
+};
+use delayline::cascade::{Cascade, QueueType};
+use delayline::config::Settings;
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use lapin::types::AMQPValue;
+use serde_json::json;
+
+/// Version 1: 6 levels of 100 ms, classic queues. Version 2 changes every
+/// setting a queue cannot change in place: 9 levels of 20 ms, quorum queues.
+fn old_and_new() -> (Settings, Settings) {
+    let old = test_settings(6, 100, QueueType::Classic);
+    let mut new = old.clone();
+    new.cascade.version = 2;
+    new.cascade.levels = 9;
+    new.cascade.unit_ms = 20;
+    new.cascade.queue_type = QueueType::Quorum;
+    (old, new)
+}
+
+/// Accepts tasks for `destination` into the old chain, due over the next `spread`.
+async fn accept_tasks(app: &TestApp, count: u64, spread_ms: u64) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for n in 0..count {
+        let body = json!({"destination": "moved", "delay_ms": n * spread_ms / count});
+        let (status, accepted) = app.post("/v1/tasks", &body).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.insert(accepted["id"].as_str().unwrap().to_owned());
+    }
+    ids
+}
+
+async fn old_chain_is_gone(old: &Cascade) {
+    let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
+    for level in 0..old.levels() {
+        assert!(
+            queue_state(&connection, &old.level_queue(level))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            !exchange_exists(&connection, &old.level_exchange(level))
+                .await
+                .unwrap()
+        );
+    }
+    assert!(
+        queue_state(&connection, &old.unroutable_queue())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let _ = connection.close(200, "probed".into()).await;
+}
+
+/// Cleans both chains and the new poison queue, whatever the test left.
+fn cleanup_both(old: &Cascade, new: &Cascade) -> Cleanup {
+    let mut cleanup = Cleanup::for_cascade(old);
+    cleanup.queues.push(new.poison_queue());
+    cleanup.queues.push(old.poison_queue());
+    cleanup
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
+    let (old_settings, new_settings) = old_and_new();
+    let old = old_settings.cascade().unwrap();
+    let new = new_settings.cascade().unwrap();
+    let _old_cleanup = cleanup_both(&old, &new);
+
+    let mut old_app = TestApp::spawn(old_settings).await;
+    // Consumers bind by destination whatever the number of digits before it.
+    let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
+    let mut ids = accept_tasks(&old_app, 30, 3000).await;
+    let (status, _) = old_app
+        .post(
+            "/v1/tasks",
+            &json!({"destination": "nobody", "delay_ms": 0}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let _old_topology = old_app.stop_keeping_topology().await;
+
+    // The upgrade: the new version starts beside the old chain and takes tasks.
+    let new_app = TestApp::spawn(new_settings).await;
+    ids.extend(accept_tasks(&new_app, 5, 1000).await);
+
+    // A message without x-deliver-at-ms, published by something else.
+    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let stray_key = "1.0.0.0.0.0.moved";
+    channel
+        .basic_publish(
+            old.level_exchange(5).as_str().into(),
+            stray_key.into(),
+            BasicPublishOptions::default(),
+            b"stray",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
+        .await
+        .unwrap();
+    assert_eq!(report.levels, 6);
+    assert_eq!((report.parked, report.poisoned), (1, 1), "{report:?}");
+    assert!(report.rescheduled > 0, "{report:?}");
+    assert!(report.removed);
+    old_chain_is_gone(&old).await;
+
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(20))
+        .await;
+    assert_eq!(queue_depth(&new.unroutable_queue()).await, 1);
+    let mut poison = TestConsumer::existing(&new.poison_queue()).await;
+    let stray = poison.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(stray.body, b"stray");
+    assert_eq!(
+        stray.header(ROUTING_KEY_HEADER),
+        Some(&AMQPValue::LongString(stray_key.into()))
+    );
+    assert!(stray.header(POISON_REASON_HEADER).is_some());
+
+    // Nothing left to do: a re-run changes nothing.
+    let again = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        MigrationReport {
+            removed: true,
+            ..MigrationReport::default()
+        }
+    );
+    let _ = connection.close(200, "done".into()).await;
+    new_app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
+    let (old_settings, new_settings) = old_and_new();
+    let old = old_settings.cascade().unwrap();
+    let new = new_settings.cascade().unwrap();
+    let _old_cleanup = cleanup_both(&old, &new);
+    let _new_cleanup = Cleanup::for_cascade(&new);
+
+    let mut old_app = TestApp::spawn(old_settings).await;
+    let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
+    let ids = accept_tasks(&old_app, 200, 6000).await;
+    let _old_topology = old_app.stop_keeping_topology().await;
+    let old_depth = async || {
+        let mut depth = 0;
+        for level in 0..old.levels() {
+            depth += queue_depth(&old.level_queue(level)).await;
+        }
+        depth
+    };
+    let before = old_depth().await;
+
+    // The process dies once about half has moved: its connection goes,
+    // unacknowledged messages return to the old queues, confirmed ones are
+    // already in the new chain.
+    let crashing = "delayline test migrate crash";
+    let connection = connect(AMQP_URI, crashing).await.unwrap();
+    provision(&connection, &new.plan()).await.unwrap();
+    let migration = {
+        let new = new.clone();
+        tokio::spawn(async move {
+            migrate_topology(&connection, &OldChain::version_of(&new, 1), &new).await
+        })
+    };
+    eventually("half of the old chain to be moved", async || {
+        old_depth().await < before / 2
+    })
+    .await;
+    migration.abort();
+    // Dropping lapin's connection closes it; if it has not yet, the broker does.
+    close_connections_named(crashing);
+
+    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
+        .await
+        .unwrap();
+    assert!(report.removed);
+    old_chain_is_gone(&old).await;
+    let duplicates = consumer
+        .expect_each_never_early(ids, Duration::from_secs(20))
+        .await;
+    // At most the window being confirmed when it died.
+    assert!(duplicates <= 256, "{duplicates} duplicates");
+    let _ = connection.close(200, "done".into()).await;
+}
