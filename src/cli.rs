@@ -45,6 +45,12 @@ pub enum Command {
     },
     /// Create or update the ledger's schema (also done at start-up), then exit.
     Migrate,
+    /// GET the running service's /readyz (or --path) on http.bind; exits 0
+    /// on a 200. The health check of images that have no curl.
+    Probe {
+        #[arg(long, default_value = "/readyz")]
+        path: String,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -161,6 +167,13 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             Some(target) => println!("ledger {target}: schema up to date"),
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
+        Command::Probe { path } => {
+            let (status, body) = crate::probe::probe(&settings.http.bind, &path).await?;
+            println!("{status} {body}");
+            if status != 200 {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Route { delay, destination } => {
             print!("{}", describe_route(&cascade, delay, &destination)?)
         }

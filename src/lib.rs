@@ -17,7 +17,8 @@
 //! - [`http`]: the axum API around them: routes, JSON errors, health, metrics.
 //! - [`metrics`]: the Prometheus registry; queue depths are polled by [`broker`].
 //! - [`service`]: wires it all together and shuts it down in order.
-//! - [`config`], [`telemetry`], [`cli`]: settings, logs and the command line.
+//! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings, logs, the
+//!   command line, and the health check that containers run.
 //!   `main.rs` only calls [`cli::main`].
 
 pub mod broker;
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod probe;
 pub mod scheduler;
 pub mod service;
 pub mod store;

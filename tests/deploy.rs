@@ -1,0 +1,558 @@
+//! The files in deploy/: no container engine or cluster runs here, so what
+//! can be checked is checked. The YAML parses and says what it must (health
+//! checks, probes, the Secret it references), the systemd unit passes
+//! `systemd-analyze verify`, and the real binary runs with exactly the
+//! configuration each of them gives.
+//!
+//! "Exactly" allows four substitutions, each standing for what the platform
+//! itself provides: the AMQP URI and a PostgreSQL URL (secrets; here a vhost
+//! and a schema of the test's own), the listen port (a container's port is
+//! mapped by the engine), and a data directory (a volume or state directory).
+//! A configuration file named by a path inside the container is read from
+//! the repository file the image or ConfigMap puts there.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{POSTGRES_URL, psql, rabbitmqctl};
+use serde_json::Value as Json;
+use serde_norway::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The file parsed, with `<<` merge keys applied as compose applies them.
+fn yaml(path: &str) -> Value {
+    let mut value: Value =
+        serde_norway::from_str(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    value
+        .apply_merge()
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    value
+}
+
+/// The string at `path`: mapping keys, or indexes into sequences.
+fn str_of<'a>(value: &'a Value, path: &[&str]) -> &'a str {
+    let mut at = value;
+    for key in path {
+        at = match key.parse::<usize>() {
+            Ok(index) if at.is_sequence() => &at[index],
+            _ => &at[*key],
+        };
+    }
+    at.as_str()
+        .unwrap_or_else(|| panic!("{} is not a string", path.join(".")))
+}
+
+/// How the binary is started by one of the deployment files.
+#[derive(Debug, Default)]
+struct Launch {
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+}
+
+/// The image's configuration: its ENV and its command.
+fn image_launch() -> Launch {
+    let dockerfile = read("deploy/Dockerfile").replace("\\\n", " ");
+    let mut launch = Launch::default();
+    let runtime = dockerfile
+        .rsplit("\nFROM ")
+        .next()
+        .expect("a runtime stage");
+    for line in runtime.lines() {
+        if let Some(pairs) = line.strip_prefix("ENV ") {
+            for pair in pairs.split_whitespace() {
+                let (key, value) = pair.split_once('=').expect("ENV key=value");
+                launch.env.insert(key.to_owned(), value.to_owned());
+            }
+        }
+        if let Some(cmd) = line.strip_prefix("CMD ") {
+            launch.args = serde_json::from_str(cmd).expect("CMD in exec form");
+        }
+    }
+    launch
+}
+
+/// A vhost of the test's own, so the deployment's own object names are used
+/// as they are without meeting any other test's.
+struct Vhost(String);
+
+impl Vhost {
+    fn create() -> Self {
+        let name = format!(
+            "dltest-deploy-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        rabbitmqctl(&["add_vhost", &name]);
+        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]);
+        Vhost(name)
+    }
+
+    fn uri(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:5672/{}", self.0)
+    }
+}
+
+impl Drop for Vhost {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "delete_vhost", &self.0])
+            .status();
+    }
+}
+
+/// A PostgreSQL schema and a data directory of the test's own.
+struct Ledger {
+    schema: String,
+    dir: PathBuf,
+}
+
+impl Ledger {
+    fn create() -> Self {
+        let schema = format!(
+            "dltest_deploy_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        psql(&format!("CREATE SCHEMA {schema}"));
+        let dir = std::env::temp_dir().join(&schema);
+        Ledger { schema, dir }
+    }
+
+    fn url(&self) -> String {
+        format!("{POSTGRES_URL}?options[search_path]={}", self.schema)
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        psql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs the binary as `launch` says, with only the documented substitutions
+/// and `files` (paths inside the image) mapped to repository files; waits
+/// until `delayline probe` (the health check) passes and the broker is
+/// connected, then stops it with SIGTERM and expects a clean exit.
+async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)]) {
+    let vhost = Vhost::create();
+    let ledger = Ledger::create();
+    let port = free_port();
+    let mut env = launch.env;
+    let on_postgres = env
+        .get("DELAYLINE__STORE__URL")
+        .is_some_and(|u| u.starts_with("postgres"));
+    let mut substitute = |key: &str, value: String| {
+        if let Some(old) = env.get_mut(key) {
+            *old = value;
+        }
+    };
+    substitute("DELAYLINE__AMQP__URI", vhost.uri());
+    if on_postgres {
+        substitute("DELAYLINE__STORE__URL", ledger.url());
+    }
+    substitute(
+        "DELAYLINE__STORE__DATA_DIR",
+        ledger.dir.display().to_string(),
+    );
+    env.insert("DELAYLINE__HTTP__BIND".into(), format!("0.0.0.0:{port}"));
+    if !env.contains_key("DELAYLINE__AMQP__URI") {
+        // Configured in a file only: the secret still comes from the platform.
+        env.insert("DELAYLINE__AMQP__URI".into(), vhost.uri());
+    }
+    let mut args = launch.args;
+    for (inside, outside) in files {
+        for value in env.values_mut().chain(args.iter_mut()) {
+            if value == inside {
+                *value = outside.display().to_string();
+            }
+        }
+    }
+    let command = |args: &[String]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(&env)
+            .kill_on_drop(true);
+        command
+    };
+    let mut service = command(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        let probe = command(&["probe".to_owned()]).output().await.unwrap();
+        let stdout = String::from_utf8_lossy(&probe.stdout).into_owned();
+        if probe.status.success() && stdout.contains("\"broker\":\"connected\"") {
+            break stdout;
+        }
+        if let Ok(Some(status)) = service.try_wait() {
+            let output = service.wait_with_output().await.unwrap();
+            panic!(
+                "{what}: the service exited ({status}):\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never ready; last probe: {stdout}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let readiness: Json =
+        serde_json::from_str(answer.trim_start_matches("200 ")).expect("readiness JSON");
+    assert_eq!(readiness["status"], "ready", "{what}");
+
+    let pid = service.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let output = tokio::time::timeout(Duration::from_secs(30), service.wait_with_output())
+        .await
+        .expect("stops on SIGTERM")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn the_dockerfile_builds_in_stages_and_runs_unprivileged() {
+    let dockerfile = read("deploy/Dockerfile");
+    let stages: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(stages.len(), 2, "{stages:?}");
+    assert!(stages[0].ends_with(" AS build"));
+    assert!(stages[1].contains("-slim"), "a small runtime image");
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let user = runtime
+        .lines()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "{user}"
+    );
+    assert!(runtime.contains("HEALTHCHECK") && runtime.contains("\"delayline\", \"probe\""));
+    // Everything it copies from the context exists.
+    for line in dockerfile.lines().filter(|l| l.starts_with("COPY ")) {
+        if line.contains("--from=") {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for source in &words[1..words.len() - 1] {
+            assert!(repo(source).exists(), "{source} is copied but missing");
+        }
+    }
+    let ignored = read(".dockerignore");
+    assert!(ignored.lines().any(|l| l == "target"));
+}
+
+/// A compose service's launch: the image's, with the service's environment over it.
+fn compose_launch(file: &Value, service: &str) -> Launch {
+    let mut launch = image_launch();
+    let environment = file["services"][service]["environment"]
+        .as_mapping()
+        .expect("environment as a mapping");
+    for (key, value) in environment {
+        let value = match value {
+            Value::String(s) => s.clone(),
+            other => serde_norway::to_string(other).unwrap().trim().to_owned(),
+        };
+        launch
+            .env
+            .insert(key.as_str().unwrap().to_owned(), value.to_owned());
+    }
+    launch
+}
+
+fn assert_healthy_dependencies(file: &Value, service: &str, on: &[&str]) {
+    for dependency in on {
+        assert_eq!(
+            str_of(
+                file,
+                &["services", service, "depends_on", dependency, "condition"]
+            ),
+            "service_healthy",
+            "{service} waits for {dependency}"
+        );
+        assert!(
+            file["services"][*dependency]["healthcheck"]["test"].is_sequence(),
+            "{dependency} has a health check"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_starts_rabbitmq_postgres_delayline_and_a_consumer() {
+    let compose = yaml("deploy/compose.yaml");
+    assert!(str_of(&compose, &["services", "rabbitmq", "image"]).contains("management"));
+    assert_healthy_dependencies(&compose, "delayline", &["rabbitmq", "postgres"]);
+    assert_healthy_dependencies(&compose, "consumer", &["delayline"]);
+    assert_eq!(
+        str_of(&compose, &["services", "delayline", "build", "dockerfile"]),
+        "deploy/Dockerfile"
+    );
+    assert_eq!(
+        str_of(&compose, &["services", "consumer", "entrypoint", "0"]),
+        "delayline-example-consumer"
+    );
+    assert!(read("deploy/Dockerfile").contains("/usr/local/bin/delayline-example-consumer"));
+
+    runs_as_deployed(
+        "compose.yaml",
+        compose_launch(&compose, "delayline"),
+        &[(
+            "/etc/delayline/delayline.toml",
+            repo("deploy/delayline.example.toml"),
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_example_has_three_clustered_nodes_behind_one_address() {
+    let compose = yaml("deploy/compose.cluster.yaml");
+    let nodes: Vec<&str> = ["rabbit1", "rabbit2", "rabbit3"]
+        .into_iter()
+        .filter(|n| compose["services"][*n].is_mapping())
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    let cluster_conf = read("deploy/rabbitmq/cluster.conf");
+    let haproxy = read("deploy/rabbitmq/haproxy.cfg");
+    for node in &nodes {
+        // Merged from the shared anchor: same cookie, same cluster file.
+        assert_eq!(
+            str_of(
+                &compose,
+                &["services", node, "environment", "RABBITMQ_ERLANG_COOKIE"]
+            ),
+            "delayline-cluster-cookie"
+        );
+        assert_eq!(str_of(&compose, &["services", node, "hostname"]), *node);
+        assert!(cluster_conf.contains(&format!("rabbit@{node}")));
+        assert!(haproxy.contains(&format!("server {node} {node}:5672")));
+    }
+    assert_healthy_dependencies(&compose, "amqp", &nodes);
+    assert_healthy_dependencies(&compose, "delayline", &["amqp", "postgres"]);
+    assert_eq!(
+        str_of(
+            &compose,
+            &[
+                "services",
+                "delayline",
+                "environment",
+                "DELAYLINE__CASCADE__QUEUE_TYPE"
+            ]
+        ),
+        "quorum"
+    );
+
+    runs_as_deployed(
+        "compose.cluster.yaml",
+        compose_launch(&compose, "delayline"),
+        &[(
+            "/etc/delayline/delayline.toml",
+            repo("deploy/delayline.example.toml"),
+        )],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
+    let deployment = yaml("deploy/k8s/deployment.yaml");
+    let service = yaml("deploy/k8s/service.yaml");
+    let config_map = yaml("deploy/k8s/configmap.yaml");
+    let secret = yaml("deploy/k8s/secret.yaml");
+    let kustomization = yaml("deploy/k8s/kustomization.yaml");
+    for (document, kind) in [
+        (&deployment, "Deployment"),
+        (&service, "Service"),
+        (&config_map, "ConfigMap"),
+        (&secret, "Secret"),
+    ] {
+        assert_eq!(str_of(document, &["kind"]), kind);
+        assert!(document["apiVersion"].is_string());
+    }
+    let resources = kustomization["resources"].as_sequence().unwrap();
+    for resource in resources {
+        assert!(repo(&format!("deploy/k8s/{}", resource.as_str().unwrap())).exists());
+    }
+
+    let pod = &deployment["spec"]["template"]["spec"];
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(&deployment["spec"]["selector"]["matchLabels"], labels);
+    assert_eq!(&service["spec"]["selector"], labels);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], Value::Bool(true));
+    let container = &pod["containers"][0];
+    assert_eq!(
+        str_of(container, &["readinessProbe", "httpGet", "path"]),
+        "/readyz"
+    );
+    assert_eq!(
+        str_of(container, &["livenessProbe", "httpGet", "path"]),
+        "/healthz"
+    );
+    let port_name = str_of(container, &["ports", "0", "name"]);
+    assert_eq!(
+        str_of(&service, &["spec", "ports", "0", "targetPort"]),
+        port_name
+    );
+    assert_eq!(
+        str_of(container, &["readinessProbe", "httpGet", "port"]),
+        port_name
+    );
+
+    // The container's environment, with each secretKeyRef resolved from the Secret.
+    let mut launch = image_launch();
+    launch.args = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let mut uses_secret = false;
+    for variable in container["env"].as_sequence().unwrap() {
+        let name = str_of(variable, &["name"]).to_owned();
+        let value = match variable["value"].as_str() {
+            Some(value) => value.to_owned(),
+            None => {
+                let reference = &variable["valueFrom"]["secretKeyRef"];
+                assert_eq!(
+                    str_of(reference, &["name"]),
+                    str_of(&secret, &["metadata", "name"])
+                );
+                uses_secret |= name == "DELAYLINE__AMQP__URI";
+                str_of(&secret, &["stringData", str_of(reference, &["key"])]).to_owned()
+            }
+        };
+        launch.env.insert(name, value);
+    }
+    assert!(uses_secret, "the AMQP URI comes from the Secret");
+
+    // The ConfigMap is mounted where DELAYLINE_CONFIG points.
+    let mount = str_of(container, &["volumeMounts", "0", "mountPath"]);
+    assert_eq!(
+        str_of(pod, &["volumes", "0", "configMap", "name"]),
+        str_of(&config_map, &["metadata", "name"])
+    );
+    let config_path = format!("{mount}/delayline.toml");
+    assert_eq!(launch.env["DELAYLINE_CONFIG"], config_path);
+    let dir = tempdir("k8s");
+    let config_file = dir.join("delayline.toml");
+    std::fs::write(
+        &config_file,
+        str_of(&config_map, &["data", "delayline.toml"]),
+    )
+    .unwrap();
+
+    runs_as_deployed(
+        "deploy/k8s",
+        launch,
+        &[(config_path.as_str(), config_file.clone())],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempdir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dltest-{what}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systemd_unit_verifies_and_runs_with_its_environment_file() {
+    let unit = read("deploy/systemd/delayline.service");
+    let value_of = |key: &str| -> Vec<&str> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .collect()
+    };
+    let exec_start = value_of("ExecStart")[0];
+    let (binary, args) = exec_start.split_once(' ').unwrap();
+    let environment_file = value_of("EnvironmentFile")[0];
+    assert_eq!(environment_file, "/etc/delayline/delayline.env");
+    let installed = [
+        (binary, PathBuf::from(env!("CARGO_BIN_EXE_delayline"))),
+        (
+            "/etc/delayline/delayline.toml",
+            repo("deploy/delayline.example.toml"),
+        ),
+        (environment_file, repo("deploy/systemd/delayline.env")),
+    ];
+
+    // systemd-analyze checks the unit with the files where the unit expects them.
+    let dir = tempdir("systemd");
+    let mut local_unit = unit.clone();
+    for (inside, outside) in &installed {
+        local_unit = local_unit.replace(inside, &outside.display().to_string());
+    }
+    let unit_file = dir.join("delayline.service");
+    std::fs::write(&unit_file, local_unit).unwrap();
+    match std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit_file)
+        .output()
+    {
+        Ok(output) => assert!(
+            output.status.success() && output.stderr.is_empty(),
+            "systemd-analyze verify: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(error) => eprintln!("systemd-analyze is not available ({error}); unit not verified"),
+    }
+
+    // The environment as systemd builds it: the file, then Environment= lines
+    // with %S (the state directory root) expanded.
+    let mut launch = Launch {
+        args: args.split_whitespace().map(str::to_owned).collect(),
+        ..Launch::default()
+    };
+    for line in read("deploy/systemd/delayline.env").lines() {
+        if let Some((key, value)) = line.split_once('=').filter(|_| !line.starts_with('#')) {
+            launch.env.insert(key.to_owned(), value.to_owned());
+        }
+    }
+    for assignment in value_of("Environment") {
+        let (key, value) = assignment.split_once('=').unwrap();
+        let value = value.replace("%S", &dir.display().to_string());
+        launch.env.insert(key.to_owned(), value);
+    }
+    runs_as_deployed("systemd", launch, &installed[1..2]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
