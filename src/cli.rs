@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::broker::{OldChain, check, connect, migrate_topology, provision};
+use crate::broker::{
+    OldChain, check, connect, migrate_topology, provision, queue_state, requeue_parked,
+};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::Settings;
 use crate::service::{self, shutdown_signal};
@@ -43,6 +45,9 @@ pub enum Command {
         #[arg(long, value_name = "VERSION|FILE")]
         from: String,
     },
+    /// Send the parked (unroutable) messages back to the business exchange,
+    /// once their destinations are bound; still unroutable ones are parked again.
+    RequeueParked,
     /// Create or update the ledger's schema (also done at start-up), then exit.
     Migrate,
     /// GET the running service's /readyz (or --path) on http.bind; exits 0
@@ -167,6 +172,23 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             Some(target) => println!("ledger {target}: schema up to date"),
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
+        Command::RequeueParked => {
+            let connection = connect(&settings.amqp.uri, "delayline requeue-parked").await?;
+            let outcome = async {
+                let requeued = requeue_parked(&connection, &cascade).await?;
+                let left = queue_state(&connection, &cascade.unroutable_queue()).await?;
+                anyhow::Ok((requeued, left.map_or(0, |q| q.messages)))
+            }
+            .await;
+            let _ = connection.close(200, "requeued".into()).await;
+            let (requeued, left) = outcome?;
+            println!(
+                "republished {requeued} parked messages to {}; {left} are parked in {} \
+                 (still unroutable)",
+                cascade.business_exchange(),
+                cascade.unroutable_queue()
+            );
+        }
         Command::Probe { path } => {
             let (status, body) = crate::probe::probe(&settings.http.bind, &path).await?;
             println!("{status} {body}");

@@ -211,3 +211,48 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     assert!(duplicates <= 256, "{duplicates} duplicates");
     let _ = connection.close(200, "done".into()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
+    let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Classic)).await;
+    for destination in ["late.binder", "nobody"] {
+        let (status, _) = app
+            .post(
+                "/v1/tasks",
+                &json!({"destination": destination, "delay_ms": 0}),
+            )
+            .await;
+        assert_eq!(status, 202);
+    }
+    let parked = app.cascade.unroutable_queue();
+    common::eventually("both to be parked", async || {
+        queue_depth(&parked).await == 2
+    })
+    .await;
+
+    // The consumer's binding arrives late; the command sends both back, and
+    // the one nobody binds is parked again rather than lost or looping.
+    let key = app.cascade.binding_key("late.binder");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
+        .arg("requeue-parked")
+        .env("DELAYLINE__CASCADE__PREFIX", app.cascade.prefix())
+        .env(
+            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+            app.cascade.business_exchange(),
+        )
+        .env("DELAYLINE__CASCADE__LEVELS", "3")
+        .env("DELAYLINE__CASCADE__UNIT_MS", "10")
+        .env("DELAYLINE__CASCADE__QUEUE_TYPE", "classic")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("republished 2 parked messages"), "{stdout}");
+    assert!(stdout.contains("1 are parked"), "{stdout}");
+    let received = consumer.next(Duration::from_secs(5)).await.unwrap();
+    assert!(received.routing_key.ends_with(".late.binder"));
+    assert_eq!(queue_depth(&parked).await, 1);
+    app.stop().await.unwrap();
+}

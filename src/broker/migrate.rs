@@ -142,6 +142,8 @@ enum Kind {
     Parked,
     /// From the old poison queue: into the new one as it is.
     Poison,
+    /// From the parking queue back to the business exchange, once its binding exists.
+    Requeue,
 }
 
 struct Mover<'a> {
@@ -215,7 +217,7 @@ pub async fn migrate_topology(
     for pass in 1..=MAX_PASSES {
         let mut moved = 0;
         for (queue, kind) in &queues {
-            moved += mover.drain(connection, queue, kind).await?;
+            moved += mover.drain(connection, queue, kind, None).await?;
         }
         info!(pass, moved, report = ?mover.report, "migration pass done");
         if moved == 0 && remove_if_empty(connection, &queues).await? {
@@ -400,6 +402,14 @@ impl Mover<'_> {
                     delivery.properties.clone(),
                 )
             }
+            Kind::Requeue => {
+                self.report.parked += 1;
+                (
+                    self.new.business_exchange().to_owned(),
+                    key.to_owned(),
+                    delivery.properties.clone(),
+                )
+            }
             Kind::Poison => {
                 self.report.poisoned += 1;
                 (
@@ -418,6 +428,7 @@ impl Mover<'_> {
         connection: &Connection,
         queue: &str,
         kind: &Kind,
+        limit: Option<u64>,
     ) -> Result<u64, MigrateError> {
         // Deleting it later (if-empty) proves it stayed empty.
         if queue_state(connection, queue)
@@ -445,7 +456,7 @@ impl Mover<'_> {
             .await
             .context(|| format!("consuming {queue:?}"))?;
         let mut moved = 0;
-        loop {
+        while limit.is_none_or(|limit| moved < limit) {
             let first = match tokio::time::timeout(IDLE, consumer.next()).await {
                 // Idle, or the consumer was cancelled by the broker.
                 Err(_) | Ok(None) => break,
@@ -459,6 +470,11 @@ impl Mover<'_> {
                     }
                     _ => break,
                 }
+            }
+            // Beyond the limit, deliveries stay unacknowledged and return to
+            // the queue when the channel closes.
+            if let Some(limit) = limit {
+                window.truncate(usize::try_from(limit - moved).unwrap_or(usize::MAX));
             }
             self.publish_window(queue, kind, &window).await?;
             if let Some(last) = window.last() {
@@ -526,4 +542,38 @@ impl Mover<'_> {
         }
         Ok(())
     }
+}
+
+/// Sends the messages parked in `cascade`'s parking queue back to the
+/// business exchange with their routing keys, once the missing bindings
+/// exist. Only the messages parked when it starts are taken: those still
+/// unroutable are parked again behind them, not taken twice. Returns how
+/// many were republished.
+pub async fn requeue_parked(
+    connection: &Connection,
+    cascade: &Cascade,
+) -> Result<u64, MigrateError> {
+    let queue = cascade.unroutable_queue();
+    let Some(parked) = queue_state(connection, &queue).await? else {
+        return Ok(0);
+    };
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| "opening a channel to requeue parked messages".to_owned())?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .context(|| "enabling publisher confirms".to_owned())?;
+    let mut mover = Mover {
+        new: cascade,
+        publish: channel,
+        report: MigrationReport::default(),
+    };
+    let limit = u64::from(parked.messages);
+    let requeued = mover
+        .drain(connection, &queue, &Kind::Requeue, Some(limit))
+        .await?;
+    let _ = mover.publish.close(200, "requeued".into()).await;
+    Ok(requeued)
 }

@@ -16,7 +16,7 @@ pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
 pub use migrate::{
     MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER,
-    migrate_topology,
+    migrate_topology, requeue_parked,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{PublishError, Publisher, PublisherOptions, task_properties};
