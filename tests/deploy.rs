@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{POSTGRES_URL, psql, rabbitmqctl};
+use common::{POSTGRES_URL, free_port, psql, rabbitmqctl};
 use serde_json::Value as Json;
 use serde_norway::Value;
 
@@ -137,14 +137,6 @@ impl Drop for Ledger {
         psql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs the binary as `launch` says, with only the documented substitutions
@@ -296,6 +288,16 @@ fn compose_launch(file: &Value, service: &str) -> Launch {
     launch
 }
 
+/// The delayline service of a compose file runs: the image's configuration
+/// file is the repository's example, which the Dockerfile copies there.
+async fn compose_service_runs(what: &str, compose: &Value) {
+    let image_config = (
+        "/etc/delayline/delayline.toml",
+        repo("deploy/delayline.example.toml"),
+    );
+    runs_as_deployed(what, compose_launch(compose, "delayline"), &[image_config]).await;
+}
+
 fn assert_healthy_dependencies(file: &Value, service: &str, on: &[&str]) {
     for dependency in on {
         assert_eq!(
@@ -329,15 +331,7 @@ async fn compose_starts_rabbitmq_postgres_delayline_and_a_consumer() {
     );
     assert!(read("deploy/Dockerfile").contains("/usr/local/bin/delayline-example-consumer"));
 
-    runs_as_deployed(
-        "compose.yaml",
-        compose_launch(&compose, "delayline"),
-        &[(
-            "/etc/delayline/delayline.toml",
-            repo("deploy/delayline.example.toml"),
-        )],
-    )
-    .await;
+    compose_service_runs("compose.yaml", &compose).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,15 +372,7 @@ async fn the_cluster_example_has_three_clustered_nodes_behind_one_address() {
         "quorum"
     );
 
-    runs_as_deployed(
-        "compose.cluster.yaml",
-        compose_launch(&compose, "delayline"),
-        &[(
-            "/etc/delayline/delayline.toml",
-            repo("deploy/delayline.example.toml"),
-        )],
-    )
-    .await;
+    compose_service_runs("compose.cluster.yaml", &compose).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, test_settings, with_ledger};
+use common::{
+    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, test_settings, with_ledger,
+};
 use delayline::broker::{connect, provision};
 use delayline::cascade::QueueType;
 use delayline::config::Settings;
@@ -41,14 +43,6 @@ fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command {
         .stderr(Stdio::null())
         .kill_on_drop(true);
     command
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn wait_ready(http: &reqwest::Client, base: &str) -> Value {

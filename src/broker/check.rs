@@ -12,8 +12,8 @@ use lapin::Connection;
 
 use super::diagnose::{diagnose_exchange, diagnose_queue};
 use super::inspect::{QueueState, exchange_exists, queue_state};
-use super::provision::{durable_exchange, durable_queue, lapin_kind};
-use super::{BrokerError, Context, TopologyConflict, field_table, precondition_failed};
+use super::provision::{declare_exchange, declare_queue};
+use super::{BrokerError, Context, TopologyConflict, precondition_failed};
 use crate::cascade::{Cascade, ExchangeSpec, QueueSpec, level_queue_name};
 
 /// The most levels a chain can have (a TTL of 2^63 units is far past any limit).
@@ -135,15 +135,7 @@ async fn check_exchange(
         .create_channel()
         .await
         .context(|| format!("opening a channel to check exchange {:?}", exchange.name))?;
-    let declared = channel
-        .exchange_declare(
-            exchange.name.as_str().into(),
-            lapin_kind(exchange.kind),
-            durable_exchange(),
-            field_table(&exchange.arguments),
-        )
-        .await;
-    match declared {
+    match declare_exchange(&channel, exchange).await {
         Ok(()) => {
             let _ = channel.close(200, "checked".into()).await;
             Ok(checked(Status::Matches))
@@ -176,14 +168,7 @@ async fn check_queue(
         .create_channel()
         .await
         .context(|| format!("opening a channel to check queue {:?}", queue.name))?;
-    let declared = channel
-        .queue_declare(
-            queue.name.as_str().into(),
-            durable_queue(),
-            field_table(&queue.arguments),
-        )
-        .await;
-    let status = match declared {
+    let status = match declare_queue(&channel, queue).await {
         Ok(_) => {
             let _ = channel.close(200, "checked".into()).await;
             Status::Matches

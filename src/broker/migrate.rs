@@ -35,8 +35,8 @@ use tracing::info;
 
 use super::check::discover_chain;
 use super::inspect::{exchange_exists, queue_state};
-use super::provision::durable_queue;
-use super::{BrokerError, Context, field_table, precondition_failed, provision};
+use super::provision::declare_queue;
+use super::{BrokerError, Context, precondition_failed, provision};
 use crate::cascade::{
     Cascade, level_exchange_name, level_queue_name, poison_queue_name, unroutable_queue_name,
 };
@@ -170,12 +170,7 @@ pub async fn migrate_topology(
         .create_channel()
         .await
         .context(|| "opening a channel to migrate".to_owned())?;
-    channel
-        .queue_declare(
-            poison.name.as_str().into(),
-            durable_queue(),
-            field_table(&poison.arguments),
-        )
+    declare_queue(&channel, &poison)
         .await
         .context(|| format!("declaring the poison queue {:?}", poison.name))?;
     channel

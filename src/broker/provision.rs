@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::diagnose::{diagnose_exchange, diagnose_queue};
 use super::{BrokerError, Context, field_table, precondition_failed};
-use crate::cascade::{BindingTarget, ExchangeKind, TopologyPlan};
+use crate::cascade::{BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec, TopologyPlan};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProvisionReport {
@@ -40,6 +40,36 @@ pub(crate) fn durable_queue() -> QueueDeclareOptions {
     }
 }
 
+/// Declares `exchange` as the plan has it; a no-op when it exists so.
+pub(crate) async fn declare_exchange(
+    channel: &Channel,
+    exchange: &ExchangeSpec,
+) -> Result<(), lapin::Error> {
+    channel
+        .exchange_declare(
+            exchange.name.as_str().into(),
+            lapin_kind(exchange.kind),
+            durable_exchange(),
+            field_table(&exchange.arguments),
+        )
+        .await
+}
+
+/// Declares `queue` as the plan has it; a no-op when it exists so.
+pub(crate) async fn declare_queue(
+    channel: &Channel,
+    queue: &QueueSpec,
+) -> Result<(), lapin::Error> {
+    channel
+        .queue_declare(
+            queue.name.as_str().into(),
+            durable_queue(),
+            field_table(&queue.arguments),
+        )
+        .await
+        .map(drop)
+}
+
 async fn open_channel(connection: &Connection) -> Result<Channel, BrokerError> {
     connection
         .create_channel()
@@ -57,15 +87,7 @@ pub async fn provision(
 ) -> Result<ProvisionReport, BrokerError> {
     let channel = open_channel(connection).await?;
     for exchange in &plan.exchanges {
-        let declared = channel
-            .exchange_declare(
-                exchange.name.as_str().into(),
-                lapin_kind(exchange.kind),
-                durable_exchange(),
-                field_table(&exchange.arguments),
-            )
-            .await;
-        if let Err(error) = declared {
+        if let Err(error) = declare_exchange(&channel, exchange).await {
             return Err(match precondition_failed(&error) {
                 Some(text) => diagnose_exchange(connection, exchange, text).await.into(),
                 None => BrokerError::Call {
@@ -76,14 +98,7 @@ pub async fn provision(
         }
     }
     for queue in &plan.queues {
-        let declared = channel
-            .queue_declare(
-                queue.name.as_str().into(),
-                durable_queue(),
-                field_table(&queue.arguments),
-            )
-            .await;
-        if let Err(error) = declared {
+        if let Err(error) = declare_queue(&channel, queue).await {
             return Err(match precondition_failed(&error) {
                 Some(text) => diagnose_queue(connection, queue, text).await.into(),
                 None => BrokerError::Call {

@@ -41,6 +41,15 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings
 }
 
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The value of the sample `series` (name and labels, as exposed) in a scrape.
 pub fn sample(scrape: &str, series: &str) -> Option<f64> {
     scrape.lines().find_map(|line| {
