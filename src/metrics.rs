@@ -43,6 +43,11 @@ pub struct LevelLabel {
     pub queue: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: u32,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -56,6 +61,7 @@ pub struct Metrics {
     pub forwarded: Family<OutcomeLabel, Counter>,
     pub level_messages: Family<LevelLabel, Gauge>,
     pub unroutable_messages: Gauge,
+    pub retired_chain_messages: Family<VersionLabel, Gauge>,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
     pub queue_depth_polled: Gauge<f64, AtomicU64>,
 }
@@ -130,6 +136,12 @@ impl Metrics {
             "Messages parked because no queue was bound for their destination",
             unroutable_messages.clone(),
         );
+        let retired_chain_messages = Family::<VersionLabel, Gauge>::default();
+        registry.register(
+            "retired_chain_messages",
+            "Messages still waiting in an older version of the chain: run migrate-topology",
+            retired_chain_messages.clone(),
+        );
         let queue_depth_polled = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "queue_depth_polled_timestamp_seconds",
@@ -148,6 +160,7 @@ impl Metrics {
             forwarded,
             level_messages,
             unroutable_messages,
+            retired_chain_messages,
             queue_depth_polled,
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{
     AMQP_URI, Cleanup, TestApp, TestConsumer, close_connections_named, eventually, queue_depth,
-    test_settings,
+    sample, test_settings,
 };
 use delayline::broker::{
     MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER, connect, exchange_exists,
@@ -99,9 +99,17 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
     assert_eq!(status, 202);
     let _old_topology = old_app.stop_keeping_topology().await;
 
-    // The upgrade: the new version starts beside the old chain and takes tasks.
+    // The upgrade: the new version starts beside the old chain, takes tasks,
+    // and its metrics show what still waits in the old one.
+    let mut new_settings = new_settings;
+    new_settings.metrics.queue_poll_ms = 100;
     let new_app = TestApp::spawn(new_settings).await;
     ids.extend(accept_tasks(&new_app, 5, 1000).await);
+    let retired = "delayline_retired_chain_messages{version=\"1\"}";
+    eventually("the old chain to show in the metrics", async || {
+        sample(&new_app.scrape().await, retired).is_some_and(|n| n > 0.0)
+    })
+    .await;
 
     // A message without x-deliver-at-ms, published by something else.
     let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
@@ -128,6 +136,10 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
     assert!(report.rescheduled > 0, "{report:?}");
     assert!(report.removed);
     old_chain_is_gone(&old).await;
+    eventually("the old chain to leave the metrics", async || {
+        sample(&new_app.scrape().await, retired).is_none()
+    })
+    .await;
 
     consumer
         .expect_each_once_never_early(ids, Duration::from_secs(20))

@@ -15,9 +15,10 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::check::discover_chain;
 use super::{BrokerError, Context, connect, redact_uri};
 use crate::cascade::Cascade;
-use crate::metrics::{LevelLabel, Metrics};
+use crate::metrics::{LevelLabel, Metrics, VersionLabel};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueState {
@@ -166,5 +167,20 @@ async fn poll_once(
     metrics
         .unroutable_messages
         .set(unroutable.map_or(0, |s| i64::from(s.messages)));
+    // An older chain left behind still delivers, but blocks its deletion and
+    // hides messages from the level metrics above: make it visible.
+    for version in 1..cascade.version() {
+        let label = VersionLabel { version };
+        let levels = discover_chain(connection, cascade.prefix(), version).await?;
+        if levels.is_empty() {
+            metrics.retired_chain_messages.remove(&label);
+        } else {
+            let messages: u64 = levels.iter().map(|q| u64::from(q.messages)).sum();
+            metrics
+                .retired_chain_messages
+                .get_or_create(&label)
+                .set(i64::try_from(messages).unwrap_or(i64::MAX));
+        }
+    }
     Ok(())
 }
