@@ -1,5 +1,5 @@
-//! The command line: `serve`, `provision [--dry-run | --check]`, `migrate`,
-//! `migrate-topology --from`, `route`.
+//! The command line: `serve`, `provision [--dry-run | --check]`,
+//! `migrate-topology --from`, `requeue-parked`, `migrate`, `probe`, `route`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -245,4 +245,24 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
         out += &format!("binding  {} -> {target} key={}\n", b.source, b.routing_key);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_is_a_version_or_a_settings_file() {
+        let new = Settings::default().cascade().unwrap();
+        let by_version = old_chain("3", &new).unwrap();
+        assert_eq!(by_version, OldChain::version_of(&new, 3));
+        assert_eq!(by_version.levels, None);
+
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/delayline.example.toml");
+        let by_file = old_chain(example, &new).unwrap();
+        assert_eq!((by_file.version, by_file.levels), (1, Some(32)));
+
+        let missing = old_chain("no-such.toml", &new).unwrap_err().to_string();
+        assert!(missing.contains("--from no-such.toml"), "{missing}");
+    }
 }

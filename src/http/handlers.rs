@@ -481,7 +481,11 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
         .broker_connected
         .set(i64::from(scheduler.publisher.is_ready()));
     if let Some(ledger) = &scheduler.ledger {
-        let pending = ledger.recount_pending().await?;
+        // A scrape must not fail when the ledger does: that is when it matters.
+        let pending = ledger.recount_pending().await.unwrap_or_else(|error| {
+            warn!(%error, "cannot count pending tasks for /metrics");
+            ledger.pending_estimate()
+        });
         metrics
             .ledger_pending
             .set(i64::try_from(pending).unwrap_or(i64::MAX));

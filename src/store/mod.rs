@@ -303,6 +303,11 @@ impl Ledger {
         self.pending.load(Ordering::Relaxed) >= self.options.max_pending
     }
 
+    /// The pending count as last read plus what this process changed since.
+    pub fn pending_estimate(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
     pub fn max_pending(&self) -> u64 {
         self.options.max_pending
     }
