@@ -78,7 +78,7 @@ pub async fn run(
         broker_shutdown.clone(),
     );
     let scheduler = Scheduler::new(
-        publisher,
+        publisher.clone(),
         ledger.clone(),
         cascade.clone(),
         metrics.clone(),
@@ -92,7 +92,7 @@ pub async fn run(
     );
     if settings.metrics.queue_poll_ms > 0 {
         background.push(tokio::spawn(poll_queue_depths(
-            settings.amqp.uri.clone(),
+            publisher,
             cascade,
             metrics,
             Duration::from_millis(settings.metrics.queue_poll_ms),

@@ -523,4 +523,53 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     let groups = sample(&scrape, "delayline_ledger_commit_group_size_count").unwrap();
     assert!(groups >= 1.0, "{scrape}");
     assert!(sample(&scrape, "delayline_queue_depth_polled_timestamp_seconds").unwrap() > 1.7e9);
+
+    // The poller borrows the publisher's connection. A queue deleted by hand
+    // makes its passive declare fail, which closes the poller's channel but
+    // must not cost the publisher its connection.
+    let publisher = format!("delayline {}", app.cascade.prefix());
+    let connected_since = connected_at(&publisher);
+    assert!(connected_since.is_some());
+    delete_queue(&app.cascade.level_queue(6)).await;
+    let level6 = level7.replace("7", "6");
+    eventually("the deleted queue to leave the metrics", async || {
+        sample(&app.scrape().await, &level6).is_none()
+    })
+    .await;
+    let (status, _) = app
+        .post("/v1/tasks", &json!({"destination": "after", "delay_ms": 0}))
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(connected_at(&publisher), connected_since);
+}
+
+/// When the broker accepted the connection named `name`.
+fn connected_at(name: &str) -> Option<String> {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_connections",
+            "connected_at",
+            "client_properties",
+        ])
+        .output()
+        .unwrap();
+    let needle = format!("{{\"connection_name\",\"{name}\"}}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find(|line| line.contains(&needle))
+        .and_then(|line| line.split('\t').next())
+        .map(str::to_owned)
+}
+
+async fn delete_queue(queue: &str) {
+    let connection = delayline::broker::connect(common::AMQP_URI, "delayline test")
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_delete(queue.into(), Default::default())
+        .await
+        .unwrap();
+    let _ = connection.close(200, "deleted".into()).await;
 }

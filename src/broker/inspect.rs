@@ -13,10 +13,10 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::check::discover_chain;
-use super::{BrokerError, Context, connect, redact_uri};
+use super::{BrokerError, Context, Publisher};
 use crate::cascade::Cascade;
 use crate::metrics::{LevelLabel, Metrics, VersionLabel};
 
@@ -96,47 +96,35 @@ pub async fn exchange_exists(connection: &Connection, name: &str) -> Result<bool
 }
 
 /// Reads every level queue's depth and the unroutable queue's into
-/// `metrics` every `every`, over a connection of its own, until `shutdown`.
+/// `metrics` every `every`, until `shutdown`. It borrows the publisher's
+/// connection, so while that is down the depths keep their last values
+/// (`broker_connected` says why, the poll timestamp how old they are).
 pub async fn poll_queue_depths(
-    uri: String,
+    publisher: Publisher,
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut connection: Option<Connection> = None;
     let mut interval = tokio::time::interval(every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = shutdown.cancelled() => return,
             _ = interval.tick() => {}
         }
-        if connection.as_ref().is_none_or(|c| !c.status().connected()) {
-            connection = match connect(&uri, "delayline metrics").await {
-                Ok(connection) => Some(connection),
-                Err(error) => {
-                    debug!(%error, "queue depths not polled");
-                    continue;
-                }
-            };
-        }
-        let Some(open) = &connection else { continue };
-        match poll_once(open, &cascade, &metrics).await {
+        let Some(connection) = publisher.connection() else {
+            continue;
+        };
+        match poll_once(&connection, &cascade, &metrics).await {
             Ok(()) => {
                 let now = SystemTime::now()
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
                 metrics.queue_depth_polled.set(now);
             }
-            Err(error) => {
-                warn!(uri = %redact_uri(&uri), %error, "queue depths not polled");
-                connection = None;
-            }
+            Err(error) => warn!(%error, "queue depths not polled"),
         }
-    }
-    if let Some(connection) = connection {
-        let _ = connection.close(200, "delayline stopping".into()).await;
     }
 }
 

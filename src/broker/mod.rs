@@ -19,7 +19,7 @@ pub use migrate::{
     migrate_topology, requeue_parked,
 };
 pub use provision::{ProvisionReport, provision, teardown};
-pub use publisher::{PublishError, Publisher, PublisherOptions, task_properties};
+pub use publisher::{PublishError, Publisher, PublisherOptions, SharedConnection, task_properties};
 
 use crate::cascade::{ArgValue, Arguments};
 

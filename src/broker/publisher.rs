@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{BrokerError, Context, connect, provision, redact_uri};
 use crate::cascade::TopologyPlan;
@@ -74,6 +74,18 @@ struct Shared {
     confirm_latency: Histogram,
 }
 
+/// The publisher's live connection, lent for side work such as polling
+/// queue depths: a connection of its own would cost several MiB.
+pub struct SharedConnection(Arc<Session>);
+
+impl std::ops::Deref for SharedConnection {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.0.connection
+    }
+}
+
 /// A cheap, cloneable handle to the publishing side of the broker connection.
 #[derive(Clone)]
 pub struct Publisher {
@@ -105,6 +117,11 @@ impl Publisher {
             let status = s.connection.status();
             status.connected() && !status.blocked()
         })
+    }
+
+    /// The current connection, when there is one.
+    pub fn connection(&self) -> Option<SharedConnection> {
+        self.shared.session.borrow().clone().map(SharedConnection)
     }
 
     pub async fn publish_task(&self, task: &Task) -> Result<(), PublishError> {
@@ -253,6 +270,13 @@ async fn connection_lost(connection: &Connection) -> String {
     loop {
         tokio::select! {
             event = events.next() => match event {
+                // A channel closed by the broker (a failed passive declare of
+                // the depth poller, say) is reported here too, but leaves the
+                // connection open; a publishing channel's failure is caught by
+                // the publish that meets it.
+                Some(Event::Error(error)) if connection.status().connected() => {
+                    debug!(%error, "a channel was closed; the connection is still open");
+                }
                 Some(Event::Error(error)) => return error.to_string(),
                 Some(Event::ConnectionBlocked(reason)) => warn!(%reason, "RabbitMQ blocked publishing"),
                 Some(Event::ConnectionUnblocked) => info!("RabbitMQ unblocked publishing"),
