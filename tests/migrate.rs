@@ -268,3 +268,40 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
     assert_eq!(queue_depth(&parked).await, 1);
     app.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue() {
+    let old_settings = test_settings(4, 100, QueueType::Classic);
+    let mut new_settings = old_settings.clone();
+    new_settings.cascade.prefix = format!("{}-renamed", old_settings.cascade.prefix);
+    let old = old_settings.cascade().unwrap();
+    let new = new_settings.cascade().unwrap();
+    assert_eq!(old.unroutable_queue(), new.unroutable_queue());
+    let _cleanup = cleanup_both(&old, &new);
+    let _new_cleanup = Cleanup::for_cascade(&new);
+
+    let mut old_app = TestApp::spawn(old_settings).await;
+    let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
+    let ids = accept_tasks(&old_app, 20, 1500).await;
+    let (status, _) = old_app
+        .post(
+            "/v1/tasks",
+            &json!({"destination": "nobody", "delay_ms": 0}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let _old_topology = old_app.stop_keeping_topology().await;
+
+    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let report = migrate_topology(&connection, &OldChain::from_settings(&old), &new)
+        .await
+        .unwrap();
+    assert!(report.removed);
+    assert_eq!((report.levels, report.parked), (4, 0));
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(20))
+        .await;
+    // The shared parking queue is neither moved nor deleted.
+    assert_eq!(queue_depth(&new.unroutable_queue()).await, 1);
+    let _ = connection.close(200, "done".into()).await;
+}

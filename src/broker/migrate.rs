@@ -128,10 +128,10 @@ pub enum MigrateError {
     )]
     Publish { queue: String, reason: String },
     #[error(
-        "{queue:?} still receives messages after {MAX_PASSES} passes: is a delayline of the old \
-         version still publishing into it? Stop it, then run the migration again"
+        "chain {chain} still receives messages after {MAX_PASSES} passes: is a delayline of the \
+         old version still publishing into it? Stop it, then run the migration again"
     )]
-    StillFilling { queue: String },
+    StillFilling { chain: String },
 }
 
 /// What becomes of one message taken from an old queue.
@@ -184,8 +184,11 @@ pub async fn migrate_topology(
     };
     let old_parked = unroutable_queue_name(&old.business_exchange, old.version);
     let old_poison = poison_queue_name(&old.prefix, old.version);
+    // With another prefix but the same version and business exchange, both
+    // chains share one parking queue: nothing to move there.
+    let own_parking = old_parked != new.unroutable_queue();
     // From now on only the new parking queue receives what is unroutable.
-    if queue_state(connection, &old_parked).await?.is_some() {
+    if own_parking && queue_state(connection, &old_parked).await?.is_some() {
         unbind_parking(connection, &old_parked, &old.business_exchange).await?;
     }
 
@@ -206,7 +209,9 @@ pub async fn migrate_topology(
             )
         })
         .collect();
-    queues.push((old_parked, Kind::Parked));
+    if own_parking {
+        queues.push((old_parked, Kind::Parked));
+    }
     queues.push((old_poison, Kind::Poison));
 
     for pass in 1..=MAX_PASSES {
@@ -225,8 +230,9 @@ pub async fn migrate_topology(
             return Ok(mover.report);
         }
     }
-    let queue = queues.first().map(|(q, _)| q.clone()).unwrap_or_default();
-    Err(MigrateError::StillFilling { queue })
+    Err(MigrateError::StillFilling {
+        chain: format!("{}.v{}", old.prefix, old.version),
+    })
 }
 
 /// The old chain's level count: its contiguous exchanges (or queues) from level 0.
