@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lapin::Connection;
 
 use crate::broker::{
     OldChain, check, connect, migrate_topology, provision, queue_state, requeue_parked,
@@ -113,10 +114,11 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
-            let connection = connect(&settings.amqp.uri, "delayline provision --check").await?;
-            let report = check(&connection, &cascade).await;
-            let _ = connection.close(200, "checked".into()).await;
-            let report = report?;
+            let uri = &settings.amqp.uri;
+            let report = on_broker(uri, "delayline provision --check", async |connection| {
+                Ok(check(connection, &cascade).await?)
+            })
+            .await?;
             print!("{report}");
             if report.problems() > 0 {
                 return Ok(ExitCode::FAILURE);
@@ -124,10 +126,11 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Command::MigrateTopology { from } => {
             let old = old_chain(&from, &cascade)?;
-            let connection = connect(&settings.amqp.uri, "delayline migrate-topology").await?;
-            let report = migrate_topology(&connection, &old, &cascade).await;
-            let _ = connection.close(200, "migrated".into()).await;
-            let report = report?;
+            let uri = &settings.amqp.uri;
+            let report = on_broker(uri, "delayline migrate-topology", async |connection| {
+                Ok(migrate_topology(connection, &old, &cascade).await?)
+            })
+            .await?;
             println!(
                 "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
                  delivered, {} parked messages moved, {} poisoned (in {}); the old chain is deleted",
@@ -154,10 +157,11 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Provision { .. } => {
-            let connection = connect(&settings.amqp.uri, "delayline provision").await?;
-            let report = provision(&connection, &cascade.plan()).await;
-            let _ = connection.close(200, "provisioned".into()).await;
-            let report = report?;
+            let uri = &settings.amqp.uri;
+            let report = on_broker(uri, "delayline provision", async |connection| {
+                Ok(provision(connection, &cascade.plan()).await?)
+            })
+            .await?;
             println!(
                 "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
                 report.exchanges,
@@ -173,15 +177,13 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueParked => {
-            let connection = connect(&settings.amqp.uri, "delayline requeue-parked").await?;
-            let outcome = async {
-                let requeued = requeue_parked(&connection, &cascade).await?;
-                let left = queue_state(&connection, &cascade.unroutable_queue()).await?;
-                anyhow::Ok((requeued, left.map_or(0, |q| q.messages)))
-            }
-            .await;
-            let _ = connection.close(200, "requeued".into()).await;
-            let (requeued, left) = outcome?;
+            let uri = &settings.amqp.uri;
+            let (requeued, left) = on_broker(uri, "delayline requeue-parked", async |connection| {
+                let requeued = requeue_parked(connection, &cascade).await?;
+                let left = queue_state(connection, &cascade.unroutable_queue()).await?;
+                Ok((requeued, left.map_or(0, |q| q.messages)))
+            })
+            .await?;
             println!(
                 "republished {requeued} parked messages to {}; {left} are parked in {} \
                  (still unroutable)",
@@ -201,6 +203,18 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `work` on a connection of its own, closed whatever the outcome.
+async fn on_broker<T>(
+    uri: &str,
+    name: &str,
+    work: impl AsyncFnOnce(&Connection) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let connection = connect(uri, name).await?;
+    let outcome = work(&connection).await;
+    let _ = connection.close(200, "done".into()).await;
+    outcome
 }
 
 fn describe_route(

@@ -107,7 +107,7 @@ impl Default for StoreSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// How often the level and unroutable queue depths are read from the
-    /// broker (passive declares over AMQP, one connection); 0 turns it off.
+    /// broker (passive declares on the publisher's connection); 0 turns it off.
     pub queue_poll_ms: u64,
 }
 

@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, queue_depth,
-    sample, test_settings, with_ledger,
+    Backend, TestApp, TestConsumer, TestUser, close_connections_named, connections_named,
+    eventually, queue_depth, sample, test_settings, with_ledger,
 };
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
@@ -528,8 +528,8 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     // makes its passive declare fail, which closes the poller's channel but
     // must not cost the publisher its connection.
     let publisher = format!("delayline {}", app.cascade.prefix());
-    let connected_since = connected_at(&publisher);
-    assert!(connected_since.is_some());
+    let connected_since = connections_named(&publisher, "connected_at");
+    assert_eq!(connected_since.len(), 1);
     delete_queue(&app.cascade.level_queue(6)).await;
     let level6 = level7.replace("7", "6");
     eventually("the deleted queue to leave the metrics", async || {
@@ -540,26 +540,10 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
         .post("/v1/tasks", &json!({"destination": "after", "delay_ms": 0}))
         .await;
     assert_eq!(status, 202);
-    assert_eq!(connected_at(&publisher), connected_since);
-}
-
-/// When the broker accepted the connection named `name`.
-fn connected_at(name: &str) -> Option<String> {
-    let output = std::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "list_connections",
-            "connected_at",
-            "client_properties",
-        ])
-        .output()
-        .unwrap();
-    let needle = format!("{{\"connection_name\",\"{name}\"}}");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .find(|line| line.contains(&needle))
-        .and_then(|line| line.split('\t').next())
-        .map(str::to_owned)
+    assert_eq!(
+        connections_named(&publisher, "connected_at"),
+        connected_since
+    );
 }
 
 async fn delete_queue(queue: &str) {

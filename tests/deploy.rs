@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{POSTGRES_URL, free_port, psql, rabbitmqctl};
+use common::{POSTGRES_URL, free_port, psql, rabbitmqctl, terminate};
 use serde_json::Value as Json;
 use serde_norway::Value;
 
@@ -165,10 +165,11 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
         ledger.dir.display().to_string(),
     );
     env.insert("DELAYLINE__HTTP__BIND".into(), format!("0.0.0.0:{port}"));
-    if !env.contains_key("DELAYLINE__AMQP__URI") {
-        // Configured in a file only: the secret still comes from the platform.
-        env.insert("DELAYLINE__AMQP__URI".into(), vhost.uri());
-    }
+    // Otherwise the binary would use its default URI, outside the test's vhost.
+    assert!(
+        env.contains_key("DELAYLINE__AMQP__URI"),
+        "{what} gives no AMQP URI"
+    );
     let mut args = launch.args;
     for (inside, outside) in files {
         for value in env.values_mut().chain(args.iter_mut()) {
@@ -217,14 +218,7 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
         serde_json::from_str(answer.trim_start_matches("200 ")).expect("readiness JSON");
     assert_eq!(readiness["status"], "ready", "{what}");
 
-    let pid = service.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&service);
     let output = tokio::time::timeout(Duration::from_secs(30), service.wait_with_output())
         .await
         .expect("stops on SIGTERM")

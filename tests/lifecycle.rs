@@ -8,7 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{
-    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, test_settings, with_ledger,
+    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, terminate, test_settings,
+    with_ledger,
 };
 use delayline::broker::{connect, provision};
 use delayline::cascade::QueueType;
@@ -222,14 +223,4 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
         .find(|l| l["message"] == "kept pending for the forwarder")
         .unwrap_or_else(|| panic!("no line says the task was kept:\n{log}"));
     assert_eq!(kept["task_id"], id.as_str());
-}
-
-/// SIGTERM, as systemd, Kubernetes and docker send it.
-fn terminate(child: &Child) {
-    let pid = child.id().expect("running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }

@@ -47,6 +47,13 @@ async fn accept_tasks(app: &TestApp, count: u64, spread_ms: u64) -> HashSet<Stri
     ids
 }
 
+/// A task for a destination nobody binds: parked at once.
+async fn park_one(app: &TestApp) {
+    let body = json!({"destination": "nobody", "delay_ms": 0});
+    let (status, accepted) = app.post("/v1/tasks", &body).await;
+    assert_eq!(status, 202, "{accepted}");
+}
+
 async fn old_chain_is_gone(old: &Cascade) {
     let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
     for level in 0..old.levels() {
@@ -90,13 +97,7 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
     // Consumers bind by destination whatever the number of digits before it.
     let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
     let mut ids = accept_tasks(&old_app, 30, 3000).await;
-    let (status, _) = old_app
-        .post(
-            "/v1/tasks",
-            &json!({"destination": "nobody", "delay_ms": 0}),
-        )
-        .await;
-    assert_eq!(status, 202);
+    park_one(&old_app).await;
     let _old_topology = old_app.stop_keeping_topology().await;
 
     // The upgrade: the new version starts beside the old chain, takes tasks,
@@ -283,13 +284,7 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
     let mut old_app = TestApp::spawn(old_settings).await;
     let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
     let ids = accept_tasks(&old_app, 20, 1500).await;
-    let (status, _) = old_app
-        .post(
-            "/v1/tasks",
-            &json!({"destination": "nobody", "delay_ms": 0}),
-        )
-        .await;
-    assert_eq!(status, 202);
+    park_one(&old_app).await;
     let _old_topology = old_app.stop_keeping_topology().await;
 
     let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();

@@ -10,14 +10,11 @@ use std::fmt;
 
 use lapin::Connection;
 
-use super::diagnose::{diagnose_exchange, diagnose_queue};
 use super::inspect::{QueueState, exchange_exists, queue_state};
 use super::provision::{declare_exchange, declare_queue};
-use super::{BrokerError, Context, TopologyConflict, precondition_failed};
-use crate::cascade::{Cascade, ExchangeSpec, QueueSpec, level_queue_name};
+use super::{BrokerError, Context, TopologyConflict};
+use crate::cascade::{Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, level_queue_name};
 
-/// The most levels a chain can have (a TTL of 2^63 units is far past any limit).
-const MAX_LEVELS: u32 = 64;
 /// Versions above the configured one that are looked for, in case of a rollback.
 const VERSIONS_ABOVE: u32 = 2;
 
@@ -135,20 +132,12 @@ async fn check_exchange(
         .create_channel()
         .await
         .context(|| format!("opening a channel to check exchange {:?}", exchange.name))?;
-    match declare_exchange(&channel, exchange).await {
-        Ok(()) => {
+    match declare_exchange(connection, &channel, exchange).await? {
+        None => {
             let _ = channel.close(200, "checked".into()).await;
             Ok(checked(Status::Matches))
         }
-        Err(error) => match precondition_failed(&error) {
-            Some(text) => Ok(checked(Status::Differs(
-                diagnose_exchange(connection, exchange, text).await,
-            ))),
-            None => Err(BrokerError::Call {
-                context: format!("checking exchange {:?}", exchange.name),
-                source: error,
-            }),
-        },
+        Some(conflict) => Ok(checked(Status::Differs(conflict))),
     }
 }
 
@@ -168,20 +157,12 @@ async fn check_queue(
         .create_channel()
         .await
         .context(|| format!("opening a channel to check queue {:?}", queue.name))?;
-    let status = match declare_queue(&channel, queue).await {
-        Ok(_) => {
+    let status = match declare_queue(connection, &channel, queue).await? {
+        None => {
             let _ = channel.close(200, "checked".into()).await;
             Status::Matches
         }
-        Err(error) => match precondition_failed(&error) {
-            Some(text) => Status::Differs(diagnose_queue(connection, queue, text).await),
-            None => {
-                return Err(BrokerError::Call {
-                    context: format!("checking queue {:?}", queue.name),
-                    source: error,
-                });
-            }
-        },
+        Some(conflict) => Status::Differs(conflict),
     };
     Ok(CheckedObject {
         kind: "queue",

@@ -38,7 +38,8 @@ use super::inspect::{exchange_exists, queue_state};
 use super::provision::declare_queue;
 use super::{BrokerError, Context, precondition_failed, provision};
 use crate::cascade::{
-    Cascade, level_exchange_name, level_queue_name, poison_queue_name, unroutable_queue_name,
+    Cascade, MAX_LEVELS, level_exchange_name, level_queue_name, poison_queue_name,
+    unroutable_queue_name,
 };
 use crate::task::{DELIVER_AT_HEADER, epoch_ms};
 
@@ -53,8 +54,6 @@ const WINDOW: u16 = 256;
 const IDLE: Duration = Duration::from_millis(300);
 /// Drain passes over every old queue before giving up on an ever-refilling one.
 const MAX_PASSES: u32 = 20;
-/// The most levels a chain can have.
-const MAX_LEVELS: u32 = 64;
 /// Headers the broker adds on dead-lettering; they describe the old chain.
 const DEATH_HEADERS: [&str; 7] = [
     "x-death",
@@ -170,9 +169,9 @@ pub async fn migrate_topology(
         .create_channel()
         .await
         .context(|| "opening a channel to migrate".to_owned())?;
-    declare_queue(&channel, &poison)
-        .await
-        .context(|| format!("declaring the poison queue {:?}", poison.name))?;
+    if let Some(conflict) = declare_queue(connection, &channel, &poison).await? {
+        return Err(BrokerError::from(conflict).into());
+    }
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await

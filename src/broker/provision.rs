@@ -9,7 +9,7 @@ use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use super::diagnose::{diagnose_exchange, diagnose_queue};
-use super::{BrokerError, Context, field_table, precondition_failed};
+use super::{BrokerError, Context, TopologyConflict, field_table, precondition_failed};
 use crate::cascade::{BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec, TopologyPlan};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -40,34 +40,57 @@ pub(crate) fn durable_queue() -> QueueDeclareOptions {
     }
 }
 
-/// Declares `exchange` as the plan has it; a no-op when it exists so.
+/// Declares `exchange` as the plan has it: a no-op when it exists so, and
+/// `Some` conflict, every difference listed, when it exists otherwise (the
+/// broker has then closed `channel`).
 pub(crate) async fn declare_exchange(
+    connection: &Connection,
     channel: &Channel,
     exchange: &ExchangeSpec,
-) -> Result<(), lapin::Error> {
-    channel
+) -> Result<Option<TopologyConflict>, BrokerError> {
+    let declared = channel
         .exchange_declare(
             exchange.name.as_str().into(),
             lapin_kind(exchange.kind),
             durable_exchange(),
             field_table(&exchange.arguments),
         )
-        .await
+        .await;
+    match declared {
+        Ok(()) => Ok(None),
+        Err(error) => match precondition_failed(&error) {
+            Some(text) => Ok(Some(diagnose_exchange(connection, exchange, text).await)),
+            None => Err(BrokerError::Call {
+                context: format!("declaring exchange {:?}", exchange.name),
+                source: error,
+            }),
+        },
+    }
 }
 
-/// Declares `queue` as the plan has it; a no-op when it exists so.
+/// Declares `queue` as the plan has it; a conflict as for [`declare_exchange`].
 pub(crate) async fn declare_queue(
+    connection: &Connection,
     channel: &Channel,
     queue: &QueueSpec,
-) -> Result<(), lapin::Error> {
-    channel
+) -> Result<Option<TopologyConflict>, BrokerError> {
+    let declared = channel
         .queue_declare(
             queue.name.as_str().into(),
             durable_queue(),
             field_table(&queue.arguments),
         )
-        .await
-        .map(drop)
+        .await;
+    match declared {
+        Ok(_) => Ok(None),
+        Err(error) => match precondition_failed(&error) {
+            Some(text) => Ok(Some(diagnose_queue(connection, queue, text).await)),
+            None => Err(BrokerError::Call {
+                context: format!("declaring queue {:?}", queue.name),
+                source: error,
+            }),
+        },
+    }
 }
 
 async fn open_channel(connection: &Connection) -> Result<Channel, BrokerError> {
@@ -87,25 +110,13 @@ pub async fn provision(
 ) -> Result<ProvisionReport, BrokerError> {
     let channel = open_channel(connection).await?;
     for exchange in &plan.exchanges {
-        if let Err(error) = declare_exchange(&channel, exchange).await {
-            return Err(match precondition_failed(&error) {
-                Some(text) => diagnose_exchange(connection, exchange, text).await.into(),
-                None => BrokerError::Call {
-                    context: format!("declaring exchange {:?}", exchange.name),
-                    source: error,
-                },
-            });
+        if let Some(conflict) = declare_exchange(connection, &channel, exchange).await? {
+            return Err(conflict.into());
         }
     }
     for queue in &plan.queues {
-        if let Err(error) = declare_queue(&channel, queue).await {
-            return Err(match precondition_failed(&error) {
-                Some(text) => diagnose_queue(connection, queue, text).await.into(),
-                None => BrokerError::Call {
-                    context: format!("declaring queue {:?}", queue.name),
-                    source: error,
-                },
-            });
+        if let Some(conflict) = declare_queue(connection, &channel, queue).await? {
+            return Err(conflict.into());
         }
     }
     for binding in &plan.bindings {

@@ -21,6 +21,6 @@ pub use plan::{
 pub use reschedule::{Unschedulable, destination_of};
 pub use route::{Route, RouteError, validate_destination};
 pub use settings::{
-    Cascade, CascadeSettings, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType, SettingsError,
-    max_levels_for_unit,
+    Cascade, CascadeSettings, MAX_LEVELS, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType,
+    SettingsError, max_levels_for_unit,
 };

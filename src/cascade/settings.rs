@@ -13,6 +13,9 @@ use super::plan::{
 /// The largest `x-message-ttl` RabbitMQ accepts (10 years, measured on 3.10.8).
 pub const MAX_QUEUE_TTL_MS: u64 = 315_360_000_000;
 
+/// More levels than this could not be written as a 64-bit number of units.
+pub const MAX_LEVELS: u32 = 64;
+
 /// AMQP short strings (exchange, queue names, routing keys) hold at most 255 bytes.
 pub const MAX_NAME_BYTES: usize = 255;
 
@@ -118,7 +121,7 @@ impl CascadeSettings {
             return Err(SettingsError::ZeroVersion);
         }
         let top_ttl_ms = (1u128 << (self.levels - 1).min(127)) * u128::from(self.unit_ms);
-        if self.levels > 64 || top_ttl_ms > u128::from(MAX_QUEUE_TTL_MS) {
+        if self.levels > MAX_LEVELS || top_ttl_ms > u128::from(MAX_QUEUE_TTL_MS) {
             let hint = match max_levels_for_unit(self.unit_ms) {
                 Some(max) => format!("the largest levels for unit_ms = {} is {max}", self.unit_ms),
                 None => format!("unit_ms must not exceed {MAX_QUEUE_TTL_MS}"),

@@ -119,14 +119,11 @@ async fn submit(
         .instrument(span)
         .await
         .inspect(|submitted| {
-            let state_label = match submitted.accepted.state {
-                TaskState::Published => "published",
-                TaskState::Pending => "pending",
-            };
+            let accepted_as = submitted.accepted.state.as_str();
             state
                 .scheduler
                 .metrics
-                .accepted(state_label, submitted.replayed);
+                .accepted(accepted_as, submitted.replayed);
         })
         .map_err(|error| {
             let error = ApiError::from(error);

@@ -527,24 +527,42 @@ pub fn rabbitmqctl_json(args: &[&str]) -> Value {
 
 /// Closes, from the broker's side, every connection whose name is `name`.
 pub fn close_connections_named(name: &str) -> usize {
-    // The plain format prints pids as close_connection takes them; JSON does not.
-    let output = Command::new("rabbitmqctl")
-        .args(["-q", "list_connections", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl runs");
-    let listing = String::from_utf8_lossy(&output.stdout);
-    let needle = format!("{{\"connection_name\",\"{name}\"}}");
-    let mut closed = 0;
-    for line in listing.lines().filter(|l| l.contains(&needle)) {
-        let pid = line.split('\t').next().unwrap();
+    let pids = connections_named(name, "pid");
+    for pid in &pids {
         let status = Command::new("rabbitmqctl")
             .args(["-q", "close_connection", pid, "test closes the connection"])
             .status()
             .unwrap();
         assert!(status.success());
-        closed += 1;
     }
-    closed
+    pids.len()
+}
+
+/// `field` (as `rabbitmqctl list_connections` names it) of each connection
+/// whose client named it `name`. The plain format prints pids as
+/// close_connection takes them; JSON does not.
+pub fn connections_named(name: &str, field: &str) -> Vec<String> {
+    let output = Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", field, "client_properties"])
+        .output()
+        .expect("rabbitmqctl runs");
+    let needle = format!("{{\"connection_name\",\"{name}\"}}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.contains(&needle))
+        .filter_map(|line| line.split('\t').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// SIGTERM, as systemd, Kubernetes and docker send it.
+pub fn terminate(child: &tokio::process::Child) {
+    let pid = child.id().expect("running");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 pub fn rabbitmqctl(args: &[&str]) {
