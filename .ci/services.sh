@@ -62,3 +62,18 @@ ensure_postgres() {
   echo "ci: PostgreSQL did not come up on 127.0.0.1:5432" >&2
   return 1
 }
+
+# Tests start RabbitMQ nodes of their own (tests/common/nodes.rs) and delete
+# them when done; a test run that was killed leaves them behind, holding
+# memory and ports. Stops every such node and removes its directory.
+stop_stray_test_nodes() {
+  local pid node
+  for pid in $(pgrep -f beam.smp || true); do
+    node=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^RABBITMQ_NODENAME=\(dltest-.*\)$/\1/p')
+    if [ -n "$node" ]; then
+      echo "ci: stopping stray test node $node"
+      rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -rf "${TMPDIR:-/tmp}"/dltest-node-*
+}

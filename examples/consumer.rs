@@ -6,7 +6,8 @@
 //! `x-deliver-at-ms` header it reads.
 //!
 //! Configured by the environment:
-//! `AMQP_URI`, `BUSINESS_EXCHANGE` (`delayline.business`), `QUEUE`
+//! `AMQP_URI` (several, separated by commas, for a cluster's nodes: the
+//! first that answers is used), `BUSINESS_EXCHANGE` (`delayline.business`), `QUEUE`
 //! (`delayline.example`), `BINDING_KEY` (`#`: every destination; for one,
 //! use the `binding_key` that `GET /v1/topology` gives).
 
@@ -31,16 +32,16 @@ async fn main() -> Result<(), lapin::Error> {
     let binding_key = env("BINDING_KEY", "#");
 
     // The broker may still be starting (compose starts everything at once).
-    let connection = loop {
-        let properties = ConnectionProperties::default()
-            .with_connection_name("delayline example consumer".into());
-        match Connection::connect(&uri, properties).await {
-            Ok(connection) => break connection,
-            Err(error) => {
-                eprintln!("waiting for RabbitMQ: {error}");
-                tokio::time::sleep(Duration::from_secs(2)).await;
+    let connection = 'connected: loop {
+        for uri in uri.split(',').map(str::trim) {
+            let properties = ConnectionProperties::default()
+                .with_connection_name("delayline example consumer".into());
+            match Connection::connect(uri, properties).await {
+                Ok(connection) => break 'connected connection,
+                Err(error) => eprintln!("waiting for RabbitMQ: {error}"),
             }
         }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     };
     let durable = QueueDeclareOptions {
         durable: true,

@@ -8,10 +8,10 @@ use clap::{Parser, Subcommand};
 use lapin::Connection;
 
 use crate::broker::{
-    OldChain, check, connect, migrate_topology, provision, queue_state, requeue_parked,
+    OldChain, check, connect_any, migrate_topology, provision, queue_state, requeue_parked,
 };
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
-use crate::config::Settings;
+use crate::config::{AmqpSettings, Settings};
 use crate::service::{self, shutdown_signal};
 
 #[derive(Debug, Parser)]
@@ -114,8 +114,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
-            let uri = &settings.amqp.uri;
-            let report = on_broker(uri, "delayline provision --check", async |connection| {
+            let amqp = &settings.amqp;
+            let report = on_broker(amqp, "delayline provision --check", async |connection| {
                 Ok(check(connection, &cascade).await?)
             })
             .await?;
@@ -126,8 +126,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Command::MigrateTopology { from } => {
             let old = old_chain(&from, &cascade)?;
-            let uri = &settings.amqp.uri;
-            let report = on_broker(uri, "delayline migrate-topology", async |connection| {
+            let amqp = &settings.amqp;
+            let report = on_broker(amqp, "delayline migrate-topology", async |connection| {
                 Ok(migrate_topology(connection, &old, &cascade).await?)
             })
             .await?;
@@ -157,8 +157,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Provision { .. } => {
-            let uri = &settings.amqp.uri;
-            let report = on_broker(uri, "delayline provision", async |connection| {
+            let amqp = &settings.amqp;
+            let report = on_broker(amqp, "delayline provision", async |connection| {
                 Ok(provision(connection, &cascade.plan()).await?)
             })
             .await?;
@@ -177,13 +177,14 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueParked => {
-            let uri = &settings.amqp.uri;
-            let (requeued, left) = on_broker(uri, "delayline requeue-parked", async |connection| {
-                let requeued = requeue_parked(connection, &cascade).await?;
-                let left = queue_state(connection, &cascade.unroutable_queue()).await?;
-                Ok((requeued, left.map_or(0, |q| q.messages)))
-            })
-            .await?;
+            let amqp = &settings.amqp;
+            let (requeued, left) =
+                on_broker(amqp, "delayline requeue-parked", async |connection| {
+                    let requeued = requeue_parked(connection, &cascade).await?;
+                    let left = queue_state(connection, &cascade.unroutable_queue()).await?;
+                    Ok((requeued, left.map_or(0, |q| q.messages)))
+                })
+                .await?;
             println!(
                 "republished {requeued} parked messages to {}; {left} are parked in {} \
                  (still unroutable)",
@@ -207,11 +208,12 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
 
 /// Runs `work` on a connection of its own, closed whatever the outcome.
 async fn on_broker<T>(
-    uri: &str,
+    amqp: &AmqpSettings,
     name: &str,
     work: impl AsyncFnOnce(&Connection) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    let connection = connect(uri, name).await?;
+    let timeout = std::time::Duration::from_millis(amqp.connect_timeout_ms);
+    let connection = connect_any(&amqp.uris(), name, timeout).await?;
     let outcome = work(&connection).await;
     let _ = connection.close(200, "done".into()).await;
     outcome

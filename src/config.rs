@@ -25,6 +25,8 @@ pub struct Settings {
 #[serde(deny_unknown_fields, default)]
 pub struct AmqpSettings {
     /// `amqp://user:password@host:port/vhost` (`%2f` is the default vhost).
+    /// Several, separated by commas, for the nodes of a cluster: delayline
+    /// connects to the first that answers and moves on when it is lost.
     pub uri: String,
     /// Channels publishes are spread over; confirms are pipelined on each.
     pub publish_channels: usize,
@@ -32,6 +34,20 @@ pub struct AmqpSettings {
     pub confirm_timeout_ms: u64,
     /// Upper bound of the exponential back-off between reconnection attempts.
     pub reconnect_max_backoff_ms: u64,
+    /// How long one connection attempt to one address may take.
+    pub connect_timeout_ms: u64,
+}
+
+impl AmqpSettings {
+    /// The broker addresses of `uri`, in order.
+    pub fn uris(&self) -> Vec<String> {
+        self.uri
+            .split(',')
+            .map(str::trim)
+            .filter(|uri| !uri.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
 }
 
 impl Default for AmqpSettings {
@@ -41,6 +57,7 @@ impl Default for AmqpSettings {
             publish_channels: 4,
             confirm_timeout_ms: 10_000,
             reconnect_max_backoff_ms: 5_000,
+            connect_timeout_ms: 3_000,
         }
     }
 }
@@ -107,14 +124,21 @@ impl Default for StoreSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// How often the level and unroutable queue depths are read from the
-    /// broker (passive declares on the publisher's connection); 0 turns it off.
+    /// broker; 0 turns it off.
     pub queue_poll_ms: u64,
+    /// RabbitMQ's management API, which also counts messages held by a
+    /// quorum queue's dead-letter worker: empty for the AMQP node's host on
+    /// port 15672 with the AMQP credentials, `http://user:password@host:port`,
+    /// or `none`. Where it does not answer, depths come from passive declares
+    /// on the publisher's connection (ready messages only).
+    pub management_url: String,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             queue_poll_ms: 5_000,
+            management_url: String::new(),
         }
     }
 }
@@ -183,6 +207,16 @@ impl Settings {
         if self.amqp.publish_channels == 0 {
             return Err(ConfigError::Invalid(
                 "amqp.publish_channels must be at least 1".into(),
+            ));
+        }
+        if self.amqp.uris().is_empty() {
+            return Err(ConfigError::Invalid(
+                "amqp.uri must name at least one broker".into(),
+            ));
+        }
+        if self.amqp.connect_timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "amqp.connect_timeout_ms must be at least 1".into(),
             ));
         }
         if self.http.batch_limit == 0 {

@@ -7,13 +7,17 @@
 //!   No I/O; proven with an exhaustive routing simulator and property tests.
 //! - [`task`]: a task as submitted over HTTP, validated into what is published.
 //!   Pure as well: the clock is an argument.
-//! - [`broker`]: everything that talks to RabbitMQ. Connecting, declaring the
-//!   plan (with a full diagnosis when the broker holds something else), and
-//!   the publisher: confirms, pipelining, reconnection.
+//! - [`broker`]: everything that talks to RabbitMQ. Connecting (to the first
+//!   of a cluster's nodes that answers), declaring the plan (with a full
+//!   diagnosis when the broker holds something else), the publisher
+//!   (confirms, pipelining, reconnection, bounded waits, isolation of a
+//!   suspect message), and reading queue depths (management API or passive
+//!   declares).
 //! - [`store`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
 //!   replicas): migrations, group commit, idempotency, inspection queries.
 //! - [`scheduler`]: takes a task in (ledger, then broker) and runs the
-//!   forwarder that publishes pending tasks, and retention.
+//!   forwarder that publishes pending tasks (quarantining those the broker
+//!   can never take), the watchers of late confirms, and retention.
 //! - [`http`]: the axum API around them: routes, JSON errors, health, metrics.
 //! - [`metrics`]: the Prometheus registry; queue depths are polled by [`broker`].
 //! - [`service`]: wires it all together and shuts it down in order.

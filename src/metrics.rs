@@ -59,7 +59,14 @@ pub struct Metrics {
     pub ledger_pending: Gauge,
     pub ledger_commit_group: Histogram,
     pub forwarded: Family<OutcomeLabel, Counter>,
+    pub tasks_failed: Counter,
+    pub publish_late: Counter,
+    pub publish_unconfirmed: Counter,
     pub level_messages: Family<LevelLabel, Gauge>,
+    pub level_held: Family<LevelLabel, Gauge>,
+    pub level_held_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
+    pub level_ttl_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
+    pub management_api_up: Gauge,
     pub unroutable_messages: Gauge,
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
@@ -124,11 +131,58 @@ impl Metrics {
             "Pending tasks the forwarder tried to publish, by outcome",
             forwarded.clone(),
         );
+        let tasks_failed = Counter::default();
+        registry.register(
+            "tasks_failed",
+            "Tasks quarantined because the broker can never take them (state failed)",
+            tasks_failed.clone(),
+        );
+        let publish_late = Counter::default();
+        registry.register(
+            "publish_late",
+            "Publishes not confirmed within amqp.confirm_timeout_ms, whose answer was then awaited",
+            publish_late.clone(),
+        );
+        let publish_unconfirmed = Counter::default();
+        registry.register(
+            "publish_unconfirmed",
+            "Tasks retried after a publish the broker may have taken without confirming it: \
+             each may be delivered twice",
+            publish_unconfirmed.clone(),
+        );
         let level_messages = Family::<LevelLabel, Gauge>::default();
         registry.register(
             "level_queue_messages",
-            "Messages waiting in each level queue of the cascade",
+            "Messages in each level queue of the cascade (ready only, unless \
+             management_api_up: then held ones too)",
             level_messages.clone(),
+        );
+        let level_held = Family::<LevelLabel, Gauge>::default();
+        registry.register(
+            "level_queue_held_messages",
+            "Messages a level holds while its dead-letter worker waits for the next level's \
+             confirm (quorum queues; read from the management API)",
+            level_held.clone(),
+        );
+        let level_held_seconds = Family::<LevelLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "level_queue_held_seconds",
+            "How long a level has held messages at every poll; alert when it exceeds the \
+             level's TTL by much",
+            level_held_seconds.clone(),
+        );
+        let level_ttl_seconds = Family::<LevelLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "level_queue_ttl_seconds",
+            "How long each level holds a message: the bound held_seconds is compared with",
+            level_ttl_seconds.clone(),
+        );
+        let management_api_up = Gauge::default();
+        registry.register(
+            "management_api_up",
+            "1 when queue depths come from the management API (held messages included), \
+             0 when from passive declares (ready messages only)",
+            management_api_up.clone(),
         );
         let unroutable_messages = Gauge::default();
         registry.register(
@@ -158,7 +212,14 @@ impl Metrics {
             ledger_pending,
             ledger_commit_group,
             forwarded,
+            tasks_failed,
+            publish_late,
+            publish_unconfirmed,
             level_messages,
+            level_held,
+            level_held_seconds,
+            level_ttl_seconds,
+            management_api_up,
             unroutable_messages,
             retired_chain_messages,
             queue_depth_polled,

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::broker::{BrokerError, Publisher, PublisherOptions, poll_queue_depths};
+use crate::cascade::Cascade;
 use crate::config::{ConfigError, Settings};
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
@@ -30,13 +31,19 @@ pub enum ServiceError {
     Supervisor(#[from] tokio::task::JoinError),
 }
 
-pub fn publisher_options(settings: &Settings, metrics: &Metrics) -> PublisherOptions {
+pub fn publisher_options(
+    settings: &Settings,
+    cascade: &Cascade,
+    metrics: &Metrics,
+) -> PublisherOptions {
     PublisherOptions {
-        uri: settings.amqp.uri.clone(),
+        uris: settings.amqp.uris(),
         channels: settings.amqp.publish_channels,
         confirm_timeout: Duration::from_millis(settings.amqp.confirm_timeout_ms),
+        connect_timeout: Duration::from_millis(settings.amqp.connect_timeout_ms),
         max_backoff: Duration::from_millis(settings.amqp.reconnect_max_backoff_ms),
         connection_name: format!("delayline {}", settings.cascade.prefix),
+        header_reserve: cascade.dead_letter_header_bytes(),
         confirm_latency: metrics.confirm_latency.clone(),
     }
 }
@@ -73,7 +80,7 @@ pub async fn run(
     }
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
-        publisher_options(&settings, &metrics),
+        publisher_options(&settings, &cascade, &metrics),
         cascade.plan(),
         broker_shutdown.clone(),
     );
@@ -96,11 +103,12 @@ pub async fn run(
             cascade,
             metrics,
             Duration::from_millis(settings.metrics.queue_poll_ms),
+            settings.metrics.management_url.clone(),
             background_shutdown.clone(),
         )));
     }
     let app = router(
-        AppState::new(scheduler, &settings.http),
+        AppState::new(scheduler.clone(), &settings.http),
         settings.http.body_limit_bytes,
     );
     info!(address = %listener.local_addr()?, "listening");
@@ -116,15 +124,23 @@ pub async fn run(
     for task in background {
         let _ = task.await;
     }
+    let mut stopped = Ok(());
     if !supervisor.is_finished() {
         info!("closing the broker connection");
         broker_shutdown.cancel();
-        supervisor.await??;
+        stopped = match supervisor.await {
+            Ok(result) => result.map_err(ServiceError::from),
+            Err(error) => Err(ServiceError::from(error)),
+        };
     }
+    info!("broker connection closed; recording late confirms");
+    // Closing the connection decided every late confirm; record them first.
+    scheduler.finish_watchers().await;
     if let Some(ledger) = ledger {
         ledger.close().await;
+        info!("ledger closed");
     }
-    outcome
+    outcome.and(stopped)
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -18,6 +18,10 @@ use crate::cascade::{Cascade, MAX_NAME_BYTES, Route, RouteError};
 pub const DELAY_HEADER: &str = "x-delay-ms";
 pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
 const BROKER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-last-death"];
+/// RabbitMQ's sender-selected distribution headers: it routes copies by
+/// them, and refuses a message whose value is not an array (closing the
+/// publishing channel), so they are never passed through.
+const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 
 /// The JSON body of `POST /v1/tasks`, as received.
 #[derive(Debug, Deserialize)]
@@ -74,28 +78,29 @@ pub struct Task {
 }
 
 /// Where an accepted task is: `pending` in the ledger until the broker has
-/// confirmed it, `published` (owned by the broker) after.
+/// confirmed it, `published` (owned by the broker) after; `failed` when the
+/// broker can never take it (quarantined, with the reason in `last_error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Pending,
     Published,
+    Failed,
 }
 
 impl TaskState {
+    pub const ALL: [TaskState; 3] = [TaskState::Pending, TaskState::Published, TaskState::Failed];
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Pending => "pending",
             TaskState::Published => "published",
+            TaskState::Failed => "failed",
         }
     }
 
     pub fn parse(text: &str) -> Option<TaskState> {
-        match text {
-            "pending" => Some(TaskState::Pending),
-            "published" => Some(TaskState::Published),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|state| state.as_str() == text)
     }
 }
 
@@ -339,6 +344,7 @@ fn validate_headers(
             if lower == DELAY_HEADER
                 || lower == DELIVER_AT_HEADER
                 || BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
+                || ROUTING_HEADERS.contains(&name.as_str())
             {
                 return Err(TaskError::InvalidHeader(format!(
                     "header {name:?} is reserved for delayline or the broker"

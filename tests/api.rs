@@ -391,19 +391,14 @@ async fn a_deleted_level_exchange_is_a_503_then_the_service_heals_itself() {
     let key = app.cascade.binding_key("heal");
     let mut consumer = TestConsumer::bind(&mut app, &key).await;
     consumer
-        .channel
-        .exchange_delete(
-            app.cascade.level_exchange(2).as_str().into(),
-            lapin::options::ExchangeDeleteOptions::default(),
-        )
-        .await
-        .unwrap();
+        .delete_exchange(&app.cascade.level_exchange(2))
+        .await;
     let (status, body) = app
         .post("/v1/tasks", &json!({"destination": "heal", "delay_ms": 40}))
         .await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "broker_unavailable");
-    // The failed channel makes the supervisor reconnect, which provisions again.
+    // The failed channel is reopened by the next publish, which declares the topology again.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let (status, _) = app

@@ -329,7 +329,7 @@ async fn compose_starts_rabbitmq_postgres_delayline_and_a_consumer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cluster_example_has_three_clustered_nodes_behind_one_address() {
+async fn the_cluster_example_gives_delayline_every_node_of_three() {
     let compose = yaml("deploy/compose.cluster.yaml");
     let nodes: Vec<&str> = ["rabbit1", "rabbit2", "rabbit3"]
         .into_iter()
@@ -337,7 +337,19 @@ async fn the_cluster_example_has_three_clustered_nodes_behind_one_address() {
         .collect();
     assert_eq!(nodes.len(), 3);
     let cluster_conf = read("deploy/rabbitmq/cluster.conf");
-    let haproxy = read("deploy/rabbitmq/haproxy.cfg");
+    let delayline_uri = str_of(
+        &compose,
+        &[
+            "services",
+            "delayline",
+            "environment",
+            "DELAYLINE__AMQP__URI",
+        ],
+    );
+    let consumer_uri = str_of(
+        &compose,
+        &["services", "consumer", "environment", "AMQP_URI"],
+    );
     for node in &nodes {
         // Merged from the shared anchor: same cookie, same cluster file.
         assert_eq!(
@@ -349,10 +361,27 @@ async fn the_cluster_example_has_three_clustered_nodes_behind_one_address() {
         );
         assert_eq!(str_of(&compose, &["services", node, "hostname"]), *node);
         assert!(cluster_conf.contains(&format!("rabbit@{node}")));
-        assert!(haproxy.contains(&format!("server {node} {node}:5672")));
+        // No proxy in front: delayline and the consumer move between nodes themselves.
+        let address = format!("@{node}:5672/");
+        assert!(delayline_uri.contains(&address), "{delayline_uri}");
+        assert!(consumer_uri.contains(&address), "{consumer_uri}");
+        // Each node bounds the dead-letter stall (see deploy/rabbitmq/advanced.config).
+        let volumes = compose["services"][*node]["volumes"].as_sequence().unwrap();
+        assert!(volumes.iter().any(|v| {
+            v.as_str()
+                .unwrap()
+                .starts_with("./rabbitmq/advanced.config:/etc/rabbitmq/advanced.config")
+        }));
     }
-    assert_healthy_dependencies(&compose, "amqp", &nodes);
-    assert_healthy_dependencies(&compose, "delayline", &["amqp", "postgres"]);
+    let advanced = read("deploy/rabbitmq/advanced.config");
+    assert!(advanced.contains("{dead_letter_worker_publisher_confirm_timeout, 10000}"));
+    assert!(
+        compose["services"]["delayline"]["ports"].is_sequence(),
+        "the API is published"
+    );
+    let mut dependencies = nodes.clone();
+    dependencies.push("postgres");
+    assert_healthy_dependencies(&compose, "delayline", &dependencies);
     assert_eq!(
         str_of(
             &compose,

@@ -8,56 +8,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{
-    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, terminate, test_settings,
-    with_ledger,
+    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, serve_command, spawn_binary,
+    terminate, test_settings, wait_ready_at, with_ledger,
 };
 use delayline::broker::{connect, provision};
 use delayline::cascade::QueueType;
-use delayline::config::Settings;
 use serde_json::{Value, json};
-use tokio::process::Child;
-
-/// The `delayline serve` binary on `port`, configured by the environment.
-fn spawn_binary(settings: &Settings, port: u16) -> Child {
-    serve_command(settings, port).spawn().unwrap()
-}
-
-fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command {
-    let c = &settings.cascade;
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
-    command
-        .arg("serve")
-        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
-        .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
-        .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
-        .env("DELAYLINE__CASCADE__PREFIX", &c.prefix)
-        .env(
-            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
-            &c.business_exchange,
-        )
-        .env("DELAYLINE__CASCADE__LEVELS", c.levels.to_string())
-        .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
-        .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
-        .env("DELAYLINE__STORE__URL", &settings.store.url)
-        .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-    command
-}
-
-async fn wait_ready(http: &reqwest::Client, base: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(response) = http.get(format!("{base}/readyz")).send().await
-            && response.status() == 200
-        {
-            return response.json().await.unwrap();
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() {
@@ -68,7 +24,7 @@ async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() 
     let base = format!("http://127.0.0.1:{port}");
     let mut child = spawn_binary(&settings, port);
     let http = reqwest::Client::new();
-    wait_ready(&http, &base).await;
+    wait_ready_at(&http, &base).await;
     let key = cascade.binding_key("drain");
     let exchange = cascade.business_exchange().to_owned();
     let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
@@ -143,7 +99,7 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     let mut child = spawn_binary(&settings, port);
-    assert_eq!(wait_ready(&http, &base).await["broker"], "disconnected");
+    assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
     let mut accepted = HashSet::new();
     for n in 0..20 {
         let response = http
@@ -182,7 +138,7 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
         .spawn()
         .unwrap();
     let http = reqwest::Client::new();
-    wait_ready(&http, &base).await;
+    wait_ready_at(&http, &base).await;
     let accepted: Value = http
         .post(format!("{base}/v1/tasks"))
         .json(&json!({"destination": "logged", "delay_ms": 50}))

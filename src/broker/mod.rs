@@ -3,9 +3,12 @@
 mod check;
 mod diagnose;
 mod inspect;
+mod management;
 mod migrate;
 mod provision;
 mod publisher;
+
+use std::time::Duration;
 
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -14,12 +17,17 @@ use lapin::{Connection, ConnectionProperties};
 pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
 pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
+pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
     MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER,
     migrate_topology, requeue_parked,
 };
 pub use provision::{ProvisionReport, provision, teardown};
-pub use publisher::{PublishError, Publisher, PublisherOptions, SharedConnection, task_properties};
+pub use publisher::{
+    BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Message, PublishError,
+    Published, Publisher, PublisherOptions, SharedConnection, content_header_frame_size,
+    task_properties,
+};
 
 use crate::cascade::{ArgValue, Arguments};
 
@@ -27,6 +35,8 @@ use crate::cascade::{ArgValue, Arguments};
 pub enum BrokerError {
     #[error("cannot connect to RabbitMQ at {uri}: {source}")]
     Connect { uri: String, source: lapin::Error },
+    #[error("cannot connect to RabbitMQ at {uri}: no answer within {after:?}")]
+    ConnectTimeout { uri: String, after: Duration },
     #[error("{context}: {source}")]
     Call {
         context: String,
@@ -79,6 +89,34 @@ pub async fn connect(uri: &str, name: &str) -> Result<Connection, BrokerError> {
             uri: redact_uri(uri),
             source,
         })
+}
+
+/// Connects to the first of `uris` that answers (a cluster's nodes, in the
+/// order given); the error is the last address's.
+pub async fn connect_any(
+    uris: &[String],
+    name: &str,
+    timeout: Duration,
+) -> Result<Connection, BrokerError> {
+    let mut last_error = None;
+    for uri in uris {
+        let attempt = tokio::time::timeout(timeout, connect(uri, name))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::ConnectTimeout {
+                    uri: redact_uri(uri),
+                    after: timeout,
+                })
+            });
+        match attempt {
+            Ok(connection) => return Ok(connection),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| BrokerError::ConnectTimeout {
+        uri: "(no broker address configured)".to_owned(),
+        after: timeout,
+    }))
 }
 
 pub(crate) fn amqp_value(value: &ArgValue) -> AMQPValue {

@@ -1,20 +1,43 @@
 //! Publishing with confirms, over a connection that heals itself.
 //!
-//! A supervisor task owns the connection: it connects, provisions the
-//! topology, opens the publishing channels in confirm mode and hands them out
-//! as one [`Session`]. When the connection dies, the session is withdrawn (so
-//! publishes fail fast with 503 and `/readyz` says so) and rebuilt with back-off.
+//! A supervisor task owns the connection: it connects to the first broker
+//! address that answers, provisions the topology, opens the publishing
+//! channels in confirm mode and hands them out as one [`Session`]. When the
+//! connection dies the session is withdrawn and rebuilt, trying the other
+//! addresses first (a cluster's surviving nodes) and backing off only once
+//! every address has failed.
 //!
 //! Publishes are spread over several channels and never wait for one another:
 //! each awaits only its own confirm, so confirms are pipelined and throughput
 //! grows with the number of concurrent requests.
+//!
+//! What one message can do to the others is bounded:
+//! - A message whose properties cannot fit the negotiated frame (the content
+//!   header frame cannot be split) is refused before it is sent: sending it
+//!   would make the broker close the whole connection, failing every publish
+//!   in flight.
+//! - A channel the broker closes because of one message is reopened on its
+//!   own; the connection and the other channels go on.
+//! - A message that failed while others were in flight with it can be
+//!   retried alone on a connection of its own ([`IsolatedPublisher`]), so
+//!   that if it is the culprit, it harms nobody and is recognised.
+//!
+//! While the broker blocks publishing (a memory or disk alarm) nothing is
+//! sent: [`PublishError::Blocked`] answers at once. A publish never holds its
+//! caller longer than the confirm timeout; one the broker has not answered by
+//! then is handed back as a [`LateConfirm`], because the broker may still
+//! take it (frames are buffered during a block), and a caller with a ledger
+//! must not publish it again before knowing.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use amq_protocol::frame::WriteContext;
 use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::protocol::basic::gen_properties;
+use lapin::protocol::{AMQPErrorKind, AMQPHardError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use prometheus_client::metrics::histogram::Histogram;
@@ -31,14 +54,21 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the supervisor double-checks a connection that reported no error.
 const STATUS_POLL: Duration = Duration::from_millis(500);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// RabbitMQ's default `frame_max`, assumed until a connection has negotiated one.
+pub const DEFAULT_FRAME_MAX: usize = 131_072;
 
 #[derive(Clone, Debug)]
 pub struct PublisherOptions {
-    pub uri: String,
+    /// Broker addresses, tried in order; a cluster's nodes.
+    pub uris: Vec<String>,
     pub channels: usize,
     pub confirm_timeout: Duration,
+    pub connect_timeout: Duration,
     pub max_backoff: Duration,
     pub connection_name: String,
+    /// Header bytes the broker adds on the way down the cascade: a message's
+    /// own properties must leave this much of the frame free.
+    pub header_reserve: usize,
     /// Observes the time from publish to confirm, in seconds.
     pub confirm_latency: Histogram,
 }
@@ -47,8 +77,24 @@ pub struct PublisherOptions {
 pub enum PublishError {
     #[error("not connected to RabbitMQ")]
     Unavailable,
+    #[error("RabbitMQ blocks publishing ({0}); nothing was sent")]
+    Blocked(String),
+    #[error(
+        "the message's properties and headers take {size} bytes, more than the {limit} that \
+         fit in one AMQP frame (frame_max less the room the broker needs for its \
+         dead-lettering headers)"
+    )]
+    TooLarge { size: usize, limit: usize },
+    /// The message could not be sent: its channel or connection had failed.
     #[error("publishing to RabbitMQ failed: {0}")]
     Broker(String),
+    /// The message was sent, then its channel or connection failed before
+    /// the broker confirmed it: the broker may have it (a retry may deliver
+    /// it twice), and it may be what failed them. `refused`: the broker
+    /// closed them with an error about what was sent (not a shutdown or a
+    /// lost socket), which a message sent alone makes its own fault.
+    #[error("RabbitMQ failed the channel before confirming the message: {reason}")]
+    Unconfirmed { reason: String, refused: bool },
     #[error("RabbitMQ did not confirm the message within {0:?}")]
     Timeout(Duration),
     #[error("RabbitMQ refused the message (negative acknowledgement)")]
@@ -59,19 +105,108 @@ pub enum PublishError {
     Returned(String),
 }
 
+impl PublishError {
+    fn unconfirmed(error: &lapin::Error) -> Self {
+        let refused = match error.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => {
+                *amqp.kind() != AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
+            }
+            _ => false,
+        };
+        PublishError::Unconfirmed {
+            reason: error.to_string(),
+            refused,
+        }
+    }
+
+    /// The message may be what failed its channel or connection: retry it alone.
+    pub fn is_suspect(&self) -> bool {
+        matches!(self, PublishError::Unconfirmed { .. })
+    }
+
+    /// The broker may have taken the message although it was not confirmed.
+    pub fn may_have_landed(&self) -> bool {
+        matches!(
+            self,
+            PublishError::Unconfirmed { .. } | PublishError::Timeout(_)
+        )
+    }
+}
+
+/// A message ready to publish: owned, because the publish outlives its caller
+/// when the broker is slow to confirm.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub exchange: String,
+    pub routing_key: String,
+    pub payload: Vec<u8>,
+    pub properties: BasicProperties,
+}
+
+impl Message {
+    /// The message of a task, to its entry exchange.
+    pub fn of_task(task: &Task) -> Message {
+        Message {
+            exchange: task.route.entry_exchange.clone(),
+            routing_key: task.route.routing_key.clone(),
+            payload: task.payload.clone(),
+            properties: task_properties(task),
+        }
+    }
+}
+
+/// A publish that outlived the confirm timeout. The broker may still take it
+/// (a blocked connection sends it when the alarm clears), so whoever holds
+/// this decides what happened by awaiting [`LateConfirm::outcome`] instead
+/// of publishing the message again.
+pub struct LateConfirm(JoinHandle<Result<(), PublishError>>);
+
+impl LateConfirm {
+    /// Resolves when the broker confirms, refuses, or the connection dies.
+    pub async fn outcome(self) -> Result<(), PublishError> {
+        self.0.await.unwrap_or_else(|error| {
+            Err(PublishError::Unconfirmed {
+                reason: format!("the publish task ended abnormally: {error}"),
+                refused: false,
+            })
+        })
+    }
+}
+
+/// How a bounded publish ended.
+pub enum Published {
+    /// The broker owns the message.
+    Confirmed,
+    /// No answer within the confirm timeout; the broker may still take it.
+    Late(LateConfirm),
+}
+
+/// What `/readyz` and the logs say about the broker connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BrokerStatus {
+    /// Connected, provisioned and not blocked.
+    pub ready: bool,
+    /// The address in use (without its password).
+    pub node: Option<String>,
+    /// Why the broker blocks publishing, while it does.
+    pub blocked: Option<String>,
+}
+
 /// One connection's worth of publishing channels.
 struct Session {
     connection: Connection,
-    channels: Vec<Channel>,
-    /// Cancelled by a publish that found a channel dead, so the supervisor rebuilds.
-    broken: CancellationToken,
+    /// Index into the options' addresses.
+    node: usize,
+    channels: Vec<tokio::sync::Mutex<Channel>>,
+    /// The broker's reason for blocking, from its `connection.blocked`.
+    blocked_reason: Mutex<Option<String>>,
 }
 
 struct Shared {
     session: watch::Sender<Option<Arc<Session>>>,
     next_channel: AtomicUsize,
-    confirm_timeout: Duration,
-    confirm_latency: Histogram,
+    options: PublisherOptions,
+    plan: TopologyPlan,
 }
 
 /// The publisher's live connection, lent for side work such as polling
@@ -101,22 +236,36 @@ impl Publisher {
         plan: TopologyPlan,
         shutdown: CancellationToken,
     ) -> (Publisher, JoinHandle<Result<(), BrokerError>>) {
+        assert!(!options.uris.is_empty(), "at least one broker address");
         let shared = Arc::new(Shared {
             session: watch::Sender::new(None),
             next_channel: AtomicUsize::new(0),
-            confirm_timeout: options.confirm_timeout,
-            confirm_latency: options.confirm_latency.clone(),
+            options,
+            plan,
         });
-        let supervisor = tokio::spawn(supervise(shared.clone(), options, plan, shutdown));
+        let supervisor = tokio::spawn(supervise(shared.clone(), shutdown));
         (Publisher { shared }, supervisor)
     }
 
     /// Connected, provisioned and not blocked by a broker resource alarm.
     pub fn is_ready(&self) -> bool {
-        self.shared.session.borrow().as_ref().is_some_and(|s| {
-            let status = s.connection.status();
-            status.connected() && !status.blocked()
-        })
+        self.shared
+            .session
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.is_ready())
+    }
+
+    pub fn status(&self) -> BrokerStatus {
+        let session = self.shared.session.borrow().clone();
+        match session {
+            None => BrokerStatus::default(),
+            Some(session) => BrokerStatus {
+                ready: session.is_ready(),
+                node: Some(redact_uri(&self.shared.options.uris[session.node])),
+                blocked: session.blocked(),
+            },
+        }
     }
 
     /// The current connection, when there is one.
@@ -124,75 +273,269 @@ impl Publisher {
         self.shared.session.borrow().clone().map(SharedConnection)
     }
 
-    pub async fn publish_task(&self, task: &Task) -> Result<(), PublishError> {
-        self.publish(
-            &task.route.entry_exchange,
-            &task.route.routing_key,
-            &task.payload,
-            task_properties(task),
-        )
-        .await
+    /// The address (with its credentials) of the node in use.
+    pub(crate) fn node_uri(&self) -> Option<String> {
+        let node = self.shared.session.borrow().as_ref()?.node;
+        Some(self.shared.options.uris[node].clone())
     }
 
-    /// Publishes persistently and with `mandatory`, and returns only once the
-    /// broker has confirmed the message: an `Ok` means the broker owns it.
-    pub async fn publish(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        payload: &[u8],
-        properties: BasicProperties,
-    ) -> Result<(), PublishError> {
+    /// Declares the whole topology again on the current connection: for a
+    /// level that holds messages it cannot dead-letter, whose dead-letter
+    /// exchange may be missing.
+    pub async fn redeclare_topology(&self) -> Result<(), BrokerError> {
+        let Some(connection) = self.connection() else {
+            return Ok(());
+        };
+        provision(&connection, &self.shared.plan).await.map(|_| ())
+    }
+
+    /// The most bytes a message's properties (headers included) may take:
+    /// the negotiated frame size, or the broker's default before any
+    /// connection, less the dead-lettering reserve.
+    pub fn properties_limit(&self) -> usize {
+        let frame_max = self
+            .shared
+            .session
+            .borrow()
+            .as_ref()
+            .map_or(DEFAULT_FRAME_MAX, |s| {
+                s.connection.configuration().frame_max() as usize
+            });
+        frame_max.saturating_sub(self.shared.options.header_reserve)
+    }
+
+    /// Refuses, without sending anything, a task the broker could not take.
+    pub fn check_fits(&self, task: &Task) -> Result<(), PublishError> {
+        fits(&task_properties(task), self.properties_limit())
+    }
+
+    /// Publishes and waits for the confirm; a late confirm is a timeout.
+    pub async fn publish(&self, message: Message) -> Result<(), PublishError> {
+        match self.publish_bounded(message).await? {
+            Published::Confirmed => Ok(()),
+            Published::Late(_) => Err(PublishError::Timeout(self.shared.options.confirm_timeout)),
+        }
+    }
+
+    /// Publishes persistently and with `mandatory`. `Confirmed` means the
+    /// broker owns the message; the whole call takes at most the confirm
+    /// timeout, after which the publish goes on as a [`LateConfirm`].
+    pub async fn publish_bounded(&self, message: Message) -> Result<Published, PublishError> {
         let session = self
             .shared
             .session
             .borrow()
             .clone()
             .ok_or(PublishError::Unavailable)?;
+        if let Some(reason) = session.blocked() {
+            return Err(PublishError::Blocked(reason));
+        }
+        fits(&message.properties, self.properties_limit())?;
         let index =
             self.shared.next_channel.fetch_add(1, Ordering::Relaxed) % session.channels.len();
-        let channel = &session.channels[index];
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let started = std::time::Instant::now();
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                options,
-                payload,
-                properties,
-            )
-            .await
-            .map_err(|e| session.fail(e))?;
-        let confirmation = tokio::time::timeout(self.shared.confirm_timeout, confirm)
-            .await
-            .map_err(|_| PublishError::Timeout(self.shared.confirm_timeout))?
-            .map_err(|e| session.fail(e))?;
-        self.shared
-            .confirm_latency
-            .observe(started.elapsed().as_secs_f64());
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(PublishError::Returned(format!(
-                "{} {}",
-                returned.reply_code, returned.reply_text
-            ))),
-            Confirmation::Nack(_) => Err(PublishError::Nacked),
-            Confirmation::NotRequested => Err(PublishError::Broker(
-                "the channel is not in confirm mode".to_owned(),
-            )),
+        let channel = session.channel(index, &self.shared.plan).await?;
+        let latency = self.shared.options.confirm_latency.clone();
+        let mut publish = tokio::spawn(publish_confirmed(channel, message, latency));
+        let timeout = self.shared.options.confirm_timeout;
+        match tokio::time::timeout(timeout, &mut publish).await {
+            Ok(Ok(result)) => result.map(|()| Published::Confirmed),
+            Ok(Err(error)) => Err(PublishError::Unconfirmed {
+                reason: format!("the publish task ended abnormally: {error}"),
+                refused: false,
+            }),
+            Err(_) => Ok(Published::Late(LateConfirm(publish))),
+        }
+    }
+
+    /// A connection of its own for publishing messages one at a time, on the
+    /// node the publisher uses. See [`IsolatedPublisher`].
+    pub fn isolated(&self) -> IsolatedPublisher {
+        IsolatedPublisher {
+            publisher: self.clone(),
+            connection: None,
         }
     }
 }
 
+/// Publishes one message at a time on a connection nothing else uses, so a
+/// message that makes the broker close its channel or connection harms no
+/// other message, and a [`PublishError::Unconfirmed`] with `refused` set is
+/// that message's own fault. Connects lazily; reconnects after a failure.
+pub struct IsolatedPublisher {
+    publisher: Publisher,
+    connection: Option<(Connection, Channel)>,
+}
+
+impl IsolatedPublisher {
+    pub async fn publish(&mut self, message: Message) -> Result<(), PublishError> {
+        let main = self.publisher.status();
+        if !main.ready {
+            return Err(match main.blocked {
+                Some(reason) => PublishError::Blocked(reason),
+                None => PublishError::Unavailable,
+            });
+        }
+        fits(&message.properties, self.publisher.properties_limit())?;
+        let channel = match &self.connection {
+            Some((connection, channel))
+                if connection.status().connected() && channel.status().connected() =>
+            {
+                channel.clone()
+            }
+            _ => {
+                self.close().await;
+                let options = &self.publisher.shared.options;
+                let node = self
+                    .publisher
+                    .shared
+                    .session
+                    .borrow()
+                    .as_ref()
+                    .map_or(0, |s| s.node);
+                let name = format!("{} (isolated)", options.connection_name);
+                let connection = tokio::time::timeout(
+                    options.connect_timeout,
+                    connect(&options.uris[node], &name),
+                )
+                .await
+                .map_err(|_| PublishError::Unavailable)?
+                .map_err(|_| PublishError::Unavailable)?;
+                let channel = match open_confirm_channel(&connection).await {
+                    Ok(channel) => channel,
+                    Err(_) => {
+                        close(&connection).await;
+                        return Err(PublishError::Unavailable);
+                    }
+                };
+                self.connection = Some((connection, channel.clone()));
+                channel
+            }
+        };
+        let latency = self.publisher.shared.options.confirm_latency.clone();
+        let timeout = self.publisher.shared.options.confirm_timeout;
+        match tokio::time::timeout(timeout, publish_confirmed(channel, message, latency)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // Nothing else rides on this connection: dropping it is cheap.
+                self.close().await;
+                Err(PublishError::Timeout(timeout))
+            }
+        }
+    }
+
+    pub async fn close(&mut self) {
+        if let Some((connection, _)) = self.connection.take() {
+            close(&connection).await;
+        }
+    }
+}
+
+/// The message's content header frame, as it would be sent, must fit `limit`.
+fn fits(properties: &BasicProperties, limit: usize) -> Result<(), PublishError> {
+    let size = content_header_frame_size(properties);
+    if size > limit {
+        return Err(PublishError::TooLarge { size, limit });
+    }
+    Ok(())
+}
+
+/// Frame header (type, channel, size: 7), class id, weight and body size
+/// (12), and the frame end (1) around a content header's properties.
+const CONTENT_HEADER_FRAMING: usize = 20;
+
+/// Bytes of the content header frame carrying `properties`, framing included:
+/// what the broker compares with `frame_max`.
+pub fn content_header_frame_size(properties: &BasicProperties) -> usize {
+    gen_properties(properties)(WriteContext::from(Vec::new()))
+        .map(|written| written.write.len() + CONTENT_HEADER_FRAMING)
+        // Serialising into memory cannot fail; if it did, refuse the message.
+        .unwrap_or(usize::MAX)
+}
+
+async fn publish_confirmed(
+    channel: Channel,
+    message: Message,
+    latency: Histogram,
+) -> Result<(), PublishError> {
+    let options = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let started = Instant::now();
+    let confirm = channel
+        .basic_publish(
+            message.exchange.as_str().into(),
+            message.routing_key.as_str().into(),
+            options,
+            &message.payload,
+            message.properties,
+        )
+        .await
+        .map_err(|e| match e.kind() {
+            // Refused before anything was written.
+            lapin::ErrorKind::InvalidChannelState(..)
+            | lapin::ErrorKind::InvalidConnectionState(_) => PublishError::Broker(e.to_string()),
+            // The frames may have reached the broker before the socket failed.
+            _ => PublishError::unconfirmed(&e),
+        })?;
+    let confirmation = confirm.await.map_err(|e| PublishError::unconfirmed(&e))?;
+    latency.observe(started.elapsed().as_secs_f64());
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(PublishError::Returned(format!(
+            "{} {}",
+            returned.reply_code, returned.reply_text
+        ))),
+        Confirmation::Nack(_) => Err(PublishError::Nacked),
+        Confirmation::NotRequested => Err(PublishError::Broker(
+            "the channel is not in confirm mode".to_owned(),
+        )),
+    }
+}
+
 impl Session {
-    fn fail(&self, error: lapin::Error) -> PublishError {
-        // A channel-level error closes the channel for good: rebuild the session.
-        self.broken.cancel();
-        PublishError::Broker(error.to_string())
+    fn is_ready(&self) -> bool {
+        let status = self.connection.status();
+        status.connected() && !status.blocked()
+    }
+
+    fn blocked(&self) -> Option<String> {
+        if !self.connection.status().blocked() {
+            return None;
+        }
+        let reason = self
+            .blocked_reason
+            .lock()
+            .ok()
+            .and_then(|reason| reason.clone());
+        Some(reason.unwrap_or_else(|| "a resource alarm".to_owned()))
+    }
+
+    /// Publishing channel `index`, reopened if the broker closed it: a
+    /// channel error is about one message, not a reason to drop the others.
+    /// The topology is declared again first, because the commonest reason
+    /// is an exchange that was deleted under the cascade.
+    async fn channel(&self, index: usize, plan: &TopologyPlan) -> Result<Channel, PublishError> {
+        let mut slot = self.channels[index].lock().await;
+        if slot.status().connected() {
+            return Ok(slot.clone());
+        }
+        if !self.connection.status().connected() {
+            return Err(PublishError::Unavailable);
+        }
+        let reopened = async {
+            provision(&self.connection, plan).await?;
+            open_confirm_channel(&self.connection).await
+        };
+        let channel = reopened
+            .await
+            .map_err(|error| PublishError::Broker(error.to_string()))?;
+        debug!(
+            index,
+            "reopened a publishing channel the broker had closed, topology declared again"
+        );
+        *slot = channel.clone();
+        Ok(channel)
     }
 }
 
@@ -220,39 +563,80 @@ pub fn task_properties(task: &Task) -> BasicProperties {
         .with_headers(headers)
 }
 
+async fn open_confirm_channel(connection: &Connection) -> Result<Channel, BrokerError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| "opening a publishing channel".to_owned())?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .context(|| "enabling publisher confirms".to_owned())?;
+    Ok(channel)
+}
+
 async fn establish(
     options: &PublisherOptions,
+    node: usize,
     plan: &TopologyPlan,
 ) -> Result<Session, BrokerError> {
-    let connection = connect(&options.uri, &options.connection_name).await?;
-    let session = async {
+    let uri = &options.uris[node];
+    let connection = tokio::time::timeout(
+        options.connect_timeout,
+        connect(uri, &options.connection_name),
+    )
+    .await
+    .map_err(|_| BrokerError::ConnectTimeout {
+        uri: redact_uri(uri),
+        after: options.connect_timeout,
+    })??;
+    let channels = async {
         provision(&connection, plan).await?;
         let mut channels = Vec::with_capacity(options.channels);
         for _ in 0..options.channels {
-            let channel = connection
-                .create_channel()
-                .await
-                .context(|| "opening a publishing channel".to_owned())?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .context(|| "enabling publisher confirms".to_owned())?;
-            channels.push(channel);
+            channels.push(tokio::sync::Mutex::new(
+                open_confirm_channel(&connection).await?,
+            ));
         }
         Ok(channels)
     }
     .await;
-    match session {
+    match channels {
         Ok(channels) => Ok(Session {
             connection,
+            node,
             channels,
-            broken: CancellationToken::new(),
+            blocked_reason: Mutex::new(None),
         }),
         Err(error) => {
             close(&connection).await;
             Err(error)
         }
     }
+}
+
+/// Tries every address once, starting with `first`; the error is the last one's.
+async fn establish_any(
+    options: &PublisherOptions,
+    first: usize,
+    plan: &TopologyPlan,
+) -> Result<Session, BrokerError> {
+    let count = options.uris.len();
+    let mut last_error = None;
+    for offset in 0..count {
+        let node = (first + offset) % count;
+        match establish(options, node, plan).await {
+            Ok(session) => return Ok(session),
+            Err(error) if error.is_permanent() => return Err(error),
+            Err(error) => {
+                if count > 1 {
+                    warn!(%error, "broker address not usable; trying the next");
+                }
+                last_error = Some(error);
+            }
+        }
+    }
+    Err(last_error.expect("at least one broker address"))
 }
 
 async fn close(connection: &Connection) {
@@ -263,22 +647,29 @@ async fn close(connection: &Connection) {
     .await;
 }
 
-/// Resolves with the reason once `connection` is no longer usable.
-async fn connection_lost(connection: &Connection) -> String {
+/// Resolves with the reason once the session's connection is no longer
+/// usable; records the broker's blocking and unblocking on the way.
+async fn connection_lost(session: &Session) -> String {
+    let connection = &session.connection;
     let mut events = Box::pin(connection.events_listener());
     let mut poll = tokio::time::interval(STATUS_POLL);
     loop {
         tokio::select! {
             event = events.next() => match event {
                 // A channel closed by the broker (a failed passive declare of
-                // the depth poller, say) is reported here too, but leaves the
-                // connection open; a publishing channel's failure is caught by
-                // the publish that meets it.
+                // the depth poller, or a message it refused) is reported here
+                // too, but leaves the connection open; a publishing channel is
+                // reopened by the next publish that needs it.
                 Some(Event::Error(error)) if connection.status().connected() => {
                     debug!(%error, "a channel was closed; the connection is still open");
                 }
                 Some(Event::Error(error)) => return error.to_string(),
-                Some(Event::ConnectionBlocked(reason)) => warn!(%reason, "RabbitMQ blocked publishing"),
+                Some(Event::ConnectionBlocked(reason)) => {
+                    warn!(%reason, "RabbitMQ blocks publishing: new tasks wait in the ledger");
+                    if let Ok(mut blocked) = session.blocked_reason.lock() {
+                        *blocked = Some(reason);
+                    }
+                }
                 Some(Event::ConnectionUnblocked) => info!("RabbitMQ unblocked publishing"),
                 Some(_) => {}
                 None => return "the connection's event stream ended".to_owned(),
@@ -292,18 +683,15 @@ async fn connection_lost(connection: &Connection) -> String {
     }
 }
 
-async fn supervise(
-    shared: Arc<Shared>,
-    options: PublisherOptions,
-    plan: TopologyPlan,
-    shutdown: CancellationToken,
-) -> Result<(), BrokerError> {
-    let uri = redact_uri(&options.uri);
+async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(), BrokerError> {
+    let options = &shared.options;
+    let plan = &shared.plan;
     let mut backoff = INITIAL_BACKOFF;
+    let mut first = 0;
     loop {
         let attempt = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            attempt = establish(&options, &plan) => attempt,
+            attempt = establish_any(options, first, plan) => attempt,
         };
         let session = match attempt {
             Ok(session) => Arc::new(session),
@@ -322,18 +710,75 @@ async fn supervise(
             }
         };
         backoff = INITIAL_BACKOFF;
+        let node = redact_uri(&options.uris[session.node]);
         shared.session.send_replace(Some(session.clone()));
-        info!(%uri, channels = options.channels, "connected to RabbitMQ, topology provisioned, accepting tasks");
+        info!(
+            %node,
+            channels = options.channels,
+            frame_max = session.connection.configuration().frame_max(),
+            "connected to RabbitMQ, topology provisioned, publishing"
+        );
         let lost = tokio::select! {
             _ = shutdown.cancelled() => None,
-            reason = connection_lost(&session.connection) => Some(reason),
-            _ = session.broken.cancelled() => Some("a publishing channel was closed".to_owned()),
+            reason = connection_lost(&session) => Some(reason),
         };
         shared.session.send_replace(None);
         close(&session.connection).await;
         match lost {
             None => return Ok(()),
-            Some(reason) => warn!(%reason, "lost RabbitMQ; refusing tasks until reconnected"),
+            Some(reason) => {
+                warn!(%reason, %node, "lost RabbitMQ; reconnecting, other addresses first");
+                // The node just lost is tried last.
+                first = (session.node + 1) % options.uris.len();
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_frame_size_is_the_size_of_the_frame_sent() {
+        use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, gen_frame};
+        let mut headers = FieldTable::default();
+        headers.insert("k".into(), AMQPValue::LongLongInt(7));
+        let properties = BasicProperties::default()
+            .with_message_id("id".into())
+            .with_headers(headers);
+        let frame = AMQPFrame::Header(
+            1,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: 12,
+                properties: properties.clone(),
+            },
+        );
+        let sent = gen_frame(&frame)(WriteContext::from(Vec::new()))
+            .unwrap()
+            .write
+            .len();
+        assert_eq!(content_header_frame_size(&properties), sent);
+    }
+
+    #[test]
+    fn the_frame_size_counts_every_header_byte() {
+        let mut headers = FieldTable::default();
+        let empty = content_header_frame_size(&BasicProperties::default());
+        // Frame header (7) + class, weight, body size (12) + flags (2) + frame end (1).
+        assert_eq!(empty, 22);
+        headers.insert("k".into(), AMQPValue::LongString("x".repeat(1000).into()));
+        let one = content_header_frame_size(&BasicProperties::default().with_headers(headers));
+        // Table length (4) + name (1 + 1) + type (1) + string length (4) + 1000.
+        assert_eq!(one - empty, 4 + 2 + 1 + 4 + 1000);
+        assert!(fits(&BasicProperties::default(), empty).is_ok());
+        assert_eq!(
+            fits(&BasicProperties::default(), empty - 1),
+            Err(PublishError::TooLarge {
+                size: empty,
+                limit: empty - 1
+            })
+        );
     }
 }

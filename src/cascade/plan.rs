@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::settings::{Cascade, QueueType};
+use super::settings::{Cascade, MAX_NAME_BYTES, QueueType};
 
 // Every object whose arguments follow from the settings carries the chain's
 // version in its name: the broker cannot change a queue's arguments, so a
@@ -161,6 +161,30 @@ impl Cascade {
             Some(lower) => self.level_exchange(lower),
             None => self.business_exchange().to_owned(),
         }
+    }
+
+    /// Bytes the broker may add to a message's headers on its way down this
+    /// chain: an `x-death` entry for every level queue it waits in (naming the
+    /// queue, the exchange and the routing key) and the `x-first-death-*` and
+    /// `x-last-death-*` headers. A message's own headers must leave this much
+    /// room in the AMQP frame, or the copy that dead-letters could not be
+    /// delivered to a consumer with the same frame size.
+    pub fn dead_letter_header_bytes(&self) -> usize {
+        // A routing key is a short string: at most 255 bytes.
+        const ROUTING_KEY: usize = MAX_NAME_BYTES;
+        // Field names, type tags, lengths, the count, the reason and the time of one entry.
+        const ENTRY_OVERHEAD: usize = 128;
+        // x-death itself, and x-{first,last}-death-{queue,exchange,reason}.
+        const FIXED: usize = 16 + 6 * (32 + MAX_NAME_BYTES);
+        let entries: usize = (0..self.levels())
+            .map(|level| {
+                ENTRY_OVERHEAD
+                    + self.level_queue(level).len()
+                    + self.level_exchange(level).len()
+                    + ROUTING_KEY
+            })
+            .sum();
+        FIXED + entries
     }
 
     /// The binding key at level `level` that matches a routing key whose digit `level` is `digit`.
@@ -344,5 +368,29 @@ mod tests {
             assert!(!queue.arguments.contains_key("x-queue-type"));
             assert!(!queue.arguments.contains_key("x-overflow"));
         }
+    }
+}
+
+#[cfg(test)]
+mod reserve_tests {
+    use crate::cascade::CascadeSettings;
+
+    #[test]
+    fn the_dead_letter_reserve_grows_with_the_levels_and_the_names() {
+        let reserve = |levels, prefix: &str| {
+            CascadeSettings {
+                levels,
+                prefix: prefix.to_owned(),
+                ..CascadeSettings::default()
+            }
+            .validate()
+            .unwrap()
+            .dead_letter_header_bytes()
+        };
+        // The defaults leave 131072 - 15434 = 115638 bytes of a default frame
+        // to a message's properties (README, RELIABILITY.md).
+        assert_eq!(reserve(32, "delayline"), 15_434);
+        assert!(reserve(32, "delayline") > reserve(8, "delayline"));
+        assert!(reserve(8, "a-much-longer-prefix") > reserve(8, "delayline"));
     }
 }

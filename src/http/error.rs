@@ -63,7 +63,17 @@ impl From<TaskError> for ApiError {
 impl From<PublishError> for ApiError {
     fn from(error: PublishError) -> Self {
         let code = match error {
-            PublishError::Unavailable | PublishError::Broker(_) => "broker_unavailable",
+            PublishError::TooLarge { .. } => {
+                return ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "headers_too_large",
+                    error.to_string(),
+                );
+            }
+            PublishError::Unavailable
+            | PublishError::Broker(_)
+            | PublishError::Unconfirmed { .. } => "broker_unavailable",
+            PublishError::Blocked(_) => "broker_blocked",
             PublishError::Timeout(_) => "broker_timeout",
             PublishError::Nacked => "broker_rejected",
             PublishError::Returned(_) => "broker_unroutable",
@@ -85,7 +95,7 @@ impl From<StoreError> for ApiError {
 impl From<SubmitError> for ApiError {
     fn from(error: SubmitError) -> Self {
         match error {
-            SubmitError::Publish(error) => error.into(),
+            SubmitError::TooLarge(error) | SubmitError::Publish(error) => error.into(),
             SubmitError::Ledger(error) => error.into(),
             SubmitError::LedgerFull { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

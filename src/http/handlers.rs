@@ -343,7 +343,9 @@ impl ListQuery {
         let state = match self.state.as_deref() {
             None => None,
             Some(text) => Some(TaskState::parse(text).ok_or_else(|| {
-                invalid_query(format!("state must be pending or published, got {text:?}"))
+                invalid_query(format!(
+                    "state must be pending, published or failed, got {text:?}"
+                ))
             })?),
         };
         let due_before_ms = match self.due_before.as_deref() {
@@ -520,6 +522,12 @@ struct Readiness {
     status: &'static str,
     /// Whether tasks are published as they come, or wait in the ledger.
     broker: &'static str,
+    /// The broker address in use (without its password).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    /// Why the broker blocks publishing (a resource alarm), while it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocked: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pending: Option<u64>,
 }
@@ -528,23 +536,31 @@ struct Readiness {
 /// needs the broker (connected and provisioned); with one, the ledger must
 /// answer and have room, and the broker may be away.
 pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let broker_ready = state.scheduler.publisher.is_ready();
-    let broker = if broker_ready {
-        "connected"
-    } else {
-        "disconnected"
+    let status = state.scheduler.publisher.status();
+    let broker = match (&status.node, &status.blocked) {
+        (Some(_), Some(_)) => "blocked",
+        (Some(_), None) if status.ready => "connected",
+        _ => "disconnected",
     };
     let Some(ledger) = &state.scheduler.ledger else {
-        if !broker_ready {
+        if !status.ready {
+            let message = match &status.blocked {
+                Some(reason) => format!("RabbitMQ blocks publishing: {reason}"),
+                None => {
+                    "not connected to RabbitMQ, or the topology is not provisioned yet".to_owned()
+                }
+            };
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_ready",
-                "not connected to RabbitMQ, or the topology is not provisioned yet",
+                message,
             ));
         }
         return Ok(Json(Readiness {
             status: "ready",
             broker,
+            node: status.node,
+            blocked: None,
             pending: None,
         }));
     };
@@ -559,6 +575,8 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
     Ok(Json(Readiness {
         status: "ready",
         broker,
+        node: status.node,
+        blocked: status.blocked,
         pending: Some(pending),
     }))
 }

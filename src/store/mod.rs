@@ -32,7 +32,7 @@ use sqlx::sqlite::{
 
 pub use cursor::{Cursor, CursorError};
 pub use record::TaskRecord;
-pub use writer::Admission;
+pub use writer::{Admission, Retry};
 
 use crate::config::StoreSettings;
 use crate::task::TaskState;
@@ -288,14 +288,15 @@ impl Ledger {
         self.writes.published(id).await
     }
 
-    /// Publishing failed: the forwarder takes the task from `retry_at_ms` on.
-    pub async fn retry_later(
-        &self,
-        id: String,
-        retry_at_ms: u64,
-        error: String,
-    ) -> Result<(), StoreError> {
-        self.writes.retry(id, retry_at_ms, error).await
+    /// Publishing failed: the forwarder takes the task from `retry.retry_at_ms` on.
+    pub async fn retry_later(&self, id: String, retry: Retry) -> Result<(), StoreError> {
+        self.writes.retry(id, retry).await
+    }
+
+    /// The task can never be published: it leaves the pending ones for good,
+    /// with `reason` as its `last_error`.
+    pub async fn mark_failed(&self, id: String, reason: String) -> Result<(), StoreError> {
+        self.writes.failed(id, reason).await
     }
 
     /// Whether the bound on waiting tasks is reached.
@@ -391,11 +392,12 @@ impl Ledger {
         .context("claiming pending tasks")
     }
 
-    /// Deletes up to `limit` published tasks that were due before `before_ms`;
-    /// returns how many. Small batches keep each lock short.
+    /// Deletes up to `limit` published or failed tasks that were due before
+    /// `before_ms`; returns how many. Small batches keep each lock short.
     pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, StoreError> {
         const SQL: &str = "DELETE FROM tasks WHERE id IN ( \
-             SELECT id FROM tasks WHERE state = 'published' AND deliver_at_ms < $1 LIMIT $2)";
+             SELECT id FROM tasks WHERE state IN ('published', 'failed') AND deliver_at_ms < $1 \
+             LIMIT $2)";
         let result = on_pool!(&self.pool, p => sqlx::query(SQL)
             .bind(db_ms(before_ms))
             .bind(i64::from(limit))

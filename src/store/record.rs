@@ -6,10 +6,17 @@ use super::{StoreError, db_ms};
 use crate::cascade::{Cascade, Route};
 use crate::task::{HeaderValue, Task, TaskAccepted, TaskState, format_epoch_ms};
 
+/// The columns a new row is inserted with, in the order of [`TaskRecord`]'s
+/// fields; the others start at their defaults.
+pub(crate) const INSERT_COLUMNS: &str = "id, idempotency_key, fingerprint, destination, \
+     routing_key, delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
+     created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error";
+
 /// Every column, in the order of [`TaskRecord`]'s fields.
 pub(crate) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
      delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
-     created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error";
+     created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
+     publish_alone, refusals";
 
 /// One row of `tasks`. Integers are `i64` because that is what both backends
 /// store; the accessors give them back as the domain's types.
@@ -33,6 +40,11 @@ pub struct TaskRecord {
     pub next_attempt_at_ms: i64,
     pub attempts: i64,
     pub last_error: Option<String>,
+    /// 1 once the task went down with its channel or connection: it is then
+    /// only published alone (see `crate::broker::IsolatedPublisher`).
+    pub publish_alone: i64,
+    /// How often the broker refused it while it was published alone.
+    pub refusals: i64,
 }
 
 /// The caller's headers as the ledger stores them.
@@ -72,6 +84,8 @@ impl TaskRecord {
             next_attempt_at_ms: db_ms(lease_until_ms),
             attempts: 1,
             last_error: None,
+            publish_alone: 0,
+            refusals: 0,
         }
     }
 

@@ -14,7 +14,7 @@ use sqlx::QueryBuilder;
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
-use super::record::COLUMNS;
+use super::record::{COLUMNS, INSERT_COLUMNS};
 use super::{Pool, QueryContext, StoreError, TaskRecord, db_ms, on_pool};
 use crate::task::epoch_ms;
 
@@ -48,10 +48,26 @@ enum Write {
     },
     Retry {
         id: String,
-        retry_at_ms: u64,
-        error: String,
+        retry: Retry,
         reply: Reply<()>,
     },
+    Failed {
+        id: String,
+        reason: String,
+        reply: Reply<()>,
+    },
+}
+
+/// A failed publish, recorded so the forwarder retries the task later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// The forwarder takes the task from then on.
+    pub retry_at_ms: u64,
+    pub error: String,
+    /// From now on, publish the task only alone.
+    pub publish_alone: bool,
+    /// The broker refused it while it was alone: one more refusal.
+    pub refused: bool,
 }
 
 #[derive(Clone)]
@@ -87,19 +103,12 @@ impl Handle {
         self.send(|reply| Write::Published { id, reply }).await
     }
 
-    pub async fn retry(
-        &self,
-        id: String,
-        retry_at_ms: u64,
-        error: String,
-    ) -> Result<(), StoreError> {
-        self.send(|reply| Write::Retry {
-            id,
-            retry_at_ms,
-            error,
-            reply,
-        })
-        .await
+    pub async fn retry(&self, id: String, retry: Retry) -> Result<(), StoreError> {
+        self.send(|reply| Write::Retry { id, retry, reply }).await
+    }
+
+    pub async fn failed(&self, id: String, reason: String) -> Result<(), StoreError> {
+        self.send(|reply| Write::Failed { id, reason, reply }).await
     }
 }
 
@@ -121,7 +130,8 @@ async fn run(
 struct Group {
     admits: Vec<(Box<TaskRecord>, Reply<Admission>)>,
     published: Vec<(String, Reply<()>)>,
-    retries: Vec<(String, u64, String, Reply<()>)>,
+    retries: Vec<(String, Retry, Reply<()>)>,
+    failed: Vec<(String, String, Reply<()>)>,
 }
 
 async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
@@ -130,12 +140,8 @@ async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
         match write {
             Write::Admit { record, reply } => group.admits.push((record, reply)),
             Write::Published { id, reply } => group.published.push((id, reply)),
-            Write::Retry {
-                id,
-                retry_at_ms,
-                error,
-                reply,
-            } => group.retries.push((id, retry_at_ms, error, reply)),
+            Write::Retry { id, retry, reply } => group.retries.push((id, retry, reply)),
+            Write::Failed { id, reason, reply } => group.failed.push((id, reason, reply)),
         }
     }
     match transact(pool, &group, payload_copy_bytes).await {
@@ -146,7 +152,8 @@ async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
             for (_, reply) in group.published {
                 let _ = reply.send(Ok(()));
             }
-            for (.., reply) in group.retries {
+            let replies = group.retries.into_iter().map(|(.., reply)| reply);
+            for reply in replies.chain(group.failed.into_iter().map(|(.., reply)| reply)) {
                 let _ = reply.send(Ok(()));
             }
         }
@@ -160,7 +167,8 @@ async fn commit(pool: &Pool, writes: Vec<Write>, payload_copy_bytes: u32) {
             for (_, reply) in group.published {
                 let _ = reply.send(Err(shared()));
             }
-            for (.., reply) in group.retries {
+            let replies = group.retries.into_iter().map(|(.., reply)| reply);
+            for reply in replies.chain(group.failed.into_iter().map(|(.., reply)| reply)) {
                 let _ = reply.send(Err(shared()));
             }
         }
@@ -251,7 +259,7 @@ async fn transact(
         if !fresh.is_empty() {
             let mut inserted: HashSet<String> = HashSet::with_capacity(fresh.len());
             for chunk in statement_sized_chunks(&fresh) {
-                let mut insert = QueryBuilder::new(format!("INSERT INTO tasks ({COLUMNS}) "));
+                let mut insert = QueryBuilder::new(format!("INSERT INTO tasks ({INSERT_COLUMNS}) "));
                 insert.push_values(chunk, |mut row, r| {
                     row.push_bind(&r.id)
                         .push_bind(&r.idempotency_key)
@@ -329,17 +337,32 @@ async fn transact(
                 .await
                 .context("marking tasks published")?;
         }
-        for (id, retry_at_ms, error, _) in &group.retries {
+        for (id, retry, _) in &group.retries {
             sqlx::query(
-                "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2 \
-                 WHERE id = $3 AND state = 'pending'",
+                "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
+                 publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
+                 refusals = refusals + $4 \
+                 WHERE id = $5 AND state = 'pending'",
             )
-            .bind(db_ms(*retry_at_ms))
-            .bind(error)
+            .bind(db_ms(retry.retry_at_ms))
+            .bind(&retry.error)
+            .bind(i64::from(retry.publish_alone))
+            .bind(i64::from(retry.refused))
             .bind(id)
             .execute(&mut *tx)
             .await
             .context("scheduling a retry")?;
+        }
+        for (id, reason, _) in &group.failed {
+            sqlx::query(
+                "UPDATE tasks SET state = 'failed', last_error = $1 \
+                 WHERE id = $2 AND state = 'pending'",
+            )
+            .bind(reason)
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .context("marking a task failed")?;
         }
         tx.commit().await.context("committing")?;
         Ok(decided
@@ -373,6 +396,8 @@ mod tests {
             next_attempt_at_ms: 0,
             attempts: 1,
             last_error: None,
+            publish_alone: 0,
+            refusals: 0,
         }
     }
 

@@ -2,8 +2,10 @@
 //! of everything a test declared, even when it panics.
 #![allow(dead_code)]
 
+pub mod nodes;
+
 use std::collections::HashSet;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use delayline::broker::{connect, teardown};
@@ -18,6 +20,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde_json::Value;
+use tokio::process::Child;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -132,6 +135,8 @@ pub struct Cleanup {
     /// Queues the test declared itself, such as consumer queues.
     pub queues: Vec<String>,
     ledger_of: Option<Settings>,
+    /// Where the objects live: the machine's broker, or nodes of the test's own.
+    uris: Vec<String>,
 }
 
 impl Cleanup {
@@ -140,6 +145,7 @@ impl Cleanup {
             plan: cascade.plan(),
             queues: Vec::new(),
             ledger_of: None,
+            uris: vec![AMQP_URI.to_owned()],
         }
     }
 
@@ -153,6 +159,7 @@ impl Cleanup {
             },
             queues: Vec::new(),
             ledger_of: None,
+            uris: Vec::new(),
         }
     }
 
@@ -160,6 +167,7 @@ impl Cleanup {
         let cascade = settings.cascade().expect("valid test settings");
         let mut cleanup = Self::for_cascade(&cascade);
         cleanup.ledger_of = Some(settings.clone());
+        cleanup.uris = settings.amqp.uris();
         cleanup
     }
 }
@@ -169,7 +177,9 @@ impl Drop for Cleanup {
         if let Some(settings) = &self.ledger_of {
             delete_ledger(settings);
         }
-        if self.plan.exchanges.is_empty() && self.queues.is_empty() {
+        // Nodes of the test's own are deleted whole, with what they hold.
+        let own_nodes = self.uris != [AMQP_URI];
+        if own_nodes || (self.plan.exchanges.is_empty() && self.queues.is_empty()) {
             return;
         }
         let plan = self.plan.clone();
@@ -215,6 +225,17 @@ pub struct TestApp {
     pub cleanup: Cleanup,
 }
 
+/// Logs of the services a test runs, when `DLTEST_LOG` holds a filter
+/// (e.g. `DLTEST_LOG=info,delayline=debug cargo test --test faults -- --nocapture`).
+pub fn init_logs() {
+    if let Ok(filter) = std::env::var("DLTEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 impl TestApp {
     pub async fn spawn(settings: Settings) -> TestApp {
         let app = Self::start(settings).await;
@@ -229,6 +250,7 @@ impl TestApp {
     }
 
     async fn start_with(settings: Settings, cleanup: Cleanup) -> TestApp {
+        init_logs();
         let cascade = settings.cascade().expect("valid test settings");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -376,7 +398,10 @@ pub struct TestConsumer {
     pub connection: Connection,
     pub channel: Channel,
     pub queue: String,
-    consumer: lapin::Consumer,
+    /// Deliveries, stamped and acknowledged the moment they arrive: a test
+    /// that reads them later still measures when they came.
+    arrived: tokio::sync::mpsc::UnboundedReceiver<Received>,
+    receiving: JoinHandle<()>,
 }
 
 impl TestConsumer {
@@ -394,24 +419,53 @@ impl TestConsumer {
     ) -> TestConsumer {
         let queue = format!("{}.consumer.{}", cascade.prefix(), cleanup.queues.len());
         cleanup.queues.push(queue.clone());
-        Self::declare(&queue, Some((exchange, binding_key))).await
+        Self::declare(
+            AMQP_URI,
+            &queue,
+            Some((exchange, binding_key)),
+            QueueType::Classic,
+        )
+        .await
     }
 
     /// Consumes an existing queue (such as the unroutable one).
     pub async fn existing(queue: &str) -> TestConsumer {
-        Self::declare(queue, None).await
+        Self::declare(AMQP_URI, queue, None, QueueType::Classic).await
     }
 
-    async fn declare(queue: &str, binding: Option<(&str, &str)>) -> TestConsumer {
-        let connection = connect(AMQP_URI, "delayline test consumer").await.unwrap();
+    /// A durable queue of `queue_type` on the broker at `uri` (a node of the
+    /// test's own, which deletes it with everything else).
+    pub async fn on_node(
+        uri: &str,
+        cascade: &Cascade,
+        binding_key: &str,
+        queue_type: QueueType,
+    ) -> TestConsumer {
+        let queue = format!("{}.consumer", cascade.prefix());
+        let binding = Some((cascade.business_exchange(), binding_key));
+        Self::declare(uri, &queue, binding, queue_type).await
+    }
+
+    async fn declare(
+        uri: &str,
+        queue: &str,
+        binding: Option<(&str, &str)>,
+        queue_type: QueueType,
+    ) -> TestConsumer {
+        let connection = connect(uri, "delayline test consumer").await.unwrap();
         let channel = connection.create_channel().await.unwrap();
         if let Some((exchange, key)) = binding {
+            let mut arguments = FieldTable::default();
+            let mut options = QueueDeclareOptions::default();
+            if queue_type == QueueType::Quorum {
+                arguments.insert(
+                    "x-queue-type".into(),
+                    lapin::types::AMQPValue::LongString("quorum".into()),
+                );
+                options.durable = true;
+            }
             channel
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions::default(),
-                    FieldTable::default(),
-                )
+                .queue_declare(queue.into(), options, arguments)
                 .await
                 .unwrap();
             channel
@@ -434,11 +488,31 @@ impl TestConsumer {
             )
             .await
             .unwrap();
+        let (arrivals, arrived) = tokio::sync::mpsc::unbounded_channel();
+        let receiving = tokio::spawn(async move {
+            let mut consumer = consumer;
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let received_at_ms = epoch_ms(SystemTime::now());
+                if delivery.ack(BasicAckOptions::default()).await.is_err() {
+                    return;
+                }
+                let received = Received {
+                    received_at_ms,
+                    routing_key: delivery.routing_key.to_string(),
+                    body: delivery.data,
+                    properties: delivery.properties,
+                };
+                if arrivals.send(received).is_err() {
+                    return;
+                }
+            }
+        });
         TestConsumer {
             connection,
             channel,
             queue: queue.to_owned(),
-            consumer,
+            arrived,
+            receiving,
         }
     }
 
@@ -474,20 +548,28 @@ impl TestConsumer {
         duplicates
     }
 
+    /// Deletes an exchange, as an operator's mistake or a broker restart can.
+    pub async fn delete_exchange(&self, name: &str) {
+        self.channel
+            .exchange_delete(
+                name.into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
     /// The next message, or None if nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Received> {
-        let delivery = tokio::time::timeout(timeout, self.consumer.next())
+        tokio::time::timeout(timeout, self.arrived.recv())
             .await
-            .ok()??
-            .unwrap();
-        let received_at_ms = epoch_ms(SystemTime::now());
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
-        Some(Received {
-            received_at_ms,
-            routing_key: delivery.routing_key.to_string(),
-            body: delivery.data,
-            properties: delivery.properties,
-        })
+            .ok()?
+    }
+}
+
+impl Drop for TestConsumer {
+    fn drop(&mut self) {
+        self.receiving.abort();
     }
 }
 
@@ -617,5 +699,106 @@ pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     while !check().await {
         assert!(tokio::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What one request of a load got.
+pub struct Answer {
+    pub status: u16,
+    pub id: Option<String>,
+    pub state: Option<String>,
+    pub took: Duration,
+}
+
+/// Posts tasks from `clients` concurrent clients, each pausing 25 ms
+/// between requests, until `stop` fires.
+pub fn steady_load(
+    http: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    destination: &str,
+    delay_ms: u64,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<Answer>> {
+    let http = http.clone();
+    let url = format!("{base}/v1/tasks");
+    let task = serde_json::json!({"destination": destination, "delay_ms": delay_ms});
+    tokio::spawn(async move {
+        let workers = (0..clients).map(|_| {
+            let (http, url, stop, task) = (http.clone(), url.clone(), stop.clone(), task.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.is_cancelled() {
+                    let started = std::time::Instant::now();
+                    // A request the service could not answer (it was killed) counts as status 0.
+                    let (status, body) = match http.post(&url).json(&task).send().await {
+                        Ok(response) => {
+                            let status = response.status().as_u16();
+                            (status, response.json().await.unwrap_or(Value::Null))
+                        }
+                        Err(_) => (0, Value::Null),
+                    };
+                    answers.push(Answer {
+                        status,
+                        id: body["id"].as_str().map(str::to_owned),
+                        state: body["state"].as_str().map(str::to_owned),
+                        took: started.elapsed(),
+                    });
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                answers
+            })
+        });
+        let mut all = Vec::new();
+        for worker in futures_util::future::join_all(workers).await {
+            all.extend(worker.unwrap());
+        }
+        all
+    })
+}
+
+/// The `delayline serve` binary on `port`, configured by the environment.
+pub fn spawn_binary(settings: &Settings, port: u16) -> Child {
+    serve_command(settings, port).spawn().unwrap()
+}
+
+pub fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command {
+    let c = &settings.cascade;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
+    command
+        .arg("serve")
+        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+        .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
+        .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
+        .env(
+            "DELAYLINE__AMQP__CONFIRM_TIMEOUT_MS",
+            settings.amqp.confirm_timeout_ms.to_string(),
+        )
+        .env("DELAYLINE__CASCADE__PREFIX", &c.prefix)
+        .env(
+            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+            &c.business_exchange,
+        )
+        .env("DELAYLINE__CASCADE__LEVELS", c.levels.to_string())
+        .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
+        .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
+        .env("DELAYLINE__STORE__URL", &settings.store.url)
+        .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+pub async fn wait_ready_at(http: &reqwest::Client, base: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = http.get(format!("{base}/readyz")).send().await
+            && response.status() == 200
+        {
+            return response.json().await.unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -1,0 +1,285 @@
+//! The chaos run: the real binary under steady load (SQLite ledger, quorum
+//! queues, a three-node cluster of the test's own) while, one after another,
+//! a task too large for the broker is posted, the broker closes delayline's
+//! connection, a memory alarm blocks publishing, delayline is SIGKILLed and
+//! restarted, the node in use stops its broker for a while, and then is lost
+//! for good. Every accepted task must arrive, none early; duplicates are
+//! counted. `DLTEST_CHAOS_REPORT=FILE` writes the figures as a Markdown table
+//! (RELIABILITY.md has a run's).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use common::nodes::{Cluster, NodeOptions, drain};
+use common::{
+    Backend, TestConsumer, free_port, spawn_binary, steady_load, test_settings, wait_ready_at,
+    with_ledger,
+};
+use delayline::cascade::QueueType;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Steady load between two faults.
+const CALM: Duration = Duration::from_secs(4);
+/// How long the deliveries may take once the load stops.
+const STALL_ALLOWANCE: Duration = Duration::from_secs(120);
+
+struct Fault {
+    name: &'static str,
+    /// From the fault's injection (or its end, for a fault that lasts) until
+    /// `/readyz` says publishing works again.
+    recovered_in: Option<Duration>,
+}
+
+/// The service as the load sees it.
+struct Service {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Service {
+    async fn ready(&self) -> Option<Value> {
+        let response = self
+            .http
+            .get(format!("{}/readyz", self.base))
+            .send()
+            .await
+            .ok()?;
+        let body: Value = response.json().await.ok()?;
+        (body["broker"] == "connected").then_some(body)
+    }
+
+    /// Waits until publishing works; how long that took.
+    async fn recovery(&self, since: Instant) -> Duration {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.ready().await.is_none() {
+            assert!(Instant::now() < deadline, "never recovered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        since.elapsed()
+    }
+
+    /// Index of the cluster node in use.
+    async fn node(&self, cluster: &Cluster) -> usize {
+        let ready = self.ready().await.expect("connected");
+        let node = ready["node"].as_str().unwrap().to_owned();
+        cluster
+            .nodes
+            .iter()
+            .position(|n| node.contains(&format!(":{}/", n.port)))
+            .expect("a node of the cluster")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_accepted_task_arrives_through_every_fault() {
+    let cluster = Cluster::start(&NodeOptions {
+        dead_letter_confirm_timeout_ms: Some(5_000),
+        ..NodeOptions::default()
+    });
+    let mut settings = with_ledger(test_settings(12, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = cluster.uris();
+    settings.amqp.confirm_timeout_ms = 2_000;
+    let cascade = settings.cascade().unwrap();
+    let connection_name = format!("delayline {}", cascade.prefix());
+    let port = free_port();
+    let service = Service {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let mut child = spawn_binary(&settings, port);
+    wait_ready_at(&service.http, &service.base).await;
+    service.recovery(Instant::now()).await;
+    // The consumer's node is never faulted; its queue is replicated anyway.
+    let key = cascade.binding_key("chaos");
+    let mut consumer =
+        TestConsumer::on_node(&cluster.nodes[2].uri(), &cascade, &key, QueueType::Quorum).await;
+
+    let stop = CancellationToken::new();
+    let load = steady_load(
+        &service.http,
+        &service.base,
+        4,
+        "chaos",
+        1_000,
+        stop.clone(),
+    );
+    let started = Instant::now();
+    let mut faults = Vec::new();
+    tokio::time::sleep(CALM).await;
+
+    // 1. A task whose headers cannot fit a frame: refused, nothing else happens.
+    let response = service
+        .http
+        .post(format!("{}/v1/tasks", service.base))
+        .json(&json!({"destination": "chaos", "delay_ms": 0,
+                      "headers": {"h": "x".repeat(200_000)}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    faults.push(Fault {
+        name: "oversized task (200 KB header)",
+        recovered_in: None,
+    });
+    tokio::time::sleep(CALM).await;
+
+    // 2. The broker closes delayline's connection, three times.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let node = service.node(&cluster).await;
+        cluster.nodes[node].close_connections_named(&connection_name);
+        slowest = slowest.max(service.recovery(Instant::now()).await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    faults.push(Fault {
+        name: "3 forced connection closes (the slowest)",
+        recovered_in: Some(slowest),
+    });
+    tokio::time::sleep(CALM).await;
+
+    // 3. A memory alarm blocks publishing for 5 s.
+    cluster.nodes[0].raise_memory_alarm();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.nodes[0].clear_memory_alarm();
+    faults.push(Fault {
+        name: "memory alarm, 5 s",
+        recovered_in: Some(service.recovery(Instant::now()).await),
+    });
+    tokio::time::sleep(CALM).await;
+
+    // 4. delayline is killed and started again on the same ledger.
+    let injected = Instant::now();
+    child.kill().await.unwrap();
+    child = spawn_binary(&settings, port);
+    faults.push(Fault {
+        name: "delayline SIGKILL and restart",
+        recovered_in: Some(service.recovery(injected).await),
+    });
+    tokio::time::sleep(CALM).await;
+
+    // 5. The node in use stops its broker for 10 s.
+    let node = service.node(&cluster).await;
+    assert_ne!(node, 2, "delayline connects to the first addresses");
+    cluster.nodes[node].ctl(&["stop_app"]);
+    let injected = Instant::now();
+    let moved = service.recovery(injected).await;
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(moved)).await;
+    cluster.nodes[node].ctl(&["start_app"]);
+    cluster.nodes[node].ctl(&["await_startup"]);
+    faults.push(Fault {
+        name: "broker stop_app on the node in use, 10 s",
+        recovered_in: Some(moved),
+    });
+    tokio::time::sleep(CALM).await;
+
+    // 6. The node in use is lost for good.
+    let node = service.node(&cluster).await;
+    assert_ne!(node, 2);
+    let injected = Instant::now();
+    cluster.nodes[node].stop();
+    faults.push(Fault {
+        name: "node in use lost (rabbitmqctl stop)",
+        recovered_in: Some(service.recovery(injected).await),
+    });
+    tokio::time::sleep(CALM).await;
+
+    stop.cancel();
+    let answers = load.await.unwrap();
+    let load_seconds = started.elapsed().as_secs_f64();
+    let accepted: HashSet<String> = answers
+        .iter()
+        .filter(|a| a.status == 202)
+        .filter_map(|a| a.id.clone())
+        .collect();
+    // A request cut off by the kill got no answer (status 0): not accepted,
+    // though its task may have been committed and is then delivered.
+    let unanswered = answers.iter().filter(|a| a.status == 0).count();
+    let refused: HashMap<u16, usize> = answers
+        .iter()
+        .filter(|a| a.status != 202 && a.status != 0)
+        .fold(HashMap::new(), |mut counts, a| {
+            *counts.entry(a.status).or_default() += 1;
+            counts
+        });
+    assert!(refused.is_empty(), "answers other than 202: {refused:?}");
+
+    let drained = drain(
+        &mut consumer,
+        &accepted,
+        &cluster.nodes[2],
+        cascade.prefix(),
+        STALL_ALLOWANCE,
+    )
+    .await;
+    child.kill().await.unwrap();
+
+    let mut report = String::new();
+    writeln!(report, "| fault | publishing again after |").unwrap();
+    writeln!(report, "|---|---|").unwrap();
+    for fault in &faults {
+        let recovered = fault.recovered_in.map_or("not affected".to_owned(), |d| {
+            format!("{} ms", d.as_millis())
+        });
+        writeln!(report, "| {} | {recovered} |", fault.name).unwrap();
+    }
+    writeln!(report).unwrap();
+    writeln!(report, "| | |").unwrap();
+    writeln!(report, "|---|---|").unwrap();
+    for (what, value) in [
+        (
+            "load",
+            format!(
+                "{load_seconds:.0} s, 4 clients, {:.0} tasks/s",
+                answers.len() as f64 / load_seconds
+            ),
+        ),
+        ("tasks accepted (202)", accepted.len().to_string()),
+        ("lost", "0".to_owned()),
+        ("delivered early", "0".to_owned()),
+        ("duplicates", drained.duplicates.to_string()),
+        (
+            "requests without an answer (cut off by the kill)",
+            unanswered.to_string(),
+        ),
+        (
+            "of those, delivered",
+            drained.unanswered_delivered.to_string(),
+        ),
+        (
+            "lateness p50 / p99 / max",
+            format!(
+                "{} / {} / {} ms",
+                drained.percentile(0.5),
+                drained.percentile(0.99),
+                drained.percentile(1.0)
+            ),
+        ),
+        (
+            "levels stranded by a lost node, released by the runbook script",
+            if drained.released.is_empty() {
+                "none".to_owned()
+            } else {
+                drained.released.join(", ")
+            },
+        ),
+    ] {
+        writeln!(report, "| {what} | {value} |").unwrap();
+    }
+    eprintln!("{report}");
+    for (since, count, median, worst) in drained.by_due_time(2_000) {
+        eprintln!(
+            "due at +{since:>6} ms: {count:>4} tasks, {median:>6} ms late (median), {worst:>6} ms (worst)"
+        );
+    }
+    if let Ok(path) = std::env::var("DLTEST_CHAOS_REPORT") {
+        std::fs::write(path, &report).unwrap();
+    }
+    assert!(
+        drained.unanswered_delivered <= unanswered,
+        "delivered tasks nobody was answered for"
+    );
+}

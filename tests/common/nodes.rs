@@ -1,0 +1,411 @@
+//! RabbitMQ nodes of a test's own, beside the machine's broker: for faults
+//! that would disturb every other test (alarms, stopping a node, a cluster
+//! losing a member). Each node has its own name, ports and directories, and
+//! is stopped and deleted when dropped. See `shared/notes/rabbitmq-nodes.md`.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use delayline::task::DELIVER_AT_HEADER;
+
+use super::{TestConsumer, free_port};
+
+/// What a node is started with.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    /// Also serve the management HTTP API (on a port of its own).
+    pub management: bool,
+    /// `dead_letter_worker_publisher_confirm_timeout` in ms (RabbitMQ's default is 180 s).
+    pub dead_letter_confirm_timeout_ms: Option<u64>,
+}
+
+pub struct BrokerNode {
+    /// The Erlang node name, e.g. `dltest-1a2b3c@localhost`.
+    pub name: String,
+    pub port: u16,
+    pub management_port: Option<u16>,
+    dir: PathBuf,
+}
+
+impl BrokerNode {
+    /// Starts a node and waits until it serves AMQP.
+    pub fn start(options: &NodeOptions) -> BrokerNode {
+        let node = Self::launch(options);
+        node.wait_started();
+        node
+    }
+
+    /// Starts the node's process without waiting for it.
+    fn launch(options: &NodeOptions) -> BrokerNode {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let name = format!("dltest-{id}@localhost");
+        let dir = std::env::temp_dir().join(format!("dltest-node-{id}"));
+        let port = free_port();
+        let management_port = options.management.then(free_port);
+        std::fs::create_dir_all(dir.join("mnesia")).unwrap();
+        std::fs::create_dir_all(dir.join("log")).unwrap();
+        let mut config = format!("listeners.tcp.local = 127.0.0.1:{port}\n");
+        if let Some(management) = management_port {
+            config.push_str(&format!(
+                "management.tcp.port = {management}\nmanagement.tcp.ip = 127.0.0.1\n"
+            ));
+        }
+        std::fs::write(dir.join("rabbitmq.conf"), config).unwrap();
+        let plugins = if options.management {
+            "[rabbitmq_management]."
+        } else {
+            "[]."
+        };
+        std::fs::write(dir.join("enabled_plugins"), plugins).unwrap();
+        let advanced = match options.dead_letter_confirm_timeout_ms {
+            Some(ms) => {
+                format!("[{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {ms}}}]}}].")
+            }
+            None => "[].".to_owned(),
+        };
+        std::fs::write(dir.join("advanced.config"), advanced).unwrap();
+        run("chown", &["-R", "rabbitmq:rabbitmq", dir.to_str().unwrap()]);
+        let path = |leaf: &str| dir.join(leaf).display().to_string();
+        let status = Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &name)
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", free_port().to_string())
+            .env("RABBITMQ_MNESIA_BASE", path("mnesia"))
+            .env("RABBITMQ_LOG_BASE", path("log"))
+            .env("RABBITMQ_PID_FILE", path("pid"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", path("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", path("rabbitmq.conf"))
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", path("advanced.config"))
+            .status()
+            .expect("rabbitmq-server runs");
+        assert!(status.success(), "rabbitmq-server -detached failed");
+        BrokerNode {
+            name,
+            port,
+            management_port,
+            dir,
+        }
+    }
+
+    fn wait_started(&self) {
+        let pid_file = self.dir.join("pid").display().to_string();
+        self.ctl(&["wait", &pid_file, "--timeout", "120"]);
+    }
+
+    pub fn uri(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `rabbitmqctl` against this node; panics when it fails.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let output = self.try_ctl(args);
+        assert!(
+            output.status.success(),
+            "rabbitmqctl -n {} {args:?}: {}",
+            self.name,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    pub fn try_ctl(&self, args: &[&str]) -> Output {
+        Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.name])
+            .args(args)
+            .output()
+            .expect("rabbitmqctl runs")
+    }
+
+    /// Blocks every publishing connection, as a memory alarm does.
+    pub fn raise_memory_alarm(&self) {
+        self.ctl(&["set_vm_memory_high_watermark", "0.0000001"]);
+    }
+
+    pub fn clear_memory_alarm(&self) {
+        self.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    }
+
+    /// Blocks publishers by pretending the disk is nearly full.
+    pub fn raise_disk_alarm(&self) {
+        self.ctl(&["set_disk_free_limit", "100000GB"]);
+    }
+
+    pub fn clear_disk_alarm(&self) {
+        self.ctl(&["set_disk_free_limit", "50MB"]);
+    }
+
+    /// Closes, from the broker's side, every connection the client named
+    /// `name`; returns how many.
+    pub fn close_connections_named(&self, name: &str) -> usize {
+        let listing = self.ctl(&["list_connections", "pid", "client_properties"]);
+        let needle = format!("{{\"connection_name\",\"{name}\"}}");
+        let pids: Vec<&str> = listing
+            .lines()
+            .filter(|line| line.contains(&needle))
+            .filter_map(|line| line.split('\t').next())
+            .collect();
+        for pid in &pids {
+            self.ctl(&["close_connection", pid, "test closes the connection"]);
+        }
+        pids.len()
+    }
+
+    /// Level queues of the chain `prefix` whose messages are all held:
+    /// neither ready nor delivered (see deploy/rabbitmq/release-stranded-level.sh).
+    pub fn stranded_levels(&self, prefix: &str) -> Vec<String> {
+        self.queue_listing()
+            .into_iter()
+            .filter(|(name, ready, unacked, all)| {
+                name.starts_with(prefix)
+                    && name.contains(".level")
+                    && *ready == 0
+                    && *unacked == 0
+                    && *all > 0
+            })
+            .map(|(name, ..)| name)
+            .collect()
+    }
+
+    /// The runbook's remedy for a stranded level, run against this node.
+    pub fn release_stranded_level(&self, queue: &str) {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/rabbitmq/release-stranded-level.sh"
+        );
+        let output = Command::new("sh")
+            .arg(script)
+            .arg(queue)
+            .env("RABBITMQCTL_OPTS", format!("-n {}", self.name))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{script} {queue}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Stops the node for good (its directories go when it is dropped).
+    pub fn stop(&self) {
+        let _ = self.try_ctl(&["stop"]);
+    }
+
+    /// Every queue with its messages as the broker counts them: (name,
+    /// ready, unacknowledged, all). Quorum queues count the messages their
+    /// dead-letter worker holds only in the total.
+    pub fn queue_listing(&self) -> Vec<(String, u64, u64, u64)> {
+        let listing = self.ctl(&[
+            "list_queues",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            "messages",
+        ]);
+        listing
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split('\t').collect();
+                let count = |i: usize| fields.get(i)?.trim().parse().ok();
+                Some((fields[0].to_owned(), count(1)?, count(2)?, count(3)?))
+            })
+            .collect()
+    }
+
+    /// (ready, unacknowledged, all) of `queue`.
+    pub fn queue_counts(&self, queue: &str) -> Option<(u64, u64, u64)> {
+        self.queue_listing()
+            .into_iter()
+            .find(|(name, ..)| name == queue)
+            .map(|(_, ready, unacked, all)| (ready, unacked, all))
+    }
+}
+
+impl Drop for BrokerNode {
+    fn drop(&mut self) {
+        self.stop();
+        // DLTEST_KEEP_NODES keeps the node's logs and data for a post-mortem.
+        if std::env::var_os("DLTEST_KEEP_NODES").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("kept node {} in {}", self.name, self.dir.display());
+        }
+    }
+}
+
+/// Three nodes in one cluster; quorum queues declared on it have a replica on each.
+pub struct Cluster {
+    pub nodes: Vec<BrokerNode>,
+}
+
+impl Cluster {
+    pub fn start(options: &NodeOptions) -> Cluster {
+        // Booting is the slow part: let the three boot at once.
+        let nodes: Vec<BrokerNode> = (0..3).map(|_| BrokerNode::launch(options)).collect();
+        for node in &nodes {
+            node.wait_started();
+        }
+        for node in &nodes[1..] {
+            node.ctl(&["stop_app"]);
+            node.ctl(&["reset"]);
+            node.ctl(&["join_cluster", &nodes[0].name]);
+            node.ctl(&["start_app"]);
+            node.ctl(&["await_startup"]);
+        }
+        Cluster { nodes }
+    }
+
+    /// Every node's address, as `amqp.uri` takes them.
+    pub fn uris(&self) -> String {
+        self.nodes
+            .iter()
+            .map(BrokerNode::uri)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Where each quorum queue's leader lives: (queue, node name).
+    pub fn leaders(&self, alive: &BrokerNode) -> Vec<(String, String)> {
+        alive
+            .ctl(&["list_queues", "name", "leader"])
+            .lines()
+            .filter_map(|line| {
+                let (queue, leader) = line.split_once('\t')?;
+                Some((queue.to_owned(), leader.trim().to_owned()))
+            })
+            .collect()
+    }
+}
+
+/// What receiving every accepted task took.
+#[derive(Debug, Default)]
+pub struct Drained {
+    pub duplicates: usize,
+    /// Tasks delivered that no 202 named (their request was cut off).
+    pub unanswered_delivered: usize,
+    /// Milliseconds after `x-deliver-at-ms`, one per task, sorted.
+    pub lateness: Vec<i64>,
+    /// (`x-deliver-at-ms`, lateness) of each task, in arrival order.
+    pub timeline: Vec<(i64, i64)>,
+    /// Levels released with the runbook's script.
+    pub released: Vec<String>,
+}
+
+impl Drained {
+    /// Tasks by when they were due, in buckets of `bucket_ms`: (due since
+    /// the first, count, median and worst lateness).
+    pub fn by_due_time(&self, bucket_ms: i64) -> Vec<(i64, usize, i64, i64)> {
+        let first = self.timeline.iter().map(|(due, _)| *due).min().unwrap_or(0);
+        let mut buckets: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
+        for (due, late) in &self.timeline {
+            buckets
+                .entry((due - first) / bucket_ms)
+                .or_default()
+                .push(*late);
+        }
+        buckets
+            .into_iter()
+            .map(|(bucket, mut late)| {
+                late.sort_unstable();
+                (
+                    bucket * bucket_ms,
+                    late.len(),
+                    late[late.len() / 2],
+                    late[late.len() - 1],
+                )
+            })
+            .collect()
+    }
+
+    pub fn percentile(&self, p: f64) -> i64 {
+        self.lateness[((self.lateness.len() - 1) as f64 * p) as usize]
+    }
+}
+
+/// Receives every task of `accepted` (asserting none is early), then what
+/// else arrives within a few seconds. When nothing arrives for 20 s and a
+/// level of `prefix` holds stranded messages, applies the runbook's remedy
+/// through `node` (a surviving node), as an operator alerted by
+/// `delayline_level_queue_held_seconds` would.
+pub async fn drain(
+    consumer: &mut TestConsumer,
+    accepted: &HashSet<String>,
+    node: &BrokerNode,
+    prefix: &str,
+    allowance: Duration,
+) -> Drained {
+    let mut drained = Drained::default();
+    let mut missing = accepted.clone();
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + allowance;
+    let mut quiet_since = Instant::now();
+    let mut receive = async |consumer: &mut TestConsumer, wait, drained: &mut Drained| {
+        let message = consumer.next(wait).await?;
+        let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
+        let late = message.received_at_ms as i64 - deliver_at;
+        assert!(late >= 0, "delivered early by {} ms", -late);
+        let id = message.message_id();
+        if !seen.insert(id.clone()) {
+            drained.duplicates += 1;
+        } else {
+            drained.lateness.push(late);
+            drained.timeline.push((deliver_at, late));
+            if !accepted.contains(&id) {
+                drained.unanswered_delivered += 1;
+            }
+        }
+        Some(id)
+    };
+    while !missing.is_empty() {
+        match receive(consumer, Duration::from_secs(5), &mut drained).await {
+            Some(id) => {
+                missing.remove(&id);
+                quiet_since = Instant::now();
+            }
+            None => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {} accepted tasks never arrived",
+                    missing.len(),
+                    accepted.len()
+                );
+                if quiet_since.elapsed() >= Duration::from_secs(20) {
+                    for queue in node.stranded_levels(prefix) {
+                        eprintln!("{queue} holds stranded messages: releasing it (runbook)");
+                        node.release_stranded_level(&queue);
+                        drained.released.push(queue);
+                    }
+                    quiet_since = Instant::now();
+                }
+            }
+        }
+    }
+    while receive(consumer, Duration::from_secs(3), &mut drained)
+        .await
+        .is_some()
+    {}
+    drained.lateness.sort_unstable();
+    drained
+}
+
+fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap();
+    assert!(status.success(), "{program} {args:?} failed");
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes; returns whether it held.
+pub async fn within(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
