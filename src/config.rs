@@ -36,6 +36,10 @@ pub struct AmqpSettings {
     pub reconnect_max_backoff_ms: u64,
     /// How long one connection attempt to one address may take.
     pub connect_timeout_ms: u64,
+    /// How long RabbitMQ may refuse delayline (credentials, vhost,
+    /// permissions) before `/readyz` answers 503: a misconfiguration, unlike
+    /// an outage, will not pass by waiting.
+    pub misconfiguration_grace_ms: u64,
 }
 
 impl AmqpSettings {
@@ -58,6 +62,7 @@ impl Default for AmqpSettings {
             confirm_timeout_ms: 10_000,
             reconnect_max_backoff_ms: 5_000,
             connect_timeout_ms: 3_000,
+            misconfiguration_grace_ms: 30_000,
         }
     }
 }

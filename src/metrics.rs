@@ -56,6 +56,7 @@ pub struct Metrics {
     pub tasks_rejected: Family<CodeLabel, Counter>,
     pub confirm_latency: Histogram,
     pub broker_connected: Gauge,
+    pub broker_misconfigured: Gauge,
     pub ledger_pending: Gauge,
     pub ledger_commit_group: Histogram,
     pub forwarded: Family<OutcomeLabel, Counter>,
@@ -112,6 +113,13 @@ impl Metrics {
             "broker_connected",
             "1 when connected to RabbitMQ with the topology provisioned and not blocked",
             broker_connected.clone(),
+        );
+        let broker_misconfigured = Gauge::default();
+        registry.register(
+            "broker_misconfigured",
+            "1 while RabbitMQ refuses delayline's connection (credentials, vhost, permissions): \
+             only a configuration change ends it",
+            broker_misconfigured.clone(),
         );
         let ledger_pending = Gauge::default();
         registry.register(
@@ -209,6 +217,7 @@ impl Metrics {
             tasks_rejected,
             confirm_latency,
             broker_connected,
+            broker_misconfigured,
             ledger_pending,
             ledger_commit_group,
             forwarded,

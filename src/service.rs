@@ -108,7 +108,7 @@ pub async fn run(
         )));
     }
     let app = router(
-        AppState::new(scheduler.clone(), &settings.http),
+        AppState::new(scheduler.clone(), &settings.http, &settings.amqp),
         settings.http.body_limit_bytes,
     );
     info!(address = %listener.local_addr()?, "listening");

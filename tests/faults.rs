@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::nodes::{BrokerNode, NodeOptions, within};
 use common::{
-    Backend, TestApp, TestConsumer, connections_named, eventually, sample, steady_load,
+    Backend, TestApp, TestConsumer, TestUser, connections_named, eventually, sample, steady_load,
     test_settings, with_ledger,
 };
 use delayline::broker::{DEFAULT_FRAME_MAX, content_header_frame_size, task_properties};
@@ -482,5 +482,110 @@ async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
             Duration::from_secs(20),
         )
         .await;
+    app.stop().await.unwrap();
+}
+
+/// Waits until `/readyz` answers `status`; its body then.
+async fn readyz_becomes(app: &TestApp, status: u16) -> Value {
+    let mut body = Value::Null;
+    let became = within(Duration::from_secs(15), async || {
+        let (now, answer) = app.get("/readyz").await;
+        body = answer;
+        now == status
+    })
+    .await;
+    assert!(became, "/readyz never answered {status}: {body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
+    let user = TestUser::create();
+    let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = user.uri().replace(":secret@", ":wrong@");
+    settings.amqp.misconfiguration_grace_ms = 1_000;
+    settings.amqp.reconnect_max_backoff_ms = 300;
+    let mut app = TestApp::start(settings).await;
+
+    let refused = readyz_becomes(&app, 503).await;
+    assert_eq!(
+        refused["error"]["code"], "broker_misconfigured",
+        "{refused}"
+    );
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("ACCESS_REFUSED"), "{message}");
+    assert!(!message.contains("wrong"), "the password leaked: {message}");
+    // Tasks are still taken into the ledger, and say why they wait.
+    let (status, body) = app
+        .post("/v1/tasks", &json!({"destination": "fixed", "delay_ms": 0}))
+        .await;
+    assert_eq!((status, &body["state"]), (202, &json!("pending")));
+    let id = body["id"].as_str().unwrap().to_owned();
+    let (_, task) = app.get(&format!("/v1/tasks/{id}")).await;
+    assert!(
+        task["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("ACCESS_REFUSED"),
+        "{task}"
+    );
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_broker_misconfigured"), Some(1.0));
+
+    // The operator gives the user the password the service was configured with.
+    common::rabbitmqctl(&["change_password", &user.0, "wrong"]);
+    let ready = readyz_becomes(&app, 200).await;
+    assert!(ready.get("broker_error").is_none(), "{ready}");
+    let key = app.cascade.binding_key("fixed");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    // Bound after the fact: the task may already be parked, so post one more.
+    let (_, again) = app
+        .post("/v1/tasks", &json!({"destination": "fixed", "delay_ms": 0}))
+        .await;
+    let arrived = consumer.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(arrived.message_id(), again["id"].as_str().unwrap());
+    eventually("the waiting task is published", async || {
+        app.get(&format!("/v1/tasks/{id}")).await.1["state"] == "published"
+    })
+    .await;
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_broker_misconfigured"), Some(0.0));
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
+    let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = format!("{}-missing-vhost", common::AMQP_URI);
+    settings.amqp.misconfiguration_grace_ms = 500;
+    let app = TestApp::start(settings.clone()).await;
+    let refused = readyz_becomes(&app, 503).await;
+    assert_eq!(refused["error"]["code"], "broker_misconfigured");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("NOT_ALLOWED"),
+        "{refused}"
+    );
+    app.stop().await.unwrap();
+
+    // Nothing listens there: an outage. With a ledger tasks are accepted, so
+    // the service stays ready, and says what is wrong with the broker.
+    settings.amqp.uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", common::free_port());
+    let app = TestApp::start(settings).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (status, ready) = app.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["broker"], "disconnected");
+    assert!(
+        ready["broker_error"]
+            .as_str()
+            .unwrap()
+            .contains("Connection refused"),
+        "{ready}"
+    );
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_broker_misconfigured"), Some(0.0));
     app.stop().await.unwrap();
 }

@@ -10,7 +10,7 @@ mod publisher;
 
 use std::time::Duration;
 
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Connection, ConnectionProperties};
 
@@ -24,9 +24,9 @@ pub use migrate::{
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{
-    BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Message, PublishError,
-    Published, Publisher, PublisherOptions, SharedConnection, content_header_frame_size,
-    task_properties,
+    BrokerProblem, BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Message,
+    PublishError, Published, Publisher, PublisherOptions, SharedConnection,
+    content_header_frame_size, task_properties,
 };
 
 use crate::cascade::{ArgValue, Arguments};
@@ -50,6 +50,25 @@ impl BrokerError {
     /// A conflict needs an operator; anything else may pass by reconnecting.
     pub fn is_permanent(&self) -> bool {
         matches!(self, BrokerError::Conflict(_))
+    }
+
+    /// The broker refused delayline itself (credentials, a missing vhost,
+    /// missing permissions), as opposed to being away: retrying goes on, but
+    /// it will not pass until someone changes the configuration.
+    pub fn is_misconfiguration(&self) -> bool {
+        let source = match self {
+            BrokerError::Connect { source, .. } | BrokerError::Call { source, .. } => source,
+            BrokerError::ConnectTimeout { .. } | BrokerError::Conflict(_) => return false,
+        };
+        match source.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => matches!(
+                amqp.kind(),
+                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                    | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+            ),
+            lapin::ErrorKind::AuthProviderError(_) => true,
+            _ => false,
+        }
     }
 }
 

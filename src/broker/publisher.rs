@@ -75,8 +75,9 @@ pub struct PublisherOptions {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PublishError {
-    #[error("not connected to RabbitMQ")]
-    Unavailable,
+    /// Not connected; the reason is the last connection attempt's error.
+    #[error("not connected to RabbitMQ: {0}")]
+    Unavailable(String),
     #[error("RabbitMQ blocks publishing ({0}); nothing was sent")]
     Blocked(String),
     #[error(
@@ -190,6 +191,30 @@ pub struct BrokerStatus {
     pub node: Option<String>,
     /// Why the broker blocks publishing, while it does.
     pub blocked: Option<String>,
+    /// Why the last attempt to connect failed, while not connected.
+    pub problem: Option<BrokerProblem>,
+}
+
+/// Why delayline is not connected to RabbitMQ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerProblem {
+    /// The broker's or the system's own words, password left out.
+    pub reason: String,
+    /// The broker refused delayline (credentials, vhost, permissions): only
+    /// a configuration change will end it. Otherwise it is away.
+    pub misconfigured: bool,
+    /// Since when problems of this kind have lasted.
+    pub since: Instant,
+}
+
+impl BrokerProblem {
+    /// The reason, as pending tasks' `last_error` and error answers give it.
+    fn describe(problem: Option<&BrokerProblem>) -> String {
+        match problem {
+            Some(problem) => problem.reason.clone(),
+            None => "connecting".to_owned(),
+        }
+    }
 }
 
 /// One connection's worth of publishing channels.
@@ -207,6 +232,34 @@ struct Shared {
     next_channel: AtomicUsize,
     options: PublisherOptions,
     plan: TopologyPlan,
+    /// Why the last connection attempt failed; cleared once connected.
+    problem: Mutex<Option<BrokerProblem>>,
+}
+
+impl Shared {
+    fn problem(&self) -> Option<BrokerProblem> {
+        self.problem.lock().ok().and_then(|problem| problem.clone())
+    }
+
+    fn unavailable(&self) -> PublishError {
+        PublishError::Unavailable(BrokerProblem::describe(self.problem().as_ref()))
+    }
+
+    /// Records a failed attempt; a problem of the same kind keeps its start.
+    fn record_problem(&self, error: &BrokerError) {
+        let misconfigured = error.is_misconfiguration();
+        if let Ok(mut problem) = self.problem.lock() {
+            let since = problem
+                .as_ref()
+                .filter(|p| p.misconfigured == misconfigured)
+                .map_or_else(Instant::now, |p| p.since);
+            *problem = Some(BrokerProblem {
+                reason: error.to_string(),
+                misconfigured,
+                since,
+            });
+        }
+    }
 }
 
 /// The publisher's live connection, lent for side work such as polling
@@ -242,6 +295,7 @@ impl Publisher {
             next_channel: AtomicUsize::new(0),
             options,
             plan,
+            problem: Mutex::new(None),
         });
         let supervisor = tokio::spawn(supervise(shared.clone(), shutdown));
         (Publisher { shared }, supervisor)
@@ -259,11 +313,15 @@ impl Publisher {
     pub fn status(&self) -> BrokerStatus {
         let session = self.shared.session.borrow().clone();
         match session {
-            None => BrokerStatus::default(),
+            None => BrokerStatus {
+                problem: self.shared.problem(),
+                ..BrokerStatus::default()
+            },
             Some(session) => BrokerStatus {
                 ready: session.is_ready(),
                 node: Some(redact_uri(&self.shared.options.uris[session.node])),
                 blocked: session.blocked(),
+                problem: None,
             },
         }
     }
@@ -321,12 +379,8 @@ impl Publisher {
     /// broker owns the message; the whole call takes at most the confirm
     /// timeout, after which the publish goes on as a [`LateConfirm`].
     pub async fn publish_bounded(&self, message: Message) -> Result<Published, PublishError> {
-        let session = self
-            .shared
-            .session
-            .borrow()
-            .clone()
-            .ok_or(PublishError::Unavailable)?;
+        let session = self.shared.session.borrow().clone();
+        let session = session.ok_or_else(|| self.shared.unavailable())?;
         if let Some(reason) = session.blocked() {
             return Err(PublishError::Blocked(reason));
         }
@@ -372,7 +426,7 @@ impl IsolatedPublisher {
         if !main.ready {
             return Err(match main.blocked {
                 Some(reason) => PublishError::Blocked(reason),
-                None => PublishError::Unavailable,
+                None => self.publisher.shared.unavailable(),
             });
         }
         fits(&message.properties, self.publisher.properties_limit())?;
@@ -393,18 +447,19 @@ impl IsolatedPublisher {
                     .as_ref()
                     .map_or(0, |s| s.node);
                 let name = format!("{} (isolated)", options.connection_name);
+                let unavailable = |error: String| PublishError::Unavailable(error);
                 let connection = tokio::time::timeout(
                     options.connect_timeout,
                     connect(&options.uris[node], &name),
                 )
                 .await
-                .map_err(|_| PublishError::Unavailable)?
-                .map_err(|_| PublishError::Unavailable)?;
+                .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
+                .map_err(|error| unavailable(error.to_string()))?;
                 let channel = match open_confirm_channel(&connection).await {
                     Ok(channel) => channel,
-                    Err(_) => {
+                    Err(error) => {
                         close(&connection).await;
-                        return Err(PublishError::Unavailable);
+                        return Err(unavailable(error.to_string()));
                     }
                 };
                 self.connection = Some((connection, channel.clone()));
@@ -521,7 +576,9 @@ impl Session {
             return Ok(slot.clone());
         }
         if !self.connection.status().connected() {
-            return Err(PublishError::Unavailable);
+            return Err(PublishError::Unavailable(
+                "the connection was lost".to_owned(),
+            ));
         }
         let reopened = async {
             provision(&self.connection, plan).await?;
@@ -632,7 +689,13 @@ async fn establish_any(
                 if count > 1 {
                     warn!(%error, "broker address not usable; trying the next");
                 }
-                last_error = Some(error);
+                // What only an operator can fix says more than a node that is away.
+                if !last_error
+                    .as_ref()
+                    .is_some_and(BrokerError::is_misconfiguration)
+                {
+                    last_error = Some(error);
+                }
             }
         }
     }
@@ -700,7 +763,18 @@ async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(
                 return Err(error);
             }
             Err(error) => {
-                warn!(%error, retry_in_ms = backoff.as_millis() as u64, "RabbitMQ is not available");
+                shared.record_problem(&error);
+                let retry_in_ms = backoff.as_millis() as u64;
+                if error.is_misconfiguration() {
+                    error!(
+                        %error,
+                        retry_in_ms,
+                        "RabbitMQ refuses delayline: check amqp.uri (user, password, vhost) and \
+                         the user's permissions; tasks wait in the ledger meanwhile"
+                    );
+                } else {
+                    warn!(%error, retry_in_ms, "RabbitMQ is not available");
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(backoff) => {}
@@ -710,6 +784,9 @@ async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(
             }
         };
         backoff = INITIAL_BACKOFF;
+        if let Ok(mut problem) = shared.problem.lock() {
+            *problem = None;
+        }
         let node = redact_uri(&options.uris[session.node]);
         shared.session.send_replace(Some(session.clone()));
         info!(

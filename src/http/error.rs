@@ -70,7 +70,7 @@ impl From<PublishError> for ApiError {
                     error.to_string(),
                 );
             }
-            PublishError::Unavailable
+            PublishError::Unavailable(_)
             | PublishError::Broker(_)
             | PublishError::Unconfirmed { .. } => "broker_unavailable",
             PublishError::Blocked(_) => "broker_blocked",

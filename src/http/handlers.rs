@@ -476,9 +476,11 @@ struct Status {
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let scheduler = &state.scheduler;
     let metrics = &scheduler.metrics;
+    let broker = scheduler.publisher.status();
+    metrics.broker_connected.set(i64::from(broker.ready));
     metrics
-        .broker_connected
-        .set(i64::from(scheduler.publisher.is_ready()));
+        .broker_misconfigured
+        .set(i64::from(broker.problem.is_some_and(|p| p.misconfigured)));
     if let Some(ledger) = &scheduler.ledger {
         // A scrape must not fail when the ledger does: that is when it matters.
         let pending = ledger.recount_pending().await.unwrap_or_else(|error| {
@@ -528,6 +530,9 @@ struct Readiness {
     /// Why the broker blocks publishing (a resource alarm), while it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     blocked: Option<String>,
+    /// Why the last attempt to connect failed, while disconnected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pending: Option<u64>,
 }
@@ -537,6 +542,22 @@ struct Readiness {
 /// answer and have room, and the broker may be away.
 pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let status = state.scheduler.publisher.status();
+    if let Some(problem) = &status.problem
+        && problem.misconfigured
+        && problem.since.elapsed() >= state.misconfiguration_grace
+    {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "broker_misconfigured",
+            format!(
+                "RabbitMQ has refused delayline for {} s: {} (check amqp.uri: user, password, \
+                 vhost, and the user's permissions)",
+                problem.since.elapsed().as_secs(),
+                problem.reason
+            ),
+        ));
+    }
+    let broker_error = status.problem.as_ref().map(|p| p.reason.clone());
     let broker = match (&status.node, &status.blocked) {
         (Some(_), Some(_)) => "blocked",
         (Some(_), None) if status.ready => "connected",
@@ -544,9 +565,10 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
     };
     let Some(ledger) = &state.scheduler.ledger else {
         if !status.ready {
-            let message = match &status.blocked {
-                Some(reason) => format!("RabbitMQ blocks publishing: {reason}"),
-                None => {
+            let message = match (&status.blocked, &broker_error) {
+                (Some(reason), _) => format!("RabbitMQ blocks publishing: {reason}"),
+                (None, Some(error)) => format!("not connected to RabbitMQ: {error}"),
+                (None, None) => {
                     "not connected to RabbitMQ, or the topology is not provisioned yet".to_owned()
                 }
             };
@@ -561,6 +583,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
             broker,
             node: status.node,
             blocked: None,
+            broker_error: None,
             pending: None,
         }));
     };
@@ -577,6 +600,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
         broker,
         node: status.node,
         blocked: status.blocked,
+        broker_error,
         pending: Some(pending),
     }))
 }

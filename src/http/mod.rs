@@ -4,6 +4,7 @@ mod error;
 mod handlers;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -14,7 +15,7 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
 pub use handlers::{BatchItem, BatchResponse, TaskPage, TaskView, TopologyView};
 
-use crate::config::HttpSettings;
+use crate::config::{AmqpSettings, HttpSettings};
 use crate::scheduler::Scheduler;
 
 /// What every handler shares. Cloning is cheap.
@@ -22,15 +23,18 @@ use crate::scheduler::Scheduler;
 pub struct AppState {
     pub scheduler: Scheduler,
     pub batch_limit: usize,
+    /// How long RabbitMQ may refuse delayline before `/readyz` says 503.
+    pub misconfiguration_grace: Duration,
     topology: Arc<TopologyView>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, settings: &HttpSettings) -> Self {
+    pub fn new(scheduler: Scheduler, http: &HttpSettings, amqp: &AmqpSettings) -> Self {
         let topology = Arc::new(TopologyView::new(&scheduler.cascade));
         Self {
             scheduler,
-            batch_limit: settings.batch_limit,
+            batch_limit: http.batch_limit,
+            misconfiguration_grace: Duration::from_millis(amqp.misconfiguration_grace_ms),
             topology,
         }
     }
