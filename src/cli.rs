@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 use lapin::Connection;
 
 use crate::broker::{
-    OldChain, check, connect_any, migrate_topology, provision, queue_state, requeue_parked,
+    ManagementApi, OldChain, check, connect_any, migrate_topology, provision, queue_state,
+    requeue_parked,
 };
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::{AmqpSettings, Settings};
@@ -127,8 +128,15 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         Command::MigrateTopology { from } => {
             let old = old_chain(&from, &cascade)?;
             let amqp = &settings.amqp;
+            // It alone counts what a quorum queue holds; without it, ready messages are counted.
+            let management = amqp.uris().first().and_then(|uri| {
+                ManagementApi::new(uri, &settings.metrics.management_url)
+                    .map_err(|error| eprintln!("delayline: {error}; counting ready messages only"))
+                    .ok()
+                    .flatten()
+            });
             let report = on_broker(amqp, "delayline migrate-topology", async |connection| {
-                Ok(migrate_topology(connection, &old, &cascade).await?)
+                Ok(migrate_topology(connection, &old, &cascade, management.as_ref()).await?)
             })
             .await?;
             println!(
@@ -145,6 +153,9 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
                 report.poisoned,
                 cascade.poison_queue(),
             );
+            for (queue, check) in &report.deleted {
+                println!("deleted {queue}: unbound, drained, then {check}");
+            }
             if report.levels != cascade.levels() && report.levels > 0 {
                 println!(
                     "the number of levels changed from {} to {}: routing keys now have {} digits, \

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{
     AMQP_URI, Cleanup, TestApp, TestConsumer, close_connections_named, eventually, queue_depth,
-    sample, test_settings,
+    run_delayline, sample, test_settings,
 };
 use delayline::broker::{
     MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER, connect, exchange_exists,
@@ -23,15 +23,19 @@ use lapin::options::BasicPublishOptions;
 use lapin::types::AMQPValue;
 use serde_json::json;
 
-/// Version 1: 6 levels of 100 ms, classic queues. Version 2 changes every
-/// setting a queue cannot change in place: 9 levels of 20 ms, quorum queues.
-fn old_and_new() -> (Settings, Settings) {
-    let old = test_settings(6, 100, QueueType::Classic);
+/// Version 1: 6 levels of 100 ms, of `source` queues (quorum, the default,
+/// unless a test says otherwise). Version 2 changes every setting a queue
+/// cannot change in place: 9 levels of 20 ms, the other queue type.
+fn old_and_new(source: QueueType) -> (Settings, Settings) {
+    let old = test_settings(6, 100, source);
     let mut new = old.clone();
     new.cascade.version = 2;
     new.cascade.levels = 9;
     new.cascade.unit_ms = 20;
-    new.cascade.queue_type = QueueType::Quorum;
+    new.cascade.queue_type = match source {
+        QueueType::Quorum => QueueType::Classic,
+        QueueType::Classic => QueueType::Quorum,
+    };
     (old, new)
 }
 
@@ -87,8 +91,17 @@ fn cleanup_both(old: &Cascade, new: &Cascade) -> Cleanup {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
-    let (old_settings, new_settings) = old_and_new();
+async fn tasks_in_flight_move_from_a_quorum_chain_and_arrive_once_never_early() {
+    tasks_in_flight_move(QueueType::Quorum).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_in_flight_move_from_a_classic_chain_and_arrive_once_never_early() {
+    tasks_in_flight_move(QueueType::Classic).await;
+}
+
+async fn tasks_in_flight_move(source: QueueType) {
+    let (old_settings, new_settings) = old_and_new(source);
     let old = old_settings.cascade().unwrap();
     let new = new_settings.cascade().unwrap();
     let _old_cleanup = cleanup_both(&old, &new);
@@ -104,7 +117,7 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
     // and its metrics show what still waits in the old one.
     let mut new_settings = new_settings;
     new_settings.metrics.queue_poll_ms = 100;
-    let new_app = TestApp::spawn(new_settings).await;
+    let new_app = TestApp::spawn(new_settings.clone()).await;
     ids.extend(accept_tasks(&new_app, 5, 1000).await);
     let retired = "delayline_retired_chain_messages{version=\"1\"}";
     eventually("the old chain to show in the metrics", async || {
@@ -129,13 +142,27 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
         .await
         .unwrap();
 
-    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
-        .await
-        .unwrap();
-    assert_eq!(report.levels, 6);
-    assert_eq!((report.parked, report.poisoned), (1, 1), "{report:?}");
-    assert!(report.rescheduled > 0, "{report:?}");
-    assert!(report.removed);
+    // The runbook's step: `delayline migrate-topology --from 1`, with the new settings.
+    let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
+    assert!(ok, "{output}");
+    assert!(
+        output.contains(" 1 parked messages moved, 1 poisoned"),
+        "{output}"
+    );
+    assert!(output.contains("the old chain is deleted"), "{output}");
+    // Six levels and the parking queue, each shown empty before deletion;
+    // this broker has no management API, so by ready count.
+    let deleted: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("deleted "))
+        .collect();
+    assert_eq!(deleted.len(), 7, "{output}");
+    assert!(
+        deleted
+            .iter()
+            .all(|l| l.contains("no ready message (passive declare")),
+        "{output}"
+    );
     old_chain_is_gone(&old).await;
     eventually("the old chain to leave the metrics", async || {
         sample(&new_app.scrape().await, retired).is_none()
@@ -155,8 +182,14 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
     );
     assert!(stray.header(POISON_REASON_HEADER).is_some());
 
-    // Nothing left to do: a re-run changes nothing.
-    let again = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
+    // Nothing left to do: a re-run (the runbook's step 5) changes nothing.
+    let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
+    assert!(ok, "{output}");
+    assert!(
+        output.contains(": 0 rescheduled, 0 already due"),
+        "{output}"
+    );
+    let again = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None)
         .await
         .unwrap();
     assert_eq!(
@@ -172,7 +205,7 @@ async fn tasks_in_flight_move_to_the_new_chain_and_arrive_once_never_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
-    let (old_settings, new_settings) = old_and_new();
+    let (old_settings, new_settings) = old_and_new(QueueType::Quorum);
     let old = old_settings.cascade().unwrap();
     let new = new_settings.cascade().unwrap();
     let _old_cleanup = cleanup_both(&old, &new);
@@ -200,7 +233,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     let migration = {
         let new = new.clone();
         tokio::spawn(async move {
-            migrate_topology(&connection, &OldChain::version_of(&new, 1), &new).await
+            migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None).await
         })
     };
     eventually("half of the old chain to be moved", async || {
@@ -212,7 +245,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     close_connections_named(crashing);
 
     let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
-    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new)
+    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None)
         .await
         .unwrap();
     assert!(report.removed);
@@ -227,7 +260,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
-    let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Classic)).await;
+    let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Quorum)).await;
     for destination in ["late.binder", "nobody"] {
         let (status, _) = app
             .post(
@@ -256,7 +289,7 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
         )
         .env("DELAYLINE__CASCADE__LEVELS", "3")
         .env("DELAYLINE__CASCADE__UNIT_MS", "10")
-        .env("DELAYLINE__CASCADE__QUEUE_TYPE", "classic")
+        .env("DELAYLINE__CASCADE__QUEUE_TYPE", "quorum")
         .output()
         .await
         .unwrap();
@@ -272,7 +305,7 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue() {
-    let old_settings = test_settings(4, 100, QueueType::Classic);
+    let old_settings = test_settings(4, 100, QueueType::Quorum);
     let mut new_settings = old_settings.clone();
     new_settings.cascade.prefix = format!("{}-renamed", old_settings.cascade.prefix);
     let old = old_settings.cascade().unwrap();
@@ -288,7 +321,7 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
     let _old_topology = old_app.stop_keeping_topology().await;
 
     let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
-    let report = migrate_topology(&connection, &OldChain::from_settings(&old), &new)
+    let report = migrate_topology(&connection, &OldChain::from_settings(&old), &new, None)
         .await
         .unwrap();
     assert!(report.removed);

@@ -16,10 +16,19 @@
 //! poison queue with its routing key and the reason in headers.
 //!
 //! Old queues are drained from the top level down, because a message expiring
-//! meanwhile only ever moves down. They are deleted only when empty
-//! (`if-empty`), top down, and the old exchanges after them; the deletion is
-//! what makes the old chain's level count unknowable, so exchanges outlive
-//! queues and give it back on a re-run.
+//! meanwhile only ever moves down. They are deleted top down, and the old
+//! exchanges after them; the deletion is what makes the old chain's level
+//! count unknowable, so exchanges outlive queues and give it back on a re-run.
+//!
+//! Quorum queues refuse `queue.delete` with `if-empty` (RabbitMQ closes the
+//! whole connection), so emptiness is established, not asked for: each queue
+//! is first unbound from its exchange (nothing can enter it any more; the
+//! levels above are gone already), drained once more, given a moment for
+//! messages that expired meanwhile to finish dead-lettering, and then found
+//! empty: by the management API's total, which counts the messages a quorum
+//! queue's dead-letter worker holds, or, where that API does not answer, by
+//! the ready count a passive declare gives. Only then is it deleted, and the
+//! report says which check each deletion rested on.
 
 use std::time::{Duration, SystemTime};
 
@@ -29,14 +38,16 @@ use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeleteOptions,
 };
+use lapin::types::FieldTable as Arguments;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tracing::info;
 
 use super::check::discover_chain;
 use super::inspect::{exchange_exists, queue_state};
+use super::management::ManagementApi;
 use super::provision::declare_queue;
-use super::{BrokerError, Context, precondition_failed, provision};
+use super::{BrokerError, Context, provision};
 use crate::cascade::{
     Cascade, MAX_LEVELS, level_exchange_name, level_queue_name, poison_queue_name,
     unroutable_queue_name,
@@ -54,6 +65,9 @@ const WINDOW: u16 = 256;
 const IDLE: Duration = Duration::from_millis(300);
 /// Drain passes over every old queue before giving up on an ever-refilling one.
 const MAX_PASSES: u32 = 20;
+/// After a queue's last drain, how long messages that expired meanwhile get
+/// to finish dead-lettering (milliseconds, unless the broker's worker stalls).
+const SETTLE: Duration = Duration::from_secs(1);
 /// Headers the broker adds on dead-lettering; they describe the old chain.
 const DEATH_HEADERS: [&str; 7] = [
     "x-death",
@@ -110,6 +124,32 @@ pub struct MigrationReport {
     pub poisoned: u64,
     /// Whether the old chain's queues and exchanges were deleted.
     pub removed: bool,
+    /// Each deleted queue, and what showed it empty.
+    pub deleted: Vec<(String, EmptinessCheck)>,
+}
+
+/// What showed an old queue empty before it was deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmptinessCheck {
+    /// The management API counted no message at all, held ones included.
+    ManagementTotal,
+    /// A passive declare counted no ready message after the settling time;
+    /// messages a quorum queue's dead-letter worker holds are not counted.
+    ReadyCount,
+}
+
+impl std::fmt::Display for EmptinessCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EmptinessCheck::ManagementTotal => {
+                "no message in all (management API, held messages included)"
+            }
+            EmptinessCheck::ReadyCount => {
+                "no ready message (passive declare; the management API did not answer, so \
+                 messages held by a quorum queue's dead-letter worker could not be counted)"
+            }
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,11 +191,14 @@ struct Mover<'a> {
     report: MigrationReport,
 }
 
-/// Moves everything out of `old` into `new` and removes `old`.
+/// Moves everything out of `old` into `new` and removes `old`. `management`
+/// is the broker's management API, when it may answer: it is what can count
+/// a quorum queue's held messages before the queue is deleted.
 pub async fn migrate_topology(
     connection: &Connection,
     old: &OldChain,
     new: &Cascade,
+    management: Option<&ManagementApi>,
 ) -> Result<MigrationReport, MigrateError> {
     if old.prefix == new.prefix() && old.version == new.version() {
         return Err(MigrateError::SameChain(format!(
@@ -208,6 +251,18 @@ pub async fn migrate_topology(
             )
         })
         .collect();
+    // Where each level queue is bound: its exchange, for digit 1 of its level.
+    let bindings: Vec<(String, String)> = (0..levels)
+        .rev()
+        .map(|level| {
+            let mut pattern = "*.".repeat((levels - 1 - level) as usize);
+            pattern.push_str("1.#");
+            (
+                level_exchange_name(&old.prefix, old.version, level),
+                pattern,
+            )
+        })
+        .collect();
     if own_parking {
         queues.push((old_parked, Kind::Parked));
     }
@@ -218,8 +273,20 @@ pub async fn migrate_topology(
         for (queue, kind) in &queues {
             moved += mover.drain(connection, queue, kind, None).await?;
         }
-        info!(pass, moved, report = ?mover.report, "migration pass done");
-        if moved == 0 && remove_if_empty(connection, &queues).await? {
+        info!(
+            pass,
+            moved,
+            rescheduled = mover.report.rescheduled,
+            overdue = mover.report.overdue,
+            parked = mover.report.parked,
+            poisoned = mover.report.poisoned,
+            "migration pass done"
+        );
+        if moved == 0
+            && mover
+                .remove_drained(connection, &queues, &bindings, management)
+                .await?
+        {
             for level in (0..levels).rev() {
                 let exchange = level_exchange_name(&old.prefix, old.version, level);
                 delete_exchange(connection, &exchange).await?;
@@ -275,39 +342,51 @@ async fn unbind_parking(
     Ok(())
 }
 
-/// Deletes each queue that exists, top level first, only if it is empty.
-/// False when one was not empty (it refilled): drain again.
-async fn remove_if_empty(
+/// How `queue` was shown empty, or None when it is not.
+async fn emptiness(
     connection: &Connection,
-    queues: &[(String, Kind)],
-) -> Result<bool, BrokerError> {
-    for (queue, _) in queues {
-        if queue_state(connection, queue).await?.is_none() {
-            continue;
-        }
-        let channel = connection
-            .create_channel()
-            .await
-            .context(|| format!("opening a channel to delete {queue:?}"))?;
-        let options = QueueDeleteOptions {
-            if_empty: true,
-            ..QueueDeleteOptions::default()
-        };
-        match channel.queue_delete(queue.as_str().into(), options).await {
-            Ok(_) => {
-                info!(queue, "deleted the drained old queue");
-                let _ = channel.close(200, "deleted".into()).await;
+    queue: &str,
+    management: Option<&ManagementApi>,
+) -> Result<Option<EmptinessCheck>, BrokerError> {
+    if let Some(api) = management {
+        let pattern = format!("^{}$", queue.replace('.', "\\."));
+        match api.queues(&pattern).await {
+            Ok(counts) => {
+                let total: u64 = counts.iter().map(|q| q.messages).sum();
+                return Ok((total == 0).then_some(EmptinessCheck::ManagementTotal));
             }
-            Err(error) if precondition_failed(&error).is_some() => return Ok(false),
             Err(error) => {
-                return Err(BrokerError::Call {
-                    context: format!("deleting {queue:?}"),
-                    source: error,
-                });
+                info!(%error, "the management API does not answer; counting ready messages only")
             }
         }
     }
-    Ok(true)
+    let ready = queue_state(connection, queue)
+        .await?
+        .map_or(0, |q| q.messages);
+    Ok((ready == 0).then_some(EmptinessCheck::ReadyCount))
+}
+
+async fn unbind(
+    connection: &Connection,
+    queue: &str,
+    exchange: &str,
+    pattern: &str,
+) -> Result<(), BrokerError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .context(|| format!("opening a channel to unbind {queue:?}"))?;
+    channel
+        .queue_unbind(
+            queue.into(),
+            exchange.into(),
+            pattern.into(),
+            Arguments::default(),
+        )
+        .await
+        .context(|| format!("unbinding {queue:?} from {exchange:?}"))?;
+    let _ = channel.close(200, "unbound".into()).await;
+    Ok(())
 }
 
 async fn delete_exchange(connection: &Connection, exchange: &str) -> Result<(), BrokerError> {
@@ -360,6 +439,47 @@ fn moved_properties(properties: &BasicProperties, extra: &[(&str, String)]) -> B
 }
 
 impl Mover<'_> {
+    /// Deletes each old queue that exists, top level first, once it is shown
+    /// empty (see the module's documentation). False when one was not: it
+    /// took or still held messages, so another pass is needed.
+    async fn remove_drained(
+        &mut self,
+        connection: &Connection,
+        queues: &[(String, Kind)],
+        bindings: &[(String, String)],
+        management: Option<&ManagementApi>,
+    ) -> Result<bool, MigrateError> {
+        for (index, (queue, kind)) in queues.iter().enumerate() {
+            if queue_state(connection, queue).await?.is_none() {
+                continue;
+            }
+            if let Some((exchange, pattern)) = bindings.get(index)
+                && exchange_exists(connection, exchange).await?
+            {
+                unbind(connection, queue, exchange, pattern).await?;
+            }
+            if self.drain(connection, queue, kind, None).await? > 0 {
+                return Ok(false);
+            }
+            tokio::time::sleep(SETTLE).await;
+            let Some(check) = emptiness(connection, queue, management).await? else {
+                return Ok(false);
+            };
+            let channel = connection
+                .create_channel()
+                .await
+                .context(|| format!("opening a channel to delete {queue:?}"))?;
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .context(|| format!("deleting {queue:?}"))?;
+            let _ = channel.close(200, "deleted".into()).await;
+            info!(queue, checked = %check, "deleted the drained old queue");
+            self.report.deleted.push((queue.clone(), check));
+        }
+        Ok(true)
+    }
+
     /// Where a message goes, and with which properties.
     fn destination(
         &mut self,

@@ -19,8 +19,8 @@ pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
-    MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER,
-    migrate_topology, requeue_parked,
+    EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
+    ROUTING_KEY_HEADER, migrate_topology, requeue_parked,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{

@@ -763,11 +763,22 @@ pub fn spawn_binary(settings: &Settings, port: u16) -> Child {
 }
 
 pub fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command {
+    let mut command = delayline_command(settings, &["serve"]);
+    command
+        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// `delayline ARGS` configured by the environment with `settings`' broker,
+/// chain and ledger, as an operator would run it.
+pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::Command {
     let c = &settings.cascade;
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
     command
-        .arg("serve")
-        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+        .args(args)
         .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
         .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
         .env(
@@ -782,12 +793,25 @@ pub fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command 
         .env("DELAYLINE__CASCADE__LEVELS", c.levels.to_string())
         .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
+        .env("DELAYLINE__CASCADE__VERSION", c.version.to_string())
         .env("DELAYLINE__STORE__URL", &settings.store.url)
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
+        .env(
+            "DELAYLINE__METRICS__MANAGEMENT_URL",
+            &settings.metrics.management_url,
+        );
     command
+}
+
+/// Runs `delayline ARGS` to the end: whether it succeeded, and its output.
+pub async fn run_delayline(settings: &Settings, args: &[&str]) -> (bool, String) {
+    let output = delayline_command(settings, args).output().await.unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
 }
 
 pub async fn wait_ready_at(http: &reqwest::Client, base: &str) -> Value {
