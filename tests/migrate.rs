@@ -111,7 +111,7 @@ async fn tasks_in_flight_move(source: QueueType) {
     let mut consumer = TestConsumer::bind(&mut old_app, "#.moved").await;
     let mut ids = accept_tasks(&old_app, 30, 3000).await;
     park_one(&old_app).await;
-    let _old_topology = old_app.stop_keeping_topology().await;
+    let mut old_topology = old_app.stop_keeping_topology().await;
 
     // The upgrade: the new version starts beside the old chain, takes tasks,
     // and its metrics show what still waits in the old one.
@@ -199,6 +199,18 @@ async fn tasks_in_flight_move(source: QueueType) {
             ..MigrationReport::default()
         }
     );
+    // The parked task was re-keyed for the new number of levels: once its
+    // consumer binds with today's key, `requeue-parked` delivers it.
+    let key = new.binding_key("nobody");
+    let mut late_binder =
+        TestConsumer::bind_to(&mut old_topology, &new, new.business_exchange(), &key).await;
+    let (ok, output) = run_delayline(&new_settings, &["requeue-parked"]).await;
+    assert!(ok, "{output}");
+    let requeued = late_binder
+        .next(Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("not requeued: {output}"));
+    assert_eq!(requeued.routing_key, format!("{}nobody", "0.".repeat(9)));
     let _ = connection.close(200, "done".into()).await;
     new_app.stop().await.unwrap();
 }

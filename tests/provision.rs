@@ -402,5 +402,30 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
         "{out}"
     );
     assert!(out.contains("migrate-topology --from 1"), "{out}");
+    assert!(
+        out.contains("v1: 3 level queues holding 0 messages, and 0 parked messages"),
+        "{out}"
+    );
+
+    // A parked message of v1 counts too, in the singular.
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .basic_publish(
+            "".into(),
+            v1.unroutable_queue().as_str().into(),
+            lapin::options::BasicPublishOptions::default(),
+            b"parked",
+            lapin::BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    common::eventually("the message to be parked", async || {
+        common::queue_depth(&v1.unroutable_queue()).await == 1
+    })
+    .await;
+    let out = String::from_utf8_lossy(&run("2").stdout).into_owned();
+    assert!(out.contains("and 1 parked message;"), "{out}");
     let _ = connection.close(200, "done".into()).await;
 }

@@ -13,7 +13,18 @@ use lapin::Connection;
 use super::inspect::{QueueState, exchange_exists, queue_state};
 use super::provision::{declare_exchange, declare_queue};
 use super::{BrokerError, Context, TopologyConflict};
-use crate::cascade::{Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, level_queue_name};
+use crate::cascade::{
+    Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, level_queue_name, unroutable_queue_name,
+};
+
+/// "1 message", "2 messages".
+fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
 
 /// Versions above the configured one that are looked for, in case of a rollback.
 const VERSIONS_ABOVE: u32 = 2;
@@ -39,6 +50,8 @@ pub struct CheckedObject {
 pub struct OtherChain {
     pub version: u32,
     pub levels: Vec<QueueState>,
+    /// Messages in that version's parking queue.
+    pub parked: u32,
 }
 
 impl OtherChain {
@@ -69,7 +82,7 @@ impl fmt::Display for CheckReport {
         for object in &self.objects {
             let messages = object
                 .messages
-                .map(|n| format!(" ({n} messages)"))
+                .map(|n| format!(" ({})", counted(u64::from(n), "message")))
                 .unwrap_or_default();
             match &object.status {
                 Status::Matches => {
@@ -91,11 +104,12 @@ impl fmt::Display for CheckReport {
         for chain in &self.other_chains {
             writeln!(
                 f,
-                "other    chain    v{}: {} level queues holding {} messages; \
-                 move them with `delayline migrate-topology --from {}`",
+                "other    chain    v{}: {} holding {}, and {}; move them with \
+                 `delayline migrate-topology --from {}`",
                 chain.version,
-                chain.levels.len(),
-                chain.messages(),
+                counted(chain.levels.len() as u64, "level queue"),
+                counted(chain.messages(), "message"),
+                counted(u64::from(chain.parked), "parked message"),
                 chain.version
             )?;
         }
@@ -203,8 +217,15 @@ pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckRe
     let mut other_chains = Vec::new();
     for version in (1..=cascade.version() + VERSIONS_ABOVE).filter(|&v| v != cascade.version()) {
         let levels = discover_chain(connection, cascade.prefix(), version).await?;
-        if !levels.is_empty() {
-            other_chains.push(OtherChain { version, levels });
+        let parking = unroutable_queue_name(cascade.business_exchange(), version);
+        let parked = queue_state(connection, &parking).await?;
+        if !levels.is_empty() || parked.is_some_and(|q| q.messages > 0) {
+            let parked = parked.map_or(0, |q| q.messages);
+            other_chains.push(OtherChain {
+                version,
+                levels,
+                parked,
+            });
         }
     }
     Ok(CheckReport {

@@ -49,7 +49,7 @@ use super::management::ManagementApi;
 use super::provision::declare_queue;
 use super::{BrokerError, Context, provision};
 use crate::cascade::{
-    Cascade, MAX_LEVELS, level_exchange_name, level_queue_name, poison_queue_name,
+    Cascade, MAX_LEVELS, destination_of, level_exchange_name, level_queue_name, poison_queue_name,
     unroutable_queue_name,
 };
 use crate::task::{DELIVER_AT_HEADER, epoch_ms};
@@ -177,8 +177,10 @@ pub enum MigrateError {
 enum Kind {
     /// From an old level queue of `levels` levels: rescheduled or poisoned.
     Level { levels: u32 },
-    /// From the old parking queue: parked again in the new one.
-    Parked,
+    /// From the old parking queue of a chain of `levels` levels: parked
+    /// again in the new one, its routing key rewritten for the new number
+    /// of levels, so that `requeue-parked` reaches today's bindings.
+    Parked { levels: u32 },
     /// From the old poison queue: into the new one as it is.
     Poison,
     /// From the parking queue back to the business exchange, once its binding exists.
@@ -264,7 +266,7 @@ pub async fn migrate_topology(
         })
         .collect();
     if own_parking {
-        queues.push((old_parked, Kind::Parked));
+        queues.push((old_parked, Kind::Parked { levels }));
     }
     queues.push((old_poison, Kind::Poison));
 
@@ -514,11 +516,15 @@ impl Mover<'_> {
                     }
                 }
             }
-            Kind::Parked => {
+            Kind::Parked { levels } => {
                 self.report.parked += 1;
+                // Due already: the key a zero delay has in the new chain.
+                let rekeyed = destination_of(key, *levels)
+                    .and_then(|destination| self.new.route(Duration::ZERO, destination).ok())
+                    .map_or_else(|| key.to_owned(), |route| route.routing_key);
                 (
                     self.new.unroutable_exchange(),
-                    key.to_owned(),
+                    rekeyed,
                     delivery.properties.clone(),
                 )
             }
@@ -610,7 +616,13 @@ impl Mover<'_> {
             .await;
         let _ = consuming.close(200, "drained".into()).await;
         if moved > 0 {
-            info!(queue, moved, "moved messages out of the old chain");
+            match kind {
+                Kind::Requeue => info!(
+                    queue,
+                    moved, "sent parked messages back to the business exchange"
+                ),
+                _ => info!(queue, moved, "moved messages out of the old chain"),
+            }
         }
         Ok(moved)
     }

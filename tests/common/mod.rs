@@ -159,7 +159,7 @@ impl Cleanup {
             },
             queues: Vec::new(),
             ledger_of: None,
-            uris: Vec::new(),
+            uris: vec![AMQP_URI.to_owned()],
         }
     }
 
