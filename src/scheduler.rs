@@ -74,7 +74,7 @@ pub enum SubmitError {
 }
 
 /// The answer to a submitted task.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Submitted {
     pub accepted: TaskAccepted,
     /// The same request was accepted before; nothing new was scheduled.

@@ -31,12 +31,23 @@ struct TaskRequest<'a> {
     delay_ms: Option<i64>,
     delay: Option<String>,
     deliver_at: Option<String>,
-    #[serde(borrow)]
+    /// Any JSON, `null` included (hence not a plain `Option`, which would
+    /// take `null` for absent).
+    #[serde(borrow, default, deserialize_with = "present")]
     payload: Option<&'a RawValue>,
     payload_base64: Option<String>,
     content_type: Option<String>,
-    headers: Option<BTreeMap<String, serde_json::Value>>,
+    /// Kept raw, so that an integer too large for 64 bits is refused rather
+    /// than turned into a float.
+    #[serde(borrow)]
+    headers: Option<BTreeMap<String, &'a RawValue>>,
     id: Option<String>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
 }
 
 /// The JSON body of `POST /v1/tasks/batch`: each task is parsed on its own so
@@ -175,12 +186,18 @@ pub fn epoch_ms(time: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// RFC 3339 in UTC with exactly three digits of milliseconds, so that
+/// times sort and align as text: `2026-11-22T14:05:00.060Z`.
+const MILLIS_RFC3339: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+);
+
 /// Formats epoch milliseconds as RFC 3339 in UTC, with millisecond precision.
 pub fn format_epoch_ms(ms: u64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
     OffsetDateTime::from_unix_timestamp_nanos(nanos)
         .ok()
-        .and_then(|t| t.format(&Rfc3339).ok())
+        .and_then(|t| t.format(MILLIS_RFC3339).ok())
         .unwrap_or_else(|| ms.to_string())
 }
 
@@ -286,12 +303,21 @@ impl TaskRequest<'_> {
     }
 
     fn payload(&self) -> Result<(Vec<u8>, String), TaskError> {
-        if let Some(content_type) = &self.content_type
-            && (content_type.is_empty() || content_type.len() > MAX_NAME_BYTES)
-        {
-            return Err(TaskError::InvalidPayload(format!(
-                "content_type must be 1 to {MAX_NAME_BYTES} bytes"
-            )));
+        if let Some(content_type) = &self.content_type {
+            if content_type.is_empty() || content_type.len() > MAX_NAME_BYTES {
+                return Err(TaskError::InvalidPayload(format!(
+                    "content_type must be 1 to {MAX_NAME_BYTES} bytes"
+                )));
+            }
+            let is_media_type = content_type
+                .parse::<mime::Mime>()
+                .is_ok_and(|m| !m.type_().as_str().is_empty() && !m.subtype().as_str().is_empty());
+            if !is_media_type {
+                return Err(TaskError::InvalidPayload(format!(
+                    "content_type {content_type:?} is not a media type such as \
+                     \"text/plain; charset=utf-8\" (type/subtype, then optional parameters)"
+                )));
+            }
         }
         let (payload, default_type) = match (self.payload, &self.payload_base64) {
             (Some(_), Some(_)) => {
@@ -330,7 +356,7 @@ fn validate_id(id: Option<String>) -> Result<String, TaskError> {
 }
 
 fn validate_headers(
-    headers: BTreeMap<String, serde_json::Value>,
+    headers: BTreeMap<String, &RawValue>,
 ) -> Result<Vec<(String, HeaderValue)>, TaskError> {
     headers
         .into_iter()
@@ -350,27 +376,41 @@ fn validate_headers(
                     "header {name:?} is reserved for delayline or the broker"
                 )));
             }
-            let value = match value {
-                serde_json::Value::String(s) => HeaderValue::Str(s),
-                serde_json::Value::Bool(b) => HeaderValue::Bool(b),
-                serde_json::Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                    (Some(i), _) => HeaderValue::Int(i),
-                    (None, Some(f)) if n.is_f64() => HeaderValue::Float(f),
-                    _ => {
-                        return Err(TaskError::InvalidHeader(format!(
-                            "header {name:?}: {n} does not fit a signed 64-bit integer"
-                        )));
-                    }
-                },
-                other => {
-                    return Err(TaskError::InvalidHeader(format!(
-                        "header {name:?} must be a string, number or boolean, got {other}"
-                    )));
-                }
-            };
-            Ok((name, value))
+            Ok((name.clone(), header_value(&name, value.get())?))
         })
         .collect()
+}
+
+/// One header's value from its JSON text: a string, a boolean, an integer
+/// that fits 64 signed bits, or a number with a fraction or an exponent.
+fn header_value(name: &str, json: &str) -> Result<HeaderValue, TaskError> {
+    let invalid = |what: String| TaskError::InvalidHeader(format!("header {name:?}: {what}"));
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+    match value {
+        serde_json::Value::String(s) => Ok(HeaderValue::Str(s)),
+        serde_json::Value::Bool(b) => Ok(HeaderValue::Bool(b)),
+        serde_json::Value::Number(n) => {
+            let integer = !json.contains(['.', 'e', 'E']);
+            match (integer, n.as_i64(), n.as_f64()) {
+                (true, Some(i), _) => Ok(HeaderValue::Int(i)),
+                (true, None, _) => Err(invalid(format!(
+                    "{json} does not fit a signed 64-bit integer \
+                     (-9223372036854775808 to 9223372036854775807)"
+                ))),
+                (false, _, Some(f)) => Ok(HeaderValue::Float(f)),
+                (false, _, None) => Err(invalid(format!("{json} is not a number AMQP can carry"))),
+            }
+        }
+        other => Err(invalid(format!(
+            "must be a string, number or boolean, got {}",
+            match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Array(_) => "an array",
+                _ => "an object",
+            }
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -409,7 +449,7 @@ mod tests {
         assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
         assert_eq!(
             task.accepted(TaskState::Published).deliver_at,
-            "2026-01-01T00:00:00.45Z"
+            "2026-01-01T00:00:00.450Z"
         );
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());
     }
@@ -602,5 +642,97 @@ mod tests {
             assert_eq!(err.code(), *code, "{body}: {err}");
         }
         assert!(parse(r#"{"destination":"d","delay_ms":25500}"#).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+    use crate::cascade::CascadeSettings;
+
+    fn parse(body: &str) -> Result<Task, TaskError> {
+        let cascade = CascadeSettings {
+            levels: 8,
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        Task::parse(body.as_bytes(), &cascade, UNIX_EPOCH)
+    }
+
+    #[test]
+    fn a_null_payload_is_delivered_as_json_null_and_an_absent_one_as_nothing() {
+        let null = parse(r#"{"destination":"d","delay_ms":0,"payload":null}"#).unwrap();
+        assert_eq!(
+            (null.payload.as_slice(), null.content_type.as_str()),
+            (&b"null"[..], "application/json")
+        );
+        let absent = parse(r#"{"destination":"d","delay_ms":0}"#).unwrap();
+        assert_eq!(
+            (absent.payload.as_slice(), absent.content_type.as_str()),
+            (&b""[..], "application/octet-stream")
+        );
+    }
+
+    #[test]
+    fn content_types_must_be_media_types() {
+        for bad in [
+            "not a type",
+            "a\u{0}b",
+            "\u{0}",
+            "a/b\r\nX: y",
+            "é/é",
+            "text/",
+        ] {
+            let body = serde_json::json!({"destination": "d", "delay_ms": 0, "content_type": bad});
+            let error = parse(&body.to_string()).unwrap_err();
+            assert_eq!(error.code(), "invalid_payload", "{bad:?}");
+        }
+        let good =
+            parse(r#"{"destination":"d","delay_ms":0,"content_type":"text/plain; charset=utf-8"}"#);
+        assert_eq!(good.unwrap().content_type, "text/plain; charset=utf-8");
+    }
+
+    #[test]
+    fn header_integers_must_fit_64_bits_and_floats_stay_floats() {
+        let header = |json: &str| header_value("h", json);
+        assert_eq!(
+            header("9223372036854775807"),
+            Ok(HeaderValue::Int(i64::MAX))
+        );
+        assert_eq!(
+            header("-9223372036854775808"),
+            Ok(HeaderValue::Int(i64::MIN))
+        );
+        for too_big in [
+            "9223372036854775808",
+            "18446744073709551616",
+            "99999999999999999999",
+        ] {
+            assert_eq!(
+                header(too_big).unwrap_err().code(),
+                "invalid_header",
+                "{too_big}"
+            );
+        }
+        assert_eq!(header("1.5"), Ok(HeaderValue::Float(1.5)));
+        assert_eq!(header("1e19"), Ok(HeaderValue::Float(1e19)));
+        assert_eq!(header("\"s\""), Ok(HeaderValue::Str("s".into())));
+        assert_eq!(header("true"), Ok(HeaderValue::Bool(true)));
+        for bad in ["null", "[1]", "{}"] {
+            assert_eq!(header(bad).unwrap_err().code(), "invalid_header", "{bad}");
+        }
+    }
+
+    #[test]
+    fn times_have_three_digits_of_milliseconds() {
+        assert_eq!(
+            format_epoch_ms(1_767_225_600_060),
+            "2026-01-01T00:00:00.060Z"
+        );
+        assert_eq!(
+            format_epoch_ms(1_767_225_600_000),
+            "2026-01-01T00:00:00.000Z"
+        );
     }
 }

@@ -552,3 +552,161 @@ async fn delete_queue(queue: &str) {
         .unwrap();
     let _ = connection.close(200, "deleted".into()).await;
 }
+
+/// What the README's reference says of inputs a new user tried, on the
+/// default configuration (SQLite ledger, quorum queues).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_match_the_reference_for_the_inputs_users_tried() {
+    let settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
+    let mut app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("#");
+    let mut everything = TestConsumer::bind(&mut app, &key).await;
+    let post = async |body: &str, content_type: &str, key: Option<&str>| {
+        let mut request = app
+            .http
+            .post(format!("{}/v1/tasks", app.base))
+            .header("content-type", content_type)
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    };
+    let task = |extra: Value| {
+        let mut task = json!({"destination": "ref", "delay_ms": 0});
+        task.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        task
+    };
+
+    // `"payload": null` is JSON, delivered as its bytes.
+    let null_payload = task(json!({"payload": null})).to_string();
+    let (status, accepted) = post(&null_payload, "application/json", None).await;
+    assert_eq!(status, 202, "{accepted}");
+    let delivered = everything.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(delivered.body, b"null");
+    assert_eq!(
+        delivered
+            .properties
+            .content_type()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "application/json"
+    );
+    // Every time an answer gives has three digits of milliseconds.
+    let deliver_at = accepted["deliver_at"].as_str().unwrap();
+    assert!(
+        deliver_at.len() == 24 && deliver_at.ends_with('Z') && deliver_at.as_bytes()[19] == b'.',
+        "{deliver_at}"
+    );
+
+    let cases: Vec<(String, &str, Option<&str>, u16, &str)> = vec![
+        (
+            task(json!({"content_type": "not a type"})).to_string(),
+            "application/json",
+            None,
+            422,
+            "invalid_payload",
+        ),
+        (
+            task(json!({"content_type": "a\u{0}b"})).to_string(),
+            "application/json",
+            None,
+            422,
+            "invalid_payload",
+        ),
+        (
+            task(json!({"content_type": "a/b\r\nX: y"})).to_string(),
+            "application/json",
+            None,
+            422,
+            "invalid_payload",
+        ),
+        (
+            task(json!({"content_type": "é/é"})).to_string(),
+            "application/json",
+            None,
+            422,
+            "invalid_payload",
+        ),
+        (
+            r#"{"destination": "ref", "delay_ms": 0, "headers": {"n": 18446744073709551616}}"#
+                .to_owned(),
+            "application/json",
+            None,
+            422,
+            "invalid_header",
+        ),
+        (
+            task(json!({})).to_string(),
+            "application/json; charset=latin1",
+            None,
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            task(json!({})).to_string(),
+            "application/json",
+            Some("a b"),
+            400,
+            "invalid_idempotency_key",
+        ),
+    ];
+    for (body, content_type, key, status, code) in cases {
+        let (got, answer) = post(&body, content_type, key).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}"
+        );
+    }
+    // Refused means never published.
+    assert!(everything.next(Duration::from_millis(300)).await.is_none());
+
+    // The same id twice in one batch: one task, and the repeat gets its answer.
+    let twice = json!({"tasks": [task(json!({"id": "twice"})), task(json!({"id": "twice"}))]});
+    let (status, batch) = app.post("/v1/tasks/batch", &twice).await;
+    assert_eq!(status, 200);
+    let results = batch["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], 202);
+    assert_eq!(
+        (&results[1]["status"], &results[1]["replayed"]),
+        (&json!(202), &json!(true))
+    );
+    assert_eq!(results[1]["task"], results[0]["task"], "{batch}");
+    let (_, stored) = app.get("/v1/tasks/twice").await;
+    assert_eq!(stored["state"], results[0]["task"]["state"]);
+    let arrived = everything.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(arrived.message_id(), "twice");
+    assert!(everything.next(Duration::from_millis(300)).await.is_none());
+    // Another body under the same id in one batch is a conflict.
+    let clash = json!({"tasks": [task(json!({"id": "clash"})), task(json!({"id": "clash", "delay_ms": 5}))]});
+    let (_, batch) = app.post("/v1/tasks/batch", &clash).await;
+    assert_eq!(batch["results"][1]["error"]["code"], "idempotency_conflict");
+    // A batch is not keyed as a whole.
+    let response = app
+        .http
+        .post(format!("{}/v1/tasks/batch", app.base))
+        .header("idempotency-key", "whole-batch")
+        .json(&json!({"tasks": [task(json!({}))]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], "invalid_idempotency_key");
+
+    // The last page has no next_cursor at all.
+    let (_, page) = app.get("/v1/tasks?limit=1000").await;
+    assert!(page.get("next_cursor").is_none(), "{page}");
+    let (_, page) = app.get("/v1/tasks?limit=1").await;
+    assert!(page["next_cursor"].is_string(), "{page}");
+    app.stop().await.unwrap();
+}

@@ -26,7 +26,7 @@ pub struct ErrorEnvelope {
     pub error: ErrorBody,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,

@@ -1,5 +1,5 @@
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
 use axum::Json;
@@ -35,21 +35,30 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let is_json = request
+        let media_type = request
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(|mime| {
-                let mime = mime.trim().to_ascii_lowercase();
-                mime == "application/json" || mime.ends_with("+json")
-            })
-            .unwrap_or(false);
+            .and_then(|v| v.parse::<mime::Mime>().ok());
+        let is_json = media_type.as_ref().is_some_and(|m| {
+            m.type_() == mime::APPLICATION
+                && (m.subtype() == mime::JSON || m.suffix() == Some(mime::JSON))
+        });
         if !is_json {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 "send the task as JSON with Content-Type: application/json",
+            ));
+        }
+        // JSON is UTF-8 (RFC 8259); a body declared otherwise would be misread.
+        if let Some(charset) = media_type.as_ref().and_then(|m| m.get_param(mime::CHARSET))
+            && charset != mime::UTF_8
+        {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("JSON is UTF-8; the body says charset={charset}: send it as UTF-8"),
             ));
         }
         let bytes = Bytes::from_request(request, state)
@@ -86,7 +95,11 @@ fn idempotency(
             let key = value
                 .to_str()
                 .ok()
-                .filter(|k| !k.is_empty() && k.len() <= MAX_NAME_BYTES)
+                .filter(|k| {
+                    !k.is_empty()
+                        && k.len() <= MAX_NAME_BYTES
+                        && k.bytes().all(|b| b.is_ascii_graphic())
+                })
                 .ok_or_else(|| {
                     ApiError::new(
                         StatusCode::BAD_REQUEST,
@@ -191,8 +204,17 @@ impl BatchItem {
 /// idempotency key.
 pub async fn create_batch(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Json<BatchResponse>, ApiError> {
+    if headers.contains_key(IDEMPOTENCY_KEY) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "a batch is not keyed as a whole: give each task an \"id\" instead, which makes \
+             each one idempotent on its own",
+        ));
+    }
     let batch: BatchRequest =
         serde_json::from_slice(&body).map_err(|e| ApiError::from(TaskError::from_json(&e)))?;
     if batch.tasks.len() > state.batch_limit {
@@ -208,16 +230,58 @@ pub async fn create_batch(
     }
     let now = SystemTime::now();
     let has_ledger = state.scheduler.ledger.is_some();
-    let outcomes = batch.tasks.iter().map(|raw| {
+    let parsed: Vec<Result<(Task, Idempotency), ApiError>> = batch
+        .tasks
+        .iter()
+        .map(|raw| {
+            let body = raw.get().as_bytes();
+            let task = Task::parse(body, &state.scheduler.cascade, now)?;
+            let idempotency = idempotency(None, body, &task, has_ledger)?;
+            Ok((task, idempotency))
+        })
+        .collect();
+    // A client id repeated within the batch names one task: the repeat gets
+    // the first's answer (as a replay), or a conflict if its body differs.
+    let mut first_with_id: HashMap<&str, usize> = HashMap::new();
+    let repeats: Vec<Option<usize>> = parsed
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            let (task, _) = item.as_ref().ok().filter(|(task, _)| task.client_id)?;
+            match first_with_id.get(task.id.as_str()) {
+                Some(&first) => Some(first),
+                None => {
+                    first_with_id.insert(&task.id, index);
+                    None
+                }
+            }
+        })
+        .collect();
+    let outcomes = parsed.iter().zip(&repeats).map(|(item, repeat)| {
         let state = &state;
         async move {
-            let body = raw.get().as_bytes();
-            let accepted = async {
-                let task = Task::parse(body, &state.scheduler.cascade, now)?;
-                let idempotency = idempotency(None, body, &task, has_ledger)?;
-                submit(state, &task, idempotency).await
+            if repeat.is_some() {
+                return None;
+            }
+            Some(match item {
+                Ok((task, idempotency)) => submit(state, task, idempotency.clone()).await,
+                Err(error) => Err(error.clone()),
+            })
+        }
+    });
+    let outcomes = join_all(outcomes).await;
+    let results = (0..parsed.len())
+        .map(|index| {
+            let outcome = match (repeats[index], &outcomes[index]) {
+                (None, Some(outcome)) => outcome.clone(),
+                (Some(first), _) => repeat_of(&parsed, first, index, &outcomes[first]),
+                (None, None) => Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "a task of the batch was neither submitted nor a repeat",
+                )),
             };
-            match accepted.await {
+            match outcome {
                 Ok(submitted) => BatchItem {
                     status: StatusCode::ACCEPTED.as_u16(),
                     task: Some(submitted.accepted),
@@ -229,11 +293,48 @@ pub async fn create_batch(
                     BatchItem::rejected(error)
                 }
             }
-        }
-    });
-    Ok(Json(BatchResponse {
-        results: join_all(outcomes).await,
-    }))
+        })
+        .collect();
+    Ok(Json(BatchResponse { results }))
+}
+
+/// The answer to the task at `index`, which repeats the client id of the
+/// task at `first` in the same batch.
+fn repeat_of(
+    parsed: &[Result<(Task, Idempotency), ApiError>],
+    first: usize,
+    index: usize,
+    first_outcome: &Option<Result<Submitted, ApiError>>,
+) -> Result<Submitted, ApiError> {
+    let fingerprint = |i: usize| {
+        parsed[i]
+            .as_ref()
+            .ok()
+            .and_then(|(_, idempotency)| idempotency.fingerprint.clone())
+    };
+    if fingerprint(first) != fingerprint(index) {
+        let id = parsed[index]
+            .as_ref()
+            .map(|(t, _)| t.id.clone())
+            .unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_conflict",
+            format!("task id {id:?} appears earlier in this batch with a different body"),
+        ));
+    }
+    match first_outcome {
+        Some(Ok(submitted)) => Ok(Submitted {
+            accepted: submitted.accepted.clone(),
+            replayed: true,
+        }),
+        Some(Err(error)) => Err(error.clone()),
+        None => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "a repeated task lost its first occurrence",
+        )),
+    }
 }
 
 /// A task as the ledger knows it.
@@ -331,6 +432,7 @@ pub struct ListQuery {
 pub struct TaskPage {
     pub tasks: Vec<TaskView>,
     /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub next_cursor: Option<String>,
 }
 
