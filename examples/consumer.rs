@@ -1,6 +1,6 @@
 //! An example consumer: what a user of delayline runs on their side.
 //!
-//! It owns a durable queue bound to the business exchange, and prints one
+//! It owns a durable quorum queue bound to the business exchange, and prints one
 //! line per delivered task with how late it came (it is never early). Any
 //! AMQP client does the same; nothing here is specific to delayline but the
 //! `x-deliver-at-ms` header it reads.
@@ -51,8 +51,14 @@ async fn main() -> Result<(), lapin::Error> {
     // bind closes the channel, so each attempt has its own.
     let channel = loop {
         let channel = connection.create_channel().await?;
+        // A quorum queue, like delayline's own: replicated in a cluster.
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
         channel
-            .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+            .queue_declare(queue.as_str().into(), durable, arguments)
             .await?;
         let bound = channel
             .queue_bind(

@@ -74,10 +74,25 @@ pub async fn run(
         },
     )
     .await?;
-    match &ledger {
-        Some(ledger) => info!(ledger = ledger.target(), "ledger open"),
-        None => info!("no ledger: tasks are only published (store.url = \"none\")"),
-    }
+    info!(
+        business_exchange = cascade.business_exchange(),
+        prefix = cascade.prefix(),
+        version = cascade.version(),
+        levels = cascade.levels(),
+        unit_ms = cascade.unit_ms(),
+        queue_type = cascade.queue_type().as_str(),
+        ledger = ledger
+            .as_ref()
+            .map_or("none (store.url = \"none\")", |l| l.target()),
+        "delayline {}: chain {}.v{}, {} levels of {} ms ({} queues), due tasks to {}",
+        env!("CARGO_PKG_VERSION"),
+        cascade.prefix(),
+        cascade.version(),
+        cascade.levels(),
+        cascade.unit_ms(),
+        cascade.queue_type().as_str(),
+        cascade.business_exchange(),
+    );
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
         publisher_options(&settings, &cascade, &metrics),

@@ -1,5 +1,7 @@
 //! Logging set-up: human-readable text by default, JSON lines for log shippers.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::config::{LogFormat, LogSettings};
@@ -12,8 +14,13 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter);
     let result = match settings.format {
+        // Colours only on a terminal: in a file or a log shipper they are noise.
         LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         // Event fields at the top level, so `task_id` is a key of its own for
         // log shippers; the enclosing span (with the request's task) nests under "span".

@@ -443,6 +443,35 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
         port_name
     );
 
+    // The image the README builds is the one the Deployment runs.
+    let image = str_of(container, &["image"]);
+    assert!(
+        read("README.md").contains(&format!("-t {image} .")),
+        "README builds another tag than {image}"
+    );
+    // A read-only root file system: the image's data directory is a volume.
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"],
+        Value::Bool(true)
+    );
+    let data_dir = "/var/lib/delayline";
+    assert!(read("deploy/Dockerfile").contains(&format!("DELAYLINE__STORE__DATA_DIR={data_dir}")));
+    let ledger_volume = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(data_dir))
+        .expect("the ledger's directory is mounted");
+    let volume_name = str_of(ledger_volume, &["name"]);
+    assert!(
+        pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"].as_str() == Some(volume_name)),
+        "volume {volume_name} is declared"
+    );
+
     // The container's environment, with each secretKeyRef resolved from the Secret.
     let mut launch = image_launch();
     launch.args = container["args"]

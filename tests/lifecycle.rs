@@ -179,4 +179,48 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
         .find(|l| l["message"] == "kept pending for the forwarder")
         .unwrap_or_else(|| panic!("no line says the task was kept:\n{log}"));
     assert_eq!(kept["task_id"], id.as_str());
+    // The first line says what this instance serves, field by field.
+    let first = &lines[0];
+    assert_eq!(first["prefix"], settings.cascade.prefix.as_str(), "{first}");
+    assert_eq!(
+        first["business_exchange"],
+        settings.cascade.business_exchange.as_str()
+    );
+    assert_eq!(
+        (&first["version"], &first["levels"], &first["unit_ms"]),
+        (&json!(1), &json!(3), &json!(10))
+    );
+    assert_eq!(first["queue_type"], "classic");
+    assert!(
+        first["ledger"].as_str().unwrap().starts_with("sqlite://"),
+        "{first}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
+    let settings = with_ledger(test_settings(3, 10, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let child = serve_command(&settings, port)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    terminate(&child);
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("stopped")
+        .unwrap();
+    let log = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a piped log:\n{log}"
+    );
+    let first = log.lines().next().unwrap();
+    let chain = format!(
+        "chain {}.v1, 3 levels of 10 ms (quorum queues)",
+        settings.cascade.prefix
+    );
+    assert!(first.contains(&chain), "{first}");
 }
