@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand};
 use lapin::Connection;
 
 use crate::broker::{
-    ManagementApi, OldChain, check, connect_any, migrate_topology, provision, queue_state,
-    requeue_parked,
+    ManagementApi, OldChain, Survey, check, connect_any, migrate_topology, provision, queue_state,
+    requeue_parked, survey,
 };
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::{AmqpSettings, Settings};
@@ -46,6 +46,9 @@ pub enum Command {
         /// The old chain: its version (same prefix), or its settings file.
         #[arg(long, value_name = "VERSION|FILE")]
         from: String,
+        /// Say what would move and what would be poisoned, and why; take nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Send the parked (unroutable) messages back to the business exchange,
     /// once their destinations are bound; still unroutable ones are parked again.
@@ -125,7 +128,57 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::MigrateTopology { from } => {
+        Command::MigrateTopology {
+            from,
+            dry_run: true,
+        } => {
+            let old = old_chain(&from, &cascade)?;
+            let found = on_broker(
+                &settings.amqp,
+                "delayline migrate-topology --dry-run",
+                async |connection| Ok(survey(connection, &old).await?),
+            )
+            .await?;
+            print!("{}", describe_survey(&found, &old, &cascade));
+            let Some(ledger) = open_ledger(&settings).await? else {
+                println!(
+                    "no ledger (store.url = \"none\"): which tasks the new chain cannot hold shows \
+                     only when they are moved"
+                );
+                return Ok(ExitCode::SUCCESS);
+            };
+            let beyond = beyond_the_chain(&ledger, &cascade).await;
+            ledger.close().await;
+            let beyond = beyond?;
+            println!(
+                "ledger: {} waiting tasks are due later than {} from now, the most {}.v{} holds: \
+                 they would go to {}",
+                beyond.len(),
+                humantime::format_duration(std::time::Duration::from_millis(
+                    cascade.max_delay_ms()
+                )),
+                cascade.prefix(),
+                cascade.version(),
+                cascade.poison_queue()
+            );
+            for (id, deliver_at) in beyond.iter().take(20) {
+                println!("  {id}  due {deliver_at}");
+            }
+            if beyond.len() > 20 {
+                println!(
+                    "  … and {} more (GET /v1/tasks?cursor=… lists them all)",
+                    beyond.len() - 20
+                );
+            }
+            println!(
+                "a message the ledger does not know is judged when it moves: one without \
+                 x-deliver-at-ms, or with a routing key of another chain, is poisoned too"
+            );
+        }
+        Command::MigrateTopology {
+            from,
+            dry_run: false,
+        } => {
             let old = old_chain(&from, &cascade)?;
             let amqp = &settings.amqp;
             // It alone counts what a quorum queue holds; without it, ready messages are counted.
@@ -155,6 +208,19 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
             );
             for (queue, check) in &report.deleted {
                 println!("deleted {queue}: unbound, drained, then {check}");
+            }
+            if !report.poisoned_tasks.is_empty()
+                && let Some(ledger) = open_ledger(&settings).await?
+            {
+                for (id, reason) in &report.poisoned_tasks {
+                    let why = format!(
+                        "moved to {} by migrate-topology, not delivered: {reason}",
+                        cascade.poison_queue()
+                    );
+                    ledger.mark_failed(id.clone(), why).await?;
+                    println!("poisoned task {id}: {reason} (failed in the ledger)");
+                }
+                ledger.close().await;
             }
             if report.levels != cascade.levels() && report.levels > 0 {
                 println!(
@@ -215,6 +281,76 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The ledger of `settings`, for a command; None without one.
+async fn open_ledger(settings: &Settings) -> anyhow::Result<Option<crate::store::Ledger>> {
+    let options = crate::store::LedgerOptions {
+        max_pending: settings.store.max_pending,
+        payload_copy_bytes: settings.store.payload_copy_bytes,
+        commit_group_size: prometheus_client::metrics::histogram::Histogram::new([1.0]),
+    };
+    Ok(crate::store::open(&settings.store, options).await?)
+}
+
+/// Not yet delivered tasks due later than `cascade` can hold from now: (id, due).
+async fn beyond_the_chain(
+    ledger: &crate::store::Ledger,
+    cascade: &Cascade,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+    let mut filter = crate::store::TaskFilter {
+        after: Some(crate::store::Cursor {
+            deliver_at_ms: now_ms + cascade.max_delay_ms(),
+            id: String::new(),
+        }),
+        limit: 1000,
+        ..crate::store::TaskFilter::default()
+    };
+    let mut beyond = Vec::new();
+    loop {
+        let page = ledger.list(&filter).await?;
+        let Some(last) = page.last() else {
+            return Ok(beyond);
+        };
+        filter.after = Some(crate::store::Cursor {
+            deliver_at_ms: last.deliver_at_ms(),
+            id: last.id.clone(),
+        });
+        beyond.extend(
+            page.iter()
+                .filter(|r| r.state != crate::task::TaskState::Failed.as_str())
+                .map(|r| {
+                    (
+                        r.id.clone(),
+                        crate::task::format_epoch_ms(r.deliver_at_ms()),
+                    )
+                }),
+        );
+    }
+}
+
+fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
+    let waiting: u64 = found.waiting.iter().map(|(_, n)| u64::from(*n)).sum();
+    let mut text = format!(
+        "dry run, nothing moves: chain {}.v{} ({} levels) holds {waiting} ready messages, \
+         {} parked and {} in its poison queue; they would move into {}.v{} ({} levels of {} ms, \
+         delays up to {})\n",
+        old.prefix,
+        old.version,
+        found.levels,
+        found.parked,
+        found.poisoned,
+        new.prefix(),
+        new.version(),
+        new.levels(),
+        new.unit_ms(),
+        humantime::format_duration(std::time::Duration::from_millis(new.max_delay_ms())),
+    );
+    for (queue, messages) in found.waiting.iter().filter(|(_, n)| *n > 0) {
+        text.push_str(&format!("  {queue}: {messages}\n"));
+    }
+    text
 }
 
 /// Runs `work` on a connection of its own, closed whatever the outcome.

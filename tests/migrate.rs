@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    AMQP_URI, Cleanup, TestApp, TestConsumer, close_connections_named, eventually, queue_depth,
-    run_delayline, sample, test_settings,
+    AMQP_URI, Backend, Cleanup, TestApp, TestConsumer, close_connections_named, eventually,
+    queue_depth, run_delayline, sample, test_settings, with_ledger,
 };
 use delayline::broker::{
     MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER, connect, exchange_exists,
@@ -344,4 +344,65 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
     // The shared parking queue is neither moved nor deleted.
     assert_eq!(queue_depth(&new.unroutable_queue()).await, 1);
     let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the_poisoned() {
+    let old_settings = with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite);
+    let mut new_settings = old_settings.clone();
+    new_settings.cascade.version = 2;
+    // At most 1.5 s: a task due in 20 s cannot be held.
+    new_settings.cascade.levels = 4;
+    let old = old_settings.cascade().unwrap();
+    let new = new_settings.cascade().unwrap();
+    let _cleanup = cleanup_both(&old, &new);
+
+    let old_app = TestApp::spawn(old_settings).await;
+    for (id, delay_ms) in [("too-long", 20_000), ("fits", 1_200)] {
+        let body = json!({"destination": "moved", "id": id, "delay_ms": delay_ms});
+        let (status, accepted) = old_app.post("/v1/tasks", &body).await;
+        assert_eq!((status, &accepted["state"]), (202, &json!("published")));
+    }
+    let _old_topology = old_app.stop_keeping_topology().await;
+    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let waiting = async || {
+        let mut ready = 0;
+        for level in 0..8 {
+            ready += queue_state(&connection, &old.level_queue(level))
+                .await
+                .unwrap()
+                .map_or(0, |q| q.messages);
+        }
+        ready
+    };
+    let before = waiting().await;
+
+    let dry_run = ["migrate-topology", "--from", "1", "--dry-run"];
+    let (ok, output) = run_delayline(&new_settings, &dry_run).await;
+    assert!(ok, "{output}");
+    assert!(output.contains("dry run, nothing moves"), "{output}");
+    assert!(
+        output.contains("ledger: 1 waiting tasks are due later than 1s 500ms"),
+        "{output}"
+    );
+    assert!(output.contains("  too-long  due "), "{output}");
+    assert!(!output.contains("  fits  due "), "{output}");
+    assert!(output.contains(&new.poison_queue()), "{output}");
+    assert_eq!(waiting().await, before, "a dry run took messages");
+
+    let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
+    assert!(ok, "{output}");
+    assert!(output.contains("poisoned task too-long"), "{output}");
+    let new_app = TestApp::spawn(new_settings).await;
+    let (_, task) = new_app.get("/v1/tasks/too-long").await;
+    assert_eq!(task["state"], "failed", "{task}");
+    assert!(
+        task["last_error"]
+            .as_str()
+            .unwrap()
+            .contains(&new.poison_queue()),
+        "{task}"
+    );
+    let _ = connection.close(200, "done".into()).await;
+    new_app.stop().await.unwrap();
 }

@@ -122,6 +122,9 @@ pub struct MigrationReport {
     pub parked: u64,
     /// Could not be rescheduled: in the new poison queue.
     pub poisoned: u64,
+    /// The task ids (AMQP `message_id`) of the messages poisoned here, with
+    /// the reason: for the ledger to say so.
+    pub poisoned_tasks: Vec<(String, String)>,
     /// Whether the old chain's queues and exchanges were deleted.
     pub removed: bool,
     /// Each deleted queue, and what showed it empty.
@@ -300,6 +303,43 @@ pub async fn migrate_topology(
     }
     Err(MigrateError::StillFilling {
         chain: format!("{}.v{}", old.prefix, old.version),
+    })
+}
+
+/// What a migration would find, looked at without taking anything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Survey {
+    pub levels: u32,
+    /// Ready messages in each old level queue that exists, top level first.
+    pub waiting: Vec<(String, u32)>,
+    pub parked: u32,
+    pub poisoned: u32,
+}
+
+/// Counts what waits in `old` (ready messages, by passive declares), for
+/// `migrate-topology --dry-run`.
+pub async fn survey(connection: &Connection, old: &OldChain) -> Result<Survey, BrokerError> {
+    let levels = match old.levels {
+        Some(levels) => levels,
+        None => old_levels(connection, old).await?,
+    };
+    let mut waiting = Vec::new();
+    for level in (0..levels).rev() {
+        let queue = level_queue_name(&old.prefix, old.version, level);
+        if let Some(state) = queue_state(connection, &queue).await? {
+            waiting.push((queue, state.messages));
+        }
+    }
+    let count = async |queue: String| {
+        queue_state(connection, &queue)
+            .await
+            .map(|q| q.map_or(0, |q| q.messages))
+    };
+    Ok(Survey {
+        levels,
+        waiting,
+        parked: count(unroutable_queue_name(&old.business_exchange, old.version)).await?,
+        poisoned: count(poison_queue_name(&old.prefix, old.version)).await?,
     })
 }
 
@@ -505,6 +545,11 @@ impl Mover<'_> {
                     }
                     Err(reason) => {
                         self.report.poisoned += 1;
+                        if let Some(id) = delivery.properties.message_id() {
+                            self.report
+                                .poisoned_tasks
+                                .push((id.to_string(), reason.to_string()));
+                        }
                         let properties = moved_properties(
                             &delivery.properties,
                             &[

@@ -20,7 +20,7 @@ pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
     EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
-    ROUTING_KEY_HEADER, migrate_topology, requeue_parked,
+    ROUTING_KEY_HEADER, Survey, migrate_topology, requeue_parked, survey,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{

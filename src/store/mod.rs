@@ -293,8 +293,9 @@ impl Ledger {
         self.writes.retry(id, retry).await
     }
 
-    /// The task can never be published: it leaves the pending ones for good,
-    /// with `reason` as its `last_error`.
+    /// The task can never be delivered: it never publishes (pending), or its
+    /// message was set aside (published, then poisoned by a migration); for
+    /// good, with `reason` as its `last_error`.
     pub async fn mark_failed(&self, id: String, reason: String) -> Result<(), StoreError> {
         self.writes.failed(id, reason).await
     }

@@ -356,7 +356,7 @@ async fn transact(
         for (id, reason, _) in &group.failed {
             sqlx::query(
                 "UPDATE tasks SET state = 'failed', last_error = $1 \
-                 WHERE id = $2 AND state = 'pending'",
+                 WHERE id = $2 AND state IN ('pending', 'published')",
             )
             .bind(reason)
             .bind(id)
