@@ -101,7 +101,7 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli.command, settings)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("delayline: {error:#}");
+            eprintln!("delayline: {}", without_repeats(&error));
             ExitCode::FAILURE
         }
     }
@@ -281,6 +281,23 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The error and its causes, each said once: most of our errors already
+/// quote their cause, which `{:#}` would print again.
+fn without_repeats(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 /// The ledger of `settings`, for a command; None without one.

@@ -28,7 +28,9 @@ const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 #[serde(deny_unknown_fields)]
 struct TaskRequest<'a> {
     destination: String,
-    delay_ms: Option<i64>,
+    /// A number rather than an integer type, so that one beyond 64 bits is
+    /// reported as a delay out of range, not as a type error.
+    delay_ms: Option<serde_json::Number>,
     delay: Option<String>,
     deliver_at: Option<String>,
     /// Any JSON, `null` included (hence not a plain `Option`, which would
@@ -146,7 +148,46 @@ pub enum TaskError {
     InvalidId(String),
 }
 
+/// A body must be a JSON object; serde would also take an array for a struct.
+pub(crate) fn require_object(body: &[u8], at: &str, what: &str) -> Result<(), TaskError> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | None => Ok(()),
+        Some(b'[') => Err(TaskError::InvalidRequest(format!(
+            "{}: got an array, expected {what}",
+            if at.is_empty() { "the body" } else { at }
+        ))),
+        Some(_) => {
+            // Not even JSON, or a scalar: let the parser say which.
+            match serde_json::from_slice::<serde_json::Value>(body) {
+                Err(error) => Err(TaskError::from_json(&error)),
+                Ok(_) => Err(TaskError::InvalidRequest(format!(
+                    "{}: got a single value, expected {what}",
+                    if at.is_empty() { "the body" } else { at }
+                ))),
+            }
+        }
+    }
+}
+
 impl TaskError {
+    /// The same error, said of the task at the JSON pointer `at`.
+    fn at(self, at: &str) -> TaskError {
+        if at.is_empty() {
+            return self;
+        }
+        let locate = |message: String| format!("{at}: {message}");
+        match self {
+            TaskError::MalformedJson(m) => TaskError::MalformedJson(locate(m)),
+            TaskError::InvalidRequest(m) => TaskError::InvalidRequest(locate(m)),
+            TaskError::InvalidDestination(m) => TaskError::InvalidDestination(locate(m)),
+            TaskError::InvalidDelay(m) => TaskError::InvalidDelay(locate(m)),
+            TaskError::DelayOutOfRange(m) => TaskError::DelayOutOfRange(locate(m)),
+            TaskError::InvalidPayload(m) => TaskError::InvalidPayload(locate(m)),
+            TaskError::InvalidHeader(m) => TaskError::InvalidHeader(locate(m)),
+            TaskError::InvalidId(m) => TaskError::InvalidId(locate(m)),
+        }
+    }
+
     /// The stable, machine-readable code of the error.
     pub fn code(&self) -> &'static str {
         match self {
@@ -167,6 +208,94 @@ impl TaskError {
             _ => TaskError::MalformedJson(error.to_string()),
         }
     }
+
+    /// A body that does not fit the request's shape, said in the request's
+    /// terms: where (a JSON pointer below `at`), what was found, and what
+    /// is accepted there.
+    pub(crate) fn from_shape(
+        error: &serde_path_to_error::Error<serde_json::Error>,
+        at: &str,
+    ) -> Self {
+        let inner = error.inner();
+        if !matches!(inner.classify(), serde_json::error::Category::Data) {
+            return TaskError::MalformedJson(inner.to_string());
+        }
+        let mut pointer = at.to_owned();
+        for segment in error.path().iter() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => {
+                    pointer.push_str(&format!("/{index}"))
+                }
+                serde_path_to_error::Segment::Map { key }
+                | serde_path_to_error::Segment::Enum { variant: key } => {
+                    pointer.push('/');
+                    pointer.push_str(key);
+                }
+                serde_path_to_error::Segment::Unknown => pointer.push_str("/?"),
+            }
+        }
+        let text = inner.to_string();
+        // serde's words, less the position (of no use in a JSON body) and the backquotes.
+        let text = text
+            .split(" at line ")
+            .next()
+            .unwrap_or(&text)
+            .replace('`', "\"");
+        let field = pointer.rsplit('/').next().unwrap_or_default();
+        if let Some(unknown) = text.strip_prefix("unknown field ") {
+            let name = unknown.split(',').next().unwrap_or(unknown);
+            let container = pointer
+                .rsplit_once('/')
+                .map_or("", |(container, _)| container);
+            return TaskError::InvalidRequest(format!(
+                "{pointer}: unknown field {name}; the fields of {} are {}",
+                if container.is_empty() {
+                    "a task"
+                } else {
+                    container
+                },
+                TASK_FIELDS.join(", ")
+            ));
+        }
+        let found = text
+            .strip_prefix("invalid type: ")
+            .and_then(|t| t.split(", expected").next())
+            .unwrap_or(&text);
+        TaskError::InvalidRequest(format!(
+            "{pointer}: got {found}, expected {}",
+            accepted(field)
+                .unwrap_or_else(|| { text.split(", expected ").nth(1).unwrap_or("another value") })
+        ))
+    }
+}
+
+/// The fields of a task, as a misspelt one is told.
+const TASK_FIELDS: [&str; 9] = [
+    "destination",
+    "delay_ms",
+    "delay",
+    "deliver_at",
+    "payload",
+    "payload_base64",
+    "content_type",
+    "headers",
+    "id",
+];
+
+/// What a request field accepts, in the reference's words.
+fn accepted(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "destination" => "a string: words of A-Z, a-z, 0-9, _ and - joined by dots",
+        "delay_ms" => "a whole number of milliseconds, 0 or more",
+        "delay" => "a duration string such as \"90s\" or \"1h30m\"",
+        "deliver_at" => "an RFC 3339 time string such as \"2026-01-02T15:04:05Z\"",
+        "payload_base64" => "a base64 string",
+        "content_type" => "a media type string such as \"text/plain\"",
+        "headers" => "an object of string, number or boolean values",
+        "id" => "a string of 1 to 255 bytes",
+        "tasks" => "an array of task objects",
+        _ => return None,
+    })
 }
 
 impl From<RouteError> for TaskError {
@@ -210,9 +339,22 @@ pub fn parse_epoch_ms(text: &str) -> Option<u64> {
 impl Task {
     /// Parses and validates one task body received at `now`.
     pub fn parse(body: &[u8], cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
-        let request: TaskRequest =
-            serde_json::from_slice(body).map_err(|e| TaskError::from_json(&e))?;
-        request.validate(cascade, now)
+        Self::parse_at(body, cascade, now, "")
+    }
+
+    /// As [`Task::parse`], for a task found at the JSON pointer `at` of a
+    /// larger request (a batch's `/tasks/3`): errors say where.
+    pub fn parse_at(
+        body: &[u8],
+        cascade: &Cascade,
+        now: SystemTime,
+        at: &str,
+    ) -> Result<Task, TaskError> {
+        require_object(body, at, "a task: {\"destination\": …, \"delay_ms\": …}")?;
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let request: TaskRequest = serde_path_to_error::deserialize(&mut deserializer)
+            .map_err(|e| TaskError::from_shape(&e, at))?;
+        request.validate(cascade, now).map_err(|error| error.at(at))
     }
 
     pub fn accepted(&self, state: TaskState) -> TaskAccepted {
@@ -274,10 +416,8 @@ impl TaskRequest<'_> {
     }
 
     fn requested_delay(&self, accepted_at_ms: u64) -> Result<Duration, TaskError> {
-        match (self.delay_ms, &self.delay, &self.deliver_at) {
-            (Some(ms), None, None) => u64::try_from(ms).map(Duration::from_millis).map_err(|_| {
-                TaskError::InvalidDelay(format!("delay_ms must not be negative, got {ms}"))
-            }),
+        match (&self.delay_ms, &self.delay, &self.deliver_at) {
+            (Some(ms), None, None) => delay_of_ms(ms),
             (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
                 TaskError::InvalidDelay(format!(
                     "delay {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
@@ -340,6 +480,25 @@ impl TaskRequest<'_> {
         };
         let content_type = self.content_type.as_deref().unwrap_or(default_type);
         Ok((payload, content_type.to_owned()))
+    }
+}
+
+/// `delay_ms` as given: a whole number of milliseconds from 0; one too large
+/// for any chain (beyond 64 bits included) is out of range, not mistyped.
+fn delay_of_ms(ms: &serde_json::Number) -> Result<Duration, TaskError> {
+    if let Some(ms) = ms.as_u64() {
+        return Ok(Duration::from_millis(ms));
+    }
+    match ms.as_f64() {
+        Some(f) if f < 0.0 => Err(TaskError::InvalidDelay(format!(
+            "/delay_ms must not be negative, got {ms}"
+        ))),
+        Some(f) if f.fract() == 0.0 => Err(TaskError::DelayOutOfRange(format!(
+            "/delay_ms {ms} is longer than any delay a chain can hold"
+        ))),
+        _ => Err(TaskError::InvalidDelay(format!(
+            "/delay_ms must be a whole number of milliseconds, got {ms}"
+        ))),
     }
 }
 
@@ -577,7 +736,7 @@ mod tests {
                 r#"{"destination":"d","delay_ms":1,"delay_sec":3}"#,
                 "invalid_request",
             ),
-            (r#"{"destination":"d","delay_ms":1.5}"#, "invalid_request"),
+            (r#"{"destination":"d","delay_ms":1.5}"#, "invalid_delay"),
             (
                 r#"{"destination":"a.*","delay_ms":1}"#,
                 "invalid_destination",

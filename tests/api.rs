@@ -710,3 +710,127 @@ async fn answers_match_the_reference_for_the_inputs_users_tried() {
     assert!(page["next_cursor"].is_string(), "{page}");
     app.stop().await.unwrap();
 }
+
+/// Every 4xx names where (a JSON pointer), what was wrong and what is
+/// accepted; command errors say each cause once, in plain words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
+    let settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
+    let app = TestApp::spawn(settings.clone()).await;
+    let post_raw = async |path: &str, body: &str| {
+        let response = app
+            .http
+            .post(format!("{}{path}", app.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    let cases: [(&str, &str, u16, &str, &[&str]); 5] = [
+        (
+            "/v1/tasks",
+            "[1]",
+            422,
+            "invalid_request",
+            &["the body: got an array, expected a task"],
+        ),
+        (
+            "/v1/tasks/batch",
+            r#"[{"destination": "d", "delay_ms": 0}]"#,
+            422,
+            "invalid_request",
+            &["the body: got an array, expected a batch: {\"tasks\": [task, …]}"],
+        ),
+        (
+            "/v1/tasks",
+            r#"{"destination": "d", "delay_ms": 99999999999999999999}"#,
+            422,
+            "delay_out_of_range",
+            &["/delay_ms 1e+20 is longer than any delay"],
+        ),
+        (
+            "/v1/tasks",
+            r#"{"destination": 5, "delay_ms": 0}"#,
+            422,
+            "invalid_request",
+            &["/destination: got integer \"5\", expected a string: words of"],
+        ),
+        (
+            "/v1/tasks",
+            r#"{"destination": "d", "delay_msec": 0}"#,
+            422,
+            "invalid_request",
+            &[
+                "/delay_msec: unknown field \"delay_msec\"",
+                "delay_ms, delay, deliver_at",
+            ],
+        ),
+    ];
+    for (path, body, status, code, says) in cases {
+        let (got, answer) = post_raw(path, body).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap();
+        for words in says {
+            assert!(message.contains(words), "{message:?} lacks {words:?}");
+        }
+        assert!(!message.contains("line 1 column"), "{message}");
+    }
+    // In a batch, the pointer reaches into the request, not into the item.
+    let (_, batch) = post_raw(
+        "/v1/tasks/batch",
+        r#"{"tasks": [{"destination": "d", "delay_ms": 0}, {"destination": "d", "delay_msec": 1}]}"#,
+    )
+    .await;
+    let message = batch["results"][1]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("/tasks/1/delay_msec: unknown field"),
+        "{message}"
+    );
+    app.stop().await.unwrap();
+
+    // A setting with a value it cannot have says which values it can.
+    let refused = common::delayline_command(&settings, &["provision", "--dry-run"])
+        .env("DELAYLINE__CASCADE__QUEUE_TYPE", "stream")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let output = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        output
+            .contains("queue_type must be \"quorum\" (the default) or \"classic\", got \"stream\""),
+        "{output}"
+    );
+    assert!(!output.contains("variant"), "{output}");
+
+    // Each cause once; a URL without a password shows none.
+    let mut missing_db = settings.clone();
+    missing_db.store.url = "postgres://postgres@127.0.0.1:5432/no_such_database".to_owned();
+    let (ok, output) = common::run_delayline(&missing_db, &["migrate"]).await;
+    assert!(!ok);
+    assert_eq!(output.matches("does not exist").count(), 1, "{output}");
+    assert!(
+        output.contains("postgres://postgres@127.0.0.1:5432/no_such_database"),
+        "{output}"
+    );
+    let mut closed = settings;
+    closed.store.url = format!("postgres://postgres@127.0.0.1:{}/test", common::free_port());
+    let (ok, output) = common::run_delayline(&closed, &["migrate"]).await;
+    assert!(!ok);
+    assert!(
+        output.to_lowercase().contains("connection refused"),
+        "{output}"
+    );
+    assert_eq!(
+        output.to_lowercase().matches("connection refused").count(),
+        1,
+        "{output}"
+    );
+}

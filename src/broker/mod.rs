@@ -92,10 +92,11 @@ pub fn redact_uri(uri: &str) -> String {
         return uri.to_owned();
     };
     match rest.split_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
+        // Only a password is hidden; a URI without one shows none.
+        Some((credentials, host)) => match credentials.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+            None => uri.to_owned(),
+        },
         None => uri.to_owned(),
     }
 }
@@ -181,5 +182,9 @@ mod tests {
             "amqp://guest:***@127.0.0.1:5672/%2f"
         );
         assert_eq!(redact_uri("amqp://host"), "amqp://host");
+        assert_eq!(
+            redact_uri("postgres://postgres@127.0.0.1/test"),
+            "postgres://postgres@127.0.0.1/test"
+        );
     }
 }

@@ -21,13 +21,28 @@ pub const MAX_NAME_BYTES: usize = 255;
 
 /// The kind of queue each level uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum QueueType {
     /// Replicated, with at-least-once dead-lettering: nothing is lost in transit between levels.
     #[default]
     Quorum,
     /// Single-node durable queues, for brokers without quorum queue support.
     Classic,
+}
+
+impl TryFrom<String> for QueueType {
+    type Error = String;
+
+    /// Said so that a misspelt setting reads as one, not as serde's enum jargon.
+    fn try_from(text: String) -> Result<Self, String> {
+        match text.as_str() {
+            "quorum" => Ok(QueueType::Quorum),
+            "classic" => Ok(QueueType::Classic),
+            other => Err(format!(
+                "queue_type must be \"quorum\" (the default) or \"classic\", got {other:?}"
+            )),
+        }
+    }
 }
 
 impl QueueType {

@@ -20,7 +20,7 @@ use crate::scheduler::{Idempotency, Submitted};
 use crate::store::{Cursor, Ledger, StoreError, TaskFilter, TaskRecord};
 use crate::task::{
     BatchRequest, Task, TaskAccepted, TaskError, TaskState, fingerprint, format_epoch_ms,
-    parse_epoch_ms,
+    parse_epoch_ms, require_object,
 };
 
 /// Names a request so that its retries are answered, not scheduled again.
@@ -215,8 +215,10 @@ pub async fn create_batch(
              each one idempotent on its own",
         ));
     }
-    let batch: BatchRequest =
-        serde_json::from_slice(&body).map_err(|e| ApiError::from(TaskError::from_json(&e)))?;
+    require_object(&body, "", "a batch: {\"tasks\": [task, …]}")?;
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    let batch: BatchRequest = serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "")))?;
     if batch.tasks.len() > state.batch_limit {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -233,9 +235,11 @@ pub async fn create_batch(
     let parsed: Vec<Result<(Task, Idempotency), ApiError>> = batch
         .tasks
         .iter()
-        .map(|raw| {
+        .enumerate()
+        .map(|(index, raw)| {
             let body = raw.get().as_bytes();
-            let task = Task::parse(body, &state.scheduler.cascade, now)?;
+            let at = format!("/tasks/{index}");
+            let task = Task::parse_at(body, &state.scheduler.cascade, now, &at)?;
             let idempotency = idempotency(None, body, &task, has_ledger)?;
             Ok((task, idempotency))
         })

@@ -29,6 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use sqlx::{ConnectOptions, Connection};
 
 pub use cursor::{Cursor, CursorError};
 pub use record::TaskRecord;
@@ -195,6 +196,10 @@ async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, St
         }
         Location::Postgres(url) => {
             let options = PgConnectOptions::from_str(url).map_err(connect)?;
+            // One connection first: the pool would only say "timed out",
+            // where this says "connection refused" or which database is missing.
+            let probe = options.connect().await.map_err(connect)?;
+            let _ = probe.close().await;
             let pool = PgPoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(Duration::from_secs(5))
