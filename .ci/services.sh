@@ -77,3 +77,16 @@ stop_stray_test_nodes() {
   done
   rm -rf "${TMPDIR:-/tmp}"/dltest-node-*
 }
+
+# The README's quick start is a Python consumer (pika); a test runs it as written.
+ensure_pika() {
+  if python3 -c 'import pika' >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "ci: installing pika"
+  if ! python3 -m pip install -q pika >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pika >/dev/null
+  fi
+  python3 -c 'import pika'
+}

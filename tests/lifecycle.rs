@@ -11,9 +11,10 @@ use common::{
     AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, serve_command, spawn_binary,
     terminate, test_settings, wait_ready_at, with_ledger,
 };
-use delayline::broker::{connect, provision};
+use delayline::broker::{connect, provision, queue_state};
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() {
@@ -223,4 +224,93 @@ async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
         settings.cascade.prefix
     );
     assert!(first.contains(&chain), "{first}");
+}
+
+/// The code block of `language` that follows `heading` in the README.
+fn readme_block(heading: &str, language: &str, nth: usize) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split(heading)
+        .nth(1)
+        .expect("the README has the section");
+    let fence = format!("```{language}\n");
+    let block = section.split(&fence).nth(nth + 1).expect("the code block");
+    let code = block.split("```").next().unwrap();
+    // Blocks inside a numbered list are indented.
+    code.lines()
+        .map(|line| line.strip_prefix("   ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_runs_as_written() {
+    // Default levels and unit, a ledger: the service a user starts.
+    let mut settings = with_ledger(test_settings(32, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.confirm_timeout_ms = 10_000;
+    let mut cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let child = spawn_binary(&settings, port);
+    wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+
+    // Only the names the test must not share, and the port, are substituted.
+    let queue = format!("{}.invoices", settings.cascade.prefix);
+    cleanup.queues.push(queue.clone());
+    let consumer = readme_block("## Quick start", "python", 0)
+        .replace("\"invoices\"", &format!("{queue:?}"))
+        .replace("delayline.business", &settings.cascade.business_exchange);
+    let mut python = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(&consumer)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs");
+    // The queue is bound once it exists.
+    let probe = connect(AMQP_URI, "delayline test readme").await.unwrap();
+    let bound = async {
+        while queue_state(&probe, &queue).await.unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), bound)
+        .await
+        .is_err()
+    {
+        python.kill().await.unwrap();
+        let output = python.wait_with_output().await.unwrap();
+        panic!(
+            "the README's consumer never declared its queue (is pika installed?): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let curl = readme_block("## Quick start", "sh", 1)
+        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let posted = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&curl)
+        .output()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&posted.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&posted.stdout)));
+    assert_eq!(answer["state"], "published", "{answer}");
+    assert_eq!(answer["delay_ms"], 2000);
+    let id = answer["id"].as_str().unwrap().to_owned();
+
+    let mut lines = tokio::io::BufReader::new(python.stdout.take().unwrap()).lines();
+    let printed = tokio::time::timeout(Duration::from_secs(15), lines.next_line())
+        .await
+        .expect("the consumer printed nothing")
+        .unwrap()
+        .unwrap();
+    assert_eq!(printed, format!("task {id} arrived: {{'invoice': 42}}"));
+    python.kill().await.unwrap();
+    let _ = probe.close(200, "done".into()).await;
+    terminate(&child);
+    let _ = child.wait_with_output().await;
 }
