@@ -175,7 +175,11 @@ impl TaskError {
         if at.is_empty() {
             return self;
         }
-        let locate = |message: String| format!("{at}: {message}");
+        // "/tasks/3" and "/delay_ms: …" make "/tasks/3/delay_ms: …".
+        let locate = |message: String| match message.starts_with('/') {
+            true => format!("{at}{message}"),
+            false => format!("{at}: {message}"),
+        };
         match self {
             TaskError::MalformedJson(m) => TaskError::MalformedJson(locate(m)),
             TaskError::InvalidRequest(m) => TaskError::InvalidRequest(locate(m)),
@@ -400,7 +404,13 @@ impl TaskRequest<'_> {
         // `deliver_at_ms` is a bound the broker can only meet late, never early.
         let accepted_at_ms = epoch_ms(now);
         let delay = self.requested_delay(accepted_at_ms)?;
-        let route = cascade.route(delay, &self.destination)?;
+        let route = cascade.route(delay, &self.destination).map_err(|error| {
+            let field = match error {
+                RouteError::DelayTooLong { .. } => self.delay_field(),
+                _ => "/destination",
+            };
+            TaskError::from(error).at(field)
+        })?;
         let (payload, content_type) = self.payload()?;
         Ok(Task {
             client_id: self.id.is_some(),
@@ -415,18 +425,27 @@ impl TaskRequest<'_> {
         })
     }
 
+    /// The pointer of the field the delay was given in.
+    fn delay_field(&self) -> &'static str {
+        match (&self.delay_ms, &self.delay) {
+            (Some(_), _) => "/delay_ms",
+            (None, Some(_)) => "/delay",
+            _ => "/deliver_at",
+        }
+    }
+
     fn requested_delay(&self, accepted_at_ms: u64) -> Result<Duration, TaskError> {
         match (&self.delay_ms, &self.delay, &self.deliver_at) {
             (Some(ms), None, None) => delay_of_ms(ms),
             (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
                 TaskError::InvalidDelay(format!(
-                    "delay {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
+                    "/delay: {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
                 ))
             }),
             (None, None, Some(text)) => {
                 let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| {
                     TaskError::InvalidDelay(format!(
-                        "deliver_at {text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\": {e}"
+                        "/deliver_at: {text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\": {e}"
                     ))
                 })?;
                 let from = i128::from(accepted_at_ms) * 1_000_000;
@@ -446,7 +465,7 @@ impl TaskRequest<'_> {
         if let Some(content_type) = &self.content_type {
             if content_type.is_empty() || content_type.len() > MAX_NAME_BYTES {
                 return Err(TaskError::InvalidPayload(format!(
-                    "content_type must be 1 to {MAX_NAME_BYTES} bytes"
+                    "/content_type: must be 1 to {MAX_NAME_BYTES} bytes"
                 )));
             }
             let is_media_type = content_type
@@ -454,7 +473,7 @@ impl TaskRequest<'_> {
                 .is_ok_and(|m| !m.type_().as_str().is_empty() && !m.subtype().as_str().is_empty());
             if !is_media_type {
                 return Err(TaskError::InvalidPayload(format!(
-                    "content_type {content_type:?} is not a media type such as \
+                    "/content_type: {content_type:?} is not a media type such as \
                      \"text/plain; charset=utf-8\" (type/subtype, then optional parameters)"
                 )));
             }
@@ -470,9 +489,7 @@ impl TaskRequest<'_> {
                 base64::engine::general_purpose::STANDARD
                     .decode(encoded)
                     .map_err(|e| {
-                        TaskError::InvalidPayload(format!(
-                            "payload_base64 is not valid base64: {e}"
-                        ))
+                        TaskError::InvalidPayload(format!("/payload_base64: not valid base64: {e}"))
                     })?,
                 "application/octet-stream",
             ),
@@ -491,13 +508,13 @@ fn delay_of_ms(ms: &serde_json::Number) -> Result<Duration, TaskError> {
     }
     match ms.as_f64() {
         Some(f) if f < 0.0 => Err(TaskError::InvalidDelay(format!(
-            "/delay_ms must not be negative, got {ms}"
+            "/delay_ms: must not be negative, got {ms}"
         ))),
         Some(f) if f.fract() == 0.0 => Err(TaskError::DelayOutOfRange(format!(
-            "/delay_ms {ms} is longer than any delay a chain can hold"
+            "/delay_ms: {ms} is longer than any delay a chain can hold"
         ))),
         _ => Err(TaskError::InvalidDelay(format!(
-            "/delay_ms must be a whole number of milliseconds, got {ms}"
+            "/delay_ms: must be a whole number of milliseconds, got {ms}"
         ))),
     }
 }
@@ -508,7 +525,7 @@ fn validate_id(id: Option<String>) -> Result<String, TaskError> {
     };
     if id.is_empty() || id.len() > MAX_NAME_BYTES || id.chars().any(char::is_control) {
         return Err(TaskError::InvalidId(format!(
-            "id must be 1 to {MAX_NAME_BYTES} bytes without control characters"
+            "/id: must be 1 to {MAX_NAME_BYTES} bytes without control characters"
         )));
     }
     Ok(id)
@@ -522,7 +539,7 @@ fn validate_headers(
         .map(|(name, value)| {
             if name.is_empty() || name.len() > MAX_NAME_BYTES {
                 return Err(TaskError::InvalidHeader(format!(
-                    "header names must be 1 to {MAX_NAME_BYTES} bytes"
+                    "/headers: header names must be 1 to {MAX_NAME_BYTES} bytes"
                 )));
             }
             let lower = name.to_ascii_lowercase();
@@ -532,7 +549,8 @@ fn validate_headers(
                 || ROUTING_HEADERS.contains(&name.as_str())
             {
                 return Err(TaskError::InvalidHeader(format!(
-                    "header {name:?} is reserved for delayline or the broker"
+                    "{}: reserved for delayline or the broker",
+                    header_pointer(&name)
                 )));
             }
             Ok((name.clone(), header_value(&name, value.get())?))
@@ -540,10 +558,16 @@ fn validate_headers(
         .collect()
 }
 
+/// The JSON pointer of header `name` (RFC 6901 escapes `~` and `/`).
+fn header_pointer(name: &str) -> String {
+    format!("/headers/{}", name.replace('~', "~0").replace('/', "~1"))
+}
+
 /// One header's value from its JSON text: a string, a boolean, an integer
 /// that fits 64 signed bits, or a number with a fraction or an exponent.
 fn header_value(name: &str, json: &str) -> Result<HeaderValue, TaskError> {
-    let invalid = |what: String| TaskError::InvalidHeader(format!("header {name:?}: {what}"));
+    let invalid =
+        |what: String| TaskError::InvalidHeader(format!("{}: {what}", header_pointer(name)));
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
     match value {

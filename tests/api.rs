@@ -749,7 +749,7 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
             r#"{"destination": "d", "delay_ms": 99999999999999999999}"#,
             422,
             "delay_out_of_range",
-            &["/delay_ms 1e+20 is longer than any delay"],
+            &["/delay_ms: 1e+20 is longer than any delay"],
         ),
         (
             "/v1/tasks",
@@ -793,6 +793,29 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
         message.starts_with("/tasks/1/delay_msec: unknown field"),
         "{message}"
     );
+    // So do the checks after parsing: the field, what was wrong, what is accepted.
+    let (_, batch) = post_raw(
+        "/v1/tasks/batch",
+        r#"{"tasks": [{"destination": "d", "delay": "soon"}, {"destination": "d", "delay_ms": 0, "headers": {"CC": "x"}}, {"destination": "d.#", "delay_ms": 0}]}"#,
+    )
+    .await;
+    let said = |i: usize| {
+        batch["results"][i]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        said(0).starts_with("/tasks/0/delay: \"soon\" is not a duration such as \"90s\""),
+        "{}",
+        said(0)
+    );
+    assert!(
+        said(1).starts_with("/tasks/1/headers/CC: reserved"),
+        "{}",
+        said(1)
+    );
+    assert!(said(2).starts_with("/tasks/2/destination: "), "{}", said(2));
     app.stop().await.unwrap();
 
     // A setting with a value it cannot have says which values it can.
