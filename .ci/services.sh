@@ -90,3 +90,18 @@ ensure_pika() {
   fi
   python3 -c 'import pika'
 }
+
+# Tests delete what they declare on the machine's broker (their names start
+# with "dltest-"); anything left afterwards is a test's leak, and fails CI.
+assert_no_test_objects_left() {
+  local left
+  left=$( (rabbitmqctl -q list_queues name; rabbitmqctl -q list_exchanges name; rabbitmqctl -q list_users) \
+    | grep -c '^dltest-' || true)
+  if [ "$left" != "0" ]; then
+    echo "ci: tests left $left queues, exchanges or users named dltest-* on the broker:" >&2
+    (rabbitmqctl -q list_queues name; rabbitmqctl -q list_exchanges name; rabbitmqctl -q list_users) \
+      | grep '^dltest-' | head -20 >&2
+    return 1
+  fi
+  echo "ci: the tests left nothing on the broker"
+}

@@ -25,6 +25,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub const AMQP_URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Where the machine's broker listens, as it appears in a URI.
+const MACHINE_BROKER_ADDRESS: &str = "@127.0.0.1:5672/";
 
 /// Settings for one test: its own prefix and business exchange, small levels and units.
 pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settings {
@@ -177,8 +179,12 @@ impl Drop for Cleanup {
         if let Some(settings) = &self.ledger_of {
             delete_ledger(settings);
         }
-        // Nodes of the test's own are deleted whole, with what they hold.
-        let own_nodes = self.uris != [AMQP_URI];
+        // Nodes of the test's own are deleted whole, with what they hold; the
+        // machine's broker (whatever user the test connected as) is cleaned.
+        let own_nodes = !self
+            .uris
+            .iter()
+            .any(|uri| uri.contains(MACHINE_BROKER_ADDRESS));
         if own_nodes || (self.plan.exchanges.is_empty() && self.queues.is_empty()) {
             return;
         }
