@@ -18,7 +18,8 @@
 //! - [`scheduler`]: takes a task in (ledger, then broker) and runs the
 //!   forwarder that publishes pending tasks (quarantining those the broker
 //!   can never take), the watchers of late confirms, and retention.
-//! - [`http`]: the axum API around them: routes, JSON errors, health, metrics.
+//! - [`http`]: the axum API around them, one module (and router) per
+//!   resource: tasks in, inspection, topology, health, the metrics scrape.
 //! - [`metrics`]: the Prometheus registry; queue depths are polled by [`broker`].
 //! - [`service`]: wires it all together and shuts it down in order.
 //! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings, logs, the

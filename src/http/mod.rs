@@ -1,19 +1,31 @@
 //! The HTTP API (axum): tasks in, topology and health out.
+//!
+//! One module per resource, each with its own `router()`: `tasks` (taking
+//! tasks in), `inspect` (reading them back), `topology`, `health` (the
+//! probes), `scrape` (`/metrics`); `extract` is the JSON body extractor,
+//! `error` the error shape, `fallback` what no route serves.
 
 mod error;
-mod handlers;
+mod extract;
+mod fallback;
+mod health;
+mod inspect;
+mod scrape;
+mod tasks;
+mod topology;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
-use axum::{Router, middleware};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
-pub use handlers::{BatchItem, BatchResponse, TaskPage, TaskView, TopologyView};
+pub use inspect::{TaskPage, TaskView};
+pub use tasks::{BatchItem, BatchResponse};
+pub use topology::TopologyView;
 
 use crate::config::{AmqpSettings, HttpSettings};
 use crate::scheduler::Scheduler;
@@ -40,27 +52,16 @@ impl AppState {
     }
 }
 
+/// Every route, one router per resource, merged; then what applies to all.
 pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
-    let count_rejections =
-        middleware::from_fn_with_state(state.clone(), handlers::count_rejections);
     Router::new()
-        .route(
-            "/v1/tasks",
-            post(handlers::create_task)
-                .route_layer(count_rejections.clone())
-                .get(handlers::list_tasks),
-        )
-        .route(
-            "/v1/tasks/batch",
-            post(handlers::create_batch).route_layer(count_rejections),
-        )
-        .route("/v1/tasks/{id}", get(handlers::get_task))
-        .route("/metrics", get(handlers::metrics))
-        .route("/v1/topology", get(handlers::topology))
-        .route("/healthz", get(handlers::healthz))
-        .route("/readyz", get(handlers::readyz))
-        .fallback(handlers::not_found)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .merge(tasks::router(state.clone()))
+        .merge(inspect::router())
+        .merge(topology::router())
+        .merge(health::router())
+        .merge(scrape::router())
+        .fallback(fallback::not_found)
+        .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         // Failed requests are logged where the reason is known (with the task id);
         // tower-http's default would log every 503 readiness probe as an error.
@@ -69,6 +70,6 @@ pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
                 .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
         )
         // A bug in one request must answer 500, not take the service down.
-        .layer(CatchPanicLayer::custom(handlers::panic_response))
+        .layer(CatchPanicLayer::custom(fallback::panic_response))
         .with_state(state)
 }

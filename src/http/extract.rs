@@ -1,0 +1,57 @@
+//! The JSON body extractor every write route uses: JSON in UTF-8, within the body limit.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{StatusCode, header};
+
+use super::error::ApiError;
+
+/// A request body that must be JSON, read whole within the body limit.
+pub struct JsonBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let media_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<mime::Mime>().ok());
+        let is_json = media_type.as_ref().is_some_and(|m| {
+            m.type_() == mime::APPLICATION
+                && (m.subtype() == mime::JSON || m.suffix() == Some(mime::JSON))
+        });
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the task as JSON with Content-Type: application/json",
+            ));
+        }
+        // JSON is UTF-8 (RFC 8259); a body declared otherwise would be misread.
+        if let Some(charset) = media_type.as_ref().and_then(|m| m.get_param(mime::CHARSET))
+            && charset != mime::UTF_8
+        {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("JSON is UTF-8; the body says charset={charset}: send it as UTF-8"),
+            ));
+        }
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        "the request body is larger than http.body_limit_bytes allows",
+                    )
+                } else {
+                    ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
+                }
+            })?;
+        Ok(JsonBody(bytes))
+    }
+}

@@ -1,0 +1,30 @@
+//! Answers for what no route serves: unknown routes, other methods, and a
+//! handler that panicked.
+
+use std::any::Any;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
+pub fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error; the request was not completed",
+    )
+    .into_response()
+}

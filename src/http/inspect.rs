@@ -1,0 +1,184 @@
+//! `GET /v1/tasks/{id}` and `GET /v1/tasks`: tasks as the ledger knows them.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::store::{Cursor, Ledger, StoreError, TaskFilter, TaskRecord};
+use crate::task::{TaskState, format_epoch_ms, parse_epoch_ms};
+
+/// A task as the ledger knows it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskView {
+    pub id: String,
+    pub state: TaskState,
+    pub destination: String,
+    pub routing_key: String,
+    pub delay_ms: u64,
+    pub deliver_at: String,
+    pub created_at: String,
+    pub published_at: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub content_type: String,
+    pub headers: BTreeMap<String, crate::task::HeaderValue>,
+    /// The payload's size as submitted.
+    pub payload_bytes: u64,
+    /// What the ledger still holds of the payload (see store.payload_copy_bytes).
+    pub payload_base64: Option<String>,
+    pub payload_truncated: bool,
+    /// Publishing attempts so far.
+    pub attempts: u64,
+    /// Why the last attempt failed, while the task is pending.
+    pub last_error: Option<String>,
+}
+
+impl TaskView {
+    fn new(record: TaskRecord) -> Result<TaskView, StoreError> {
+        let payload_bytes = u64::try_from(record.payload_bytes).unwrap_or(0);
+        let kept = record.payload.as_ref().map_or(0, |p| p.len() as u64);
+        let payload_truncated = kept < payload_bytes;
+        Ok(TaskView {
+            state: record.state()?,
+            deliver_at: format_epoch_ms(record.deliver_at_ms()),
+            created_at: format_epoch_ms(record.created_at_ms()),
+            published_at: record.published_at_ms().map(format_epoch_ms),
+            headers: record.header_values()?,
+            delay_ms: u64::try_from(record.delay_ms).unwrap_or(0),
+            attempts: u64::try_from(record.attempts).unwrap_or(0),
+            payload_base64: record
+                .payload
+                .as_ref()
+                .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+            payload_bytes,
+            payload_truncated,
+            id: record.id,
+            destination: record.destination,
+            routing_key: record.routing_key,
+            idempotency_key: record.idempotency_key,
+            content_type: record.content_type,
+            last_error: record.last_error,
+        })
+    }
+}
+
+fn ledger(state: &AppState) -> Result<&Ledger, ApiError> {
+    state.scheduler.ledger.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "ledger_disabled",
+            "this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected",
+        )
+    })
+}
+
+pub async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let record = ledger(&state)?.get(&id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "task_not_found",
+            format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
+        )
+    })?;
+    Ok(Json(TaskView::new(record)?))
+}
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    destination: Option<String>,
+    state: Option<String>,
+    due_before: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub next_cursor: Option<String>,
+}
+
+fn invalid_query(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+}
+
+impl ListQuery {
+    fn filter(self) -> Result<TaskFilter, ApiError> {
+        let state = match self.state.as_deref() {
+            None => None,
+            Some(text) => Some(TaskState::parse(text).ok_or_else(|| {
+                invalid_query(format!(
+                    "state must be pending, published or failed, got {text:?}"
+                ))
+            })?),
+        };
+        let due_before_ms = match self.due_before.as_deref() {
+            None => None,
+            Some(text) => Some(parse_epoch_ms(text).ok_or_else(|| {
+                invalid_query(format!("due_before {text:?} is not an RFC 3339 time"))
+            })?),
+        };
+        let limit = self.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(invalid_query(format!("limit must be 1 to {MAX_PAGE}")));
+        }
+        let after = match self.cursor.as_deref() {
+            None => None,
+            Some(text) => Some(Cursor::decode(text).map_err(|e| invalid_query(e.to_string()))?),
+        };
+        Ok(TaskFilter {
+            destination: self.destination,
+            state,
+            due_before_ms,
+            after,
+            limit,
+        })
+    }
+}
+
+/// Tasks in due order, a page at a time.
+pub async fn list_tasks(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<TaskPage>, ApiError> {
+    let ledger = ledger(&state)?;
+    let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
+    let filter = query.filter()?;
+    let records = ledger.list(&filter).await?;
+    let next_cursor = (records.len() == filter.limit as usize)
+        .then(|| records.last())
+        .flatten()
+        .map(|last| {
+            Cursor {
+                deliver_at_ms: last.deliver_at_ms(),
+                id: last.id.clone(),
+            }
+            .encode()
+        });
+    let tasks = records
+        .into_iter()
+        .map(TaskView::new)
+        .collect::<Result<_, _>>()?;
+    Ok(Json(TaskPage { tasks, next_cursor }))
+}
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/v1/tasks", axum::routing::get(list_tasks))
+        .route("/v1/tasks/{id}", axum::routing::get(get_task))
+}

@@ -1,0 +1,316 @@
+//! `POST /v1/tasks` and `POST /v1/tasks/batch`: taking tasks in, with the
+//! idempotency rules, and counting what is refused.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::future::join_all;
+use serde::{Deserialize, Serialize};
+use tracing::{Instrument, info_span, warn};
+
+use super::AppState;
+use super::error::{ApiError, ErrorBody, ErrorCode};
+use super::extract::JsonBody;
+use crate::cascade::MAX_NAME_BYTES;
+use crate::scheduler::{Idempotency, Submitted};
+use crate::task::{BatchRequest, Task, TaskAccepted, TaskError, fingerprint, require_object};
+
+/// Names a request so that its retries are answered, not scheduled again.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set on the answer to a retry that was recognised.
+const REPLAYED: &str = "idempotent-replayed";
+
+/// The Idempotency-Key header, checked, and the request's fingerprint when
+/// the request can be repeated (it has a key or a client-chosen id).
+fn idempotency(
+    key_header: Option<&HeaderValue>,
+    body: &[u8],
+    task: &Task,
+    has_ledger: bool,
+) -> Result<Idempotency, ApiError> {
+    if !has_ledger {
+        return Ok(Idempotency::default());
+    }
+    let key = match key_header {
+        None => None,
+        Some(value) => {
+            let key = value
+                .to_str()
+                .ok()
+                .filter(|k| {
+                    !k.is_empty()
+                        && k.len() <= MAX_NAME_BYTES
+                        && k.bytes().all(|b| b.is_ascii_graphic())
+                })
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_idempotency_key",
+                        format!(
+                            "Idempotency-Key must be 1 to {MAX_NAME_BYTES} bytes of visible ASCII"
+                        ),
+                    )
+                })?;
+            Some(key.to_owned())
+        }
+    };
+    let fingerprint = if key.is_some() || task.client_id {
+        Some(fingerprint(body)?)
+    } else {
+        None
+    };
+    Ok(Idempotency { key, fingerprint })
+}
+
+async fn submit(
+    state: &AppState,
+    task: &Task,
+    idempotency: Idempotency,
+) -> Result<Submitted, ApiError> {
+    let span = info_span!("task", task_id = %task.id);
+    state
+        .scheduler
+        .submit(task, idempotency)
+        .instrument(span)
+        .await
+        .inspect(|submitted| {
+            let accepted_as = submitted.accepted.state.as_str();
+            state
+                .scheduler
+                .metrics
+                .accepted(accepted_as, submitted.replayed);
+        })
+        .map_err(|error| {
+            let error = ApiError::from(error);
+            if error.status.is_server_error() {
+                warn!(task_id = %task.id, error = %error.message, "task not accepted");
+            }
+            error
+        })
+}
+
+pub async fn create_task(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let task = Task::parse(&body, &state.scheduler.cascade, SystemTime::now())?;
+    let idempotency = idempotency(
+        headers.get(IDEMPOTENCY_KEY),
+        &body,
+        &task,
+        state.scheduler.ledger.is_some(),
+    )?;
+    let submitted = submit(&state, &task, idempotency).await?;
+    let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
+    if submitted.replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// One task's outcome in a batch: `task` when accepted, `error` otherwise.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BatchItem {
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub task: Option<TaskAccepted>,
+    /// The task was accepted by an earlier request with the same id.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub replayed: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BatchResponse {
+    pub results: Vec<BatchItem>,
+}
+
+impl BatchItem {
+    fn rejected(error: ApiError) -> Self {
+        BatchItem {
+            status: error.status.as_u16(),
+            task: None,
+            replayed: false,
+            error: Some(error.body()),
+        }
+    }
+}
+
+/// Takes every valid task of the batch concurrently: their ledger writes
+/// share commits and their confirms are pipelined, so a batch costs about
+/// one round trip of each, not one per task. A task's client `id` is its
+/// idempotency key.
+pub async fn create_batch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Result<Json<BatchResponse>, ApiError> {
+    if headers.contains_key(IDEMPOTENCY_KEY) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "a batch is not keyed as a whole: give each task an \"id\" instead, which makes \
+             each one idempotent on its own",
+        ));
+    }
+    require_object(&body, "", "a batch: {\"tasks\": [task, …]}")?;
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    let batch: BatchRequest = serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "")))?;
+    if batch.tasks.len() > state.batch_limit {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "batch_too_large",
+            format!(
+                "a batch holds at most {} tasks, got {}",
+                state.batch_limit,
+                batch.tasks.len()
+            ),
+        ));
+    }
+    let now = SystemTime::now();
+    let has_ledger = state.scheduler.ledger.is_some();
+    let parsed: Vec<Result<(Task, Idempotency), ApiError>> = batch
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            let body = raw.get().as_bytes();
+            let at = format!("/tasks/{index}");
+            let task = Task::parse_at(body, &state.scheduler.cascade, now, &at)?;
+            let idempotency = idempotency(None, body, &task, has_ledger)?;
+            Ok((task, idempotency))
+        })
+        .collect();
+    // A client id repeated within the batch names one task: the repeat gets
+    // the first's answer (as a replay), or a conflict if its body differs.
+    let mut first_with_id: HashMap<&str, usize> = HashMap::new();
+    let repeats: Vec<Option<usize>> = parsed
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            let (task, _) = item.as_ref().ok().filter(|(task, _)| task.client_id)?;
+            match first_with_id.get(task.id.as_str()) {
+                Some(&first) => Some(first),
+                None => {
+                    first_with_id.insert(&task.id, index);
+                    None
+                }
+            }
+        })
+        .collect();
+    let outcomes = parsed.iter().zip(&repeats).map(|(item, repeat)| {
+        let state = &state;
+        async move {
+            if repeat.is_some() {
+                return None;
+            }
+            Some(match item {
+                Ok((task, idempotency)) => submit(state, task, idempotency.clone()).await,
+                Err(error) => Err(error.clone()),
+            })
+        }
+    });
+    let outcomes = join_all(outcomes).await;
+    let results = (0..parsed.len())
+        .map(|index| {
+            let outcome = match (repeats[index], &outcomes[index]) {
+                (None, Some(outcome)) => outcome.clone(),
+                (Some(first), _) => repeat_of(&parsed, first, index, &outcomes[first]),
+                (None, None) => Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "a task of the batch was neither submitted nor a repeat",
+                )),
+            };
+            match outcome {
+                Ok(submitted) => BatchItem {
+                    status: StatusCode::ACCEPTED.as_u16(),
+                    task: Some(submitted.accepted),
+                    replayed: submitted.replayed,
+                    error: None,
+                },
+                Err(error) => {
+                    state.scheduler.metrics.rejected(error.code);
+                    BatchItem::rejected(error)
+                }
+            }
+        })
+        .collect();
+    Ok(Json(BatchResponse { results }))
+}
+
+/// The answer to the task at `index`, which repeats the client id of the
+/// task at `first` in the same batch.
+fn repeat_of(
+    parsed: &[Result<(Task, Idempotency), ApiError>],
+    first: usize,
+    index: usize,
+    first_outcome: &Option<Result<Submitted, ApiError>>,
+) -> Result<Submitted, ApiError> {
+    let fingerprint = |i: usize| {
+        parsed[i]
+            .as_ref()
+            .ok()
+            .and_then(|(_, idempotency)| idempotency.fingerprint.clone())
+    };
+    if fingerprint(first) != fingerprint(index) {
+        let id = parsed[index]
+            .as_ref()
+            .map(|(t, _)| t.id.clone())
+            .unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_conflict",
+            format!("task id {id:?} appears earlier in this batch with a different body"),
+        ));
+    }
+    match first_outcome {
+        Some(Ok(submitted)) => Ok(Submitted {
+            accepted: submitted.accepted.clone(),
+            replayed: true,
+        }),
+        Some(Err(error)) => Err(error.clone()),
+        None => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "a repeated task lost its first occurrence",
+        )),
+    }
+}
+
+/// Counts the rejections of the task routes' error responses; a batch's
+/// per-task rejections are counted where they are decided.
+pub async fn count_rejections(
+    State(state): State<AppState>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+        state.scheduler.metrics.rejected(code);
+    }
+    response
+}
+
+/// The task routes; their refusals are counted by code.
+pub fn router(state: AppState) -> axum::Router<AppState> {
+    let count_rejections = axum::middleware::from_fn_with_state(state, count_rejections);
+    axum::Router::new()
+        .route(
+            "/v1/tasks",
+            axum::routing::post(create_task).route_layer(count_rejections.clone()),
+        )
+        .route(
+            "/v1/tasks/batch",
+            axum::routing::post(create_batch).route_layer(count_rejections),
+        )
+}

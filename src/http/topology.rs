@@ -1,0 +1,85 @@
+//! `GET /v1/topology`: what a consumer or operator needs to know about the cascade.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::cascade::{Cascade, validate_destination};
+use crate::task::TaskError;
+
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LevelView {
+    pub level: u32,
+    pub exchange: String,
+    pub queue: String,
+    pub ttl_ms: u64,
+    pub dead_letter_exchange: String,
+}
+
+/// What a consumer or operator needs to know about the cascade.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopologyView {
+    pub business_exchange: String,
+    pub unroutable_exchange: String,
+    pub unroutable_queue: String,
+    pub unit_ms: u64,
+    pub levels: u32,
+    pub max_delay_ms: u64,
+    pub queue_type: String,
+    /// The pattern to bind a queue to the business exchange with, for one destination.
+    pub binding_key: String,
+    pub queues: Vec<LevelView>,
+}
+
+impl TopologyView {
+    pub fn new(cascade: &Cascade) -> Self {
+        TopologyView {
+            business_exchange: cascade.business_exchange().to_owned(),
+            unroutable_exchange: cascade.unroutable_exchange(),
+            unroutable_queue: cascade.unroutable_queue(),
+            unit_ms: cascade.unit_ms(),
+            levels: cascade.levels(),
+            max_delay_ms: cascade.max_delay_ms(),
+            queue_type: cascade.queue_type().as_str().to_owned(),
+            binding_key: cascade.binding_key("{destination}"),
+            queues: (0..cascade.levels())
+                .rev()
+                .map(|level| LevelView {
+                    level,
+                    exchange: cascade.level_exchange(level),
+                    queue: cascade.level_queue(level),
+                    ttl_ms: cascade.level_ttl_ms(level),
+                    dead_letter_exchange: cascade.next_exchange(level),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TopologyQuery {
+    destination: Option<String>,
+}
+
+/// With `?destination=`, `binding_key` is the exact key for that destination.
+pub async fn topology(
+    State(state): State<AppState>,
+    Query(query): Query<TopologyQuery>,
+) -> Result<Response, ApiError> {
+    let Some(destination) = query.destination else {
+        return Ok(Json(state.topology.as_ref()).into_response());
+    };
+    validate_destination(&destination).map_err(|e| ApiError::from(TaskError::from(e)))?;
+    let mut view = serde_json::to_value(state.topology.as_ref())
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    view["binding_key"] = state.scheduler.cascade.binding_key(&destination).into();
+    Ok(Json(view).into_response())
+}
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new().route("/v1/topology", axum::routing::get(topology))
+}
