@@ -215,6 +215,33 @@ async fn every_accepted_task_arrives_through_every_fault() {
         STALL_ALLOWANCE,
     )
     .await;
+    if !drained.missing.is_empty() {
+        // What the ledger and the broker say of them, for whoever reads the failure.
+        let mut diagnosis = String::new();
+        for id in &drained.missing {
+            let answer = service
+                .http
+                .get(format!("{}/v1/tasks/{id}", service.base))
+                .send()
+                .await;
+            let task = match answer {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => error.to_string(),
+            };
+            writeln!(diagnosis, "{id}: {task}").unwrap();
+        }
+        let queues: Vec<String> = cluster.nodes[2]
+            .queue_listing()
+            .into_iter()
+            .filter(|(_, _, _, all)| *all > 0)
+            .map(|q| format!("{q:?}"))
+            .collect();
+        panic!(
+            "{} of {} accepted tasks never arrived:\n{diagnosis}queues holding messages: {queues:?}",
+            drained.missing.len(),
+            accepted.len()
+        );
+    }
     child.kill().await.unwrap();
 
     let mut report = String::new();

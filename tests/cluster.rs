@@ -93,6 +93,11 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
         Duration::from_secs(120),
     )
     .await;
+    assert!(
+        drained.missing.is_empty(),
+        "never arrived: {:?}",
+        drained.missing
+    );
     eprintln!(
         "{} tasks delivered, {} duplicates, at most {} ms late, stranded levels released: {:?}",
         ids.len(),

@@ -37,7 +37,7 @@ use amq_protocol::frame::WriteContext;
 use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::basic::gen_properties;
-use lapin::protocol::{AMQPErrorKind, AMQPHardError};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use prometheus_client::metrics::histogram::Histogram;
@@ -108,10 +108,20 @@ pub enum PublishError {
 
 impl PublishError {
     fn unconfirmed(error: &lapin::Error) -> Self {
+        // Only errors about what was sent: a node going away, a queue or an
+        // exchange missing while a cluster recovers, or a broker's internal
+        // trouble say nothing about the message.
         let refused = match error.kind() {
-            lapin::ErrorKind::ProtocolError(amqp) => {
-                *amqp.kind() != AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED)
-            }
+            lapin::ErrorKind::ProtocolError(amqp) => matches!(
+                amqp.kind(),
+                AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+                    | AMQPErrorKind::Hard(
+                        AMQPHardError::FRAMEERROR
+                            | AMQPHardError::SYNTAXERROR
+                            | AMQPHardError::COMMANDINVALID
+                            | AMQPHardError::UNEXPECTEDFRAME
+                    )
+            ),
             _ => false,
         };
         PublishError::Unconfirmed {
