@@ -133,11 +133,13 @@ impl Scheduler {
         task: &Task,
         idempotency: Idempotency,
     ) -> Result<Submitted, SubmitError> {
+        // Built once: checked now, before anything is recorded, then published.
+        let message = Message::of_task(task);
         self.publisher
-            .check_fits(task)
+            .check_fits(&message)
             .map_err(SubmitError::TooLarge)?;
         let Some(ledger) = &self.ledger else {
-            self.publisher.publish(Message::of_task(task)).await?;
+            self.publisher.publish(message).await?;
             return Ok(Submitted {
                 accepted: task.accepted(TaskState::Published),
                 replayed: false,
@@ -174,7 +176,7 @@ impl Scheduler {
                 });
             }
         }
-        let published = self.publisher.publish_bounded(Message::of_task(task)).await;
+        let published = self.publisher.publish_bounded(message).await;
         let state = match published {
             Ok(Published::Confirmed) => {
                 self.record_published(ledger, &task.id).await;

@@ -152,12 +152,7 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
     assert_eq!(accepted["state"], "pending");
     let id = accepted["id"].as_str().unwrap().to_owned();
 
-    terminate(&child);
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("stopped")
-        .unwrap();
-    let log = String::from_utf8(output.stderr).unwrap();
+    let log = stop_and_read_log(child).await;
     let lines: Vec<Value> = log
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
@@ -208,12 +203,7 @@ async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
         .spawn()
         .unwrap();
     wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
-    terminate(&child);
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("stopped")
-        .unwrap();
-    let log = String::from_utf8(output.stderr).unwrap();
+    let log = stop_and_read_log(child).await;
     assert!(
         !log.contains('\u{1b}'),
         "escape codes in a piped log:\n{log}"
@@ -224,6 +214,16 @@ async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
         settings.cascade.prefix
     );
     assert!(first.contains(&chain), "{first}");
+}
+
+/// SIGTERMs the service and returns what it logged (its piped stderr).
+async fn stop_and_read_log(child: tokio::process::Child) -> String {
+    terminate(&child);
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("stopped")
+        .unwrap();
+    String::from_utf8(output.stderr).unwrap()
 }
 
 /// The code block of `language` that follows `heading` in the README.

@@ -372,9 +372,9 @@ impl Publisher {
         frame_max.saturating_sub(self.shared.options.header_reserve)
     }
 
-    /// Refuses, without sending anything, a task the broker could not take.
-    pub fn check_fits(&self, task: &Task) -> Result<(), PublishError> {
-        fits(&task_properties(task), self.properties_limit())
+    /// Refuses, without sending anything, a message the broker could not take.
+    pub fn check_fits(&self, message: &Message) -> Result<(), PublishError> {
+        fits(&message.properties, self.properties_limit())
     }
 
     /// Publishes and waits for the confirm; a late confirm is a timeout.
@@ -449,22 +449,17 @@ impl IsolatedPublisher {
             _ => {
                 self.close().await;
                 let options = &self.publisher.shared.options;
+                let unavailable = |error: String| PublishError::Unavailable(error);
                 let node = self
                     .publisher
-                    .shared
-                    .session
-                    .borrow()
-                    .as_ref()
-                    .map_or(0, |s| s.node);
+                    .node_uri()
+                    .ok_or_else(|| self.publisher.shared.unavailable())?;
                 let name = format!("{} (isolated)", options.connection_name);
-                let unavailable = |error: String| PublishError::Unavailable(error);
-                let connection = tokio::time::timeout(
-                    options.connect_timeout,
-                    connect(&options.uris[node], &name),
-                )
-                .await
-                .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
-                .map_err(|error| unavailable(error.to_string()))?;
+                let connection =
+                    tokio::time::timeout(options.connect_timeout, connect(&node, &name))
+                        .await
+                        .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
+                        .map_err(|error| unavailable(error.to_string()))?;
                 let channel = match open_confirm_channel(&connection).await {
                     Ok(channel) => channel,
                     Err(error) => {
