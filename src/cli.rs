@@ -76,15 +76,15 @@ fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
     if let Ok(version) = from.parse::<u32>() {
         return Ok(OldChain::version_of(new, version));
     }
-    let settings =
+    let (_, old) =
         Settings::load(Some(Path::new(from))).map_err(|e| anyhow::anyhow!("--from {from}: {e}"))?;
-    Ok(OldChain::from_settings(&settings.cascade()?))
+    Ok(OldChain::from_settings(&old))
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match Settings::load(cli.config.as_deref()) {
-        Ok(settings) => settings,
+    let (settings, cascade) = match Settings::load(cli.config.as_deref()) {
+        Ok(loaded) => loaded,
         Err(error) => {
             eprintln!("delayline: {error}");
             return ExitCode::from(2);
@@ -98,7 +98,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command, settings)) {
+    match runtime.block_on(run(cli.command, settings, cascade)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("delayline: {}", without_repeats(&error));
@@ -107,14 +107,13 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
-    let cascade = settings.cascade()?;
+async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => {
             let listener = tokio::net::TcpListener::bind(&settings.http.bind)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
-            service::run(settings, listener, shutdown_signal()).await?;
+            service::run(settings, cascade, listener, shutdown_signal()).await?;
         }
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
@@ -249,7 +248,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
                 cascade.queue_type().as_str()
             );
         }
-        Command::Migrate => match crate::store::migrate_only(&settings.store).await? {
+        Command::Migrate => match crate::ledger::migrate_only(&settings.store).await? {
             Some(target) => println!("ledger {target}: schema up to date"),
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
@@ -301,28 +300,25 @@ fn without_repeats(error: &anyhow::Error) -> String {
 }
 
 /// The ledger of `settings`, for a command; None without one.
-async fn open_ledger(settings: &Settings) -> anyhow::Result<Option<crate::store::Ledger>> {
-    let options = crate::store::LedgerOptions {
-        max_pending: settings.store.max_pending,
-        payload_copy_bytes: settings.store.payload_copy_bytes,
-        commit_group_size: prometheus_client::metrics::histogram::Histogram::new([1.0]),
-    };
-    Ok(crate::store::open(&settings.store, options).await?)
+async fn open_ledger(settings: &Settings) -> anyhow::Result<Option<crate::ledger::Ledger>> {
+    // A command's commits are not observed.
+    let commit_group_size = prometheus_client::metrics::histogram::Histogram::new([1.0]);
+    Ok(crate::ledger::open(&settings.store, commit_group_size).await?)
 }
 
 /// Not yet delivered tasks due later than `cascade` can hold from now: (id, due).
 async fn beyond_the_chain(
-    ledger: &crate::store::Ledger,
+    ledger: &crate::ledger::Ledger,
     cascade: &Cascade,
 ) -> anyhow::Result<Vec<(String, String)>> {
     let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
-    let mut filter = crate::store::TaskFilter {
-        after: Some(crate::store::Cursor {
+    let mut filter = crate::ledger::TaskFilter {
+        after: Some(crate::ledger::Cursor {
             deliver_at_ms: now_ms + cascade.max_delay_ms(),
             id: String::new(),
         }),
         limit: 1000,
-        ..crate::store::TaskFilter::default()
+        ..crate::ledger::TaskFilter::default()
     };
     let mut beyond = Vec::new();
     loop {
@@ -330,19 +326,14 @@ async fn beyond_the_chain(
         let Some(last) = page.last() else {
             return Ok(beyond);
         };
-        filter.after = Some(crate::store::Cursor {
-            deliver_at_ms: last.deliver_at_ms(),
+        filter.after = Some(crate::ledger::Cursor {
+            deliver_at_ms: last.deliver_at_ms,
             id: last.id.clone(),
         });
         beyond.extend(
             page.iter()
-                .filter(|r| r.state != crate::task::TaskState::Failed.as_str())
-                .map(|r| {
-                    (
-                        r.id.clone(),
-                        crate::task::format_epoch_ms(r.deliver_at_ms()),
-                    )
-                }),
+                .filter(|r| r.state != crate::task::TaskState::Failed)
+                .map(|r| (r.id.clone(), crate::task::format_epoch_ms(r.deliver_at_ms))),
         );
     }
 }

@@ -87,7 +87,7 @@ impl Default for HttpSettings {
     }
 }
 
-/// The task ledger. See `crate::store`.
+/// The task ledger. See `crate::ledger`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSettings {
@@ -188,8 +188,10 @@ pub enum ConfigError {
 pub const ENV_PREFIX: &str = "DELAYLINE";
 
 impl Settings {
-    /// Defaults, overridden by `file` when given, overridden by the environment.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+    /// Defaults, overridden by `file` when given, overridden by the
+    /// environment; checked whole, with the cascade they describe (validated
+    /// here, once, and handed on as it is).
+    pub fn load(file: Option<&Path>) -> Result<(Self, Cascade), ConfigError> {
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Settings::default())?);
         if let Some(file) = file {
@@ -205,7 +207,8 @@ impl Settings {
             .build()?
             .try_deserialize()?;
         settings.check()?;
-        Ok(settings)
+        let cascade = settings.cascade()?;
+        Ok((settings, cascade))
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -234,10 +237,10 @@ impl Settings {
                 "store.max_connections must be at least 1".into(),
             ));
         }
-        self.cascade()?;
         Ok(())
     }
 
+    /// The cascade `[cascade]` describes, validated.
     pub fn cascade(&self) -> Result<Cascade, ConfigError> {
         Ok(self.cascade.clone().validate()?)
     }
@@ -257,7 +260,8 @@ mod tests {
             "[cascade]\nlevels = 8\nunit_ms = 10\nqueue_type = \"classic\""
         )
         .unwrap();
-        let settings = Settings::load(Some(&file.0)).unwrap();
+        let (settings, cascade) = Settings::load(Some(&file.0)).unwrap();
+        assert_eq!(cascade.levels(), 8);
         assert_eq!(settings.cascade.levels, 8);
         assert_eq!(settings.cascade.unit_ms, 10);
         assert_eq!(settings.amqp, AmqpSettings::default());
@@ -276,7 +280,10 @@ mod tests {
     #[test]
     fn the_example_file_documents_exactly_the_defaults() {
         let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/delayline.example.toml");
-        assert_eq!(Settings::load(Some(&example)).unwrap(), Settings::default());
+        assert_eq!(
+            Settings::load(Some(&example)).unwrap().0,
+            Settings::default()
+        );
     }
 
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {

@@ -1,5 +1,6 @@
 //! Runs the whole service: broker supervisor plus HTTP listener, and stops
-//! them in the order that loses nothing.
+//! them in the order that loses nothing. Each component is built here from
+//! its own section of the settings.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,46 +10,28 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::broker::{BrokerError, Publisher, PublisherOptions, poll_queue_depths};
+use crate::broker::{BrokerError, Publisher, PublisherOptions};
 use crate::cascade::Cascade;
-use crate::config::{ConfigError, Settings};
+use crate::config::Settings;
 use crate::http::{AppState, router};
-use crate::metrics::Metrics;
-use crate::scheduler::Scheduler;
-use crate::store::{self, LedgerOptions, StoreError};
+use crate::ledger::{self, LedgerError};
+use crate::metrics::{Metrics, poll_queue_depths};
+use crate::scheduler::{Scheduler, SchedulerSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
     Broker(#[from] BrokerError),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Ledger(#[from] LedgerError),
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
     #[error("the broker supervisor stopped unexpectedly: {0}")]
     Supervisor(#[from] tokio::task::JoinError),
 }
 
-pub fn publisher_options(
-    settings: &Settings,
-    cascade: &Cascade,
-    metrics: &Metrics,
-) -> PublisherOptions {
-    PublisherOptions {
-        uris: settings.amqp.uris(),
-        channels: settings.amqp.publish_channels,
-        confirm_timeout: Duration::from_millis(settings.amqp.confirm_timeout_ms),
-        connect_timeout: Duration::from_millis(settings.amqp.connect_timeout_ms),
-        max_backoff: Duration::from_millis(settings.amqp.reconnect_max_backoff_ms),
-        connection_name: format!("delayline {}", settings.cascade.prefix),
-        header_reserve: cascade.dead_letter_header_bytes(),
-        confirm_latency: metrics.confirm_latency.clone(),
-    }
-}
-
-/// Serves until `shutdown` resolves.
+/// Serves `cascade` (the one `settings` describe, validated by
+/// [`Settings::load`] or [`Settings::cascade`]) until `shutdown` resolves.
 ///
 /// The ledger is opened and migrated first: without it nothing could be
 /// promised. The listener then answers at once; until the broker is connected
@@ -57,23 +40,16 @@ pub fn publisher_options(
 /// publishes finish and get their confirms, the forwarder finishes its round,
 /// and only then are the broker connection and the ledger closed. A
 /// conflicting topology stops the service with an error: no amount of
-/// retrying would fix it.
+/// retrying would fix it. The ledger is closed whichever way the service ends.
 pub async fn run(
     settings: Settings,
+    cascade: Cascade,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    let cascade = Arc::new(settings.cascade()?);
+    let cascade = Arc::new(cascade);
     let metrics = Arc::new(Metrics::new());
-    let ledger = store::open(
-        &settings.store,
-        LedgerOptions {
-            max_pending: settings.store.max_pending,
-            payload_copy_bytes: settings.store.payload_copy_bytes,
-            commit_group_size: metrics.ledger_commit_group.clone(),
-        },
-    )
-    .await?;
+    let ledger = ledger::open(&settings.store, metrics.ledger_commit_group.clone()).await?;
     info!(
         business_exchange = cascade.business_exchange(),
         prefix = cascade.prefix(),
@@ -95,44 +71,46 @@ pub async fn run(
     );
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
-        publisher_options(&settings, &cascade, &metrics),
+        PublisherOptions::from_settings(&settings.amqp, &cascade, metrics.confirm_latency.clone()),
         cascade.plan(),
         broker_shutdown.clone(),
     );
     let scheduler = Scheduler::new(
-        publisher.clone(),
-        ledger.clone(),
+        Arc::new(publisher.clone()),
+        ledger,
         cascade.clone(),
         metrics.clone(),
-        Duration::from_millis(settings.amqp.confirm_timeout_ms),
+        SchedulerSettings::from(&settings),
     );
     let background_shutdown = CancellationToken::new();
-    let mut background = scheduler.spawn_background(
-        Duration::from_millis(settings.store.retention_ms),
-        Duration::from_millis(settings.store.prune_interval_ms),
-        background_shutdown.clone(),
-    );
+    let mut background = scheduler.spawn_background(background_shutdown.clone());
     if settings.metrics.queue_poll_ms > 0 {
         background.push(tokio::spawn(poll_queue_depths(
             publisher,
             cascade,
-            metrics,
+            metrics.clone(),
             Duration::from_millis(settings.metrics.queue_poll_ms),
             settings.metrics.management_url.clone(),
             background_shutdown.clone(),
         )));
     }
     let app = router(
-        AppState::new(scheduler.clone(), &settings.http, &settings.amqp),
-        settings.http.body_limit_bytes,
+        AppState::new(scheduler.clone(), metrics, &settings.http),
+        &settings.http,
     );
-    info!(address = %listener.local_addr()?, "listening");
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let served = async {
+        info!(address = %listener.local_addr()?, "listening");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(ServiceError::from)
+    };
     let outcome = tokio::select! {
-        served = server => served.map_err(ServiceError::from),
-        supervised = &mut supervisor => supervised.map_err(ServiceError::from).and_then(|r| {
-            r.map_err(ServiceError::from)
-        }),
+        served = served => served,
+        supervised = &mut supervisor => match supervised {
+            Ok(result) => result.map_err(ServiceError::from),
+            Err(error) => Err(ServiceError::from(error)),
+        },
     };
     info!("HTTP requests drained; stopping the forwarder");
     background_shutdown.cancel();
@@ -151,10 +129,8 @@ pub async fn run(
     info!("broker connection closed; recording late confirms");
     // Closing the connection decided every late confirm; record them first.
     scheduler.finish_watchers().await;
-    if let Some(ledger) = ledger {
-        ledger.close().await;
-        info!("ledger closed");
-    }
+    scheduler.close_ledger().await;
+    info!("ledger closed");
     outcome.and(stopped)
 }
 

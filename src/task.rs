@@ -66,7 +66,7 @@ pub struct BatchRequest<'a> {
 /// into the same variants (an integer stays an integer).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum HeaderValue {
+pub enum FieldValue {
     Str(String),
     Int(i64),
     Float(f64),
@@ -87,7 +87,7 @@ pub struct Task {
     pub deliver_at_ms: u64,
     pub payload: Vec<u8>,
     pub content_type: String,
-    pub headers: Vec<(String, HeaderValue)>,
+    pub headers: Vec<(String, FieldValue)>,
 }
 
 /// Where an accepted task is: `pending` in the ledger until the broker has
@@ -376,15 +376,6 @@ impl Task {
     pub fn granted_delay_ms(&self) -> u64 {
         self.deliver_at_ms - self.accepted_at_ms
     }
-
-    /// Routes a task that waited in the ledger by what remains of its delay,
-    /// rounded up to the unit, so it is never early; a task already due goes
-    /// straight to the business exchange.
-    pub fn reroute_at(&mut self, cascade: &Cascade, now_ms: u64) -> Result<(), RouteError> {
-        let remaining = Duration::from_millis(self.deliver_at_ms.saturating_sub(now_ms));
-        self.route = cascade.route(remaining, &self.destination)?;
-        Ok(())
-    }
 }
 
 /// Identifies a request body for idempotency: SHA-256 of its canonical JSON
@@ -533,7 +524,7 @@ fn validate_id(id: Option<String>) -> Result<String, TaskError> {
 
 fn validate_headers(
     headers: BTreeMap<String, &RawValue>,
-) -> Result<Vec<(String, HeaderValue)>, TaskError> {
+) -> Result<Vec<(String, FieldValue)>, TaskError> {
     headers
         .into_iter()
         .map(|(name, value)| {
@@ -565,23 +556,23 @@ fn header_pointer(name: &str) -> String {
 
 /// One header's value from its JSON text: a string, a boolean, an integer
 /// that fits 64 signed bits, or a number with a fraction or an exponent.
-fn header_value(name: &str, json: &str) -> Result<HeaderValue, TaskError> {
+fn header_value(name: &str, json: &str) -> Result<FieldValue, TaskError> {
     let invalid =
         |what: String| TaskError::InvalidHeader(format!("{}: {what}", header_pointer(name)));
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
     match value {
-        serde_json::Value::String(s) => Ok(HeaderValue::Str(s)),
-        serde_json::Value::Bool(b) => Ok(HeaderValue::Bool(b)),
+        serde_json::Value::String(s) => Ok(FieldValue::Str(s)),
+        serde_json::Value::Bool(b) => Ok(FieldValue::Bool(b)),
         serde_json::Value::Number(n) => {
             let integer = !json.contains(['.', 'e', 'E']);
             match (integer, n.as_i64(), n.as_f64()) {
-                (true, Some(i), _) => Ok(HeaderValue::Int(i)),
+                (true, Some(i), _) => Ok(FieldValue::Int(i)),
                 (true, None, _) => Err(invalid(format!(
                     "{json} does not fit a signed 64-bit integer \
                      (-9223372036854775808 to 9223372036854775807)"
                 ))),
-                (false, _, Some(f)) => Ok(HeaderValue::Float(f)),
+                (false, _, Some(f)) => Ok(FieldValue::Float(f)),
                 (false, _, None) => Err(invalid(format!("{json} is not a number AMQP can carry"))),
             }
         }
@@ -599,16 +590,9 @@ fn header_value(name: &str, json: &str) -> Result<HeaderValue, TaskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cascade::CascadeSettings;
 
     fn cascade() -> Cascade {
-        CascadeSettings {
-            levels: 8,
-            unit_ms: 100,
-            ..CascadeSettings::default()
-        }
-        .validate()
-        .unwrap()
+        crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Quorum)
     }
 
     /// 2026-01-01T00:00:00.250Z plus half a millisecond.
@@ -673,7 +657,7 @@ mod tests {
     fn a_past_deliver_at_means_now() {
         let task = parse(r#"{"destination":"d","deliver_at":"2020-01-01T00:00:00Z"}"#).unwrap();
         assert_eq!(task.route.delay_ms, 0);
-        assert_eq!(task.route.entry_exchange, "delayline.business");
+        assert_eq!(task.route.entry_exchange, "biz");
     }
 
     #[test]
@@ -694,10 +678,10 @@ mod tests {
         assert_eq!(
             task.headers,
             [
-                ("b".into(), HeaderValue::Bool(true)),
-                ("f".into(), HeaderValue::Float(1.5)),
-                ("i".into(), HeaderValue::Int(-3)),
-                ("s".into(), HeaderValue::Str("v".into())),
+                ("b".into(), FieldValue::Bool(true)),
+                ("f".into(), FieldValue::Float(1.5)),
+                ("i".into(), FieldValue::Int(-3)),
+                ("s".into(), FieldValue::Str("v".into())),
             ]
         );
     }
@@ -710,28 +694,8 @@ mod tests {
         .unwrap();
         let stored: BTreeMap<_, _> = task.headers.iter().cloned().collect();
         let json = serde_json::to_string(&stored).unwrap();
-        let back: BTreeMap<String, HeaderValue> = serde_json::from_str(&json).unwrap();
+        let back: BTreeMap<String, FieldValue> = serde_json::from_str(&json).unwrap();
         assert_eq!(back.into_iter().collect::<Vec<_>>(), task.headers);
-    }
-
-    #[test]
-    fn rerouting_counts_what_remains_and_is_never_early() {
-        let mut task = parse(r#"{"destination":"d","delay_ms":1000}"#).unwrap();
-        assert_eq!(task.granted_delay_ms(), 1000);
-        // 349 ms of the delay passed in the ledger: 651 ms remain, 700 after rounding up.
-        task.reroute_at(&cascade(), task.accepted_at_ms + 349)
-            .unwrap();
-        assert_eq!(task.route.delay_ms, 700);
-        assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
-        assert_eq!(
-            task.granted_delay_ms(),
-            1000,
-            "the header keeps the granted delay"
-        );
-        // Overdue: straight to the business exchange.
-        task.reroute_at(&cascade(), task.deliver_at_ms + 5).unwrap();
-        assert_eq!(task.route.delay_ms, 0);
-        assert_eq!(task.route.entry_exchange, cascade().business_exchange());
     }
 
     #[test]
@@ -831,15 +795,9 @@ mod tests {
 #[cfg(test)]
 mod reference_tests {
     use super::*;
-    use crate::cascade::CascadeSettings;
 
     fn parse(body: &str) -> Result<Task, TaskError> {
-        let cascade = CascadeSettings {
-            levels: 8,
-            ..CascadeSettings::default()
-        }
-        .validate()
-        .unwrap();
+        let cascade = crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Quorum);
         Task::parse(body.as_bytes(), &cascade, UNIX_EPOCH)
     }
 
@@ -879,13 +837,10 @@ mod reference_tests {
     #[test]
     fn header_integers_must_fit_64_bits_and_floats_stay_floats() {
         let header = |json: &str| header_value("h", json);
-        assert_eq!(
-            header("9223372036854775807"),
-            Ok(HeaderValue::Int(i64::MAX))
-        );
+        assert_eq!(header("9223372036854775807"), Ok(FieldValue::Int(i64::MAX)));
         assert_eq!(
             header("-9223372036854775808"),
-            Ok(HeaderValue::Int(i64::MIN))
+            Ok(FieldValue::Int(i64::MIN))
         );
         for too_big in [
             "9223372036854775808",
@@ -898,10 +853,10 @@ mod reference_tests {
                 "{too_big}"
             );
         }
-        assert_eq!(header("1.5"), Ok(HeaderValue::Float(1.5)));
-        assert_eq!(header("1e19"), Ok(HeaderValue::Float(1e19)));
-        assert_eq!(header("\"s\""), Ok(HeaderValue::Str("s".into())));
-        assert_eq!(header("true"), Ok(HeaderValue::Bool(true)));
+        assert_eq!(header("1.5"), Ok(FieldValue::Float(1.5)));
+        assert_eq!(header("1e19"), Ok(FieldValue::Float(1e19)));
+        assert_eq!(header("\"s\""), Ok(FieldValue::Str("s".into())));
+        assert_eq!(header("true"), Ok(FieldValue::Bool(true)));
         for bad in ["null", "[1]", "{}"] {
             assert_eq!(header(bad).unwrap_err().code(), "invalid_header", "{bad}");
         }

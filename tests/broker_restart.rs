@@ -4,6 +4,9 @@
 //! after another, so no other test sees the outage. (Under a runner that runs
 //! binaries in parallel, run this one on its own.)
 
+// The helpers of the integration tests; this binary uses a few of them.
+#[allow(dead_code)]
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;

@@ -16,7 +16,7 @@ use lapin::{Connection, ConnectionProperties};
 
 pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
 pub use diagnose::{Difference, TopologyConflict};
-pub use inspect::{QueueState, exchange_exists, poll_queue_depths, queue_state};
+pub use inspect::{QueueState, exchange_exists, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
     EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
@@ -26,7 +26,7 @@ pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{
     BrokerProblem, BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Message,
     PublishError, Published, Publisher, PublisherOptions, SharedConnection,
-    content_header_frame_size, task_properties,
+    content_header_frame_size,
 };
 
 use crate::cascade::{ArgValue, Arguments};

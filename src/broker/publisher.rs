@@ -38,7 +38,6 @@ use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::basic::gen_properties;
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
@@ -47,8 +46,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::{BrokerError, Context, connect, provision, redact_uri};
-use crate::cascade::TopologyPlan;
-use crate::task::{DELAY_HEADER, DELIVER_AT_HEADER, HeaderValue, Task};
+use crate::cascade::{Cascade, TopologyPlan};
+use crate::config::AmqpSettings;
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the supervisor double-checks a connection that reported no error.
@@ -71,6 +70,26 @@ pub struct PublisherOptions {
     pub header_reserve: usize,
     /// Observes the time from publish to confirm, in seconds.
     pub confirm_latency: Histogram,
+}
+
+impl PublisherOptions {
+    /// The publisher `[amqp]` describes, for `cascade`'s messages.
+    pub fn from_settings(
+        amqp: &AmqpSettings,
+        cascade: &Cascade,
+        confirm_latency: Histogram,
+    ) -> Self {
+        PublisherOptions {
+            uris: amqp.uris(),
+            channels: amqp.publish_channels,
+            confirm_timeout: Duration::from_millis(amqp.confirm_timeout_ms),
+            connect_timeout: Duration::from_millis(amqp.connect_timeout_ms),
+            max_backoff: Duration::from_millis(amqp.reconnect_max_backoff_ms),
+            connection_name: format!("delayline {}", cascade.prefix()),
+            header_reserve: cascade.dead_letter_header_bytes(),
+            confirm_latency,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -152,18 +171,6 @@ pub struct Message {
     pub routing_key: String,
     pub payload: Vec<u8>,
     pub properties: BasicProperties,
-}
-
-impl Message {
-    /// The message of a task, to its entry exchange.
-    pub fn of_task(task: &Task) -> Message {
-        Message {
-            exchange: task.route.entry_exchange.clone(),
-            routing_key: task.route.routing_key.clone(),
-            payload: task.payload.clone(),
-            properties: task_properties(task),
-        }
-    }
 }
 
 /// A publish that outlived the confirm timeout. The broker may still take it
@@ -601,30 +608,6 @@ impl Session {
     }
 }
 
-/// The message as consumers see it.
-pub fn task_properties(task: &Task) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    for (name, value) in &task.headers {
-        let value = match value {
-            HeaderValue::Str(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-            HeaderValue::Int(i) => AMQPValue::LongLongInt(*i),
-            HeaderValue::Float(f) => AMQPValue::Double(*f),
-            HeaderValue::Bool(b) => AMQPValue::Boolean(*b),
-        };
-        headers.insert(ShortString::from(name.as_str()), value);
-    }
-    let as_i64 = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
-    headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
-    headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
-    BasicProperties::default()
-        .with_message_id(task.id.as_str().into())
-        .with_content_type(task.content_type.as_str().into())
-        // AMQP timestamps are whole seconds.
-        .with_timestamp(task.accepted_at_ms / 1000)
-        .with_delivery_mode(2)
-        .with_headers(headers)
-}
-
 async fn open_confirm_channel(connection: &Connection) -> Result<Channel, BrokerError> {
     let channel = connection
         .create_channel()
@@ -819,6 +802,8 @@ async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(
 
 #[cfg(test)]
 mod tests {
+    use lapin::types::{AMQPValue, FieldTable};
+
     use super::*;
 
     #[test]

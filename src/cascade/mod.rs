@@ -24,3 +24,18 @@ pub use settings::{
     Cascade, CascadeSettings, MAX_LEVELS, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType,
     SettingsError, max_levels_for_unit,
 };
+
+/// The one cascade unit tests build: chain `t.v1`, business exchange `biz`.
+#[cfg(test)]
+pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cascade {
+    CascadeSettings {
+        levels,
+        unit_ms,
+        queue_type,
+        prefix: "t".into(),
+        version: 1,
+        business_exchange: "biz".into(),
+    }
+    .validate()
+    .expect("valid test cascade")
+}

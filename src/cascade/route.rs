@@ -143,18 +143,9 @@ impl Cascade {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cascade::CascadeSettings;
 
     fn cascade(levels: u32, unit_ms: u64) -> Cascade {
-        CascadeSettings {
-            levels,
-            unit_ms,
-            prefix: "t".to_owned(),
-            business_exchange: "biz".to_owned(),
-            ..CascadeSettings::default()
-        }
-        .validate()
-        .unwrap()
+        crate::cascade::for_tests(levels, unit_ms, crate::cascade::QueueType::Quorum)
     }
 
     #[test]

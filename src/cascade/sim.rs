@@ -98,18 +98,7 @@ mod tests {
     use super::*;
     use crate::cascade::{CascadeSettings, QueueType, RouteError, max_levels_for_unit};
 
-    fn cascade(levels: u32, unit_ms: u64, queue_type: QueueType) -> crate::cascade::Cascade {
-        CascadeSettings {
-            levels,
-            unit_ms,
-            queue_type,
-            prefix: "p".into(),
-            version: 1,
-            business_exchange: "biz".into(),
-        }
-        .validate()
-        .unwrap()
-    }
+    use crate::cascade::for_tests as cascade;
 
     #[test]
     fn topic_matching_follows_amqp() {

@@ -1,15 +1,20 @@
 //! Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
 //!
-//! Codes are stable and documented in the README; messages are for humans.
+//! Codes are stable and each is listed in the README's error table (a test
+//! keeps the two in step); messages are for humans. What only an operator
+//! can act on (a database's error text, a bug) goes to the log, and the
+//! client gets the code and a message that says what to do.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use tracing::error;
+
 use crate::broker::PublishError;
-use crate::scheduler::SubmitError;
-use crate::store::StoreError;
+use crate::ledger::LedgerError;
+use crate::scheduler::{InspectError, NotReady, SubmitError};
 use crate::task::TaskError;
 
 /// Seconds a client should wait before retrying after a broker problem.
@@ -40,6 +45,16 @@ impl ApiError {
             code,
             message: message.into(),
         }
+    }
+
+    /// A bug or an unexpected failure: `detail` goes to the log, not to the client.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        error!(%detail, "internal error");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; the request was not completed (the service's log says why)",
+        )
     }
 
     pub fn body(&self) -> ErrorBody {
@@ -82,13 +97,40 @@ impl From<PublishError> for ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(error: StoreError) -> Self {
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        error!(%error, "ledger unavailable");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ledger_unavailable",
-            error.to_string(),
+            "the task ledger cannot be read or written now; retry later (the service's log \
+             says why)",
         )
+    }
+}
+
+impl From<InspectError> for ApiError {
+    fn from(error: InspectError) -> Self {
+        match error {
+            InspectError::LedgerDisabled => ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "ledger_disabled",
+                error.to_string(),
+            ),
+            InspectError::Ledger(error) => error.into(),
+        }
+    }
+}
+
+impl From<NotReady> for ApiError {
+    fn from(error: NotReady) -> Self {
+        let code = match error {
+            NotReady::Misconfigured { .. } => "broker_misconfigured",
+            NotReady::Broker(_) => "not_ready",
+            NotReady::LedgerFull { .. } => "ledger_full",
+            NotReady::Ledger(error) => return error.into(),
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
     }
 }
 

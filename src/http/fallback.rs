@@ -21,10 +21,5 @@ pub async fn method_not_allowed() -> ApiError {
 }
 
 pub fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "internal error; the request was not completed",
-    )
-    .into_response()
+    ApiError::internal("a request handler panicked").into_response()
 }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::store::{Cursor, Ledger, StoreError, TaskFilter, TaskRecord};
+use crate::ledger::{Cursor, StoredTask, TaskFilter};
+use crate::scheduler::InspectError;
 use crate::task::{TaskState, format_epoch_ms, parse_epoch_ms};
 
 /// A task as the ledger knows it.
@@ -27,7 +28,7 @@ pub struct TaskView {
     pub published_at: Option<String>,
     pub idempotency_key: Option<String>,
     pub content_type: String,
-    pub headers: BTreeMap<String, crate::task::HeaderValue>,
+    pub headers: BTreeMap<String, crate::task::FieldValue>,
     /// The payload's size as submitted.
     pub payload_bytes: u64,
     /// What the ledger still holds of the payload (see store.payload_copy_bytes).
@@ -39,57 +40,45 @@ pub struct TaskView {
     pub last_error: Option<String>,
 }
 
-impl TaskView {
-    fn new(record: TaskRecord) -> Result<TaskView, StoreError> {
-        let payload_bytes = u64::try_from(record.payload_bytes).unwrap_or(0);
-        let kept = record.payload.as_ref().map_or(0, |p| p.len() as u64);
-        let payload_truncated = kept < payload_bytes;
-        Ok(TaskView {
-            state: record.state()?,
-            deliver_at: format_epoch_ms(record.deliver_at_ms()),
-            created_at: format_epoch_ms(record.created_at_ms()),
-            published_at: record.published_at_ms().map(format_epoch_ms),
-            headers: record.header_values()?,
-            delay_ms: u64::try_from(record.delay_ms).unwrap_or(0),
-            attempts: u64::try_from(record.attempts).unwrap_or(0),
-            payload_base64: record
+impl From<StoredTask> for TaskView {
+    fn from(stored: StoredTask) -> TaskView {
+        let kept = stored.payload.as_ref().map_or(0, |p| p.len() as u64);
+        TaskView {
+            state: stored.state,
+            deliver_at: format_epoch_ms(stored.deliver_at_ms),
+            created_at: format_epoch_ms(stored.created_at_ms),
+            published_at: stored.published_at_ms.map(format_epoch_ms),
+            headers: stored.headers,
+            delay_ms: stored.delay_ms,
+            attempts: stored.attempts,
+            payload_base64: stored
                 .payload
                 .as_ref()
                 .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
-            payload_bytes,
-            payload_truncated,
-            id: record.id,
-            destination: record.destination,
-            routing_key: record.routing_key,
-            idempotency_key: record.idempotency_key,
-            content_type: record.content_type,
-            last_error: record.last_error,
-        })
+            payload_bytes: stored.payload_bytes,
+            payload_truncated: kept < stored.payload_bytes,
+            id: stored.id,
+            destination: stored.destination,
+            routing_key: stored.routing_key,
+            idempotency_key: stored.idempotency_key,
+            content_type: stored.content_type,
+            last_error: stored.last_error,
+        }
     }
-}
-
-fn ledger(state: &AppState) -> Result<&Ledger, ApiError> {
-    state.scheduler.ledger.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "ledger_disabled",
-            "this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected",
-        )
-    })
 }
 
 pub async fn get_task(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let record = ledger(&state)?.get(&id).await?.ok_or_else(|| {
+    let stored = state.scheduler.task(&id).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "task_not_found",
             format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
         )
     })?;
-    Ok(Json(TaskView::new(record)?))
+    Ok(Json(TaskView::from(stored)))
 }
 
 const DEFAULT_PAGE: u32 = 100;
@@ -156,24 +145,23 @@ pub async fn list_tasks(
     State(state): State<AppState>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<TaskPage>, ApiError> {
-    let ledger = ledger(&state)?;
+    if !state.scheduler.has_ledger() {
+        return Err(InspectError::LedgerDisabled.into());
+    }
     let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
     let filter = query.filter()?;
-    let records = ledger.list(&filter).await?;
-    let next_cursor = (records.len() == filter.limit as usize)
-        .then(|| records.last())
+    let stored = state.scheduler.tasks(&filter).await?;
+    let next_cursor = (stored.len() == filter.limit as usize)
+        .then(|| stored.last())
         .flatten()
         .map(|last| {
             Cursor {
-                deliver_at_ms: last.deliver_at_ms(),
+                deliver_at_ms: last.deliver_at_ms,
                 id: last.id.clone(),
             }
             .encode()
         });
-    let tasks = records
-        .into_iter()
-        .map(TaskView::new)
-        .collect::<Result<_, _>>()?;
+    let tasks = stored.into_iter().map(TaskView::from).collect();
     Ok(Json(TaskPage { tasks, next_cursor }))
 }
 

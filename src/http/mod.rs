@@ -14,11 +14,9 @@ mod scrape;
 mod tasks;
 mod topology;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use std::sync::Arc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
@@ -27,33 +25,34 @@ pub use inspect::{TaskPage, TaskView};
 pub use tasks::{BatchItem, BatchResponse};
 pub use topology::TopologyView;
 
-use crate::config::{AmqpSettings, HttpSettings};
+use crate::config::HttpSettings;
+use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 
 /// What every handler shares. Cloning is cheap.
 #[derive(Clone)]
 pub struct AppState {
-    pub scheduler: Scheduler,
-    pub batch_limit: usize,
-    /// How long RabbitMQ may refuse delayline before `/readyz` says 503.
-    pub misconfiguration_grace: Duration,
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    batch_limit: usize,
     topology: Arc<TopologyView>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, http: &HttpSettings, amqp: &AmqpSettings) -> Self {
-        let topology = Arc::new(TopologyView::new(&scheduler.cascade));
+    pub fn new(scheduler: Scheduler, metrics: Arc<Metrics>, http: &HttpSettings) -> Self {
+        let topology = Arc::new(TopologyView::new(scheduler.cascade()));
         Self {
             scheduler,
+            metrics,
             batch_limit: http.batch_limit,
-            misconfiguration_grace: Duration::from_millis(amqp.misconfiguration_grace_ms),
             topology,
         }
     }
 }
 
 /// Every route, one router per resource, merged; then what applies to all.
-pub fn router(state: AppState, body_limit_bytes: usize) -> Router {
+pub fn router(state: AppState, http: &HttpSettings) -> Router {
+    let body_limit_bytes = http.body_limit_bytes;
     Router::new()
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())

@@ -77,13 +77,6 @@ async fn submit(
         .submit(task, idempotency)
         .instrument(span)
         .await
-        .inspect(|submitted| {
-            let accepted_as = submitted.accepted.state.as_str();
-            state
-                .scheduler
-                .metrics
-                .accepted(accepted_as, submitted.replayed);
-        })
         .map_err(|error| {
             let error = ApiError::from(error);
             if error.status.is_server_error() {
@@ -98,12 +91,12 @@ pub async fn create_task(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let task = Task::parse(&body, &state.scheduler.cascade, SystemTime::now())?;
+    let task = Task::parse(&body, state.scheduler.cascade(), SystemTime::now())?;
     let idempotency = idempotency(
         headers.get(IDEMPOTENCY_KEY),
         &body,
         &task,
-        state.scheduler.ledger.is_some(),
+        state.scheduler.has_ledger(),
     )?;
     let submitted = submit(&state, &task, idempotency).await?;
     let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
@@ -177,7 +170,7 @@ pub async fn create_batch(
         ));
     }
     let now = SystemTime::now();
-    let has_ledger = state.scheduler.ledger.is_some();
+    let has_ledger = state.scheduler.has_ledger();
     let parsed: Vec<Result<(Task, Idempotency), ApiError>> = batch
         .tasks
         .iter()
@@ -185,7 +178,7 @@ pub async fn create_batch(
         .map(|(index, raw)| {
             let body = raw.get().as_bytes();
             let at = format!("/tasks/{index}");
-            let task = Task::parse_at(body, &state.scheduler.cascade, now, &at)?;
+            let task = Task::parse_at(body, state.scheduler.cascade(), now, &at)?;
             let idempotency = idempotency(None, body, &task, has_ledger)?;
             Ok((task, idempotency))
         })
@@ -225,9 +218,7 @@ pub async fn create_batch(
             let outcome = match (repeats[index], &outcomes[index]) {
                 (None, Some(outcome)) => outcome.clone(),
                 (Some(first), _) => repeat_of(&parsed, first, index, &outcomes[first]),
-                (None, None) => Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
+                (None, None) => Err(ApiError::internal(
                     "a task of the batch was neither submitted nor a repeat",
                 )),
             };
@@ -239,7 +230,7 @@ pub async fn create_batch(
                     error: None,
                 },
                 Err(error) => {
-                    state.scheduler.metrics.rejected(error.code);
+                    state.metrics.rejected(error.code);
                     BatchItem::rejected(error)
                 }
             }
@@ -279,9 +270,7 @@ fn repeat_of(
             replayed: true,
         }),
         Some(Err(error)) => Err(error.clone()),
-        None => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+        None => Err(ApiError::internal(
             "a repeated task lost its first occurrence",
         )),
     }
@@ -296,7 +285,7 @@ pub async fn count_rejections(
 ) -> Response {
     let response = next.run(request).await;
     if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
-        state.scheduler.metrics.rejected(code);
+        state.metrics.rejected(code);
     }
     response
 }

@@ -2,7 +2,6 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -74,9 +73,8 @@ pub async fn topology(
         return Ok(Json(state.topology.as_ref()).into_response());
     };
     validate_destination(&destination).map_err(|e| ApiError::from(TaskError::from(e)))?;
-    let mut view = serde_json::to_value(state.topology.as_ref())
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    view["binding_key"] = state.scheduler.cascade.binding_key(&destination).into();
+    let mut view = serde_json::to_value(state.topology.as_ref()).map_err(ApiError::internal)?;
+    view["binding_key"] = state.scheduler.cascade().binding_key(&destination).into();
     Ok(Json(view).into_response())
 }
 

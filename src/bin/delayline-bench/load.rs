@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use delayline::broker::{connect, task_properties};
+use delayline::broker::connect;
 use delayline::cascade::Cascade;
+use delayline::scheduler::task_properties;
 use delayline::task::Task;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;

@@ -2,13 +2,11 @@
 //! is connected to while tasks flow. One test per binary: the cluster takes
 //! the better part of a minute to form on two cores.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::nodes::{Cluster, NodeOptions, drain, within};
-use common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
+use crate::common::nodes::{Cluster, NodeOptions, drain, within};
+use crate::common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
 use delayline::cascade::QueueType;
 
 /// Which of the cluster's nodes `/readyz` names, by port; None while disconnected.
@@ -109,9 +107,9 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
     let scrape = app.scrape().await;
     eprintln!(
         "late {:?} unconfirmed {:?} forwarded {:?}",
-        common::sample(&scrape, "delayline_publish_late_total"),
-        common::sample(&scrape, "delayline_publish_unconfirmed_total"),
-        common::sample(
+        crate::common::sample(&scrape, "delayline_publish_late_total"),
+        crate::common::sample(&scrape, "delayline_publish_unconfirmed_total"),
+        crate::common::sample(
             &scrape,
             "delayline_forwarder_tasks_total{outcome=\"published\"}"
         )

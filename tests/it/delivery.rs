@@ -1,11 +1,9 @@
 //! Tasks travel the real cascade and arrive on a consumer queue on time.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use common::{TestApp, TestConsumer, queue_depth, test_settings};
+use crate::common::{TestApp, TestConsumer, queue_depth, test_settings};
 use delayline::cascade::QueueType;
 use delayline::task::epoch_ms;
 use lapin::types::AMQPValue;

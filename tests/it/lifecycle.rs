@@ -1,13 +1,11 @@
 //! The real binary: SIGTERM drains in-flight publishes before it exits, and
 //! after SIGKILL the next start forwards what the ledger kept.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, serve_command, spawn_binary,
     terminate, test_settings, wait_ready_at, with_ledger,
 };

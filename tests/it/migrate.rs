@@ -3,12 +3,10 @@
 //! the old chain is gone afterwards; a crash in the middle costs at worst a
 //! duplicate.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     AMQP_URI, Backend, Cleanup, TestApp, TestConsumer, close_connections_named, eventually,
     queue_depth, run_delayline, sample, test_settings, with_ledger,
 };
@@ -283,7 +281,7 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
         assert_eq!(status, 202);
     }
     let parked = app.cascade.unroutable_queue();
-    common::eventually("both to be parked", async || {
+    crate::common::eventually("both to be parked", async || {
         queue_depth(&parked).await == 2
     })
     .await;

@@ -7,14 +7,12 @@
 //! counted. `DLTEST_CHAOS_REPORT=FILE` writes the figures as a Markdown table
 //! (RELIABILITY.md has a run's).
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use common::nodes::{Cluster, NodeOptions, drain};
-use common::{
+use crate::common::nodes::{Cluster, NodeOptions, drain};
+use crate::common::{
     Backend, TestConsumer, free_port, spawn_binary, steady_load, test_settings, wait_ready_at,
     with_ledger,
 };

@@ -1,20 +1,19 @@
 //! Faults one task or the broker can cause, on the default configuration
 //! (quorum queues, SQLite ledger): a task the broker can never take, a
 //! resource alarm, a level that stops dead-lettering. Tests that disturb the
-//! broker itself run on nodes of their own (`common::nodes`).
-
-mod common;
+//! broker itself run on nodes of their own (`crate::common::nodes`).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::nodes::{BrokerNode, NodeOptions, within};
-use common::{
+use crate::common::nodes::{BrokerNode, NodeOptions, within};
+use crate::common::{
     Backend, TestApp, TestConsumer, TestUser, connections_named, eventually, sample, steady_load,
     test_settings, with_ledger,
 };
-use delayline::broker::{DEFAULT_FRAME_MAX, content_header_frame_size, task_properties};
+use delayline::broker::{DEFAULT_FRAME_MAX, content_header_frame_size};
 use delayline::cascade::QueueType;
+use delayline::scheduler::task_properties;
 use delayline::task::{Task, epoch_ms};
 use serde_json::{Value, json};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -533,7 +532,7 @@ async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
     assert_eq!(sample(&scrape, "delayline_broker_misconfigured"), Some(1.0));
 
     // The operator gives the user the password the service was configured with.
-    common::rabbitmqctl(&["change_password", &user.0, "wrong"]);
+    crate::common::rabbitmqctl(&["change_password", &user.0, "wrong"]);
     let ready = readyz_becomes(&app, 200).await;
     assert!(ready.get("broker_error").is_none(), "{ready}");
     let key = app.cascade.binding_key("fixed");
@@ -556,7 +555,7 @@ async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
     let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = format!("{}-missing-vhost", common::AMQP_URI);
+    settings.amqp.uri = format!("{}-missing-vhost", crate::common::AMQP_URI);
     settings.amqp.misconfiguration_grace_ms = 500;
     let app = TestApp::start(settings.clone()).await;
     let refused = readyz_becomes(&app, 503).await;
@@ -572,7 +571,10 @@ async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
 
     // Nothing listens there: an outage. With a ledger tasks are accepted, so
     // the service stays ready, and says what is wrong with the broker.
-    settings.amqp.uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", common::free_port());
+    settings.amqp.uri = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        crate::common::free_port()
+    );
     let app = TestApp::start(settings).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (status, ready) = app.get("/readyz").await;

@@ -1,11 +1,9 @@
 //! The provisioner against a real broker: exact topology, idempotency, conflicts.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::{AMQP_URI, Cleanup, TestApp, queue_depth, rabbitmqctl_json, test_settings};
+use crate::common::{AMQP_URI, Cleanup, TestApp, queue_depth, rabbitmqctl_json, test_settings};
 use delayline::broker::{BrokerError, Status, check, connect, provision, queue_state};
 use delayline::cascade::{ArgValue, BindingTarget, QueueType};
 use delayline::service::ServiceError;
@@ -421,8 +419,8 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
         .unwrap()
         .await
         .unwrap();
-    common::eventually("the message to be parked", async || {
-        common::queue_depth(&v1.unroutable_queue()).await == 1
+    crate::common::eventually("the message to be parked", async || {
+        crate::common::queue_depth(&v1.unroutable_queue()).await == 1
     })
     .await;
     let out = String::from_utf8_lossy(&run("2").stdout).into_owned();

@@ -11,14 +11,12 @@
 //! A configuration file named by a path inside the container is read from
 //! the repository file the image or ConfigMap puts there.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{POSTGRES_URL, free_port, psql, rabbitmqctl, terminate};
+use crate::common::{POSTGRES_URL, free_port, psql, rabbitmqctl, terminate};
 use serde_json::Value as Json;
 use serde_norway::Value;
 

@@ -1,15 +1,13 @@
-//! Taking a task in: ledger first, then the broker; and the background work
-//! that keeps the ledger's promises (forwarding pending tasks, retention).
+//! The ledger mode's work: every task is recorded before it is published,
+//! and the background keeps the ledger's promises (forwarding pending tasks,
+//! the watchers of late confirms, retention).
 //!
-//! With a ledger, a task is recorded as `pending` before it is published and
-//! marked `published` only after the broker's confirm. When publishing fails
-//! the task stays pending and the answer says so; the forwarder publishes it
-//! once the broker is back, by what remains of its delay. The row is leased
-//! to whoever publishes it, so the forwarder (here or in another replica)
-//! never takes a task a request is still publishing.
-//!
-//! Without a ledger (`store.url = "none"`) a task is only published, and a
-//! broker problem is the client's 503.
+//! A task is recorded as `pending` before it is published and marked
+//! `published` only after the broker's confirm. When publishing fails the
+//! task stays pending and the answer says so; the forwarder publishes it
+//! once the broker is back, routed by what remains of its delay. The row is
+//! leased to whoever publishes it, so the forwarder (here or in another
+//! replica) never takes a task a request is still publishing.
 //!
 //! One task must not be able to make others late:
 //! - a task the broker could never take (properties beyond the frame size) is
@@ -32,18 +30,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
-use crate::broker::{LateConfirm, Message, PublishError, Published, Publisher};
+use super::publish::{Publish, message_of};
+use super::{Idempotency, SubmitError, Submitted};
+use crate::broker::{LateConfirm, Message, PublishError, Published};
 use crate::cascade::Cascade;
+use crate::ledger::{Admission, Ledger, Retry, StoredTask};
 use crate::metrics::Metrics;
-use crate::store::{Admission, Ledger, Retry, StoreError, TaskRecord};
-use crate::task::{Task, TaskAccepted, TaskState, epoch_ms};
+use crate::task::{Task, TaskState, epoch_ms};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
 /// Pending tasks published concurrently per round; confirms are pipelined.
 const FORWARD_BATCH: u32 = 256;
-/// How often the pending count is read back from the ledger.
-const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 const PRUNE_BATCH: u32 = 1000;
 /// A retry after a failed publish waits this much per attempt so far, up to the cap.
 const RETRY_STEP_MS: u64 = 500;
@@ -55,63 +53,30 @@ const LEASE_MARGIN_MS: u64 = 2_000;
 /// the task when it runs out.
 const LATE_LEASE_MS: u64 = 60_000;
 /// Refusals of a task published alone after which it is quarantined.
-pub const MAX_REFUSALS: i64 = 3;
-
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// Its properties could never be published; nothing was recorded.
-    #[error("{0}")]
-    TooLarge(PublishError),
-    /// Stateless mode: the broker did not take the task.
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error(transparent)]
-    Ledger(#[from] StoreError),
-    #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
-    LedgerFull { pending: u64 },
-    #[error("{key} was already used for a different request (task {existing_id})")]
-    Conflict { key: String, existing_id: String },
-}
-
-/// The answer to a submitted task.
-#[derive(Clone, Debug)]
-pub struct Submitted {
-    pub accepted: TaskAccepted,
-    /// The same request was accepted before; nothing new was scheduled.
-    pub replayed: bool,
-}
-
-/// How a client names a request so that a retry is recognised.
-#[derive(Clone, Debug, Default)]
-pub struct Idempotency {
-    /// The Idempotency-Key header.
-    pub key: Option<String>,
-    /// The canonical request's hash; set when there is a key or a client id.
-    pub fingerprint: Option<String>,
-}
+pub const MAX_REFUSALS: u32 = 3;
 
 #[derive(Clone)]
-pub struct Scheduler {
-    pub publisher: Publisher,
-    pub ledger: Option<Ledger>,
-    pub cascade: Arc<Cascade>,
-    pub metrics: Arc<Metrics>,
+pub(super) struct Bookkeeper {
+    broker: Arc<dyn Publish>,
+    ledger: Ledger,
+    cascade: Arc<Cascade>,
+    metrics: Arc<Metrics>,
     lease_ms: u64,
     /// Tasks awaiting late confirms; finished before the ledger closes.
     watchers: TaskTracker,
 }
 
-impl Scheduler {
+impl Bookkeeper {
     pub fn new(
-        publisher: Publisher,
-        ledger: Option<Ledger>,
+        broker: Arc<dyn Publish>,
+        ledger: Ledger,
         cascade: Arc<Cascade>,
         metrics: Arc<Metrics>,
         confirm_timeout: Duration,
     ) -> Self {
         let confirm_ms = u64::try_from(confirm_timeout.as_millis()).unwrap_or(u64::MAX);
-        Scheduler {
-            publisher,
+        Bookkeeper {
+            broker,
             ledger,
             cascade,
             metrics,
@@ -120,55 +85,44 @@ impl Scheduler {
         }
     }
 
-    /// Waits for every late confirm to be decided and recorded. Call once the
-    /// broker connection is closed (which decides them all), before the
-    /// ledger closes.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
     pub async fn finish_watchers(&self) {
         self.watchers.close();
         self.watchers.wait().await;
     }
 
+    /// Records the task, then publishes `message` (the task's, checked to fit).
     pub async fn submit(
         &self,
         task: &Task,
+        message: Message,
         idempotency: Idempotency,
     ) -> Result<Submitted, SubmitError> {
-        // Built once: checked now, before anything is recorded, then published.
-        let message = Message::of_task(task);
-        self.publisher
-            .check_fits(&message)
-            .map_err(SubmitError::TooLarge)?;
-        let Some(ledger) = &self.ledger else {
-            self.publisher.publish(message).await?;
-            return Ok(Submitted {
-                accepted: task.accepted(TaskState::Published),
-                replayed: false,
-            });
-        };
+        let ledger = &self.ledger;
         if ledger.is_full() {
             return Err(SubmitError::LedgerFull {
                 pending: ledger.max_pending(),
             });
         }
         let now_ms = epoch_ms(SystemTime::now());
-        let header_key = idempotency.key.clone();
-        let record = TaskRecord::pending(
-            task,
-            idempotency.key,
-            idempotency.fingerprint,
-            now_ms + self.lease_ms,
-        );
-        match ledger.admit(record).await? {
+        let Idempotency { key, fingerprint } = idempotency;
+        let admission = ledger
+            .admit(task, key.clone(), fingerprint, now_ms + self.lease_ms)
+            .await?;
+        match admission {
             Admission::New => {}
             Admission::Replay(existing) => {
                 return Ok(Submitted {
-                    accepted: existing.accepted()?,
+                    accepted: existing.accepted(),
                     replayed: true,
                 });
             }
             Admission::Conflict(existing) => {
                 return Err(SubmitError::Conflict {
-                    key: match header_key {
+                    key: match key {
                         Some(key) => format!("Idempotency-Key {key:?}"),
                         None => format!("task id {:?}", task.id),
                     },
@@ -176,21 +130,18 @@ impl Scheduler {
                 });
             }
         }
-        let published = self.publisher.publish_bounded(message).await;
-        let state = match published {
+        let state = match self.broker.publish_bounded(message).await {
             Ok(Published::Confirmed) => {
-                self.record_published(ledger, &task.id).await;
+                self.record_published(&task.id).await;
                 TaskState::Published
             }
             Ok(Published::Late(late)) => {
-                ledger.pending_changed(1, 0);
-                self.watch_late(ledger, &task.id, late, 0).await;
+                self.watch_late(&task.id, late, 0).await;
                 TaskState::Pending
             }
             Err(publish_error) => {
                 debug!(task_id = %task.id, error = %publish_error, "kept pending for the forwarder");
-                ledger.pending_changed(1, 0);
-                self.record_retry(ledger, &task.id, &publish_error, now_ms, false)
+                self.record_retry(&task.id, &publish_error, now_ms, false)
                     .await;
                 TaskState::Pending
             }
@@ -208,28 +159,18 @@ impl Scheduler {
         prune_every: Duration,
         shutdown: CancellationToken,
     ) -> Vec<JoinHandle<()>> {
-        let Some(ledger) = &self.ledger else {
-            return Vec::new();
-        };
         vec![
-            tokio::spawn(self.clone().forward(ledger.clone(), shutdown.clone())),
-            tokio::spawn(prune(ledger.clone(), retention, prune_every, shutdown)),
+            tokio::spawn(self.clone().forward(shutdown.clone())),
+            tokio::spawn(prune(self.ledger.clone(), retention, prune_every, shutdown)),
         ]
     }
 
     /// Publishes pending tasks whenever the broker is ready, until `shutdown`.
     /// At start-up this resumes whatever a previous run left pending.
-    async fn forward(self, ledger: Ledger, shutdown: CancellationToken) {
-        let mut last_recount = tokio::time::Instant::now();
+    async fn forward(self, shutdown: CancellationToken) {
         loop {
-            if last_recount.elapsed() >= RECOUNT_EVERY {
-                last_recount = tokio::time::Instant::now();
-                if let Err(error) = ledger.recount_pending().await {
-                    warn!(%error, "cannot count pending tasks");
-                }
-            }
-            let forwarded = if self.publisher.is_ready() {
-                self.forward_round(&ledger).await
+            let forwarded = if self.broker.status().ready {
+                self.forward_round().await
             } else {
                 0
             };
@@ -247,9 +188,10 @@ impl Scheduler {
     /// One batch of due pending tasks; returns how many were claimed. Tasks
     /// under suspicion are published one at a time on a connection of their
     /// own, beside (not among) the others.
-    async fn forward_round(&self, ledger: &Ledger) -> usize {
+    async fn forward_round(&self) -> usize {
         let now_ms = epoch_ms(SystemTime::now());
-        let claimed = match ledger
+        let claimed = match self
+            .ledger
             .claim_due(now_ms, now_ms + self.lease_ms, FORWARD_BATCH)
             .await
         {
@@ -259,27 +201,23 @@ impl Scheduler {
                 return 0;
             }
         };
-        let (alone, together): (Vec<&TaskRecord>, Vec<&TaskRecord>) =
-            claimed.iter().partition(|r| r.publish_alone != 0);
-        let together = join_all(together.iter().map(|r| async {
-            let outcome = match self.rebuild(ledger, r).await {
-                Some(task) => {
-                    self.publisher
-                        .publish_bounded(Message::of_task(&task))
-                        .await
-                }
+        let (alone, together): (Vec<&StoredTask>, Vec<&StoredTask>) =
+            claimed.iter().partition(|stored| stored.publish_alone);
+        let together = join_all(together.iter().map(|stored| async {
+            let outcome = match self.reroute(stored).await {
+                Some(task) => self.broker.publish_bounded(message_of(&task)).await,
                 None => return false,
             };
-            self.record_forwarded(ledger, r, outcome).await
+            self.record_forwarded(stored, outcome).await
         }));
         let alone = async {
-            let mut isolated = self.publisher.isolated();
+            let mut isolated = self.broker.isolated();
             let mut published = 0;
-            for record in &alone {
-                if let Some(task) = self.rebuild(ledger, record).await {
-                    let outcome = isolated.publish(Message::of_task(&task)).await;
+            for stored in &alone {
+                if let Some(task) = self.reroute(stored).await {
+                    let outcome = isolated.publish(message_of(&task)).await;
                     let outcome = outcome.map(|()| Published::Confirmed);
-                    published += usize::from(self.record_forwarded(ledger, record, outcome).await);
+                    published += usize::from(self.record_forwarded(stored, outcome).await);
                 }
             }
             isolated.close().await;
@@ -299,40 +237,38 @@ impl Scheduler {
 
     /// The task of a pending row, routed by what remains of its delay; a row
     /// that cannot be rebuilt is quarantined (retrying could never help).
-    async fn rebuild(&self, ledger: &Ledger, record: &TaskRecord) -> Option<Task> {
+    async fn reroute(&self, stored: &StoredTask) -> Option<Task> {
         let now_ms = epoch_ms(SystemTime::now());
-        match record.to_task(&self.cascade, now_ms) {
+        match reroute(stored, &self.cascade, now_ms) {
             Ok(task) => Some(task),
-            Err(error) => {
-                self.quarantine(ledger, &record.id, error.to_string()).await;
+            Err(reason) => {
+                self.quarantine(&stored.id, reason).await;
                 None
             }
         }
     }
 
-    /// Records how forwarding `record` went; true when it was published.
+    /// Records how forwarding `stored` went; true when it was published.
     async fn record_forwarded(
         &self,
-        ledger: &Ledger,
-        record: &TaskRecord,
+        stored: &StoredTask,
         outcome: Result<Published, PublishError>,
     ) -> bool {
+        let attempts = stored.attempts;
         match outcome {
             Ok(Published::Confirmed) => {
                 self.metrics.forwarded("published");
-                ledger.pending_changed(0, 1);
-                self.record_published(ledger, &record.id).await;
+                self.record_published(&stored.id).await;
                 true
             }
             Ok(Published::Late(late)) => {
                 self.metrics.forwarded("late");
-                self.watch_late(ledger, &record.id, late, record.attempts)
-                    .await;
+                self.watch_late(&stored.id, late, attempts).await;
                 false
             }
             Err(error @ PublishError::TooLarge { .. }) => {
                 self.metrics.forwarded("failed");
-                self.quarantine(ledger, &record.id, error.to_string()).await;
+                self.quarantine(&stored.id, error.to_string()).await;
                 false
             }
             Err(
@@ -340,34 +276,32 @@ impl Scheduler {
                     refused: true,
                     ref reason,
                 },
-            ) if record.publish_alone != 0 => {
+            ) if stored.publish_alone => {
                 self.metrics.forwarded("failed");
-                if record.refusals + 1 >= MAX_REFUSALS {
+                if stored.refusals + 1 >= MAX_REFUSALS {
                     let why = format!(
                         "RabbitMQ refused the task each of the {MAX_REFUSALS} times it was \
                          published alone: {reason}"
                     );
-                    self.quarantine(ledger, &record.id, why).await;
+                    self.quarantine(&stored.id, why).await;
                 } else {
-                    let retry_at = retry_at(epoch_ms(SystemTime::now()), record.attempts);
-                    self.record_retry(ledger, &record.id, error, retry_at, true)
-                        .await;
+                    let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
+                    self.record_retry(&stored.id, error, retry_at, true).await;
                 }
                 false
             }
             Err(error) => {
                 self.metrics.forwarded("failed");
-                let retry_at = retry_at(epoch_ms(SystemTime::now()), record.attempts);
-                self.record_retry(ledger, &record.id, &error, retry_at, false)
-                    .await;
+                let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
+                self.record_retry(&stored.id, &error, retry_at, false).await;
                 false
             }
         }
     }
 
     /// The broker confirmed the task.
-    async fn record_published(&self, ledger: &Ledger, id: &str) {
-        if let Err(error) = ledger.mark_published(id.to_owned()).await {
+    async fn record_published(&self, id: &str) {
+        if let Err(error) = self.ledger.mark_published(id.to_owned()).await {
             // The broker owns the task; the forwarder will publish it once
             // more when the lease ends (at-least-once).
             warn!(task_id = %id, %error, "published, but not marked so in the ledger");
@@ -375,14 +309,7 @@ impl Scheduler {
     }
 
     /// Leaves the task pending for the forwarder from `retry_at_ms` on.
-    async fn record_retry(
-        &self,
-        ledger: &Ledger,
-        id: &str,
-        error: &PublishError,
-        retry_at_ms: u64,
-        refused: bool,
-    ) {
+    async fn record_retry(&self, id: &str, error: &PublishError, retry_at_ms: u64, refused: bool) {
         if error.may_have_landed() {
             self.metrics.publish_unconfirmed.inc();
         }
@@ -392,42 +319,39 @@ impl Scheduler {
             publish_alone: error.is_suspect(),
             refused,
         };
-        if let Err(error) = ledger.retry_later(id.to_owned(), retry).await {
+        if let Err(error) = self.ledger.retry_later(id.to_owned(), retry).await {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
         }
     }
 
     /// Takes the task out of the pending ones for good: it can never be published.
-    async fn quarantine(&self, ledger: &Ledger, id: &str, reason: String) {
+    async fn quarantine(&self, id: &str, reason: String) {
         error!(task_id = %id, %reason, "task quarantined: it can never be published");
         self.metrics.tasks_failed.inc();
-        match ledger.mark_failed(id.to_owned(), reason).await {
-            Ok(()) => ledger.pending_changed(0, 1),
-            Err(error) => warn!(task_id = %id, %error, "quarantine not recorded; retried later"),
+        if let Err(error) = self.ledger.mark_failed(id.to_owned(), reason).await {
+            warn!(task_id = %id, %error, "quarantine not recorded; retried later");
         }
     }
 
     /// Keeps the task leased while its late confirm is awaited in the
     /// background, then records what the broker decided.
-    async fn watch_late(&self, ledger: &Ledger, id: &str, late: LateConfirm, attempts: i64) {
+    async fn watch_late(&self, id: &str, late: LateConfirm, attempts: u64) {
         self.metrics.publish_late.inc();
         let now_ms = epoch_ms(SystemTime::now());
-        let waiting = PublishError::Timeout(std::time::Duration::from_millis(
-            self.lease_ms - LEASE_MARGIN_MS,
-        ));
+        let waiting = PublishError::Timeout(Duration::from_millis(self.lease_ms - LEASE_MARGIN_MS));
         let lease = move |now_ms: u64| Retry {
             retry_at_ms: now_ms + LATE_LEASE_MS,
             error: format!("{waiting}; awaiting the broker's late answer"),
             publish_alone: false,
             refused: false,
         };
-        if let Err(error) = ledger.retry_later(id.to_owned(), lease(now_ms)).await {
+        if let Err(error) = self.ledger.retry_later(id.to_owned(), lease(now_ms)).await {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
         }
-        let scheduler = self.clone();
-        let ledger = ledger.clone();
+        let bookkeeper = self.clone();
         let id = id.to_owned();
         self.watchers.spawn(async move {
+            let ledger = &bookkeeper.ledger;
             let outcome = late.outcome();
             tokio::pin!(outcome);
             let mut renew = tokio::time::interval(Duration::from_millis(LATE_LEASE_MS / 2));
@@ -446,27 +370,47 @@ impl Scheduler {
             match outcome {
                 Ok(()) => {
                     debug!(task_id = %id, "late confirm: the broker has the task");
-                    ledger.pending_changed(0, 1);
-                    scheduler.record_published(&ledger, &id).await;
+                    bookkeeper.record_published(&id).await;
                 }
                 Err(error) => {
                     debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
                     let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
-                    scheduler
-                        .record_retry(&ledger, &id, &error, retry_at, false)
-                        .await;
+                    bookkeeper.record_retry(&id, &error, retry_at, false).await;
                 }
             }
         });
     }
 }
 
-/// A retry after a failed publish waits longer the more attempts it took.
-fn retry_at(now_ms: u64, attempts: i64) -> u64 {
-    let attempts = u64::try_from(attempts).unwrap_or(1);
-    now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
+/// The task of a stored (pending) row, routed by what remains of its delay
+/// at `now_ms`, rounded up to the unit so it is never early; a task already
+/// due goes straight to the business exchange. The error says why the row
+/// can never be published.
+fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, String> {
+    let payload = stored
+        .whole_payload()
+        .ok_or("the ledger does not hold the whole payload")?;
+    let remaining = Duration::from_millis(stored.deliver_at_ms.saturating_sub(now_ms));
+    let route = cascade
+        .route(remaining, &stored.destination)
+        .map_err(|error| format!("cannot be routed: {error}"))?;
+    Ok(Task {
+        id: stored.id.clone(),
+        client_id: false,
+        destination: stored.destination.clone(),
+        route,
+        accepted_at_ms: stored.created_at_ms,
+        deliver_at_ms: stored.deliver_at_ms,
+        payload: payload.to_vec(),
+        content_type: stored.content_type.clone(),
+        headers: stored.headers.clone().into_iter().collect(),
+    })
 }
 
+/// A retry after a failed publish waits longer the more attempts it took.
+fn retry_at(now_ms: u64, attempts: u64) -> u64 {
+    now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
+}
 /// Deletes published tasks once they have been due for `retention`.
 async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: CancellationToken) {
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
@@ -494,5 +438,65 @@ async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: C
         if pruned > 0 {
             debug!(pruned, "pruned delivered tasks from the ledger");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cascade::QueueType;
+
+    fn cascade() -> Cascade {
+        crate::cascade::for_tests(8, 100, QueueType::Quorum)
+    }
+
+    fn stored(payload: &[u8], payload_bytes: u64) -> StoredTask {
+        StoredTask {
+            id: "t".into(),
+            idempotency_key: None,
+            state: TaskState::Pending,
+            destination: "d".into(),
+            routing_key: "0.0.0.0.1.0.1.0.d".into(),
+            delay_ms: 1000,
+            deliver_at_ms: 11_000,
+            created_at_ms: 10_000,
+            published_at_ms: None,
+            content_type: "text/plain".into(),
+            headers: [("h".to_owned(), crate::task::FieldValue::Int(7))].into(),
+            payload: Some(payload.to_vec()),
+            payload_bytes,
+            attempts: 1,
+            last_error: None,
+            publish_alone: false,
+            refusals: 0,
+        }
+    }
+
+    #[test]
+    fn rerouting_counts_what_remains_and_is_never_early() {
+        let stored = stored(b"hi", 2);
+        // 349 ms of the delay passed in the ledger: 651 ms remain, 700 after rounding up.
+        let task = reroute(&stored, &cascade(), 10_349).unwrap();
+        assert_eq!(task.route.delay_ms, 700);
+        assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
+        assert_eq!(
+            task.granted_delay_ms(),
+            1000,
+            "the header keeps the granted delay"
+        );
+        assert_eq!(task.payload, b"hi");
+        assert_eq!(
+            task.headers,
+            [("h".to_owned(), crate::task::FieldValue::Int(7))]
+        );
+        // Overdue: straight to the business exchange.
+        let task = reroute(&stored, &cascade(), 11_005).unwrap();
+        assert_eq!(task.route.delay_ms, 0);
+        assert_eq!(task.route.entry_exchange, cascade().business_exchange());
+    }
+
+    #[test]
+    fn a_row_without_its_whole_payload_is_never_published() {
+        assert!(reroute(&stored(b"hi", 5), &cascade(), 10_000).is_err());
     }
 }

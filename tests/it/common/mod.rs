@@ -1,6 +1,5 @@
 //! Test helpers: a real RabbitMQ, a unique name prefix per test, and cleanup
 //! of everything a test declared, even when it panics.
-#![allow(dead_code)]
 
 pub mod nodes;
 
@@ -8,7 +7,7 @@ use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
-use delayline::broker::{connect, teardown};
+use delayline::broker::{connect, queue_state, teardown};
 use delayline::cascade::{Cascade, QueueType, TopologyPlan};
 use delayline::config::Settings;
 use delayline::service::{self, ServiceError};
@@ -261,9 +260,14 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(service::run(settings.clone(), listener, async {
-            let _ = stopped.await;
-        }));
+        let handle = tokio::spawn(service::run(
+            settings.clone(),
+            cascade.clone(),
+            listener,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         TestApp {
             base,
             http: reqwest::Client::new(),
@@ -401,9 +405,9 @@ impl Received {
 
 /// A consumer on a fresh queue bound to the business exchange with `binding_key`.
 pub struct TestConsumer {
-    pub connection: Connection,
+    /// Kept open for as long as the consumer lives.
+    _connection: Connection,
     pub channel: Channel,
-    pub queue: String,
     /// Deliveries, stamped and acknowledged the moment they arrive: a test
     /// that reads them later still measures when they came.
     arrived: tokio::sync::mpsc::UnboundedReceiver<Received>,
@@ -514,9 +518,8 @@ impl TestConsumer {
             }
         });
         TestConsumer {
-            connection,
+            _connection: connection,
             channel,
-            queue: queue.to_owned(),
             arrived,
             receiving,
         }
@@ -582,20 +585,11 @@ impl Drop for TestConsumer {
 /// Messages waiting in `queue`, by a passive declare.
 pub async fn queue_depth(queue: &str) -> u32 {
     let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let state = queue_state(&connection, queue).await.unwrap();
     let _ = connection.close(200, "probed".into()).await;
-    declared.message_count()
+    state
+        .unwrap_or_else(|| panic!("queue {queue} exists"))
+        .messages
 }
 
 /// Runs `rabbitmqctl` with JSON output and parses it.

@@ -2,12 +2,10 @@
 //! inspection, store-and-forward through an outage and a restart, the
 //! pending bound, retention and payload copies.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, sample,
     test_settings, with_ledger,
 };

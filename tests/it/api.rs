@@ -1,10 +1,8 @@
 //! The HTTP API against a real broker: errors, batches, topology, health.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     Backend, TestApp, TestConsumer, TestUser, close_connections_named, connections_named,
     eventually, queue_depth, sample, test_settings, with_ledger,
 };
@@ -375,7 +373,7 @@ async fn a_nack_is_a_503_and_nothing_unconfirmed_is_reported_accepted() {
     assert!(accepted >= 1);
     // Quorum queues enforce the limit loosely; what matters is that every 202 was stored.
     assert_eq!(
-        common::queue_depth(&app.cascade.level_queue(2)).await,
+        crate::common::queue_depth(&app.cascade.level_queue(2)).await,
         accepted
     );
     app.stop().await.unwrap();
@@ -472,10 +470,13 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
         .await;
     assert_eq!(status, 200);
 
-    let level7 = format!(
-        "delayline_level_queue_messages{{level=\"7\",queue=\"{}\"}}",
-        app.cascade.level_queue(7)
-    );
+    let level_series = |level: u32| {
+        format!(
+            "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
+            app.cascade.level_queue(level)
+        )
+    };
+    let level7 = level_series(7);
     eventually("the depths to be polled", async || {
         let scrape = app.scrape().await;
         sample(&scrape, &level7) == Some(1.0)
@@ -509,11 +510,7 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     expect("delayline_broker_connected", 1.0);
     expect("delayline_ledger_pending_tasks", 0.0);
     for level in 0..7 {
-        let series = format!(
-            "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
-            app.cascade.level_queue(level)
-        );
-        expect(&series, 0.0);
+        expect(&level_series(level), 0.0);
     }
     let groups = sample(&scrape, "delayline_ledger_commit_group_size_count").unwrap();
     assert!(groups >= 1.0, "{scrape}");
@@ -525,8 +522,13 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     let publisher = format!("delayline {}", app.cascade.prefix());
     let connected_since = connections_named(&publisher, "connected_at");
     assert_eq!(connected_since.len(), 1);
+    let level6 = level_series(6);
+    assert_eq!(
+        sample(&app.scrape().await, &level6),
+        Some(0.0),
+        "level 6 is polled"
+    );
     delete_queue(&app.cascade.level_queue(6)).await;
-    let level6 = level7.replace("7", "6");
     eventually("the deleted queue to leave the metrics", async || {
         sample(&app.scrape().await, &level6).is_none()
     })
@@ -542,7 +544,7 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
 }
 
 async fn delete_queue(queue: &str) {
-    let connection = delayline::broker::connect(common::AMQP_URI, "delayline test")
+    let connection = delayline::broker::connect(crate::common::AMQP_URI, "delayline test")
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
@@ -819,7 +821,7 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
     app.stop().await.unwrap();
 
     // A setting with a value it cannot have says which values it can.
-    let refused = common::delayline_command(&settings, &["provision", "--dry-run"])
+    let refused = crate::common::delayline_command(&settings, &["provision", "--dry-run"])
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", "stream")
         .output()
         .await
@@ -836,7 +838,7 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
     // Each cause once; a URL without a password shows none.
     let mut missing_db = settings.clone();
     missing_db.store.url = "postgres://postgres@127.0.0.1:5432/no_such_database".to_owned();
-    let (ok, output) = common::run_delayline(&missing_db, &["migrate"]).await;
+    let (ok, output) = crate::common::run_delayline(&missing_db, &["migrate"]).await;
     assert!(!ok);
     assert_eq!(output.matches("does not exist").count(), 1, "{output}");
     assert!(
@@ -844,8 +846,11 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
         "{output}"
     );
     let mut closed = settings;
-    closed.store.url = format!("postgres://postgres@127.0.0.1:{}/test", common::free_port());
-    let (ok, output) = common::run_delayline(&closed, &["migrate"]).await;
+    closed.store.url = format!(
+        "postgres://postgres@127.0.0.1:{}/test",
+        crate::common::free_port()
+    );
+    let (ok, output) = crate::common::run_delayline(&closed, &["migrate"]).await;
     assert!(!ok);
     assert!(
         output.to_lowercase().contains("connection refused"),

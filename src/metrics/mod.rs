@@ -7,6 +7,8 @@
 //! drift. Queue depths come from [`crate::broker::poll_queue_depths`], which
 //! asks the broker over AMQP and needs no management plugin.
 
+mod depths;
+
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,6 +18,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+pub use depths::poll_queue_depths;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

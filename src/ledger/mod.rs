@@ -30,13 +30,17 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions, Connection};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 pub use cursor::{Cursor, CursorError};
-pub use record::TaskRecord;
+pub use record::StoredTask;
 pub use writer::{Admission, Retry};
 
+use record::{Row, decode_all};
+
 use crate::config::StoreSettings;
-use crate::task::TaskState;
+use crate::task::{Task, TaskState};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -49,15 +53,14 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 macro_rules! on_pool {
     ($pool:expr, $p:ident => $body:expr) => {
         match $pool {
-            $crate::store::Pool::Sqlite($p) => $body,
-            $crate::store::Pool::Postgres($p) => $body,
+            $crate::ledger::Pool::Sqlite($p) => $body,
+            $crate::ledger::Pool::Postgres($p) => $body,
         }
     };
 }
-pub(crate) use on_pool;
 
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum LedgerError {
     #[error("store.url {0:?} is neither empty, \"none\", sqlite://… nor postgres://…")]
     UnknownUrl(String),
     #[error("cannot create the data directory {path}: {source}")]
@@ -83,17 +86,17 @@ pub enum StoreError {
     Closed,
     /// One failure answered to every write of the group it broke.
     #[error(transparent)]
-    Shared(Arc<StoreError>),
+    Shared(Arc<LedgerError>),
 }
 
 /// Adds what was being done to a database error.
 pub(crate) trait QueryContext<T> {
-    fn context(self, context: &'static str) -> Result<T, StoreError>;
+    fn context(self, context: &'static str) -> Result<T, LedgerError>;
 }
 
 impl<T> QueryContext<T> for Result<T, sqlx::Error> {
-    fn context(self, context: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Query { context, source })
+    fn context(self, context: &'static str) -> Result<T, LedgerError> {
+        self.map_err(|source| LedgerError::Query { context, source })
     }
 }
 
@@ -106,7 +109,7 @@ pub enum Location {
 
 impl Location {
     /// `None` for the stateless mode (`store.url = "none"`).
-    pub fn parse(settings: &StoreSettings) -> Result<Option<Location>, StoreError> {
+    pub fn parse(settings: &StoreSettings) -> Result<Option<Location>, LedgerError> {
         let url = settings.url.trim();
         if url.is_empty() {
             let path = Path::new(&settings.data_dir).join("delayline.db");
@@ -125,7 +128,7 @@ impl Location {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(Some(Location::Postgres(url.to_owned())));
         }
-        Err(StoreError::UnknownUrl(url.to_owned()))
+        Err(LedgerError::UnknownUrl(url.to_owned()))
     }
 
     /// For logs and errors: never the password.
@@ -143,37 +146,59 @@ pub(crate) enum Pool {
     Postgres(PgPool),
 }
 
-/// Tuning the ledger takes from the rest of the configuration.
-#[derive(Clone, Debug)]
-pub struct LedgerOptions {
-    pub max_pending: u64,
-    pub payload_copy_bytes: u32,
-    /// Observes how many writes each transaction commits.
-    pub commit_group_size: Histogram,
-}
-
 /// A cheap, cloneable handle to the ledger.
 #[derive(Clone)]
 pub struct Ledger {
     pool: Pool,
     target: Arc<str>,
     writes: writer::Handle,
-    /// Tasks waiting for the broker, as last counted plus what this process
-    /// added since: the bound that answers 503 before the disk fills.
-    pending: Arc<AtomicU64>,
-    options: LedgerOptions,
+    pending: Arc<PendingCount>,
+    max_pending: u64,
+    /// Stops the recount of pending tasks when the ledger closes.
+    closing: CancellationToken,
 }
 
+/// Tasks waiting for the broker: the bound that answers 503 before the disk
+/// fills. The writer follows what it commits; a recount every
+/// [`RECOUNT_EVERY`] adds what other replicas did.
+#[derive(Debug, Default)]
+pub(crate) struct PendingCount(AtomicU64);
+
+impl PendingCount {
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, count: u64) {
+        self.0.store(count, Ordering::Relaxed);
+    }
+
+    fn add(&self, added: u64) {
+        self.0.fetch_add(added, Ordering::Relaxed);
+    }
+
+    fn remove(&self, removed: u64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(removed))
+            });
+    }
+}
+
+/// How often the pending count is read back from the database.
+const RECOUNT_EVERY: Duration = Duration::from_secs(5);
+
 /// Opens the pool, creating the SQLite file and its directory if needed.
-async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, StoreError> {
-    let connect = |source| StoreError::Connect {
+async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, LedgerError> {
+    let connect = |source| LedgerError::Connect {
         target: location.describe(),
         source,
     };
     match location {
         Location::Sqlite(path) => {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                std::fs::create_dir_all(dir).map_err(|source| LedgerError::DataDir {
                     path: dir.to_owned(),
                     source,
                 })?;
@@ -213,19 +238,19 @@ async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, St
 
 /// Applies every migration not yet applied. Safe to run from several
 /// replicas at once: sqlx serialises them with a lock on PostgreSQL.
-async fn migrate(pool: &Pool, target: &str) -> Result<(), StoreError> {
+async fn migrate(pool: &Pool, target: &str) -> Result<(), LedgerError> {
     let result = match pool {
         Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
         Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
     };
-    result.map_err(|source| StoreError::Migrate {
+    result.map_err(|source| LedgerError::Migrate {
         target: target.to_owned(),
         source,
     })
 }
 
 /// `delayline migrate`: brings the schema up to date and says where.
-pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, StoreError> {
+pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, LedgerError> {
     let Some(location) = Location::parse(settings)? else {
         return Ok(None);
     };
@@ -236,29 +261,35 @@ pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, St
     result.map(|()| Some(target))
 }
 
-/// Open ledger, or `None` in the stateless mode (`store.url = "none"`).
+/// Opens (and migrates) the ledger `settings` name, or `None` in the
+/// stateless mode (`store.url = "none"`). `commit_group_size` observes how
+/// many writes each transaction commits.
 pub async fn open(
     settings: &StoreSettings,
-    options: LedgerOptions,
-) -> Result<Option<Ledger>, StoreError> {
+    commit_group_size: Histogram,
+) -> Result<Option<Ledger>, LedgerError> {
     let Some(location) = Location::parse(settings)? else {
         return Ok(None);
     };
     let pool = open_pool(&location, settings.max_connections).await?;
     let target = location.describe();
     migrate(&pool, &target).await?;
+    let pending = Arc::new(PendingCount::default());
     let ledger = Ledger {
         writes: writer::spawn(
             pool.clone(),
-            options.payload_copy_bytes,
-            options.commit_group_size.clone(),
+            settings.payload_copy_bytes,
+            commit_group_size,
+            pending.clone(),
         ),
         pool,
         target: target.into(),
-        pending: Arc::new(AtomicU64::new(0)),
-        options,
+        pending,
+        max_pending: settings.max_pending,
+        closing: CancellationToken::new(),
     };
-    ledger.recount_pending().await?;
+    ledger.pending_tasks().await?;
+    tokio::spawn(ledger.clone().recount_until_closed());
     Ok(Some(ledger))
 }
 
@@ -282,70 +313,84 @@ impl Ledger {
         &self.target
     }
 
-    /// Records a new task as pending, leased to the caller until
-    /// `lease_until_ms`; or finds the task this request repeats.
-    pub async fn admit(&self, record: TaskRecord) -> Result<Admission, StoreError> {
-        self.writes.admit(record).await
+    /// Records `task` as pending, leased to the caller until
+    /// `lease_until_ms`; or finds the task this request repeats. A request is
+    /// named by its idempotency key, else its id, and recognised as the same
+    /// by its `fingerprint`.
+    pub async fn admit(
+        &self,
+        task: &Task,
+        idempotency_key: Option<String>,
+        fingerprint: Option<String>,
+        lease_until_ms: u64,
+    ) -> Result<Admission, LedgerError> {
+        let row = Row::pending(task, idempotency_key, fingerprint, lease_until_ms);
+        self.writes.admit(row).await
     }
 
     /// The broker confirmed the task. Only ever called after a confirm.
-    pub async fn mark_published(&self, id: String) -> Result<(), StoreError> {
+    pub async fn mark_published(&self, id: String) -> Result<(), LedgerError> {
         self.writes.published(id).await
     }
 
     /// Publishing failed: the forwarder takes the task from `retry.retry_at_ms` on.
-    pub async fn retry_later(&self, id: String, retry: Retry) -> Result<(), StoreError> {
+    pub async fn retry_later(&self, id: String, retry: Retry) -> Result<(), LedgerError> {
         self.writes.retry(id, retry).await
     }
 
     /// The task can never be delivered: it never publishes (pending), or its
     /// message was set aside (published, then poisoned by a migration); for
     /// good, with `reason` as its `last_error`.
-    pub async fn mark_failed(&self, id: String, reason: String) -> Result<(), StoreError> {
+    pub async fn mark_failed(&self, id: String, reason: String) -> Result<(), LedgerError> {
         self.writes.failed(id, reason).await
     }
 
     /// Whether the bound on waiting tasks is reached.
     pub fn is_full(&self) -> bool {
-        self.pending.load(Ordering::Relaxed) >= self.options.max_pending
-    }
-
-    /// The pending count as last read plus what this process changed since.
-    pub fn pending_estimate(&self) -> u64 {
-        self.pending.load(Ordering::Relaxed)
+        self.pending.get() >= self.max_pending
     }
 
     pub fn max_pending(&self) -> u64 {
-        self.options.max_pending
+        self.max_pending
     }
 
-    pub fn pending_changed(&self, added: u64, removed: u64) {
-        self.pending.fetch_add(added, Ordering::Relaxed);
-        let _ = self
-            .pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(removed))
-            });
+    /// The pending count as last known, without asking the database.
+    pub fn pending_estimate(&self) -> u64 {
+        self.pending.get()
     }
 
-    /// Counts the pending tasks again: other replicas add and forward too.
-    pub async fn recount_pending(&self) -> Result<u64, StoreError> {
+    /// Counts the pending tasks (other replicas add and forward too).
+    pub async fn pending_tasks(&self) -> Result<u64, LedgerError> {
         const SQL: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'pending'";
         let count: i64 = on_pool!(&self.pool, p => sqlx::query_scalar(SQL).fetch_one(p).await)
             .context("counting pending tasks")?;
         let count = u64::try_from(count).unwrap_or(0);
-        self.pending.store(count, Ordering::Relaxed);
+        self.pending.set(count);
         Ok(count)
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    async fn recount_until_closed(self) {
+        loop {
+            tokio::select! {
+                () = self.closing.cancelled() => return,
+                () = tokio::time::sleep(RECOUNT_EVERY) => {}
+            }
+            if let Err(error) = self.pending_tasks().await {
+                warn!(%error, "cannot count pending tasks");
+            }
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<StoredTask>, LedgerError> {
         let sql = format!("SELECT {} FROM tasks WHERE id = $1", record::COLUMNS);
-        on_pool!(&self.pool, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await)
-            .context("reading a task")
+        let row: Option<Row> =
+            on_pool!(&self.pool, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await)
+                .context("reading a task")?;
+        row.map(Row::decode).transpose()
     }
 
     /// Tasks in due order (`deliver_at`, then id), after the cursor.
-    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
+    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, LedgerError> {
         let sql = format!(
             "SELECT {} FROM tasks \
              WHERE ($1 IS NULL OR destination = $1) \
@@ -359,7 +404,7 @@ impl Ledger {
             Some(cursor) => (Some(db_ms(cursor.deliver_at_ms)), cursor.id.as_str()),
             None => (None, ""),
         };
-        on_pool!(&self.pool, p => sqlx::query_as(&sql)
+        on_pool!(&self.pool, p => sqlx::query_as::<_, Row>(&sql)
             .bind(filter.destination.as_deref())
             .bind(filter.state.map(TaskState::as_str))
             .bind(filter.due_before_ms.map(db_ms))
@@ -369,6 +414,7 @@ impl Ledger {
             .fetch_all(p)
             .await)
         .context("listing tasks")
+        .and_then(decode_all)
     }
 
     /// Takes up to `limit` pending tasks whose lease has expired, leasing them
@@ -380,7 +426,7 @@ impl Ledger {
         now_ms: u64,
         lease_until_ms: u64,
         limit: u32,
-    ) -> Result<Vec<TaskRecord>, StoreError> {
+    ) -> Result<Vec<StoredTask>, LedgerError> {
         let sql = format!(
             "UPDATE tasks SET next_attempt_at_ms = $2, attempts = attempts + 1 \
              WHERE state = 'pending' AND next_attempt_at_ms <= $1 AND id IN ( \
@@ -389,18 +435,19 @@ impl Ledger {
              RETURNING {}",
             record::COLUMNS
         );
-        on_pool!(&self.pool, p => sqlx::query_as(&sql)
+        on_pool!(&self.pool, p => sqlx::query_as::<_, Row>(&sql)
             .bind(db_ms(now_ms))
             .bind(db_ms(lease_until_ms))
             .bind(i64::from(limit))
             .fetch_all(p)
             .await)
         .context("claiming pending tasks")
+        .and_then(decode_all)
     }
 
     /// Deletes up to `limit` published or failed tasks that were due before
     /// `before_ms`; returns how many. Small batches keep each lock short.
-    pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, StoreError> {
+    pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, LedgerError> {
         const SQL: &str = "DELETE FROM tasks WHERE id IN ( \
              SELECT id FROM tasks WHERE state IN ('published', 'failed') AND deliver_at_ms < $1 \
              LIMIT $2)";
@@ -417,6 +464,7 @@ impl Ledger {
     /// Closes every connection. Call once nothing writes any more: every
     /// write is awaited by its caller, so none is left queued then.
     pub async fn close(&self) {
+        self.closing.cancel();
         on_pool!(&self.pool, p => p.close().await);
     }
 }
@@ -425,7 +473,7 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    fn location(url: &str) -> Result<Option<Location>, StoreError> {
+    fn location(url: &str) -> Result<Option<Location>, LedgerError> {
         Location::parse(&StoreSettings {
             url: url.to_owned(),
             data_dir: "/var/lib/delayline".to_owned(),
@@ -452,7 +500,7 @@ mod tests {
         assert_eq!(pg.describe(), "postgres://app:***@db/delayline");
         assert!(matches!(
             location("mysql://db"),
-            Err(StoreError::UnknownUrl(_))
+            Err(LedgerError::UnknownUrl(_))
         ));
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use delayline::task::DELIVER_AT_HEADER;
@@ -21,18 +22,32 @@ pub struct NodeOptions {
     pub dead_letter_confirm_timeout_ms: Option<u64>,
 }
 
+/// Tests with nodes of their own take turns: two cores cannot boot and run
+/// several RabbitMQ nodes beside the machine's broker and other tests without
+/// making every timing in the run meaningless.
+static OWN_NODES: Mutex<()> = Mutex::new(());
+
+fn own_nodes_turn() -> MutexGuard<'static, ()> {
+    // A test that panicked with its nodes still frees the turn.
+    OWN_NODES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 pub struct BrokerNode {
     /// The Erlang node name, e.g. `dltest-1a2b3c@localhost`.
     pub name: String,
     pub port: u16,
     pub management_port: Option<u16>,
     dir: PathBuf,
+    /// A node started on its own holds the turn; a cluster's nodes share the cluster's.
+    turn: Option<MutexGuard<'static, ()>>,
 }
 
 impl BrokerNode {
     /// Starts a node and waits until it serves AMQP.
     pub fn start(options: &NodeOptions) -> BrokerNode {
-        let node = Self::launch(options);
+        let turn = own_nodes_turn();
+        let mut node = Self::launch(options);
+        node.turn = Some(turn);
         node.wait_started();
         node
     }
@@ -87,6 +102,7 @@ impl BrokerNode {
             port,
             management_port,
             dir,
+            turn: None,
         }
     }
 
@@ -240,10 +256,13 @@ impl Drop for BrokerNode {
 /// Three nodes in one cluster; quorum queues declared on it have a replica on each.
 pub struct Cluster {
     pub nodes: Vec<BrokerNode>,
+    /// Dropped after the nodes (fields drop in order).
+    _turn: MutexGuard<'static, ()>,
 }
 
 impl Cluster {
     pub fn start(options: &NodeOptions) -> Cluster {
+        let turn = own_nodes_turn();
         // Booting is the slow part: let the three boot at once.
         let nodes: Vec<BrokerNode> = (0..3).map(|_| BrokerNode::launch(options)).collect();
         for node in &nodes {
@@ -256,7 +275,7 @@ impl Cluster {
             node.ctl(&["start_app"]);
             node.ctl(&["await_startup"]);
         }
-        Cluster { nodes }
+        Cluster { nodes, _turn: turn }
     }
 
     /// Every node's address, as `amqp.uri` takes them.

@@ -1,0 +1,191 @@
+//! A task as the ledger stores it ([`Row`], private to the ledger) and as the
+//! ledger hands it out ([`StoredTask`], in the domain's types).
+
+use std::collections::BTreeMap;
+
+use super::{LedgerError, db_ms};
+use crate::task::{FieldValue, Task, TaskAccepted, TaskState, format_epoch_ms};
+
+/// The columns a new row is inserted with, in the order of [`Row`]'s fields;
+/// the others start at their defaults.
+pub(super) const INSERT_COLUMNS: [&str; 17] = [
+    "id",
+    "idempotency_key",
+    "fingerprint",
+    "destination",
+    "routing_key",
+    "delay_ms",
+    "deliver_at_ms",
+    "content_type",
+    "headers",
+    "payload",
+    "payload_bytes",
+    "state",
+    "created_at_ms",
+    "published_at_ms",
+    "next_attempt_at_ms",
+    "attempts",
+    "last_error",
+];
+
+/// Every column, in the order of [`Row`]'s fields.
+pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
+     delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
+     created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
+     publish_alone, refusals";
+
+/// One row of `tasks`. Integers are `i64` because that is what both backends
+/// store; [`Row::decode`] turns them into the domain's types.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub(super) struct Row {
+    pub id: String,
+    pub idempotency_key: Option<String>,
+    pub fingerprint: Option<String>,
+    pub destination: String,
+    pub routing_key: String,
+    pub delay_ms: i64,
+    pub deliver_at_ms: i64,
+    pub content_type: String,
+    /// A JSON object of the caller's headers.
+    pub headers: String,
+    pub payload: Option<Vec<u8>>,
+    pub payload_bytes: i64,
+    pub state: String,
+    pub created_at_ms: i64,
+    pub published_at_ms: Option<i64>,
+    pub next_attempt_at_ms: i64,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub publish_alone: i64,
+    pub refusals: i64,
+}
+
+/// A task as the ledger knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredTask {
+    pub id: String,
+    pub idempotency_key: Option<String>,
+    pub state: TaskState,
+    pub destination: String,
+    /// The routing key it was first published with.
+    pub routing_key: String,
+    pub delay_ms: u64,
+    pub deliver_at_ms: u64,
+    pub created_at_ms: u64,
+    pub published_at_ms: Option<u64>,
+    pub content_type: String,
+    pub headers: BTreeMap<String, FieldValue>,
+    /// What the ledger holds of the payload: all of it while the task is
+    /// pending, at most `store.payload_copy_bytes` once published.
+    pub payload: Option<Vec<u8>>,
+    /// The payload's size as submitted.
+    pub payload_bytes: u64,
+    /// Publishing attempts so far.
+    pub attempts: u64,
+    pub last_error: Option<String>,
+    /// It went down with its channel or connection once: it is published
+    /// only alone from then on (see `crate::broker::IsolatedPublisher`).
+    pub publish_alone: bool,
+    /// How often the broker refused it while it was published alone.
+    pub refusals: u32,
+}
+
+impl StoredTask {
+    /// The whole payload, which only a pending task is sure to have.
+    pub fn whole_payload(&self) -> Option<&[u8]> {
+        self.payload
+            .as_deref()
+            .filter(|p| p.len() as u64 == self.payload_bytes)
+    }
+
+    /// The 202 answer this task got (with its current state).
+    pub fn accepted(&self) -> TaskAccepted {
+        TaskAccepted {
+            id: self.id.clone(),
+            destination: self.destination.clone(),
+            routing_key: self.routing_key.clone(),
+            delay_ms: self.delay_ms,
+            deliver_at: format_epoch_ms(self.deliver_at_ms),
+            state: self.state,
+        }
+    }
+}
+
+/// The caller's headers as the ledger stores them.
+fn headers_json(headers: &[(String, FieldValue)]) -> String {
+    let map: BTreeMap<&str, &FieldValue> = headers.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_owned())
+}
+
+fn ms(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl Row {
+    /// A new row for `task`: pending, and leased to the request that is about
+    /// to publish it until `lease_until_ms`, so the forwarder leaves it alone.
+    pub fn pending(
+        task: &Task,
+        idempotency_key: Option<String>,
+        fingerprint: Option<String>,
+        lease_until_ms: u64,
+    ) -> Row {
+        Row {
+            id: task.id.clone(),
+            idempotency_key,
+            fingerprint,
+            destination: task.destination.clone(),
+            routing_key: task.route.routing_key.clone(),
+            delay_ms: db_ms(task.route.delay_ms),
+            deliver_at_ms: db_ms(task.deliver_at_ms),
+            content_type: task.content_type.clone(),
+            headers: headers_json(&task.headers),
+            payload: Some(task.payload.clone()),
+            payload_bytes: db_ms(task.payload.len() as u64),
+            state: TaskState::Pending.as_str().to_owned(),
+            created_at_ms: db_ms(task.accepted_at_ms),
+            published_at_ms: None,
+            next_attempt_at_ms: db_ms(lease_until_ms),
+            attempts: 1,
+            last_error: None,
+            publish_alone: 0,
+            refusals: 0,
+        }
+    }
+
+    /// The row in the domain's types; a row that does not decode is corrupt.
+    pub fn decode(self) -> Result<StoredTask, LedgerError> {
+        let corrupt = |reason: String| LedgerError::Corrupt {
+            id: self.id.clone(),
+            reason,
+        };
+        let state = TaskState::parse(&self.state)
+            .ok_or_else(|| corrupt(format!("unknown state {:?}", self.state)))?;
+        let headers = serde_json::from_str(&self.headers)
+            .map_err(|error| corrupt(format!("headers: {error}")))?;
+        Ok(StoredTask {
+            state,
+            headers,
+            delay_ms: ms(self.delay_ms),
+            deliver_at_ms: ms(self.deliver_at_ms),
+            created_at_ms: ms(self.created_at_ms),
+            published_at_ms: self.published_at_ms.map(ms),
+            payload_bytes: ms(self.payload_bytes),
+            attempts: ms(self.attempts),
+            publish_alone: self.publish_alone != 0,
+            refusals: u32::try_from(self.refusals).unwrap_or(u32::MAX),
+            id: self.id,
+            idempotency_key: self.idempotency_key,
+            destination: self.destination,
+            routing_key: self.routing_key,
+            content_type: self.content_type,
+            payload: self.payload,
+            last_error: self.last_error,
+        })
+    }
+}
+
+/// Decodes every row, failing on the first that is corrupt.
+pub(super) fn decode_all(rows: Vec<Row>) -> Result<Vec<StoredTask>, LedgerError> {
+    rows.into_iter().map(Row::decode).collect()
+}

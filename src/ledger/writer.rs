@@ -1,0 +1,649 @@
+//! Group commit: the request path's writes, batched into one transaction.
+//!
+//! Every write is a message to a single writer task, answered once the
+//! transaction holding it has committed. While one transaction commits, the
+//! writes of every request that arrives meanwhile queue up, and the next
+//! transaction takes them all: one commit (and one fsync) per group, not per
+//! task, so the ledger keeps up with the broker instead of becoming the limit.
+//!
+//! A group's transaction runs in steps, each in [`Tx`]: admit the new tasks
+//! (decide repeats within the group, insert the rest in chunks, find who holds
+//! a key or id that was taken), mark the confirmed ones published, schedule
+//! retries, quarantine. The SQL of each step is built by a pure function
+//! ([`sql`]), checked without a database.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use prometheus_client::metrics::histogram::Histogram;
+use sqlx::{Postgres, Sqlite, Transaction};
+use tokio::sync::{mpsc, oneshot};
+use tracing::error;
+
+use super::record::{Row, StoredTask};
+use super::{LedgerError, PendingCount, Pool, QueryContext, db_ms};
+use crate::task::epoch_ms;
+
+/// Most writes in one transaction.
+const MAX_GROUP: usize = 512;
+/// Writes that may wait for the writer before callers wait to enqueue.
+const QUEUE: usize = 8 * MAX_GROUP;
+
+/// What admitting a task found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    /// Recorded as pending: the caller publishes it now.
+    New,
+    /// This request was accepted before: answer what it got, schedule nothing.
+    Replay(StoredTask),
+    /// Its idempotency key or id belongs to a different request.
+    Conflict(StoredTask),
+}
+
+/// An admission decided on rows, before the existing row is decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Judged {
+    New,
+    Replay(Row),
+    Conflict(Row),
+}
+
+impl Judged {
+    fn into_admission(self) -> Result<Admission, LedgerError> {
+        Ok(match self {
+            Judged::New => Admission::New,
+            Judged::Replay(row) => Admission::Replay(row.decode()?),
+            Judged::Conflict(row) => Admission::Conflict(row.decode()?),
+        })
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
+
+enum Write {
+    Admit {
+        row: Box<Row>,
+        reply: Reply<Admission>,
+    },
+    Published {
+        id: String,
+        reply: Reply<()>,
+    },
+    Retry {
+        id: String,
+        retry: Retry,
+        reply: Reply<()>,
+    },
+    Failed {
+        id: String,
+        reason: String,
+        reply: Reply<()>,
+    },
+}
+
+/// A failed publish, recorded so the forwarder retries the task later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// The forwarder takes the task from then on.
+    pub retry_at_ms: u64,
+    pub error: String,
+    /// From now on, publish the task only alone.
+    pub publish_alone: bool,
+    /// The broker refused it while it was alone: one more refusal.
+    pub refused: bool,
+}
+
+#[derive(Clone)]
+pub(super) struct Handle {
+    writes: mpsc::Sender<Write>,
+}
+
+/// Starts the writer. It keeps `pending` up to date with what it commits.
+pub(super) fn spawn(
+    pool: Pool,
+    payload_copy_bytes: u32,
+    group_sizes: Histogram,
+    pending: Arc<PendingCount>,
+) -> Handle {
+    let (writes, queue) = mpsc::channel(QUEUE);
+    let writer = Writer {
+        pool,
+        payload_copy_bytes,
+        group_sizes,
+        pending,
+    };
+    tokio::spawn(writer.run(queue));
+    Handle { writes }
+}
+
+impl Handle {
+    async fn send<T>(&self, write: impl FnOnce(Reply<T>) -> Write) -> Result<T, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(write(reply))
+            .await
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.map_err(|_| LedgerError::Closed)?
+    }
+
+    pub async fn admit(&self, row: Row) -> Result<Admission, LedgerError> {
+        self.send(|reply| Write::Admit {
+            row: Box::new(row),
+            reply,
+        })
+        .await
+    }
+
+    pub async fn published(&self, id: String) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Published { id, reply }).await
+    }
+
+    pub async fn retry(&self, id: String, retry: Retry) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Retry { id, retry, reply }).await
+    }
+
+    pub async fn failed(&self, id: String, reason: String) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Failed { id, reason, reply }).await
+    }
+}
+
+/// One group, split by kind; each keeps its callers' reply channels.
+#[derive(Default)]
+struct Group {
+    admits: Vec<(Box<Row>, Reply<Admission>)>,
+    published: Vec<(String, Reply<()>)>,
+    retries: Vec<(String, Retry, Reply<()>)>,
+    failed: Vec<(String, String, Reply<()>)>,
+}
+
+impl Group {
+    fn of(writes: Vec<Write>) -> Group {
+        let mut group = Group::default();
+        for write in writes {
+            match write {
+                Write::Admit { row, reply } => group.admits.push((row, reply)),
+                Write::Published { id, reply } => group.published.push((id, reply)),
+                Write::Retry { id, retry, reply } => group.retries.push((id, retry, reply)),
+                Write::Failed { id, reason, reply } => group.failed.push((id, reason, reply)),
+            }
+        }
+        group
+    }
+
+    /// Answers every caller: admissions with what was decided for each, the
+    /// others with `()`; or everyone with the failure that broke the group.
+    fn answer(self, outcome: Result<Vec<Judged>, LedgerError>) {
+        let (admissions, failure) = match outcome {
+            Ok(admissions) => (admissions, None),
+            Err(failure) => {
+                error!(error = %failure, "ledger write failed");
+                (Vec::new(), Some(Arc::new(failure)))
+            }
+        };
+        let result = || match &failure {
+            None => Ok(()),
+            Some(failure) => Err(LedgerError::Shared(failure.clone())),
+        };
+        let mut admissions = admissions.into_iter();
+        for (_, reply) in self.admits {
+            let answer = result().and_then(|()| match admissions.next() {
+                Some(judged) => judged.into_admission(),
+                None => Err(LedgerError::Closed),
+            });
+            let _ = reply.send(answer);
+        }
+        let others = (self.published.into_iter().map(|(_, reply)| reply))
+            .chain(self.retries.into_iter().map(|(.., reply)| reply))
+            .chain(self.failed.into_iter().map(|(.., reply)| reply));
+        for reply in others {
+            let _ = reply.send(result());
+        }
+    }
+}
+
+struct Writer {
+    pool: Pool,
+    payload_copy_bytes: u32,
+    group_sizes: Histogram,
+    pending: Arc<PendingCount>,
+}
+
+impl Writer {
+    async fn run(self, mut queue: mpsc::Receiver<Write>) {
+        let mut writes = Vec::with_capacity(MAX_GROUP);
+        while queue.recv_many(&mut writes, MAX_GROUP).await > 0 {
+            self.group_sizes.observe(writes.len() as f64);
+            let group = Group::of(std::mem::take(&mut writes));
+            let outcome = self.transact(&group).await;
+            group.answer(outcome);
+        }
+    }
+
+    /// One transaction for the whole group; the pending count follows what
+    /// it committed.
+    async fn transact(&self, group: &Group) -> Result<Vec<Judged>, LedgerError> {
+        let mut tx = Tx::begin(&self.pool).await?;
+        let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
+        let admissions = admit(&mut tx, &rows).await?;
+        let ids: Vec<&str> = group.published.iter().map(|(id, _)| id.as_str()).collect();
+        let now_ms = db_ms(epoch_ms(std::time::SystemTime::now()));
+        let mut published = 0;
+        for chunk in statement_sized_chunks(&ids) {
+            published += tx
+                .mark_published(chunk, now_ms, self.payload_copy_bytes)
+                .await?;
+        }
+        for (id, retry, _) in &group.retries {
+            tx.schedule_retry(id, retry).await?;
+        }
+        let mut failed_pending = 0;
+        for (id, reason, _) in &group.failed {
+            failed_pending += u64::from(tx.mark_failed(id, reason).await?);
+        }
+        tx.commit().await?;
+        let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
+        self.pending.add(admitted as u64);
+        self.pending.remove(published + failed_pending);
+        Ok(admissions)
+    }
+}
+
+/// Admits the group's new rows: repeats within the group are judged against
+/// their first occurrence, the rest inserted; a row whose key or id is taken
+/// is judged against the row that holds it.
+async fn admit(tx: &mut Tx, rows: &[&Row]) -> Result<Vec<Judged>, LedgerError> {
+    let mut decided = dedupe_in_group(rows);
+    let fresh: Vec<&Row> = rows
+        .iter()
+        .zip(&decided)
+        .filter(|(_, decision)| decision.is_none())
+        .map(|(row, _)| *row)
+        .collect();
+    let mut inserted: HashSet<String> = HashSet::with_capacity(fresh.len());
+    for chunk in statement_sized_chunks(&fresh) {
+        inserted.extend(tx.insert(chunk).await?);
+    }
+    for (row, decision) in rows.iter().zip(decided.iter_mut()) {
+        if decision.is_some() || inserted.contains(&row.id) {
+            continue;
+        }
+        let holder = tx
+            .holder_of(row)
+            .await?
+            .ok_or_else(|| LedgerError::Corrupt {
+                id: row.id.clone(),
+                reason: "conflicting row vanished; retry the request".to_owned(),
+            })?;
+        *decision = Some(judge(row, holder));
+    }
+    Ok(decided
+        .into_iter()
+        .map(|decision| decision.unwrap_or(Judged::New))
+        .collect())
+}
+
+/// Largest rows per statement. Statements come in a few fixed sizes (this and
+/// the powers of two below it) so that each is prepared once and then reused
+/// from the statement cache, instead of one new statement per group size.
+/// 64 rows of 17 parameters stay far below both backends' limits.
+const CHUNK: usize = 64;
+
+fn statement_sized_chunks<T>(items: &[T]) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let mut rest = items;
+    while !rest.is_empty() {
+        let size = if rest.len() >= CHUNK {
+            CHUNK
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
+/// A retry of a request accepted before, or another request under its key.
+fn judge(new: &Row, existing: Row) -> Judged {
+    let same_request = new.fingerprint.is_some()
+        && existing.fingerprint == new.fingerprint
+        && existing.idempotency_key == new.idempotency_key;
+    if same_request {
+        Judged::Replay(existing)
+    } else {
+        Judged::Conflict(existing)
+    }
+}
+
+/// Decides, in order, which rows of the group are new and which repeat an
+/// earlier one of the same group; only the first kind goes to the INSERT.
+fn dedupe_in_group(rows: &[&Row]) -> Vec<Option<Judged>> {
+    let mut first_by_key: HashMap<&str, usize> = HashMap::new();
+    let mut first_by_id: HashMap<&str, usize> = HashMap::new();
+    let mut decided = Vec::with_capacity(rows.len());
+    for (index, row) in rows.iter().enumerate() {
+        let earlier = row
+            .idempotency_key
+            .as_deref()
+            .and_then(|key| first_by_key.get(key))
+            .or_else(|| first_by_id.get(row.id.as_str()))
+            .copied();
+        match earlier {
+            Some(earlier) => decided.push(Some(judge(row, rows[earlier].clone()))),
+            None => {
+                if let Some(key) = row.idempotency_key.as_deref() {
+                    first_by_key.insert(key, index);
+                }
+                first_by_id.insert(&row.id, index);
+                decided.push(None);
+            }
+        }
+    }
+    decided
+}
+
+/// The statements of a group's transaction. Both backends take the same
+/// text: `$N` placeholders, nothing either dialect lacks.
+mod sql {
+    use super::super::record::{COLUMNS, INSERT_COLUMNS};
+
+    /// `$first, $first+1, …` for `count` parameters.
+    fn placeholders(first: usize, count: usize) -> String {
+        (first..first + count)
+            .map(|n| format!("${n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Inserts `rows` new rows (every column of [`INSERT_COLUMNS`], in
+    /// order, row after row) and returns the ids it inserted; a row whose id
+    /// or idempotency key is taken is skipped, not an error.
+    pub fn insert(rows: usize) -> String {
+        let width = INSERT_COLUMNS.len();
+        let values = (0..rows)
+            .map(|row| format!("({})", placeholders(1 + row * width, width)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "INSERT INTO tasks ({}) VALUES {values} ON CONFLICT DO NOTHING RETURNING id",
+            INSERT_COLUMNS.join(", ")
+        )
+    }
+
+    /// Marks `ids` pending tasks published at `$1`, keeping the first `$3`
+    /// bytes of the payload (none when `$2` is 0); the ids are `$4…`.
+    /// SQLite's `substr` and PostgreSQL's on `bytea` both count bytes.
+    pub fn mark_published(ids: usize) -> String {
+        format!(
+            "UPDATE tasks SET state = 'published', last_error = NULL, published_at_ms = $1, \
+             payload = CASE WHEN $2 = 0 THEN NULL ELSE substr(payload, 1, $3) END \
+             WHERE state = 'pending' AND id IN ({})",
+            placeholders(4, ids)
+        )
+    }
+
+    pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
+         publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
+         refusals = refusals + $4 \
+         WHERE id = $5 AND state = 'pending'";
+
+    /// Quarantines a task, first if pending (the count of pending tasks
+    /// changes), else if published (a migration set its message aside).
+    pub const FAIL_PENDING: &str =
+        "UPDATE tasks SET state = 'failed', last_error = $1 WHERE id = $2 AND state = 'pending'";
+    pub const FAIL_PUBLISHED: &str =
+        "UPDATE tasks SET state = 'failed', last_error = $1 WHERE id = $2 AND state = 'published'";
+
+    pub fn holder_by_key() -> String {
+        format!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = $1")
+    }
+
+    pub fn holder_by_id() -> String {
+        format!("SELECT {COLUMNS} FROM tasks WHERE id = $1")
+    }
+}
+
+/// A group's transaction on either backend; one method per step.
+enum Tx {
+    Sqlite(Transaction<'static, Sqlite>),
+    Postgres(Transaction<'static, Postgres>),
+}
+
+/// Runs `$body` with `$tx` bound to the backend's own transaction type.
+macro_rules! on_tx {
+    ($tx:expr, $t:ident => $body:expr) => {
+        match $tx {
+            Tx::Sqlite($t) => $body,
+            Tx::Postgres($t) => $body,
+        }
+    };
+}
+
+impl Tx {
+    async fn begin(pool: &Pool) -> Result<Tx, LedgerError> {
+        Ok(match pool {
+            Pool::Sqlite(p) => Tx::Sqlite(p.begin().await.context("starting a transaction")?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await.context("starting a transaction")?),
+        })
+    }
+
+    async fn commit(self) -> Result<(), LedgerError> {
+        on_tx!(self, t => t.commit().await).context("committing")
+    }
+
+    /// One chunk of new rows; returns the ids actually inserted.
+    async fn insert(&mut self, rows: &[&Row]) -> Result<Vec<String>, LedgerError> {
+        let sql = sql::insert(rows.len());
+        on_tx!(self, t => {
+            let mut query = sqlx::query_scalar(&sql);
+            for r in rows {
+                query = query
+                    .bind(&r.id)
+                    .bind(&r.idempotency_key)
+                    .bind(&r.fingerprint)
+                    .bind(&r.destination)
+                    .bind(&r.routing_key)
+                    .bind(r.delay_ms)
+                    .bind(r.deliver_at_ms)
+                    .bind(&r.content_type)
+                    .bind(&r.headers)
+                    .bind(&r.payload)
+                    .bind(r.payload_bytes)
+                    .bind(&r.state)
+                    .bind(r.created_at_ms)
+                    .bind(r.published_at_ms)
+                    .bind(r.next_attempt_at_ms)
+                    .bind(r.attempts)
+                    .bind(&r.last_error);
+            }
+            query.fetch_all(&mut **t).await
+        })
+        .context("recording tasks")
+    }
+
+    /// The row holding `row`'s idempotency key, or else its id.
+    async fn holder_of(&mut self, row: &Row) -> Result<Option<Row>, LedgerError> {
+        if let Some(key) = &row.idempotency_key {
+            let sql = sql::holder_by_key();
+            let holder =
+                on_tx!(self, t => sqlx::query_as(&sql).bind(key).fetch_optional(&mut **t).await)
+                    .context("looking up an idempotency key")?;
+            if holder.is_some() {
+                return Ok(holder);
+            }
+        }
+        let sql = sql::holder_by_id();
+        on_tx!(self, t => sqlx::query_as(&sql).bind(&row.id).fetch_optional(&mut **t).await)
+            .context("looking up a task id")
+    }
+
+    /// Returns how many of `ids` were pending and are now published.
+    async fn mark_published(
+        &mut self,
+        ids: &[&str],
+        now_ms: i64,
+        payload_copy_bytes: u32,
+    ) -> Result<u64, LedgerError> {
+        let sql = sql::mark_published(ids.len());
+        let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
+        on_tx!(self, t => {
+            let mut query = sqlx::query(&sql).bind(now_ms).bind(copy_bytes).bind(copy_bytes);
+            for id in ids {
+                query = query.bind(*id);
+            }
+            query.execute(&mut **t).await.map(|done| done.rows_affected())
+        })
+        .context("marking tasks published")
+    }
+
+    async fn schedule_retry(&mut self, id: &str, retry: &Retry) -> Result<(), LedgerError> {
+        on_tx!(self, t => sqlx::query(sql::SCHEDULE_RETRY)
+            .bind(db_ms(retry.retry_at_ms))
+            .bind(&retry.error)
+            .bind(i64::from(retry.publish_alone))
+            .bind(i64::from(retry.refused))
+            .bind(id)
+            .execute(&mut **t)
+            .await
+            .map(|_| ()))
+        .context("scheduling a retry")?;
+        Ok(())
+    }
+
+    /// Returns whether the task was pending.
+    async fn mark_failed(&mut self, id: &str, reason: &str) -> Result<bool, LedgerError> {
+        for (sql, was_pending) in [(sql::FAIL_PENDING, true), (sql::FAIL_PUBLISHED, false)] {
+            let changed = on_tx!(self, t => sqlx::query(sql)
+                .bind(reason)
+                .bind(id)
+                .execute(&mut **t)
+                .await
+                .map(|done| done.rows_affected()))
+            .context("marking a task failed")?;
+            if changed > 0 {
+                return Ok(was_pending);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, key: Option<&str>, fingerprint: &str) -> Row {
+        Row {
+            id: id.into(),
+            idempotency_key: key.map(Into::into),
+            fingerprint: Some(fingerprint.into()),
+            destination: "d".into(),
+            routing_key: "0.d".into(),
+            delay_ms: 0,
+            deliver_at_ms: 0,
+            content_type: "application/json".into(),
+            headers: "{}".into(),
+            payload: Some(vec![]),
+            payload_bytes: 0,
+            state: "pending".into(),
+            created_at_ms: 0,
+            published_at_ms: None,
+            next_attempt_at_ms: 0,
+            attempts: 1,
+            last_error: None,
+            publish_alone: 0,
+            refusals: 0,
+        }
+    }
+
+    #[test]
+    fn chunks_come_in_few_sizes_and_keep_every_item_in_order() {
+        for n in 0..=300 {
+            let items: Vec<usize> = (0..n).collect();
+            let chunks = statement_sized_chunks(&items);
+            assert!(
+                chunks
+                    .iter()
+                    .all(|c| c.len().is_power_of_two() && c.len() <= CHUNK)
+            );
+            assert_eq!(chunks.concat(), items);
+            assert!(chunks.len() <= n / CHUNK + CHUNK.ilog2() as usize + 1);
+        }
+    }
+
+    #[test]
+    fn repeats_within_one_group_are_judged_against_the_first() {
+        let first = row("a", Some("k"), "f1");
+        let replay = row("b", Some("k"), "f1");
+        let conflict = row("c", Some("k"), "f2");
+        let same_id = row("a", None, "f1");
+        let other = row("d", None, "f3");
+        let decided = dedupe_in_group(&[&first, &replay, &conflict, &same_id, &other]);
+        assert_eq!(
+            decided,
+            [
+                None,
+                Some(Judged::Replay(first.clone())),
+                Some(Judged::Conflict(first.clone())),
+                // Same id, but the first came with a key this one lacks.
+                Some(Judged::Conflict(first.clone())),
+                None,
+            ]
+        );
+    }
+
+    /// The `$N` placeholders of `sql`, in order of appearance.
+    fn parameters(sql: &str) -> Vec<usize> {
+        sql.split('$')
+            .skip(1)
+            .map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().expect("a number after $")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_insert_numbers_every_column_of_every_row_once_and_in_order() {
+        for rows in [1, 2, 7, CHUNK] {
+            let sql = sql::insert(rows);
+            let width = INSERT_COLUMNS_LEN;
+            assert_eq!(
+                parameters(&sql),
+                (1..=rows * width).collect::<Vec<_>>(),
+                "{sql}"
+            );
+            assert_eq!(sql.matches('(').count(), rows + 1, "{sql}");
+            assert!(sql.starts_with("INSERT INTO tasks (id, idempotency_key, "));
+            assert!(sql.ends_with(" ON CONFLICT DO NOTHING RETURNING id"));
+        }
+        // Both backends cap a statement's parameters; SQLite's default is 32,766.
+        assert!(CHUNK * INSERT_COLUMNS_LEN < 32_766);
+    }
+
+    const INSERT_COLUMNS_LEN: usize = super::super::record::INSERT_COLUMNS.len();
+
+    #[test]
+    fn marking_published_binds_time_and_copy_size_then_the_ids() {
+        let sql = sql::mark_published(3);
+        assert_eq!(parameters(&sql), [1, 2, 3, 4, 5, 6]);
+        assert!(sql.ends_with("WHERE state = 'pending' AND id IN ($4, $5, $6)"));
+    }
+
+    #[test]
+    fn fixed_statements_number_their_parameters_from_one() {
+        for (sql, count) in [
+            (sql::SCHEDULE_RETRY.to_owned(), 5),
+            (sql::FAIL_PENDING.to_owned(), 2),
+            (sql::FAIL_PUBLISHED.to_owned(), 2),
+            (sql::holder_by_key(), 1),
+            (sql::holder_by_id(), 1),
+        ] {
+            let mut found = parameters(&sql);
+            found.sort_unstable();
+            found.dedup();
+            assert_eq!(found, (1..=count).collect::<Vec<_>>(), "{sql}");
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Taking a task in, and everything the API asks about tasks and readiness.
+//!
+//! The scheduler runs in one of two modes, decided once at start-up:
+//! - **with a ledger** (the default): a task is recorded as `pending` before
+//!   it is published and marked `published` after the broker's confirm; a
+//!   broker problem leaves it pending for the forwarder, so the client still
+//!   gets its 202. See [`bookkeeper`].
+//! - **stateless** (`store.url = "none"`): a task is only published, and a
+//!   broker problem is the client's 503.
+//!
+//! HTTP calls the methods here ([`Scheduler::submit`],
+//! [`Scheduler::readiness`], [`Scheduler::task`], [`Scheduler::tasks`],
+//! [`Scheduler::refresh_metrics`]) and never reaches the broker or the ledger
+//! itself. The broker is seen through [`Publish`].
+
+mod bookkeeper;
+mod publish;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+pub use bookkeeper::MAX_REFUSALS;
+pub use publish::{Publish, PublishAlone, message_of, task_properties};
+
+use crate::broker::{PublishError, Published};
+use crate::cascade::Cascade;
+use crate::config::Settings;
+use crate::ledger::{Ledger, LedgerError, StoredTask, TaskFilter};
+use crate::metrics::Metrics;
+use crate::task::{Task, TaskAccepted, TaskState};
+use bookkeeper::Bookkeeper;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Its properties could never be published; nothing was recorded.
+    #[error("{0}")]
+    TooLarge(PublishError),
+    /// Stateless mode: the broker did not take the task.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
+    LedgerFull { pending: u64 },
+    #[error("{key} was already used for a different request (task {existing_id})")]
+    Conflict { key: String, existing_id: String },
+}
+
+/// The answer to a submitted task.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub accepted: TaskAccepted,
+    /// The same request was accepted before; nothing new was scheduled.
+    pub replayed: bool,
+}
+
+/// How a client names a request so that a retry is recognised.
+#[derive(Clone, Debug, Default)]
+pub struct Idempotency {
+    /// The Idempotency-Key header.
+    pub key: Option<String>,
+    /// The canonical request's hash; set when there is a key or a client id.
+    pub fingerprint: Option<String>,
+}
+
+/// Why inspecting tasks failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected")]
+    LedgerDisabled,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// What `/readyz` answers when ready.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub status: String,
+    /// `connected` (tasks are published as they come), `blocked` or
+    /// `disconnected` (they wait in the ledger).
+    pub broker: String,
+    /// The broker address in use (without its password).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub node: Option<String>,
+    /// Why the broker blocks publishing (a resource alarm), while it does.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub blocked: Option<String>,
+    /// Why the last attempt to connect failed, while disconnected.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub broker_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pending: Option<u64>,
+}
+
+/// Why a task posted now would not be accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// RabbitMQ has refused delayline itself for longer than the grace.
+    #[error(
+        "RabbitMQ has refused delayline for {} s: {reason} (check amqp.uri: user, password, \
+         vhost, and the user's permissions)", .since.as_secs()
+    )]
+    Misconfigured { since: Duration, reason: String },
+    /// Stateless mode, and the broker cannot take a task now.
+    #[error("{0}")]
+    Broker(String),
+    #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
+    LedgerFull { pending: u64 },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// The scheduler's timings, from the configuration.
+#[derive(Clone, Debug)]
+pub struct SchedulerSettings {
+    /// How long a publish may wait for its confirm (`amqp.confirm_timeout_ms`).
+    pub confirm_timeout: Duration,
+    /// How long RabbitMQ may refuse delayline before it is not ready.
+    pub misconfiguration_grace: Duration,
+    /// How long a published task's row is kept once due.
+    pub retention: Duration,
+    pub prune_every: Duration,
+}
+
+impl From<&Settings> for SchedulerSettings {
+    fn from(settings: &Settings) -> Self {
+        SchedulerSettings {
+            confirm_timeout: Duration::from_millis(settings.amqp.confirm_timeout_ms),
+            misconfiguration_grace: Duration::from_millis(settings.amqp.misconfiguration_grace_ms),
+            retention: Duration::from_millis(settings.store.retention_ms),
+            prune_every: Duration::from_millis(settings.store.prune_interval_ms),
+        }
+    }
+}
+
+enum Mode {
+    Stateless,
+    Ledger(Bookkeeper),
+}
+
+/// A cheap, cloneable handle.
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    broker: Arc<dyn Publish>,
+    mode: Mode,
+    cascade: Arc<Cascade>,
+    metrics: Arc<Metrics>,
+    settings: SchedulerSettings,
+}
+
+impl Scheduler {
+    /// With `ledger`, tasks are recorded before they are published;
+    /// without one, they are only published.
+    pub fn new(
+        broker: Arc<dyn Publish>,
+        ledger: Option<Ledger>,
+        cascade: Arc<Cascade>,
+        metrics: Arc<Metrics>,
+        settings: SchedulerSettings,
+    ) -> Self {
+        let mode = match ledger {
+            None => Mode::Stateless,
+            Some(ledger) => Mode::Ledger(Bookkeeper::new(
+                broker.clone(),
+                ledger,
+                cascade.clone(),
+                metrics.clone(),
+                settings.confirm_timeout,
+            )),
+        };
+        Scheduler {
+            inner: Arc::new(Inner {
+                broker,
+                mode,
+                cascade,
+                metrics,
+                settings,
+            }),
+        }
+    }
+
+    pub fn cascade(&self) -> &Cascade {
+        &self.inner.cascade
+    }
+
+    /// Whether tasks are recorded: only then are idempotency keys honoured
+    /// and tasks inspectable.
+    pub fn has_ledger(&self) -> bool {
+        matches!(self.inner.mode, Mode::Ledger(_))
+    }
+
+    /// Takes a valid task in. A task the broker could never take is refused
+    /// before anything is recorded or sent.
+    pub async fn submit(
+        &self,
+        task: &Task,
+        idempotency: Idempotency,
+    ) -> Result<Submitted, SubmitError> {
+        // Built once: checked now, before anything is recorded, then published.
+        let message = message_of(task);
+        self.inner
+            .broker
+            .check_fits(&message)
+            .map_err(SubmitError::TooLarge)?;
+        let submitted = match &self.inner.mode {
+            Mode::Ledger(bookkeeper) => bookkeeper.submit(task, message, idempotency).await?,
+            Mode::Stateless => {
+                match self.inner.broker.publish_bounded(message).await? {
+                    Published::Confirmed => {}
+                    // Nobody would record a late confirm: the client retries.
+                    Published::Late(_) => {
+                        return Err(PublishError::Timeout(self.inner.settings.confirm_timeout))?;
+                    }
+                }
+                Submitted {
+                    accepted: task.accepted(TaskState::Published),
+                    replayed: false,
+                }
+            }
+        };
+        self.inner
+            .metrics
+            .accepted(submitted.accepted.state.as_str(), submitted.replayed);
+        Ok(submitted)
+    }
+
+    /// Ready means a task posted now would be accepted. Without a ledger that
+    /// needs the broker (connected and provisioned); with one, the ledger must
+    /// answer and have room, and the broker may be away. Either way, a broker
+    /// that has refused delayline's credentials beyond the grace is not ready:
+    /// that will not pass by waiting.
+    pub async fn readiness(&self) -> Result<Readiness, NotReady> {
+        let status = self.inner.broker.status();
+        if let Some(problem) = &status.problem
+            && problem.misconfigured
+            && problem.since.elapsed() >= self.inner.settings.misconfiguration_grace
+        {
+            return Err(NotReady::Misconfigured {
+                since: problem.since.elapsed(),
+                reason: problem.reason.clone(),
+            });
+        }
+        let broker_error = status.problem.as_ref().map(|p| p.reason.clone());
+        let broker = match (&status.node, &status.blocked) {
+            (Some(_), Some(_)) => "blocked",
+            (Some(_), None) if status.ready => "connected",
+            _ => "disconnected",
+        };
+        let pending = match &self.inner.mode {
+            Mode::Stateless => {
+                if !status.ready {
+                    return Err(NotReady::Broker(match (&status.blocked, &broker_error) {
+                        (Some(reason), _) => format!("RabbitMQ blocks publishing: {reason}"),
+                        (None, Some(error)) => format!("not connected to RabbitMQ: {error}"),
+                        (None, None) => "not connected to RabbitMQ, or the topology is not \
+                                         provisioned yet"
+                            .to_owned(),
+                    }));
+                }
+                None
+            }
+            Mode::Ledger(bookkeeper) => {
+                let ledger = bookkeeper.ledger();
+                let pending = ledger.pending_tasks().await?;
+                if ledger.is_full() {
+                    return Err(NotReady::LedgerFull { pending });
+                }
+                Some(pending)
+            }
+        };
+        let stateless = pending.is_none();
+        Ok(Readiness {
+            status: "ready".to_owned(),
+            broker: broker.to_owned(),
+            node: status.node,
+            blocked: status.blocked.filter(|_| !stateless),
+            broker_error: broker_error.filter(|_| !stateless),
+            pending,
+        })
+    }
+
+    fn ledger(&self) -> Result<&Ledger, InspectError> {
+        match &self.inner.mode {
+            Mode::Ledger(bookkeeper) => Ok(bookkeeper.ledger()),
+            Mode::Stateless => Err(InspectError::LedgerDisabled),
+        }
+    }
+
+    /// One task as the ledger knows it.
+    pub async fn task(&self, id: &str) -> Result<Option<StoredTask>, InspectError> {
+        Ok(self.ledger()?.get(id).await?)
+    }
+
+    /// Tasks in due order (`deliver_at`, then id), a page at a time.
+    pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, InspectError> {
+        Ok(self.ledger()?.list(filter).await?)
+    }
+
+    /// Sets the gauges whose values live elsewhere (the broker connection,
+    /// the ledger's pending count), just before a scrape reads them.
+    pub async fn refresh_metrics(&self) {
+        let metrics = &self.inner.metrics;
+        let broker = self.inner.broker.status();
+        metrics.broker_connected.set(i64::from(broker.ready));
+        metrics
+            .broker_misconfigured
+            .set(i64::from(broker.problem.is_some_and(|p| p.misconfigured)));
+        if let Mode::Ledger(bookkeeper) = &self.inner.mode {
+            let ledger = bookkeeper.ledger();
+            // A scrape must not fail when the ledger does: that is when it matters.
+            let pending = ledger.pending_tasks().await.unwrap_or_else(|error| {
+                warn!(%error, "cannot count pending tasks for /metrics");
+                ledger.pending_estimate()
+            });
+            metrics
+                .ledger_pending
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Starts the forwarder and the retention pruner (with a ledger); both
+    /// end with `shutdown`.
+    pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
+        match &self.inner.mode {
+            Mode::Stateless => Vec::new(),
+            Mode::Ledger(bookkeeper) => bookkeeper.spawn_background(
+                self.inner.settings.retention,
+                self.inner.settings.prune_every,
+                shutdown,
+            ),
+        }
+    }
+
+    /// Waits for every late confirm to be decided and recorded. Call once the
+    /// broker connection is closed (which decides them all), before the
+    /// ledger closes.
+    pub async fn finish_watchers(&self) {
+        if let Mode::Ledger(bookkeeper) = &self.inner.mode {
+            bookkeeper.finish_watchers().await;
+        }
+    }
+
+    /// Closes the ledger, if there is one. Call last.
+    pub async fn close_ledger(&self) {
+        if let Mode::Ledger(bookkeeper) = &self.inner.mode {
+            bookkeeper.ledger().close().await;
+        }
+    }
+}

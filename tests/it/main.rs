@@ -1,0 +1,19 @@
+//! The integration tests: one binary, one module per area, all against the
+//! real broker (and PostgreSQL where a test says so). Every test declares
+//! its objects under a prefix of its own and deletes them again (see
+//! [`common`]); tests that start RabbitMQ nodes of their own take turns
+//! ([`common::nodes`]). `tests/broker_restart.rs` is a binary of its own: it
+//! restarts the machine's broker under every other test's feet.
+
+mod common;
+
+mod api;
+mod chaos;
+mod cluster;
+mod delivery;
+mod deploy;
+mod faults;
+mod ledger;
+mod lifecycle;
+mod migrate;
+mod provision;
