@@ -14,6 +14,9 @@ mod scrape;
 mod tasks;
 mod topology;
 
+#[cfg(test)]
+mod tests;
+
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use std::sync::Arc;

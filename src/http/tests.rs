@@ -1,0 +1,445 @@
+//! The router without a broker: validation, error mapping, idempotency and
+//! readiness rules, through `tower::ServiceExt::oneshot` against a scripted
+//! [`Publish`]. What only a broker can show (confirms, delivery, timing) is in
+//! `tests/it`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use http_body_util::BodyExt;
+use prometheus_client::metrics::histogram::Histogram;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::{AppState, router};
+use crate::broker::{BrokerProblem, BrokerStatus, Message, PublishError, Published};
+use crate::cascade::{Cascade, QueueType};
+use crate::config::{HttpSettings, StoreSettings};
+use crate::ledger;
+use crate::metrics::Metrics;
+use crate::scheduler::{Publish, PublishAlone, Scheduler, SchedulerSettings};
+
+/// A broker that answers publishes as the test scripted, and keeps what it took.
+#[derive(Default)]
+struct ScriptedBroker {
+    status: Mutex<BrokerStatus>,
+    /// Answers to the next publishes, in order; confirmed once exhausted.
+    answers: Mutex<VecDeque<PublishError>>,
+    /// Properties (headers included) larger than this do not fit.
+    properties_limit: Option<usize>,
+    published: Mutex<Vec<Message>>,
+}
+
+impl ScriptedBroker {
+    fn ready() -> Self {
+        let broker = ScriptedBroker::default();
+        *broker.status.lock().unwrap() = BrokerStatus {
+            ready: true,
+            node: Some("amqp://test".into()),
+            blocked: None,
+            problem: None,
+        };
+        broker
+    }
+
+    fn then_fail(self, error: PublishError) -> Self {
+        self.answers.lock().unwrap().push_back(error);
+        self
+    }
+
+    fn published(&self) -> usize {
+        self.published.lock().unwrap().len()
+    }
+}
+
+impl Publish for ScriptedBroker {
+    fn status(&self) -> BrokerStatus {
+        self.status.lock().unwrap().clone()
+    }
+
+    fn check_fits(&self, message: &Message) -> Result<(), PublishError> {
+        let size = crate::broker::content_header_frame_size(&message.properties);
+        match self.properties_limit {
+            Some(limit) if size > limit => Err(PublishError::TooLarge { size, limit }),
+            _ => Ok(()),
+        }
+    }
+
+    fn publish_bounded(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>> {
+        let answer = self.answers.lock().unwrap().pop_front();
+        async move {
+            match answer {
+                Some(error) => Err(error),
+                None => {
+                    self.published.lock().unwrap().push(message);
+                    Ok(Published::Confirmed)
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn isolated(&self) -> Box<dyn PublishAlone> {
+        unimplemented!("the forwarder does not run in these tests")
+    }
+}
+
+struct Harness {
+    app: Router,
+    broker: Arc<ScriptedBroker>,
+    _data: Option<TempDir>,
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cascade() -> Arc<Cascade> {
+    Arc::new(crate::cascade::for_tests(12, 100, QueueType::Quorum))
+}
+
+fn settings() -> SchedulerSettings {
+    SchedulerSettings {
+        confirm_timeout: Duration::from_secs(1),
+        misconfiguration_grace: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        prune_every: Duration::from_secs(3600),
+    }
+}
+
+fn app(scheduler: Scheduler, metrics: Arc<Metrics>) -> Router {
+    let http = HttpSettings {
+        batch_limit: 3,
+        ..HttpSettings::default()
+    };
+    router(AppState::new(scheduler, metrics, &http), &http)
+}
+
+/// Without a ledger.
+fn stateless(broker: ScriptedBroker) -> Harness {
+    let broker = Arc::new(broker);
+    let metrics = Arc::new(Metrics::new());
+    let scheduler = Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+    Harness {
+        app: app(scheduler, metrics),
+        broker,
+        _data: None,
+    }
+}
+
+/// With the default ledger (SQLite), in a directory of its own.
+async fn with_ledger(broker: ScriptedBroker) -> Harness {
+    let dir = std::env::temp_dir().join(format!("delayline-http-{}", uuid::Uuid::new_v4()));
+    let store = StoreSettings {
+        data_dir: dir.display().to_string(),
+        ..StoreSettings::default()
+    };
+    let ledger = ledger::open(&store, Histogram::new([1.0]))
+        .await
+        .unwrap()
+        .unwrap();
+    let broker = Arc::new(broker);
+    let metrics = Arc::new(Metrics::new());
+    let scheduler = Scheduler::new(
+        broker.clone(),
+        Some(ledger),
+        cascade(),
+        metrics.clone(),
+        settings(),
+    );
+    Harness {
+        app: app(scheduler, metrics),
+        broker,
+        _data: Some(TempDir(dir)),
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    text: String,
+    body: Value,
+}
+
+impl Answer {
+    fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_default()
+    }
+}
+
+impl Harness {
+    async fn call(&self, request: Request<Body>) -> Answer {
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Answer {
+            status,
+            headers,
+            text,
+            body,
+        }
+    }
+
+    async fn post(&self, path: &str, body: &str, key: Option<&str>) -> Answer {
+        let mut request = Request::post(path).header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        self.call(request.body(Body::from(body.to_owned())).unwrap())
+            .await
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.call(Request::get(path).body(Body::empty()).unwrap())
+            .await
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_a_4xx_with_its_code_and_nothing_is_published() {
+    let harness = stateless(ScriptedBroker::ready());
+    for (body, status, code) in [
+        ("{", 400, "malformed_json"),
+        ("[]", 422, "invalid_request"),
+        (r#"{"destination":"d"}"#, 422, "invalid_delay"),
+        (r#"{"destination":"d","delay_ms":-1}"#, 422, "invalid_delay"),
+        (
+            r#"{"destination":"a b","delay_ms":1}"#,
+            422,
+            "invalid_destination",
+        ),
+        (
+            r#"{"destination":"d","delay_ms":1,"headers":{"CC":"x"}}"#,
+            422,
+            "invalid_header",
+        ),
+    ] {
+        let answer = harness.post("/v1/tasks", body, None).await;
+        assert_eq!(answer.status.as_u16(), status, "{body}: {:?}", answer.body);
+        assert_eq!(answer.code(), code, "{body}: {:?}", answer.body);
+    }
+    let unsupported = harness
+        .call(
+            Request::post("/v1/tasks")
+                .header("content-type", "text/plain")
+                .body(Body::from(r#"{"destination":"d","delay_ms":1}"#))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(unsupported.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(unsupported.code(), "unsupported_media_type");
+    let batch = r#"{"tasks":[{"destination":"d","delay_ms":1},{"destination":"d","delay_ms":1},
+        {"destination":"d","delay_ms":1},{"destination":"d","delay_ms":1}]}"#;
+    let too_many = harness.post("/v1/tasks/batch", batch, None).await;
+    assert_eq!(too_many.code(), "batch_too_large");
+    assert_eq!(harness.broker.published(), 0);
+}
+
+#[tokio::test]
+async fn a_task_the_broker_could_never_take_is_refused_before_anything_happens() {
+    let broker = ScriptedBroker {
+        properties_limit: Some(200),
+        ..ScriptedBroker::ready()
+    };
+    let harness = with_ledger(broker).await;
+    let big = json!({"destination": "d", "delay_ms": 1, "headers": {"h": "x".repeat(300)}});
+    let answer = harness.post("/v1/tasks", &big.to_string(), None).await;
+    assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(answer.code(), "headers_too_large");
+    assert_eq!(harness.broker.published(), 0);
+    let listed = harness.get("/v1/tasks").await;
+    assert_eq!(listed.body["tasks"], json!([]), "nothing was recorded");
+}
+
+#[tokio::test]
+async fn without_a_ledger_each_broker_problem_is_a_503_with_its_code() {
+    for (error, code) in [
+        (
+            PublishError::Unavailable("down".into()),
+            "broker_unavailable",
+        ),
+        (PublishError::Blocked("memory".into()), "broker_blocked"),
+        (
+            PublishError::Timeout(Duration::from_secs(1)),
+            "broker_timeout",
+        ),
+        (PublishError::Nacked, "broker_rejected"),
+        (
+            PublishError::Returned("312 NO_ROUTE".into()),
+            "broker_unroutable",
+        ),
+    ] {
+        let harness = stateless(ScriptedBroker::ready().then_fail(error));
+        let answer = harness
+            .post("/v1/tasks", r#"{"destination":"d","delay_ms":1}"#, None)
+            .await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        assert_eq!(answer.code(), code);
+        assert_eq!(answer.headers["retry-after"], "1");
+    }
+}
+
+#[tokio::test]
+async fn with_a_ledger_a_broker_problem_leaves_the_task_pending_not_refused() {
+    let broker = ScriptedBroker::ready().then_fail(PublishError::Unavailable("down".into()));
+    let harness = with_ledger(broker).await;
+    let answer = harness
+        .post("/v1/tasks", r#"{"destination":"d","delay_ms":1}"#, None)
+        .await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED);
+    assert_eq!(answer.body["state"], "pending");
+    let id = answer.body["id"].as_str().unwrap();
+    let stored = harness.get(&format!("/v1/tasks/{id}")).await;
+    assert_eq!(stored.body["state"], "pending");
+    assert!(
+        stored.body["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("not connected")
+    );
+}
+
+#[tokio::test]
+async fn a_retried_request_is_answered_again_and_a_different_one_under_its_key_conflicts() {
+    let harness = with_ledger(ScriptedBroker::ready()).await;
+    let body = r#"{"destination":"d","delay_ms":1000,"payload":{"n":1}}"#;
+    let first = harness.post("/v1/tasks", body, Some("k-1")).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert!(!first.headers.contains_key("idempotent-replayed"));
+    // The same request, serialised differently.
+    let again = r#"{ "payload": {"n": 1}, "delay_ms": 1000, "destination": "d" }"#;
+    let replay = harness.post("/v1/tasks", again, Some("k-1")).await;
+    assert_eq!(replay.status, StatusCode::ACCEPTED);
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.body["id"], first.body["id"]);
+    let other = r#"{"destination":"d","delay_ms":1000,"payload":{"n":2}}"#;
+    let conflict = harness.post("/v1/tasks", other, Some("k-1")).await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT);
+    assert_eq!(conflict.code(), "idempotency_conflict");
+    let bad_key = harness.post("/v1/tasks", body, Some("")).await;
+    assert_eq!(bad_key.code(), "invalid_idempotency_key");
+    let batch_key = harness
+        .post("/v1/tasks/batch", r#"{"tasks":[]}"#, Some("k-2"))
+        .await;
+    assert_eq!(batch_key.code(), "invalid_idempotency_key");
+    assert_eq!(
+        harness.broker.published(),
+        1,
+        "one schedule for one request"
+    );
+}
+
+#[tokio::test]
+async fn a_client_id_repeated_in_a_batch_names_one_task() {
+    let harness = with_ledger(ScriptedBroker::ready()).await;
+    let batch = r#"{"tasks":[
+        {"id":"a","destination":"d","delay_ms":1},
+        {"id":"a","destination":"d","delay_ms":1},
+        {"id":"a","destination":"d","delay_ms":2}]}"#;
+    let answer = harness.post("/v1/tasks/batch", batch, None).await;
+    let statuses: Vec<u64> = answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [202, 202, 409]);
+    assert_eq!(answer.body["results"][1]["replayed"], true);
+    assert_eq!(harness.broker.published(), 1);
+}
+
+#[tokio::test]
+async fn readiness_follows_the_mode_and_the_broker() {
+    let broker = ScriptedBroker::default();
+    *broker.status.lock().unwrap() = BrokerStatus {
+        problem: Some(BrokerProblem {
+            reason: "connection refused".into(),
+            misconfigured: false,
+            since: Instant::now(),
+        }),
+        ..BrokerStatus::default()
+    };
+    let harness = stateless(broker);
+    let answer = harness.get("/readyz").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.code(), "not_ready");
+    assert!(
+        answer.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused")
+    );
+
+    // With a ledger the same broker is no reason to refuse tasks.
+    let broker = ScriptedBroker::default();
+    *broker.status.lock().unwrap() = harness.broker.status();
+    let harness = with_ledger(broker).await;
+    let answer = harness.get("/readyz").await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
+    assert_eq!(answer.body["broker"], "disconnected");
+    assert_eq!(answer.body["pending"], 0);
+
+    // Refused credentials, beyond the grace: not ready either way.
+    *harness.broker.status.lock().unwrap() = BrokerStatus {
+        problem: Some(BrokerProblem {
+            reason: "ACCESS_REFUSED".into(),
+            misconfigured: true,
+            since: Instant::now() - Duration::from_secs(31),
+        }),
+        ..BrokerStatus::default()
+    };
+    let answer = harness.get("/readyz").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.code(), "broker_misconfigured");
+}
+
+#[tokio::test]
+async fn unknown_routes_methods_and_a_ledgerless_inspection_have_their_codes() {
+    let harness = stateless(ScriptedBroker::ready());
+    assert_eq!(harness.get("/v2/tasks").await.code(), "not_found");
+    let put = harness
+        .call(Request::put("/v1/tasks").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(put.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(put.code(), "method_not_allowed");
+    let inspect = harness.get("/v1/tasks/x").await;
+    assert_eq!(inspect.status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!(inspect.code(), "ledger_disabled");
+    let list = harness.get("/v1/tasks").await;
+    assert_eq!(list.code(), "ledger_disabled");
+}
+
+#[tokio::test]
+async fn rejections_are_counted_by_code_at_the_scrape() {
+    let harness = stateless(ScriptedBroker::ready());
+    harness.post("/v1/tasks", "{", None).await;
+    harness
+        .post("/v1/tasks", r#"{"destination":"d","delay_ms":1}"#, None)
+        .await;
+    let scrape = harness.get("/metrics").await;
+    assert_eq!(scrape.status, StatusCode::OK);
+    let text = scrape.text;
+    assert!(
+        text.contains("delayline_tasks_rejected_total{code=\"malformed_json\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("delayline_tasks_accepted_total{state=\"published\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("delayline_broker_connected 1"), "{text}");
+}
