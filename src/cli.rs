@@ -1,5 +1,5 @@
 //! The command line: `serve`, `provision [--dry-run | --check]`,
-//! `migrate-topology --from`, `requeue-parked`, `migrate`, `probe`, `route`.
+//! `migrate-topology --from`, `requeue-unroutable`, `migrate`, `probe`, `route`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,7 +9,7 @@ use lapin::Connection;
 
 use crate::broker::{
     ManagementApi, OldChain, Survey, check, connect_any, migrate_topology, provision, queue_state,
-    requeue_parked, survey,
+    requeue_unroutable, survey,
 };
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::{AmqpSettings, Settings};
@@ -27,7 +27,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Provision the topology, then accept tasks over HTTP.
+    /// Serve the HTTP API. It answers at once; connecting to RabbitMQ and
+    /// provisioning the topology go on in the background, and tasks wait in
+    /// the ledger as pending meanwhile (503 without one).
     Serve,
     /// Declare the cascade's exchanges, queues and bindings on the broker.
     Provision {
@@ -50,9 +52,10 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Send the parked (unroutable) messages back to the business exchange,
-    /// once their destinations are bound; still unroutable ones are parked again.
-    RequeueParked,
+    /// Send the unroutable queue's messages back to the business exchange,
+    /// once their destinations are bound; still unroutable ones land there again.
+    #[command(alias = "requeue-parked")]
+    RequeueUnroutable,
     /// Create or update the ledger's schema (also done at start-up), then exit.
     Migrate,
     /// GET the running service's /readyz (or --path) on http.bind; exits 0
@@ -182,7 +185,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             let amqp = &settings.amqp;
             // It alone counts what a quorum queue holds; without it, ready messages are counted.
             let management = amqp.uris().first().and_then(|uri| {
-                ManagementApi::new(uri, &settings.metrics.management_url)
+                ManagementApi::new(uri, settings.metrics.management_url.expose())
                     .map_err(|error| eprintln!("delayline: {error}; counting ready messages only"))
                     .ok()
                     .flatten()
@@ -193,7 +196,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             .await?;
             println!(
                 "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
-                 delivered, {} parked messages moved, {} poisoned (in {}); the old chain is deleted",
+                 delivered, {} unroutable messages moved, {} poisoned (in {}); the old chain is deleted",
                 old.prefix,
                 old.version,
                 report.levels,
@@ -201,7 +204,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 cascade.version(),
                 report.rescheduled,
                 report.overdue,
-                report.parked,
+                report.unroutable,
                 report.poisoned,
                 cascade.poison_queue(),
             );
@@ -252,17 +255,17 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             Some(target) => println!("ledger {target}: schema up to date"),
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
-        Command::RequeueParked => {
+        Command::RequeueUnroutable => {
             let amqp = &settings.amqp;
             let (requeued, left) =
-                on_broker(amqp, "delayline requeue-parked", async |connection| {
-                    let requeued = requeue_parked(connection, &cascade).await?;
+                on_broker(amqp, "delayline requeue-unroutable", async |connection| {
+                    let requeued = requeue_unroutable(connection, &cascade).await?;
                     let left = queue_state(connection, &cascade.unroutable_queue()).await?;
                     Ok((requeued, left.map_or(0, |q| q.messages)))
                 })
                 .await?;
             println!(
-                "republished {requeued} parked messages to {}; {left} are parked in {} \
+                "republished {requeued} unroutable messages to {}; {left} are still in {} \
                  (still unroutable)",
                 cascade.business_exchange(),
                 cascade.unroutable_queue()
@@ -342,12 +345,12 @@ fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
     let waiting: u64 = found.waiting.iter().map(|(_, n)| u64::from(*n)).sum();
     let mut text = format!(
         "dry run, nothing moves: chain {}.v{} ({} levels) holds {waiting} ready messages, \
-         {} parked and {} in its poison queue; they would move into {}.v{} ({} levels of {} ms, \
+         {} unroutable and {} in its poison queue; they would move into {}.v{} ({} levels of {} ms, \
          delays up to {})\n",
         old.prefix,
         old.version,
         found.levels,
-        found.parked,
+        found.unroutable,
         found.poisoned,
         new.prefix(),
         new.version(),

@@ -6,9 +6,69 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::cascade::{Cascade, CascadeSettings, SettingsError};
+
+/// A setting that may carry a password (a broker or database URI): its
+/// `Debug` never shows it, so settings can be logged whole. Code that needs
+/// the value says so with [`Secret::expose`]; what is shown to people goes
+/// through a redaction (`crate::broker::redact_uri`).
+#[derive(Clone)]
+pub struct Secret(SecretString);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+impl Default for Secret {
+    fn default() -> Self {
+        Secret::from("")
+    }
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for Secret {}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Secret(SecretString::from(value))
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(SecretString::from(value))
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Secret::from)
+    }
+}
+
+/// Only for layering the defaults under the file and the environment
+/// ([`Settings::load`]); nothing else serialises settings.
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.expose())
+    }
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -27,10 +87,12 @@ pub struct AmqpSettings {
     /// `amqp://user:password@host:port/vhost` (`%2f` is the default vhost).
     /// Several, separated by commas, for the nodes of a cluster: delayline
     /// connects to the first that answers and moves on when it is lost.
-    pub uri: String,
+    pub uri: Secret,
     /// Channels publishes are spread over; confirms are pipelined on each.
     pub publish_channels: usize,
-    /// How long a publish waits for the broker's confirm before answering 503.
+    /// How long a publish waits for the broker's confirm: then the task is
+    /// answered `pending` and its confirm still awaited (with a ledger), or
+    /// the request gets 503 `broker_timeout` (without one).
     pub confirm_timeout_ms: u64,
     /// Upper bound of the exponential back-off between reconnection attempts.
     pub reconnect_max_backoff_ms: u64,
@@ -46,6 +108,7 @@ impl AmqpSettings {
     /// The broker addresses of `uri`, in order.
     pub fn uris(&self) -> Vec<String> {
         self.uri
+            .expose()
             .split(',')
             .map(str::trim)
             .filter(|uri| !uri.is_empty())
@@ -57,7 +120,7 @@ impl AmqpSettings {
 impl Default for AmqpSettings {
     fn default() -> Self {
         Self {
-            uri: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            uri: Secret::from("amqp://guest:guest@127.0.0.1:5672/%2f"),
             publish_channels: 4,
             confirm_timeout_ms: 10_000,
             reconnect_max_backoff_ms: 5_000,
@@ -93,7 +156,7 @@ impl Default for HttpSettings {
 pub struct StoreSettings {
     /// Empty: SQLite in `data_dir`. Otherwise `sqlite://path`, `postgres://…`,
     /// or `none` for the stateless mode (no ledger: 503 while the broker is down).
-    pub url: String,
+    pub url: Secret,
     /// Where the embedded SQLite ledger lives.
     pub data_dir: String,
     /// Connections in the pool.
@@ -113,7 +176,7 @@ pub struct StoreSettings {
 impl Default for StoreSettings {
     fn default() -> Self {
         Self {
-            url: String::new(),
+            url: Secret::default(),
             data_dir: "data".to_owned(),
             max_connections: 8,
             max_pending: 100_000,
@@ -136,14 +199,14 @@ pub struct MetricsSettings {
     /// port 15672 with the AMQP credentials, `http://user:password@host:port`,
     /// or `none`. Where it does not answer, depths come from passive declares
     /// on the publisher's connection (ready messages only).
-    pub management_url: String,
+    pub management_url: Secret,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             queue_poll_ms: 5_000,
-            management_url: String::new(),
+            management_url: Secret::default(),
         }
     }
 }
@@ -275,6 +338,19 @@ mod tests {
         writeln!(too_long.1, "[cascade]\nlevels = 33").unwrap();
         let err = Settings::load(Some(&too_long.0)).unwrap_err().to_string();
         assert!(err.contains("largest levels"), "{err}");
+    }
+
+    #[test]
+    fn settings_can_be_logged_without_their_passwords() {
+        let mut settings = Settings::default();
+        settings.amqp.uri = "amqp://app:amqp-secret@rabbit/%2f".into();
+        settings.store.url = "postgres://app:pg-secret@db/delayline".into();
+        settings.metrics.management_url = "http://admin:http-secret@rabbit:15672".into();
+        let logged = format!("{settings:?} {settings:#?}");
+        for secret in ["amqp-secret", "pg-secret", "http-secret"] {
+            assert!(!logged.contains(secret), "{logged}");
+        }
+        assert_eq!(settings.amqp.uris(), ["amqp://app:amqp-secret@rabbit/%2f"]);
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub async fn run(
             cascade,
             metrics.clone(),
             Duration::from_millis(settings.metrics.queue_poll_ms),
-            settings.metrics.management_url.clone(),
+            settings.metrics.management_url.expose().to_owned(),
             background_shutdown.clone(),
         )));
     }

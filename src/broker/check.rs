@@ -12,7 +12,7 @@ use lapin::Connection;
 
 use super::inspect::{QueueState, exchange_exists, queue_state};
 use super::provision::{declare_exchange, declare_queue};
-use super::{BrokerError, Context, TopologyConflict};
+use super::{BrokerError, TopologyConflict, open_channel};
 use crate::cascade::{
     Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, level_queue_name, unroutable_queue_name,
 };
@@ -50,8 +50,8 @@ pub struct CheckedObject {
 pub struct OtherChain {
     pub version: u32,
     pub levels: Vec<QueueState>,
-    /// Messages in that version's parking queue.
-    pub parked: u32,
+    /// Messages in that version's unroutable queue.
+    pub unroutable: u32,
 }
 
 impl OtherChain {
@@ -109,7 +109,7 @@ impl fmt::Display for CheckReport {
                 chain.version,
                 counted(chain.levels.len() as u64, "level queue"),
                 counted(chain.messages(), "message"),
-                counted(u64::from(chain.parked), "parked message"),
+                counted(u64::from(chain.unroutable), "unroutable message"),
                 chain.version
             )?;
         }
@@ -142,10 +142,10 @@ async fn check_exchange(
     if !exchange_exists(connection, &exchange.name).await? {
         return Ok(checked(Status::Missing));
     }
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to check exchange {:?}", exchange.name))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to check exchange {:?}", exchange.name)
+    })
+    .await?;
     match declare_exchange(connection, &channel, exchange).await? {
         None => {
             let _ = channel.close(200, "checked".into()).await;
@@ -167,10 +167,10 @@ async fn check_queue(
             messages: None,
         });
     };
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to check queue {:?}", queue.name))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to check queue {:?}", queue.name)
+    })
+    .await?;
     let status = match declare_queue(connection, &channel, queue).await? {
         None => {
             let _ = channel.close(200, "checked".into()).await;
@@ -217,14 +217,13 @@ pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckRe
     let mut other_chains = Vec::new();
     for version in (1..=cascade.version() + VERSIONS_ABOVE).filter(|&v| v != cascade.version()) {
         let levels = discover_chain(connection, cascade.prefix(), version).await?;
-        let parking = unroutable_queue_name(cascade.business_exchange(), version);
-        let parked = queue_state(connection, &parking).await?;
-        if !levels.is_empty() || parked.is_some_and(|q| q.messages > 0) {
-            let parked = parked.map_or(0, |q| q.messages);
+        let unroutable_queue = unroutable_queue_name(cascade.business_exchange(), version);
+        let unroutable = queue_state(connection, &unroutable_queue).await?;
+        if !levels.is_empty() || unroutable.is_some_and(|q| q.messages > 0) {
             other_chains.push(OtherChain {
                 version,
                 levels,
-                parked,
+                unroutable: unroutable.map_or(0, |q| q.messages),
             });
         }
     }

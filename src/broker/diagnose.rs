@@ -12,7 +12,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection};
 
 use super::provision::{durable_exchange, durable_queue, lapin_kind};
-use super::{amqp_value, precondition_failed};
+use super::{amqp_value, open_channel, precondition_failed};
 use crate::cascade::{ExchangeSpec, QueueSpec};
 
 /// Each probe costs a channel; no real object has this many checked arguments.
@@ -144,7 +144,9 @@ struct Guess {
 
 impl Guess {
     async fn declare(&self, connection: &Connection, name: &str) -> Result<(), Option<String>> {
-        let channel: Channel = connection.create_channel().await.map_err(|_| None)?;
+        let channel: Channel = open_channel(connection, String::new)
+            .await
+            .map_err(|_| None)?;
         let arguments = FieldTable::from(self.arguments.clone());
         let result = match &self.kind {
             Some(kind) => {

@@ -10,7 +10,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::FieldTable;
 
-use super::{BrokerError, Context};
+use super::{BrokerError, open_channel};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueState {
@@ -29,10 +29,10 @@ pub async fn queue_state(
     connection: &Connection,
     name: &str,
 ) -> Result<Option<QueueState>, BrokerError> {
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to look at queue {name:?}"))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to look at queue {name:?}")
+    })
+    .await?;
     let passive = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
@@ -57,10 +57,10 @@ pub async fn queue_state(
 }
 
 pub async fn exchange_exists(connection: &Connection, name: &str) -> Result<bool, BrokerError> {
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to look at exchange {name:?}"))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to look at exchange {name:?}")
+    })
+    .await?;
     let passive = ExchangeDeclareOptions {
         passive: true,
         ..ExchangeDeclareOptions::default()

@@ -10,7 +10,7 @@
 //! the crash fell between confirm and ack, in both: at worst a duplicate,
 //! never a loss. Re-running finishes the job.
 //!
-//! Parked (unroutable) messages move to the new parking queue with their
+//! Unroutable messages move to the new unroutable queue with their
 //! routing key; a message that cannot be rescheduled (no header, a key that
 //! does not parse, a delay beyond the new chain) goes to the new chain's
 //! poison queue with its routing key and the reason in headers.
@@ -40,14 +40,14 @@ use lapin::options::{
 };
 use lapin::types::FieldTable as Arguments;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::{BasicProperties, Channel, Connection};
 use tracing::info;
 
 use super::check::discover_chain;
 use super::inspect::{exchange_exists, queue_state};
 use super::management::ManagementApi;
 use super::provision::declare_queue;
-use super::{BrokerError, Context, provision};
+use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
     Cascade, MAX_LEVELS, destination_of, level_exchange_name, level_queue_name, poison_queue_name,
     unroutable_queue_name,
@@ -118,8 +118,8 @@ pub struct MigrationReport {
     pub rescheduled: u64,
     /// Already due: sent straight to the business exchange.
     pub overdue: u64,
-    /// Moved to the new parking queue.
-    pub parked: u64,
+    /// Moved to the new unroutable queue.
+    pub unroutable: u64,
     /// Could not be rescheduled: in the new poison queue.
     pub poisoned: u64,
     /// The task ids (AMQP `message_id`) of the messages poisoned here, with
@@ -177,23 +177,23 @@ pub enum MigrateError {
 }
 
 /// What becomes of one message taken from an old queue.
-enum Kind {
+pub(super) enum Kind {
     /// From an old level queue of `levels` levels: rescheduled or poisoned.
     Level { levels: u32 },
-    /// From the old parking queue of a chain of `levels` levels: parked
+    /// From the old unroutable queue of a chain of `levels` levels: its
     /// again in the new one, its routing key rewritten for the new number
-    /// of levels, so that `requeue-parked` reaches today's bindings.
-    Parked { levels: u32 },
+    /// of levels, so that `requeue-unroutable` reaches today's bindings.
+    Unroutable { levels: u32 },
     /// From the old poison queue: into the new one as it is.
     Poison,
-    /// From the parking queue back to the business exchange, once its binding exists.
+    /// From the unroutable queue back to the business exchange, once its binding exists.
     Requeue,
 }
 
-struct Mover<'a> {
-    new: &'a Cascade,
-    publish: Channel,
-    report: MigrationReport,
+pub(super) struct Mover<'a> {
+    pub(super) new: &'a Cascade,
+    pub(super) publish: Channel,
+    pub(super) report: MigrationReport,
 }
 
 /// Moves everything out of `old` into `new` and removes `old`. `management`
@@ -213,10 +213,7 @@ pub async fn migrate_topology(
     }
     provision(connection, &new.plan()).await?;
     let poison = new.plain_queue(new.poison_queue());
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| "opening a channel to migrate".to_owned())?;
+    let channel = open_channel(connection, || "opening a channel to migrate".to_owned()).await?;
     if let Some(conflict) = declare_queue(connection, &channel, &poison).await? {
         return Err(BrokerError::from(conflict).into());
     }
@@ -229,14 +226,14 @@ pub async fn migrate_topology(
         Some(levels) => levels,
         None => old_levels(connection, old).await?,
     };
-    let old_parked = unroutable_queue_name(&old.business_exchange, old.version);
+    let old_unroutable = unroutable_queue_name(&old.business_exchange, old.version);
     let old_poison = poison_queue_name(&old.prefix, old.version);
     // With another prefix but the same version and business exchange, both
-    // chains share one parking queue: nothing to move there.
-    let own_parking = old_parked != new.unroutable_queue();
-    // From now on only the new parking queue receives what is unroutable.
-    if own_parking && queue_state(connection, &old_parked).await?.is_some() {
-        unbind_parking(connection, &old_parked, &old.business_exchange).await?;
+    // chains share one unroutable queue: nothing to move there.
+    let own_unroutable_queue = old_unroutable != new.unroutable_queue();
+    // From now on only the new unroutable queue receives what is unroutable.
+    if own_unroutable_queue && queue_state(connection, &old_unroutable).await?.is_some() {
+        unbind_unroutable_queue(connection, &old_unroutable, &old.business_exchange).await?;
     }
 
     let mut mover = Mover {
@@ -268,8 +265,8 @@ pub async fn migrate_topology(
             )
         })
         .collect();
-    if own_parking {
-        queues.push((old_parked, Kind::Parked { levels }));
+    if own_unroutable_queue {
+        queues.push((old_unroutable, Kind::Unroutable { levels }));
     }
     queues.push((old_poison, Kind::Poison));
 
@@ -283,7 +280,7 @@ pub async fn migrate_topology(
             moved,
             rescheduled = mover.report.rescheduled,
             overdue = mover.report.overdue,
-            parked = mover.report.parked,
+            unroutable = mover.report.unroutable,
             poisoned = mover.report.poisoned,
             "migration pass done"
         );
@@ -312,7 +309,7 @@ pub struct Survey {
     pub levels: u32,
     /// Ready messages in each old level queue that exists, top level first.
     pub waiting: Vec<(String, u32)>,
-    pub parked: u32,
+    pub unroutable: u32,
     pub poisoned: u32,
 }
 
@@ -338,7 +335,7 @@ pub async fn survey(connection: &Connection, old: &OldChain) -> Result<Survey, B
     Ok(Survey {
         levels,
         waiting,
-        parked: count(unroutable_queue_name(&old.business_exchange, old.version)).await?,
+        unroutable: count(unroutable_queue_name(&old.business_exchange, old.version)).await?,
         poisoned: count(poison_queue_name(&old.prefix, old.version)).await?,
     })
 }
@@ -361,16 +358,16 @@ async fn old_levels(connection: &Connection, old: &OldChain) -> Result<u32, Brok
     Ok(exchanges.max(queues))
 }
 
-async fn unbind_parking(
+async fn unbind_unroutable_queue(
     connection: &Connection,
     queue: &str,
     business_exchange: &str,
 ) -> Result<(), BrokerError> {
     let exchange = crate::cascade::unroutable_exchange_name(business_exchange);
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| "opening a channel to unbind the old parking queue".to_owned())?;
+    let channel = open_channel(connection, || {
+        "opening a channel to unbind the old unroutable queue".to_owned()
+    })
+    .await?;
     channel
         .queue_unbind(
             queue.into(),
@@ -414,10 +411,10 @@ async fn unbind(
     exchange: &str,
     pattern: &str,
 ) -> Result<(), BrokerError> {
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to unbind {queue:?}"))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to unbind {queue:?}")
+    })
+    .await?;
     channel
         .queue_unbind(
             queue.into(),
@@ -435,10 +432,10 @@ async fn delete_exchange(connection: &Connection, exchange: &str) -> Result<(), 
     if !exchange_exists(connection, exchange).await? {
         return Ok(());
     }
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| format!("opening a channel to delete {exchange:?}"))?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to delete {exchange:?}")
+    })
+    .await?;
     channel
         .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
         .await
@@ -507,10 +504,10 @@ impl Mover<'_> {
             let Some(check) = emptiness(connection, queue, management).await? else {
                 return Ok(false);
             };
-            let channel = connection
-                .create_channel()
-                .await
-                .context(|| format!("opening a channel to delete {queue:?}"))?;
+            let channel = open_channel(connection, || {
+                format!("opening a channel to delete {queue:?}")
+            })
+            .await?;
             channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await
@@ -561,8 +558,8 @@ impl Mover<'_> {
                     }
                 }
             }
-            Kind::Parked { levels } => {
-                self.report.parked += 1;
+            Kind::Unroutable { levels } => {
+                self.report.unroutable += 1;
                 // Due already: the key a zero delay has in the new chain.
                 let rekeyed = destination_of(key, *levels)
                     .and_then(|destination| self.new.route(Duration::ZERO, destination).ok())
@@ -574,7 +571,7 @@ impl Mover<'_> {
                 )
             }
             Kind::Requeue => {
-                self.report.parked += 1;
+                self.report.unroutable += 1;
                 (
                     self.new.business_exchange().to_owned(),
                     key.to_owned(),
@@ -594,7 +591,7 @@ impl Mover<'_> {
 
     /// Moves what `queue` holds, window by window, until it stays empty for
     /// [`IDLE`]. Returns how many messages were moved.
-    async fn drain(
+    pub(super) async fn drain(
         &mut self,
         connection: &Connection,
         queue: &str,
@@ -608,10 +605,10 @@ impl Mover<'_> {
         {
             return Ok(0);
         }
-        let consuming = connection
-            .create_channel()
-            .await
-            .context(|| format!("opening a channel to drain {queue:?}"))?;
+        let consuming = open_channel(connection, || {
+            format!("opening a channel to drain {queue:?}")
+        })
+        .await?;
         consuming
             .basic_qos(WINDOW, BasicQosOptions::default())
             .await
@@ -664,7 +661,7 @@ impl Mover<'_> {
             match kind {
                 Kind::Requeue => info!(
                     queue,
-                    moved, "sent parked messages back to the business exchange"
+                    moved, "sent unroutable messages back to the business exchange"
                 ),
                 _ => info!(queue, moved, "moved messages out of the old chain"),
             }
@@ -703,54 +700,9 @@ impl Mover<'_> {
             confirms.push(confirm);
         }
         for confirm in confirms {
-            match confirm.await.map_err(|e| failed(e.to_string()))? {
-                Confirmation::Ack(None) => {}
-                Confirmation::Ack(Some(returned)) => {
-                    return Err(failed(format!(
-                        "returned as unroutable ({} {})",
-                        returned.reply_code, returned.reply_text
-                    )));
-                }
-                Confirmation::Nack(_) => return Err(failed("negatively acknowledged".into())),
-                Confirmation::NotRequested => {
-                    return Err(failed("the channel is not in confirm mode".into()));
-                }
-            }
+            let confirmation = confirm.await.map_err(|e| failed(e.to_string()))?;
+            confirm_outcome(confirmation).map_err(|e| failed(e.to_string()))?;
         }
         Ok(())
     }
-}
-
-/// Sends the messages parked in `cascade`'s parking queue back to the
-/// business exchange with their routing keys, once the missing bindings
-/// exist. Only the messages parked when it starts are taken: those still
-/// unroutable are parked again behind them, not taken twice. Returns how
-/// many were republished.
-pub async fn requeue_parked(
-    connection: &Connection,
-    cascade: &Cascade,
-) -> Result<u64, MigrateError> {
-    let queue = cascade.unroutable_queue();
-    let Some(parked) = queue_state(connection, &queue).await? else {
-        return Ok(0);
-    };
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| "opening a channel to requeue parked messages".to_owned())?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .context(|| "enabling publisher confirms".to_owned())?;
-    let mut mover = Mover {
-        new: cascade,
-        publish: channel,
-        report: MigrationReport::default(),
-    };
-    let limit = u64::from(parked.messages);
-    let requeued = mover
-        .drain(connection, &queue, &Kind::Requeue, Some(limit))
-        .await?;
-    let _ = mover.publish.close(200, "requeued".into()).await;
-    Ok(requeued)
 }

@@ -7,12 +7,13 @@ mod management;
 mod migrate;
 mod provision;
 mod publisher;
+mod unroutable;
 
 use std::time::Duration;
 
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
 
 pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
 pub use diagnose::{Difference, TopologyConflict};
@@ -20,7 +21,7 @@ pub use inspect::{QueueState, exchange_exists, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
     EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
-    ROUTING_KEY_HEADER, Survey, migrate_topology, requeue_parked, survey,
+    ROUTING_KEY_HEADER, Survey, migrate_topology, survey,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{
@@ -28,6 +29,7 @@ pub use publisher::{
     PublishError, Published, Publisher, PublisherOptions, SharedConnection,
     content_header_frame_size,
 };
+pub use unroutable::requeue_unroutable;
 
 use crate::cascade::{ArgValue, Arguments};
 
@@ -98,6 +100,30 @@ pub fn redact_uri(uri: &str) -> String {
             None => uri.to_owned(),
         },
         None => uri.to_owned(),
+    }
+}
+
+/// A new channel on `connection`; `purpose` says what for, in the error.
+pub(crate) async fn open_channel(
+    connection: &Connection,
+    purpose: impl FnOnce() -> String,
+) -> Result<Channel, BrokerError> {
+    connection.create_channel().await.context(purpose)
+}
+
+/// What a publisher confirm says about one message: `Ok` only when the
+/// broker took it and routed it somewhere.
+pub(crate) fn confirm_outcome(confirmation: Confirmation) -> Result<(), PublishError> {
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(PublishError::Returned(format!(
+            "{} {}",
+            returned.reply_code, returned.reply_text
+        ))),
+        Confirmation::Nack(_) => Err(PublishError::Nacked),
+        Confirmation::NotRequested => Err(PublishError::Broker(
+            "the channel is not in confirm mode".to_owned(),
+        )),
     }
 }
 

@@ -9,7 +9,9 @@ use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use super::diagnose::{diagnose_exchange, diagnose_queue};
-use super::{BrokerError, Context, TopologyConflict, field_table, precondition_failed};
+use super::{
+    BrokerError, Context, TopologyConflict, field_table, open_channel, precondition_failed,
+};
 use crate::cascade::{BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec, TopologyPlan};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -93,13 +95,6 @@ pub(crate) async fn declare_queue(
     }
 }
 
-async fn open_channel(connection: &Connection) -> Result<Channel, BrokerError> {
-    connection
-        .create_channel()
-        .await
-        .context(|| "opening a channel to provision the topology".to_owned())
-}
-
 /// Declares every exchange, queue and binding of `plan`.
 ///
 /// When the broker already holds an object with other settings, the error
@@ -108,7 +103,10 @@ pub async fn provision(
     connection: &Connection,
     plan: &TopologyPlan,
 ) -> Result<ProvisionReport, BrokerError> {
-    let channel = open_channel(connection).await?;
+    let channel = open_channel(connection, || {
+        "opening a channel to provision the topology".to_owned()
+    })
+    .await?;
     for exchange in &plan.exchanges {
         if let Some(conflict) = declare_exchange(connection, &channel, exchange).await? {
             return Err(conflict.into());
@@ -165,13 +163,19 @@ pub async fn provision(
 pub async fn teardown(connection: &Connection, plan: &TopologyPlan) -> Result<(), BrokerError> {
     for queue in &plan.queues {
         // A delete of a missing queue closes the channel on some versions: one channel each.
-        let channel = open_channel(connection).await?;
+        let channel = open_channel(connection, || {
+            "opening a channel to provision the topology".to_owned()
+        })
+        .await?;
         let _ = channel
             .queue_delete(queue.name.as_str().into(), Default::default())
             .await;
     }
     for exchange in &plan.exchanges {
-        let channel = open_channel(connection).await?;
+        let channel = open_channel(connection, || {
+            "opening a channel to provision the topology".to_owned()
+        })
+        .await?;
         let _ = channel
             .exchange_delete(exchange.name.as_str().into(), Default::default())
             .await;

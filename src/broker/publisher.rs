@@ -38,14 +38,14 @@ use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::basic::gen_properties;
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, Event};
+use lapin::{BasicProperties, Channel, Connection, Event};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{BrokerError, Context, connect, provision, redact_uri};
+use super::{BrokerError, Context, confirm_outcome, connect, open_channel, provision, redact_uri};
 use crate::cascade::{Cascade, TopologyPlan};
 use crate::config::AmqpSettings;
 
@@ -547,17 +547,7 @@ async fn publish_confirmed(
         })?;
     let confirmation = confirm.await.map_err(|e| PublishError::unconfirmed(&e))?;
     latency.observe(started.elapsed().as_secs_f64());
-    match confirmation {
-        Confirmation::Ack(None) => Ok(()),
-        Confirmation::Ack(Some(returned)) => Err(PublishError::Returned(format!(
-            "{} {}",
-            returned.reply_code, returned.reply_text
-        ))),
-        Confirmation::Nack(_) => Err(PublishError::Nacked),
-        Confirmation::NotRequested => Err(PublishError::Broker(
-            "the channel is not in confirm mode".to_owned(),
-        )),
-    }
+    confirm_outcome(confirmation)
 }
 
 impl Session {
@@ -609,10 +599,7 @@ impl Session {
 }
 
 async fn open_confirm_channel(connection: &Connection) -> Result<Channel, BrokerError> {
-    let channel = connection
-        .create_channel()
-        .await
-        .context(|| "opening a publishing channel".to_owned())?;
+    let channel = open_channel(connection, || "opening a publishing channel".to_owned()).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
@@ -716,7 +703,7 @@ async fn connection_lost(session: &Session) -> String {
                 }
                 Some(Event::Error(error)) => return error.to_string(),
                 Some(Event::ConnectionBlocked(reason)) => {
-                    warn!(%reason, "RabbitMQ blocks publishing: new tasks wait in the ledger");
+                    warn!(%reason, "RabbitMQ blocks publishing: new tasks wait in the ledger (503 without one)");
                     if let Ok(mut blocked) = session.blocked_reason.lock() {
                         *blocked = Some(reason);
                     }

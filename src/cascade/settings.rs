@@ -193,10 +193,6 @@ fn check_name(field: &'static str, name: &str) -> Result<(), SettingsError> {
 }
 
 impl Cascade {
-    pub fn settings(&self) -> &CascadeSettings {
-        &self.settings
-    }
-
     pub fn levels(&self) -> u32 {
         self.settings.levels
     }

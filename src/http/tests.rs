@@ -443,3 +443,65 @@ async fn rejections_are_counted_by_code_at_the_scrape() {
     );
     assert!(text.contains("delayline_broker_connected 1"), "{text}");
 }
+
+/// Every code the API can answer, read off the source: the literal after a
+/// `StatusCode::…,` and the arms of the error mappings.
+fn codes_in_source() -> std::collections::BTreeSet<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).unwrap();
+    let literal_after = |text: &str, marker: &str| -> Vec<String> {
+        text.match_indices(marker)
+            .filter_map(|(at, _)| {
+                let rest = text[at + marker.len()..].trim_start();
+                let rest = rest.split_once(',').map(|(_, r)| r.trim_start())?;
+                let code = rest.strip_prefix('"')?.split('"').next()?;
+                let is_code =
+                    !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+                is_code.then(|| code.to_owned())
+            })
+            .collect()
+    };
+    let arms = |text: &str| -> Vec<String> {
+        text.match_indices("=> \"")
+            .filter_map(|(at, _)| {
+                let code = text[at + 4..].split('"').next()?;
+                code.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_')
+                    .then(|| code.to_owned())
+            })
+            .collect()
+    };
+    let mut codes = std::collections::BTreeSet::new();
+    for file in [
+        "src/http/tasks.rs",
+        "src/http/inspect.rs",
+        "src/http/extract.rs",
+        "src/http/fallback.rs",
+        "src/http/error.rs",
+    ] {
+        let text = read(file);
+        codes.extend(literal_after(&text, "StatusCode::"));
+    }
+    codes.extend(arms(&read("src/http/error.rs")));
+    let task = read("src/task.rs");
+    let code_fn = task.split("pub fn code(&self)").nth(1).unwrap();
+    codes.extend(arms(code_fn.split("\n    }\n").next().unwrap()));
+    codes.insert("internal".to_owned());
+    codes
+}
+
+#[test]
+fn every_error_code_the_api_answers_is_in_the_readmes_table() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let table = readme.split("### Error codes").nth(1).unwrap();
+    let table = table.split("\n## ").next().unwrap();
+    let codes = codes_in_source();
+    assert!(codes.len() > 25, "the scan found too few codes: {codes:?}");
+    for code in &codes {
+        assert!(
+            table.contains(&format!("| `{code}` |")),
+            "the README's error table lacks `{code}`"
+        );
+    }
+}

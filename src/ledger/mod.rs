@@ -110,7 +110,7 @@ pub enum Location {
 impl Location {
     /// `None` for the stateless mode (`store.url = "none"`).
     pub fn parse(settings: &StoreSettings) -> Result<Option<Location>, LedgerError> {
-        let url = settings.url.trim();
+        let url = settings.url.expose().trim();
         if url.is_empty() {
             let path = Path::new(&settings.data_dir).join("delayline.db");
             return Ok(Some(Location::Sqlite(path)));
@@ -475,7 +475,7 @@ mod tests {
 
     fn location(url: &str) -> Result<Option<Location>, LedgerError> {
         Location::parse(&StoreSettings {
-            url: url.to_owned(),
+            url: url.into(),
             data_dir: "/var/lib/delayline".to_owned(),
             ..StoreSettings::default()
         })

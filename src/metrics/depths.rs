@@ -201,10 +201,10 @@ impl DepthPoller {
             stalled |= held_for > ttl + HELD_GRACE;
         }
         let unroutable = self.cascade.unroutable_queue();
-        let parked = counts.iter().find(|q| q.name == unroutable);
+        let unroutable_counts = counts.iter().find(|q| q.name == unroutable);
         self.metrics
             .unroutable_messages
-            .set(parked.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
+            .set(unroutable_counts.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
         stalled
     }
 

@@ -199,7 +199,7 @@ impl Metrics {
         let unroutable_messages = Gauge::default();
         registry.register(
             "unroutable_queue_messages",
-            "Messages parked because no queue was bound for their destination",
+            "Messages in the unroutable queue: no queue was bound for their destination",
             unroutable_messages.clone(),
         );
         let retired_chain_messages = Family::<VersionLabel, Gauge>::default();

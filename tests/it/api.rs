@@ -284,7 +284,7 @@ async fn assert_task_refused_as_unavailable(app: &TestApp) {
 async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
     let user = TestUser::create();
     let mut settings = test_settings(3, 10, QueueType::Classic);
-    settings.amqp.uri = user.uri();
+    settings.amqp.uri = user.uri().into();
     settings.amqp.reconnect_max_backoff_ms = 200;
     let app = TestApp::spawn(settings).await;
 
@@ -311,7 +311,7 @@ async fn losing_the_broker_means_503_and_not_ready_until_it_reconnects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_and_503_while_the_broker_is_unreachable() {
     let mut settings = test_settings(3, 10, QueueType::Classic);
-    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned();
+    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned().into();
     let app = TestApp::start(settings).await;
     // Give the listener a moment; it answers even though the broker never will.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -837,7 +837,9 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
 
     // Each cause once; a URL without a password shows none.
     let mut missing_db = settings.clone();
-    missing_db.store.url = "postgres://postgres@127.0.0.1:5432/no_such_database".to_owned();
+    missing_db.store.url = "postgres://postgres@127.0.0.1:5432/no_such_database"
+        .to_owned()
+        .into();
     let (ok, output) = crate::common::run_delayline(&missing_db, &["migrate"]).await;
     assert!(!ok);
     assert_eq!(output.matches("does not exist").count(), 1, "{output}");
@@ -846,10 +848,11 @@ async fn error_messages_name_the_field_what_was_wrong_and_what_is_accepted() {
         "{output}"
     );
     let mut closed = settings;
-    closed.store.url = format!(
+    closed.store.url = (format!(
         "postgres://postgres@127.0.0.1:{}/test",
         crate::common::free_port()
-    );
+    ))
+    .into();
     let (ok, output) = crate::common::run_delayline(&closed, &["migrate"]).await;
     assert!(!ok);
     assert!(

@@ -79,7 +79,7 @@ async fn every_accepted_task_arrives_through_every_fault() {
         ..NodeOptions::default()
     });
     let mut settings = with_ledger(test_settings(12, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = cluster.uris();
+    settings.amqp.uri = cluster.uris().into();
     settings.amqp.confirm_timeout_ms = 2_000;
     let cascade = settings.cascade().unwrap();
     let connection_name = format!("delayline {}", cascade.prefix());

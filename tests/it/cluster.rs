@@ -33,7 +33,7 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
     });
     eprintln!("cluster formed in {:?}", booting.elapsed());
     let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = cluster.uris();
+    settings.amqp.uri = cluster.uris().into();
     settings.amqp.confirm_timeout_ms = 2_000;
     settings.amqp.reconnect_max_backoff_ms = 1_000;
     let app = TestApp::spawn(settings).await;

@@ -142,7 +142,7 @@ async fn classic_cascade_delivers_every_delay_never_early() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unroutable_destination_is_parked_not_lost() {
+async fn an_unroutable_destination_is_kept_not_lost() {
     let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Quorum)).await;
     let _someone_else = TestConsumer::bind(&mut app, "*.*.*.billing").await;
     for delay_ms in [0, 30] {
@@ -154,15 +154,15 @@ async fn unroutable_destination_is_parked_not_lost() {
             .await;
         assert_eq!(status, 202, "{accepted}");
     }
-    let mut parked = TestConsumer::existing(&app.cascade.unroutable_queue()).await;
+    let mut unroutable = TestConsumer::existing(&app.cascade.unroutable_queue()).await;
     for _ in 0..2 {
-        let message = parked
+        let message = unroutable
             .next(Duration::from_secs(10))
             .await
-            .expect("parked message");
+            .expect("unroutable message");
         assert_eq!(message.body, b"\"lost?\"");
         assert!(message.routing_key.ends_with(".nobody.home"));
     }
-    drop(parked);
+    drop(unroutable);
     app.stop().await.unwrap();
 }

@@ -224,7 +224,7 @@ async fn tasks_that_can_never_be_published_are_quarantined_and_delay_no_one() {
 async fn a_blocked_broker_neither_holds_requests_nor_gets_tasks_twice() {
     let node = BrokerNode::start(&NodeOptions::default());
     let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = node.uri();
+    settings.amqp.uri = node.uri().into();
     settings.amqp.confirm_timeout_ms = 1000;
     let app = TestApp::spawn(settings.clone()).await;
     let key = app.cascade.binding_key("load");
@@ -232,7 +232,7 @@ async fn a_blocked_broker_neither_holds_requests_nor_gets_tasks_twice() {
         TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
     // Without a ledger there is nowhere to wait: a blocked broker is a quick 503.
     let mut stateless = settings.clone();
-    stateless.store.url = "none".to_owned();
+    stateless.store.url = "none".to_owned().into();
     let stateless = TestApp::spawn(stateless).await;
 
     for (raise, clear) in [
@@ -403,12 +403,13 @@ async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
         dead_letter_confirm_timeout_ms: Some(5_000),
     });
     let mut settings = with_ledger(test_settings(4, 100, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = node.uri();
+    settings.amqp.uri = node.uri().into();
     settings.metrics.queue_poll_ms = 250;
     settings.metrics.management_url = format!(
         "http://guest:guest@127.0.0.1:{}",
         node.management_port.unwrap()
-    );
+    )
+    .into();
     let app = TestApp::spawn(settings).await;
     let key = app.cascade.binding_key("held");
     let mut consumer =
@@ -501,7 +502,7 @@ async fn readyz_becomes(app: &TestApp, status: u16) -> Value {
 async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
     let user = TestUser::create();
     let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = user.uri().replace(":secret@", ":wrong@");
+    settings.amqp.uri = user.uri().replace(":secret@", ":wrong@").into();
     settings.amqp.misconfiguration_grace_ms = 1_000;
     settings.amqp.reconnect_max_backoff_ms = 300;
     let mut app = TestApp::start(settings).await;
@@ -555,7 +556,7 @@ async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
     let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = format!("{}-missing-vhost", crate::common::AMQP_URI);
+    settings.amqp.uri = format!("{}-missing-vhost", crate::common::AMQP_URI).into();
     settings.amqp.misconfiguration_grace_ms = 500;
     let app = TestApp::start(settings.clone()).await;
     let refused = readyz_becomes(&app, 503).await;
@@ -574,7 +575,8 @@ async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
     settings.amqp.uri = format!(
         "amqp://guest:guest@127.0.0.1:{}/%2f",
         crate::common::free_port()
-    );
+    )
+    .into();
     let app = TestApp::start(settings).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (status, ready) = app.get("/readyz").await;

@@ -242,7 +242,7 @@ async fn cut_off(app: &TestApp, user: &TestUser) {
 async fn pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early(backend: Backend) {
     let user = TestUser::create();
     let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), backend);
-    settings.amqp.uri = user.uri();
+    settings.amqp.uri = user.uri().into();
     settings.amqp.reconnect_max_backoff_ms = 200;
     settings.amqp.confirm_timeout_ms = 1000;
     let mut app = TestApp::spawn(settings).await;
@@ -300,7 +300,7 @@ async fn pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early(ba
 async fn the_pending_bound_turns_into_503(backend: Backend) {
     let user = TestUser::create();
     let mut settings = with_ledger(test_settings(3, 10, QueueType::Classic), backend);
-    settings.amqp.uri = user.uri();
+    settings.amqp.uri = user.uri().into();
     settings.amqp.reconnect_max_backoff_ms = 200;
     settings.store.max_pending = 2;
     let app = TestApp::spawn(settings).await;

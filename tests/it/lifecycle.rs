@@ -84,7 +84,7 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
     let user = TestUser::create();
     user.revoke();
     let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = user.uri();
+    settings.amqp.uri = user.uri().into();
     let cascade = settings.cascade().unwrap();
     let mut cleanup = Cleanup::for_settings(&settings);
     // The consumer's queue needs the business exchange before the service made it.
@@ -126,7 +126,7 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
 async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
     let mut settings = with_ledger(test_settings(3, 10, QueueType::Classic), Backend::Sqlite);
     // Nothing listens there: the task is kept pending, and says so in the log.
-    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned();
+    settings.amqp.uri = "amqp://guest:guest@127.0.0.1:1/%2f".to_owned().into();
     let _cleanup = Cleanup::for_settings(&settings);
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");

@@ -144,7 +144,7 @@ async fn tasks_in_flight_move(source: QueueType) {
     let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
     assert!(ok, "{output}");
     assert!(
-        output.contains(" 1 parked messages moved, 1 poisoned"),
+        output.contains(" 1 unroutable messages moved, 1 poisoned"),
         "{output}"
     );
     assert!(output.contains("the old chain is deleted"), "{output}");
@@ -198,11 +198,11 @@ async fn tasks_in_flight_move(source: QueueType) {
         }
     );
     // The parked task was re-keyed for the new number of levels: once its
-    // consumer binds with today's key, `requeue-parked` delivers it.
+    // consumer binds with today's key, `requeue-unroutable` delivers it.
     let key = new.binding_key("nobody");
     let mut late_binder =
         TestConsumer::bind_to(&mut old_topology, &new, new.business_exchange(), &key).await;
-    let (ok, output) = run_delayline(&new_settings, &["requeue-parked"]).await;
+    let (ok, output) = run_delayline(&new_settings, &["requeue-unroutable"]).await;
     assert!(ok, "{output}");
     let requeued = late_binder
         .next(Duration::from_secs(5))
@@ -269,7 +269,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
+async fn unroutable_tasks_reach_their_consumer_once_it_is_bound() {
     let mut app = TestApp::spawn(test_settings(3, 10, QueueType::Quorum)).await;
     for destination in ["late.binder", "nobody"] {
         let (status, _) = app
@@ -280,9 +280,9 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
             .await;
         assert_eq!(status, 202);
     }
-    let parked = app.cascade.unroutable_queue();
-    crate::common::eventually("both to be parked", async || {
-        queue_depth(&parked).await == 2
+    let unroutable = app.cascade.unroutable_queue();
+    crate::common::eventually("both to be unroutable", async || {
+        queue_depth(&unroutable).await == 2
     })
     .await;
 
@@ -291,6 +291,7 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
     let key = app.cascade.binding_key("late.binder");
     let mut consumer = TestConsumer::bind(&mut app, &key).await;
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
+        // The command's former name still works.
         .arg("requeue-parked")
         .env("DELAYLINE__CASCADE__PREFIX", app.cascade.prefix())
         .env(
@@ -305,11 +306,14 @@ async fn parked_tasks_reach_their_consumer_once_it_is_bound() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    assert!(stdout.contains("republished 2 parked messages"), "{stdout}");
-    assert!(stdout.contains("1 are parked"), "{stdout}");
+    assert!(
+        stdout.contains("republished 2 unroutable messages"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 are still in"), "{stdout}");
     let received = consumer.next(Duration::from_secs(5)).await.unwrap();
     assert!(received.routing_key.ends_with(".late.binder"));
-    assert_eq!(queue_depth(&parked).await, 1);
+    assert_eq!(queue_depth(&unroutable).await, 1);
     app.stop().await.unwrap();
 }
 
@@ -335,7 +339,7 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
         .await
         .unwrap();
     assert!(report.removed);
-    assert_eq!((report.levels, report.parked), (4, 0));
+    assert_eq!((report.levels, report.unroutable), (4, 0));
     consumer
         .expect_each_once_never_early(ids, Duration::from_secs(20))
         .await;

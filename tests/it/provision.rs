@@ -401,7 +401,7 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     );
     assert!(out.contains("migrate-topology --from 1"), "{out}");
     assert!(
-        out.contains("v1: 3 level queues holding 0 messages, and 0 parked messages"),
+        out.contains("v1: 3 level queues holding 0 messages, and 0 unroutable messages"),
         "{out}"
     );
 
@@ -419,11 +419,11 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
         .unwrap()
         .await
         .unwrap();
-    crate::common::eventually("the message to be parked", async || {
+    crate::common::eventually("the message to be unroutable", async || {
         crate::common::queue_depth(&v1.unroutable_queue()).await == 1
     })
     .await;
     let out = String::from_utf8_lossy(&run("2").stdout).into_owned();
-    assert!(out.contains("and 1 parked message;"), "{out}");
+    assert!(out.contains("and 1 unroutable message;"), "{out}");
     let _ = connection.close(200, "done".into()).await;
 }

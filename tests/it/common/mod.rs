@@ -31,7 +31,7 @@ const MACHINE_BROKER_ADDRESS: &str = "@127.0.0.1:5672/";
 pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settings {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let mut settings = Settings::default();
-    settings.amqp.uri = AMQP_URI.to_owned();
+    settings.amqp.uri = AMQP_URI.to_owned().into();
     settings.cascade.levels = levels;
     settings.cascade.unit_ms = unit_ms;
     settings.cascade.queue_type = queue_type;
@@ -39,7 +39,7 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings.cascade.business_exchange = format!("dltest-{}.business", &id[..12]);
     settings.http.bind = "127.0.0.1:0".to_owned();
     // Stateless unless a test asks for a ledger with `with_ledger`.
-    settings.store.url = "none".to_owned();
+    settings.store.url = "none".to_owned().into();
     // Only the metrics test polls queue depths; dozens of pollers would load the broker.
     settings.metrics.queue_poll_ms = 0;
     settings
@@ -98,11 +98,11 @@ pub fn with_ledger(mut settings: Settings, backend: Backend) -> Settings {
         Backend::Sqlite => {
             let dir = std::env::temp_dir().join(&name);
             settings.store.data_dir = dir.display().to_string();
-            settings.store.url = String::new();
+            settings.store.url = String::new().into();
         }
         Backend::Postgres => {
             psql(&format!("CREATE SCHEMA {name}"));
-            settings.store.url = format!("{POSTGRES_URL}?options[search_path]={name}");
+            settings.store.url = (format!("{POSTGRES_URL}?options[search_path]={name}")).into();
         }
     }
     settings
@@ -122,10 +122,10 @@ pub fn psql(sql: &str) {
 
 /// Deletes a test's ledger, whichever backend it is on.
 fn delete_ledger(settings: &Settings) {
-    if settings.store.url.starts_with("postgres") {
+    if settings.store.url.expose().starts_with("postgres") {
         let schema = settings.cascade.prefix.replace('-', "_");
         psql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-    } else if settings.store.url.is_empty() {
+    } else if settings.store.url.expose().is_empty() {
         let _ = std::fs::remove_dir_all(&settings.store.data_dir);
     }
 }
@@ -779,7 +779,7 @@ pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
     command
         .args(args)
-        .env("DELAYLINE__AMQP__URI", &settings.amqp.uri)
+        .env("DELAYLINE__AMQP__URI", settings.amqp.uri.expose())
         .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
         .env(
             "DELAYLINE__AMQP__CONFIRM_TIMEOUT_MS",
@@ -794,11 +794,11 @@ pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::
         .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
         .env("DELAYLINE__CASCADE__VERSION", c.version.to_string())
-        .env("DELAYLINE__STORE__URL", &settings.store.url)
+        .env("DELAYLINE__STORE__URL", settings.store.url.expose())
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
         .env(
             "DELAYLINE__METRICS__MANAGEMENT_URL",
-            &settings.metrics.management_url,
+            settings.metrics.management_url.expose(),
         );
     command
 }
