@@ -610,7 +610,7 @@ mod tests {
     fn an_insert_numbers_every_column_of_every_row_once_and_in_order() {
         for rows in [1, 2, 7, CHUNK] {
             let sql = sql::insert(rows);
-            let width = INSERT_COLUMNS_LEN;
+            let width = INSERT_COLUMNS.len();
             assert_eq!(
                 parameters(&sql),
                 (1..=rows * width).collect::<Vec<_>>(),
@@ -620,10 +620,7 @@ mod tests {
             assert!(sql.starts_with("INSERT INTO tasks (id, idempotency_key, "));
             assert!(sql.ends_with(" ON CONFLICT DO NOTHING RETURNING id"));
         }
-
     }
-
-    const INSERT_COLUMNS_LEN: usize = super::super::record::INSERT_COLUMNS.len();
 
     #[test]
     fn marking_published_binds_time_and_copy_size_then_the_ids() {
