@@ -2,29 +2,40 @@
 //!
 //! # Layout
 //!
+//! One room per concern, in the order a task travels. Each module's first
+//! lines say what it may touch.
+//!
 //! - [`cascade`]: the algorithm as pure logic. Settings and their limits, the
-//!   routing key of a delay, the entry exchange, and the topology plan as data.
-//!   No I/O; proven with an exhaustive routing simulator and property tests.
-//! - [`task`]: a task as submitted over HTTP, validated into what is published.
-//!   Pure as well: the clock is an argument.
-//! - [`broker`]: everything that talks to RabbitMQ. Connecting (to the first
-//!   of a cluster's nodes that answers), declaring the plan (with a full
-//!   diagnosis when the broker holds something else), the publisher
+//!   routing key of a delay, the entry exchange, and the topology plan as data
+//!   (shared by the provisioner, `--dry-run` and the routing simulator). No
+//!   I/O; proven exhaustively and with property tests.
+//! - [`task`]: a task as submitted over HTTP, validated into what is
+//!   scheduled. Pure as well: the clock is an argument.
+//! - [`http`]: the axum API, one module (and router) per resource: tasks in,
+//!   inspection, topology, health, the metrics scrape; the JSON extractor and
+//!   the error shape. It knows the scheduler's methods, nothing below them.
+//! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
+//!   (stateless, or with a ledger, whose bookkeeper records every task,
+//!   forwards pending ones, awaits late confirms and prunes); answers
+//!   readiness and inspection. It turns a task into a broker message and sees
+//!   the broker through the [`scheduler::Publish`] trait, which tests replace.
+//! - [`ledger`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
+//!   replicas): migrations, group commit, idempotency, inspection queries,
+//!   and the count of pending tasks. Its rows stay inside; it hands out
+//!   [`ledger::StoredTask`].
+//! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
+//!   cluster's nodes that answers), declaring the plan (with a full diagnosis
+//!   when the broker holds something else), publishing a message it is given
 //!   (confirms, pipelining, reconnection, bounded waits, isolation of a
-//!   suspect message), and reading queue depths (management API or passive
-//!   declares).
-//! - [`store`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
-//!   replicas): migrations, group commit, idempotency, inspection queries.
-//! - [`scheduler`]: takes a task in (ledger, then broker) and runs the
-//!   forwarder that publishes pending tasks (quarantining those the broker
-//!   can never take), the watchers of late confirms, and retention.
-//! - [`http`]: the axum API around them, one module (and router) per
-//!   resource: tasks in, inspection, topology, health, the metrics scrape.
-//! - [`metrics`]: the Prometheus registry; queue depths are polled by [`broker`].
-//! - [`service`]: wires it all together and shuts it down in order.
-//! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings, logs, the
-//!   command line, and the health check that containers run.
-//!   `main.rs` only calls [`cli::main`].
+//!   suspect message), reading queue depths, migrating a chain, requeueing
+//!   the unroutable queue. It knows nothing of tasks or ledgers.
+//! - [`metrics`]: the Prometheus registry, and the poller that reads queue
+//!   depths into it.
+//! - [`service`]: builds each component from its own settings section, runs
+//!   them, and shuts them down in the order that loses nothing.
+//! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings (validated once;
+//!   secrets never print), logs, the command line, and the health check that
+//!   containers run. `main.rs` only calls [`cli::main`].
 
 pub mod broker;
 pub mod cascade;

@@ -1,4 +1,10 @@
-//! Everything that talks to RabbitMQ: connecting, declaring the plan, publishing.
+//! The adapter to RabbitMQ, and the only module that talks to it: connecting,
+//! declaring the plan it is given (`provision`, `check`, `diagnose`),
+//! publishing the messages it is given (`publisher`), reading depths
+//! (`inspect`, `management`), moving a chain (`migrate`) and requeueing the
+//! unroutable queue (`unroutable`). It knows nothing of tasks, ledgers or
+//! HTTP; channels are opened through [`open_channel`] and confirms read
+//! through [`confirm_outcome`], each written once.
 
 mod check;
 mod diagnose;

@@ -4,8 +4,8 @@
 //! nothing is global). Counters and histograms are updated where the event
 //! happens; values that already live elsewhere (connection state, pending
 //! tasks) are read at scrape time instead of being mirrored, so they cannot
-//! drift. Queue depths come from [`crate::broker::poll_queue_depths`], which
-//! asks the broker over AMQP and needs no management plugin.
+//! drift. Queue depths come from [`poll_queue_depths`] (in `depths`), which
+//! asks the management API where it answers and passive declares otherwise.
 
 mod depths;
 
