@@ -523,9 +523,8 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     let connected_since = connections_named(&publisher, "connected_at");
     assert_eq!(connected_since.len(), 1);
     let level6 = level_series(6);
-    assert_eq!(
-        sample(&app.scrape().await, &level6),
-        Some(0.0),
+    assert!(
+        sample(&app.scrape().await, &level6).is_some(),
         "level 6 is polled"
     );
     delete_queue(&app.cascade.level_queue(6)).await;
