@@ -181,7 +181,14 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             from,
             dry_run: false,
         } => {
-            let old = old_chain(&from, &cascade)?;
+            let mut old = old_chain(&from, &cascade)?;
+            // Copies of cancelled tasks and older revisions of moved ones
+            // stay behind: the new chain may have no release stage to drop them.
+            if let Some(ledger) = open_ledger(&settings).await? {
+                let superseded = ledger.superseded().await;
+                ledger.close().await;
+                old.superseded = crate::broker::Superseded(superseded?);
+            }
             let amqp = &settings.amqp;
             // It alone counts what a quorum queue holds; without it, ready messages are counted.
             let management = amqp.uris().first().and_then(|uri| {
@@ -196,7 +203,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             .await?;
             println!(
                 "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
-                 delivered, {} unroutable messages moved, {} poisoned (in {}); the old chain is deleted",
+                 delivered, {} unroutable messages moved, {} poisoned (in {}), {} copies of \
+                 cancelled or moved tasks dropped; the old chain is deleted",
                 old.prefix,
                 old.version,
                 report.levels,
@@ -207,6 +215,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 report.unroutable,
                 report.poisoned,
                 cascade.poison_queue(),
+                report.superseded,
             );
             for (queue, check) in &report.deleted {
                 println!("deleted {queue}: unbound, drained, then {check}");
@@ -219,7 +228,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                         "moved to {} by migrate-topology, not delivered: {reason}",
                         cascade.poison_queue()
                     );
-                    ledger.mark_failed(id.clone(), why).await?;
+                    ledger.mark_failed(id.clone(), None, why).await?;
                     println!("poisoned task {id}: {reason} (failed in the ledger)");
                 }
                 ledger.close().await;
@@ -306,7 +315,8 @@ fn without_repeats(error: &anyhow::Error) -> String {
 async fn open_ledger(settings: &Settings) -> anyhow::Result<Option<crate::ledger::Ledger>> {
     // A command's commits are not observed.
     let commit_group_size = prometheus_client::metrics::histogram::Histogram::new([1.0]);
-    Ok(crate::ledger::open(&settings.store, commit_group_size).await?)
+    let release_stage = settings.cascade()?.release_stage();
+    Ok(crate::ledger::open(&settings.store, release_stage, commit_group_size).await?)
 }
 
 /// Not yet delivered tasks due later than `cascade` can hold from now: (id, due).

@@ -300,12 +300,27 @@ impl Settings {
                 "store.max_connections must be at least 1".into(),
             ));
         }
+        if self.cascade.release_stage == Some(true) && !self.has_ledger() {
+            return Err(ConfigError::Invalid(
+                "cascade.release_stage = true needs a ledger: the release stage looks every due \
+                 task up in it (store.url is \"none\")"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
-    /// The cascade `[cascade]` describes, validated.
+    /// Whether tasks are recorded (`store.url` is not `none`).
+    pub fn has_ledger(&self) -> bool {
+        self.store.url.expose().trim() != "none"
+    }
+
+    /// The cascade `[cascade]` describes, validated; the release stage, when
+    /// not set, is on exactly when there is a ledger.
     pub fn cascade(&self) -> Result<Cascade, ConfigError> {
-        Ok(self.cascade.clone().validate()?)
+        let mut cascade = self.cascade.clone();
+        cascade.release_stage = Some(cascade.release_stage.unwrap_or(self.has_ledger()));
+        Ok(cascade.validate()?)
     }
 }
 
@@ -338,6 +353,28 @@ mod tests {
         writeln!(too_long.1, "[cascade]\nlevels = 33").unwrap();
         let err = Settings::load(Some(&too_long.0)).unwrap_err().to_string();
         assert!(err.contains("largest levels"), "{err}");
+    }
+
+    #[test]
+    fn the_release_stage_follows_the_ledger_unless_set() {
+        let mut settings = Settings::default();
+        assert!(
+            settings.cascade().unwrap().release_stage(),
+            "default: SQLite"
+        );
+        settings.store.url = "none".into();
+        assert!(!settings.cascade().unwrap().release_stage());
+        settings.cascade.release_stage = Some(true);
+        let err = settings.check().unwrap_err().to_string();
+        assert!(err.contains("needs a ledger"), "{err}");
+        settings.store.url = "".into();
+        settings.cascade.release_stage = Some(false);
+        assert!(!settings.cascade().unwrap().release_stage());
+
+        let mut file = tempfile();
+        writeln!(file.1, "[cascade]\nrelease_stage = false").unwrap();
+        let (_, cascade) = Settings::load(Some(&file.0)).unwrap();
+        assert!(!cascade.release_stage());
     }
 
     #[test]

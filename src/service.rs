@@ -49,7 +49,12 @@ pub async fn run(
 ) -> Result<(), ServiceError> {
     let cascade = Arc::new(cascade);
     let metrics = Arc::new(Metrics::new());
-    let ledger = ledger::open(&settings.store, metrics.ledger_commit_group.clone()).await?;
+    let ledger = ledger::open(
+        &settings.store,
+        cascade.release_stage(),
+        metrics.ledger_commit_group.clone(),
+    )
+    .await?;
     info!(
         business_exchange = cascade.business_exchange(),
         prefix = cascade.prefix(),

@@ -17,7 +17,17 @@ use crate::cascade::{Cascade, MAX_NAME_BYTES, Route, RouteError};
 /// Headers delayline sets itself, and those the broker manages while dead-lettering.
 pub const DELAY_HEADER: &str = "x-delay-ms";
 pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
+/// The task's revision the message was published with: the release stage
+/// drops a copy older than the ledger's (the task was moved since).
+pub const REVISION_HEADER: &str = "x-delayline-revision";
 const BROKER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-last-death"];
+
+/// A header RabbitMQ adds while dead-lettering (`x-death`, `x-first-death-*`,
+/// `x-last-death-*`).
+pub fn is_dead_letter_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
+}
 /// RabbitMQ's sender-selected distribution headers: it routes copies by
 /// them, and refuses a message whose value is not an array (closing the
 /// publishing channel), so they are never passed through.
@@ -88,28 +98,55 @@ pub struct Task {
     pub payload: Vec<u8>,
     pub content_type: String,
     pub headers: Vec<(String, FieldValue)>,
+    /// 1, plus one per reschedule (see [`REVISION_HEADER`]).
+    pub revision: u64,
 }
 
-/// Where an accepted task is: `pending` in the ledger until the broker has
-/// confirmed it, `published` (owned by the broker) after; `failed` when the
-/// broker can never take it (quarantined, with the reason in `last_error`).
+/// Where an accepted task is:
+/// - `pending`: in the ledger, not yet confirmed by the broker;
+/// - `scheduled`: in the cascade (owned by the broker);
+/// - `releasing`: due, taken by the release stage, being delivered: too late
+///   to cancel or move;
+/// - `delivered`: confirmed by the business exchange (release stage only;
+///   without it a task stays `scheduled`);
+/// - `cancelled`: withdrawn; it is never delivered;
+/// - `failed`: the broker can never take it (quarantined, with the reason in
+///   `last_error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Pending,
-    Published,
+    Scheduled,
+    Releasing,
+    Delivered,
+    Cancelled,
     Failed,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 3] = [TaskState::Pending, TaskState::Published, TaskState::Failed];
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Pending,
+        TaskState::Scheduled,
+        TaskState::Releasing,
+        TaskState::Delivered,
+        TaskState::Cancelled,
+        TaskState::Failed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Pending => "pending",
-            TaskState::Published => "published",
+            TaskState::Scheduled => "scheduled",
+            TaskState::Releasing => "releasing",
+            TaskState::Delivered => "delivered",
+            TaskState::Cancelled => "cancelled",
             TaskState::Failed => "failed",
         }
+    }
+
+    /// Whether a cancel or a reschedule can still change the task.
+    pub fn is_changeable(self) -> bool {
+        matches!(self, TaskState::Pending | TaskState::Scheduled)
     }
 
     pub fn parse(text: &str) -> Option<TaskState> {
@@ -170,6 +207,11 @@ pub(crate) fn require_object(body: &[u8], at: &str, what: &str) -> Result<(), Ta
 }
 
 impl TaskError {
+    /// The same error, said of the field at the JSON pointer `at`.
+    pub fn at_pointer(self, at: &str) -> TaskError {
+        self.at(at)
+    }
+
     /// The same error, said of the task at the JSON pointer `at`.
     fn at(self, at: &str) -> TaskError {
         if at.is_empty() {
@@ -413,6 +455,7 @@ impl TaskRequest<'_> {
             payload,
             content_type,
             headers: validate_headers(self.headers.unwrap_or_default())?,
+            revision: 1,
         })
     }
 
@@ -426,30 +469,12 @@ impl TaskRequest<'_> {
     }
 
     fn requested_delay(&self, accepted_at_ms: u64) -> Result<Duration, TaskError> {
-        match (&self.delay_ms, &self.delay, &self.deliver_at) {
-            (Some(ms), None, None) => delay_of_ms(ms),
-            (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
-                TaskError::InvalidDelay(format!(
-                    "/delay: {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
-                ))
-            }),
-            (None, None, Some(text)) => {
-                let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| {
-                    TaskError::InvalidDelay(format!(
-                        "/deliver_at: {text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\": {e}"
-                    ))
-                })?;
-                let from = i128::from(accepted_at_ms) * 1_000_000;
-                let nanos = at.unix_timestamp_nanos() - from;
-                // A deliver_at in the past means "now".
-                Ok(Duration::from_nanos(
-                    u64::try_from(nanos.max(0)).unwrap_or(u64::MAX),
-                ))
-            }
-            _ => Err(TaskError::InvalidDelay(
-                "give exactly one of delay_ms, delay or deliver_at".to_owned(),
-            )),
-        }
+        requested_delay(
+            &self.delay_ms,
+            &self.delay,
+            &self.deliver_at,
+            accepted_at_ms,
+        )
     }
 
     fn payload(&self) -> Result<(Vec<u8>, String), TaskError> {
@@ -488,6 +513,76 @@ impl TaskRequest<'_> {
         };
         let content_type = self.content_type.as_deref().unwrap_or(default_type);
         Ok((payload, content_type.to_owned()))
+    }
+}
+
+/// The JSON body of `PATCH /v1/tasks/{id}`: a new due time, nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RescheduleRequest {
+    delay_ms: Option<serde_json::Number>,
+    delay: Option<String>,
+    deliver_at: Option<String>,
+}
+
+/// A task's new delay from `now`, from the body of a reschedule: exactly one
+/// of `delay_ms`, `delay` or `deliver_at`, as on submit. Only the due time
+/// of a task can change.
+pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<Duration, TaskError> {
+    require_object(body, "", "a new due time: {\"delay_ms\": …}")?;
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let request: RescheduleRequest =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            let unknown = error.inner().to_string().starts_with("unknown field");
+            if unknown && error.path().iter().count() == 1 {
+                TaskError::InvalidRequest(format!(
+                    "/{}: only a task's due time can change: give exactly one of delay_ms, \
+                     delay or deliver_at",
+                    error.path()
+                ))
+            } else {
+                TaskError::from_shape(&error, "")
+            }
+        })?;
+    requested_delay(
+        &request.delay_ms,
+        &request.delay,
+        &request.deliver_at,
+        epoch_ms(now),
+    )
+}
+
+/// The delay a request asks for with exactly one of its three fields, from
+/// `accepted_at_ms`; a `deliver_at` in the past is a zero delay.
+fn requested_delay(
+    delay_ms: &Option<serde_json::Number>,
+    delay: &Option<String>,
+    deliver_at: &Option<String>,
+    accepted_at_ms: u64,
+) -> Result<Duration, TaskError> {
+    match (delay_ms, delay, deliver_at) {
+        (Some(ms), None, None) => delay_of_ms(ms),
+        (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
+            TaskError::InvalidDelay(format!(
+                "/delay: {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
+            ))
+        }),
+        (None, None, Some(text)) => {
+            let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| {
+                    TaskError::InvalidDelay(format!(
+                        "/deliver_at: {text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\": {e}"
+                    ))
+                })?;
+            let from = i128::from(accepted_at_ms) * 1_000_000;
+            let nanos = at.unix_timestamp_nanos() - from;
+            // A deliver_at in the past means "now".
+            Ok(Duration::from_nanos(
+                u64::try_from(nanos.max(0)).unwrap_or(u64::MAX),
+            ))
+        }
+        _ => Err(TaskError::InvalidDelay(
+            "give exactly one of delay_ms, delay or deliver_at".to_owned(),
+        )),
     }
 }
 
@@ -536,6 +631,7 @@ fn validate_headers(
             let lower = name.to_ascii_lowercase();
             if lower == DELAY_HEADER
                 || lower == DELIVER_AT_HEADER
+                || lower == REVISION_HEADER
                 || BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
                 || ROUTING_HEADERS.contains(&name.as_str())
             {
@@ -615,7 +711,7 @@ mod tests {
         assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
         assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
         assert_eq!(
-            task.accepted(TaskState::Published).deliver_at,
+            task.accepted(TaskState::Scheduled).deliver_at,
             "2026-01-01T00:00:00.450Z"
         );
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());

@@ -10,6 +10,12 @@
 //! the crash fell between confirm and ack, in both: at worst a duplicate,
 //! never a loss. Re-running finishes the job.
 //!
+//! Messages waiting in the old chain's release queue (its tasks are due)
+//! move on as due tasks: into the new chain's release stage, or to the
+//! business exchange when the new chain has none. Turning the release stage
+//! on or off is such a migration, because it changes level 0's dead-letter
+//! target.
+//!
 //! Unroutable messages move to the new unroutable queue with their
 //! routing key; a message that cannot be rescheduled (no header, a key that
 //! does not parse, a delay beyond the new chain) goes to the new chain's
@@ -50,9 +56,9 @@ use super::provision::declare_queue;
 use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
     Cascade, MAX_LEVELS, destination_of, level_exchange_name, level_queue_name, poison_queue_name,
-    unroutable_queue_name,
+    release_queue_name, unroutable_queue_name,
 };
-use crate::task::{DELIVER_AT_HEADER, epoch_ms};
+use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, epoch_ms};
 
 /// A poisoned message's routing key before it was moved.
 pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
@@ -87,6 +93,31 @@ pub struct OldChain {
     pub business_exchange: String,
     /// Known when the old settings are given; otherwise read off the broker.
     pub levels: Option<u32>,
+    /// Messages of it that must not move on (see [`Superseded`]).
+    pub superseded: Superseded,
+}
+
+/// Messages no longer to be delivered, by task id (the AMQP `message_id`):
+/// those whose revision (header `x-delayline-revision`, 1 without it) is
+/// below the one given. A cancelled task's is `u64::MAX`. Filled from the
+/// ledger, so that a chain moved off the release stage (which drops such
+/// copies when they fall due) does not deliver them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Superseded(pub std::collections::HashMap<String, u64>);
+
+impl Superseded {
+    fn drops(&self, properties: &BasicProperties) -> bool {
+        let Some(id) = properties.message_id() else {
+            return false;
+        };
+        let Some(&keep_from) = self.0.get(id.as_str()) else {
+            return false;
+        };
+        let revision = header_i64(properties, REVISION_HEADER)
+            .and_then(|r| u64::try_from(r).ok())
+            .unwrap_or(1);
+        revision < keep_from
+    }
 }
 
 impl OldChain {
@@ -97,6 +128,7 @@ impl OldChain {
             version,
             business_exchange: new.business_exchange().to_owned(),
             levels: None,
+            superseded: Superseded::default(),
         }
     }
 
@@ -106,6 +138,7 @@ impl OldChain {
             version: old.version(),
             business_exchange: old.business_exchange().to_owned(),
             levels: Some(old.levels()),
+            superseded: Superseded::default(),
         }
     }
 }
@@ -122,6 +155,8 @@ pub struct MigrationReport {
     pub unroutable: u64,
     /// Could not be rescheduled: in the new poison queue.
     pub poisoned: u64,
+    /// Copies of cancelled tasks, or older revisions of moved ones: dropped.
+    pub superseded: u64,
     /// The task ids (AMQP `message_id`) of the messages poisoned here, with
     /// the reason: for the ledger to say so.
     pub poisoned_tasks: Vec<(String, String)>,
@@ -192,6 +227,7 @@ pub(super) enum Kind {
 
 pub(super) struct Mover<'a> {
     pub(super) new: &'a Cascade,
+    pub(super) superseded: Option<&'a Superseded>,
     pub(super) publish: Channel,
     pub(super) report: MigrationReport,
 }
@@ -238,6 +274,7 @@ pub async fn migrate_topology(
 
     let mut mover = Mover {
         new,
+        superseded: Some(&old.superseded),
         publish: channel,
         report: MigrationReport {
             levels,
@@ -265,6 +302,16 @@ pub async fn migrate_topology(
             )
         })
         .collect();
+    let mut bindings = bindings;
+    // The old release stage, if it had one, holds tasks already due: they
+    // move on as due tasks (to the new chain's release stage or business
+    // exchange), in the order they flow, after level 0.
+    let old_release = release_queue_name(&old.prefix, old.version);
+    let has_release_stage = queue_state(connection, &old_release).await?.is_some();
+    if has_release_stage {
+        queues.push((old_release.clone(), Kind::Level { levels }));
+        bindings.push((old_release.clone(), String::new()));
+    }
     if own_unroutable_queue {
         queues.push((old_unroutable, Kind::Unroutable { levels }));
     }
@@ -282,6 +329,7 @@ pub async fn migrate_topology(
             overdue = mover.report.overdue,
             unroutable = mover.report.unroutable,
             poisoned = mover.report.poisoned,
+            superseded = mover.report.superseded,
             "migration pass done"
         );
         if moved == 0
@@ -292,6 +340,9 @@ pub async fn migrate_topology(
             for level in (0..levels).rev() {
                 let exchange = level_exchange_name(&old.prefix, old.version, level);
                 delete_exchange(connection, &exchange).await?;
+            }
+            if has_release_stage {
+                delete_exchange(connection, &old_release).await?;
             }
             mover.report.removed = true;
             let _ = mover.publish.close(200, "migrated".into()).await;
@@ -307,7 +358,8 @@ pub async fn migrate_topology(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Survey {
     pub levels: u32,
-    /// Ready messages in each old level queue that exists, top level first.
+    /// Ready messages in each old level queue that exists, top level first,
+    /// then in the old release queue if there is one.
     pub waiting: Vec<(String, u32)>,
     pub unroutable: u32,
     pub poisoned: u32,
@@ -321,8 +373,12 @@ pub async fn survey(connection: &Connection, old: &OldChain) -> Result<Survey, B
         None => old_levels(connection, old).await?,
     };
     let mut waiting = Vec::new();
-    for level in (0..levels).rev() {
-        let queue = level_queue_name(&old.prefix, old.version, level);
+    let release = release_queue_name(&old.prefix, old.version);
+    let queues = (0..levels)
+        .rev()
+        .map(|level| level_queue_name(&old.prefix, old.version, level))
+        .chain([release]);
+    for queue in queues {
         if let Some(state) = queue_state(connection, &queue).await? {
             waiting.push((queue, state.messages));
         }
@@ -682,6 +738,14 @@ impl Mover<'_> {
         };
         let mut confirms = Vec::with_capacity(window.len());
         for delivery in window {
+            if matches!(kind, Kind::Level { .. })
+                && self
+                    .superseded
+                    .is_some_and(|s| s.drops(&delivery.properties))
+            {
+                self.report.superseded += 1;
+                continue;
+            }
             let (exchange, routing_key, properties) = self.destination(delivery, kind);
             let confirm = self
                 .publish

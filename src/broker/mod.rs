@@ -1,12 +1,14 @@
 //! The adapter to RabbitMQ, and the only module that talks to it: connecting,
 //! declaring the plan it is given (`provision`, `check`, `diagnose`),
-//! publishing the messages it is given (`publisher`), reading depths
+//! publishing the messages it is given (`publisher`), consuming a queue in
+//! windows for the release stage (`consume`), reading depths
 //! (`inspect`, `management`), moving a chain (`migrate`) and requeueing the
 //! unroutable queue (`unroutable`). It knows nothing of tasks, ledgers or
 //! HTTP; channels are opened through [`open_channel`] and confirms read
 //! through [`confirm_outcome`], each written once.
 
 mod check;
+mod consume;
 mod diagnose;
 mod inspect;
 mod management;
@@ -22,12 +24,13 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
 
 pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
+pub use consume::{Inbound, Settle, Window};
 pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
     EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
-    ROUTING_KEY_HEADER, Survey, migrate_topology, survey,
+    ROUTING_KEY_HEADER, Superseded, Survey, migrate_topology, survey,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{

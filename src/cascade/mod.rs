@@ -15,7 +15,7 @@ mod sim;
 
 pub use plan::{
     ArgValue, Arguments, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec,
-    TopologyPlan, level_exchange_name, level_queue_name, poison_queue_name,
+    TopologyPlan, level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
     unroutable_exchange_name, unroutable_queue_name,
 };
 pub use reschedule::{Unschedulable, destination_of};
@@ -35,6 +35,7 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
         prefix: "t".into(),
         version: 1,
         business_exchange: "biz".into(),
+        release_stage: None,
     }
     .validate()
     .expect("valid test cascade")

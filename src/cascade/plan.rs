@@ -30,6 +30,12 @@ pub fn poison_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.poison")
 }
 
+/// The release stage's exchange and queue (one name, two kinds of object):
+/// level 0 dead-letters here when the release stage is on.
+pub fn release_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.release")
+}
+
 /// The alternate exchange of the business exchange.
 pub fn unroutable_exchange_name(business_exchange: &str) -> String {
     format!("{business_exchange}.unroutable")
@@ -146,6 +152,21 @@ impl Cascade {
         poison_queue_name(self.prefix(), self.version())
     }
 
+    /// The release stage's queue, and its exchange of the same name.
+    pub fn release_queue(&self) -> String {
+        release_queue_name(self.prefix(), self.version())
+    }
+
+    /// Where a due task goes: the release stage when it is on, else the
+    /// business exchange.
+    pub fn due_exchange(&self) -> String {
+        if self.release_stage() {
+            self.release_queue()
+        } else {
+            self.business_exchange().to_owned()
+        }
+    }
+
     /// The arguments of every queue of this chain besides the TTL and
     /// dead-letter target: the poison queue, declared by `migrate-topology`, has these.
     pub fn plain_queue(&self, name: String) -> QueueSpec {
@@ -155,11 +176,12 @@ impl Cascade {
         }
     }
 
-    /// Where level `level` sends what leaves it: the next level down, or the business exchange.
+    /// Where level `level` sends what leaves it: the next level down, or
+    /// (from level 0) the release stage or the business exchange.
     pub fn next_exchange(&self, level: u32) -> String {
         match level.checked_sub(1) {
             Some(lower) => self.level_exchange(lower),
-            None => self.business_exchange().to_owned(),
+            None => self.due_exchange(),
         }
     }
 
@@ -234,6 +256,22 @@ impl Cascade {
             target: BindingTarget::Queue(self.unroutable_queue()),
             routing_key: String::new(),
         }];
+        if self.release_stage() {
+            // No TTL and no dead-letter exchange: a due task waits here,
+            // late but never lost, until a delayline releases it.
+            let release = self.release_queue();
+            exchanges.push(ExchangeSpec {
+                name: release.clone(),
+                kind: ExchangeKind::Fanout,
+                arguments: Arguments::new(),
+            });
+            queues.push(self.plain_queue(release.clone()));
+            bindings.push(BindingSpec {
+                source: release.clone(),
+                target: BindingTarget::Queue(release),
+                routing_key: String::new(),
+            });
+        }
 
         for level in (0..self.levels()).rev() {
             let exchange = self.level_exchange(level);
@@ -352,6 +390,67 @@ mod tests {
         }
         for (a, b) in one.queues.iter().zip(&two.queues) {
             assert_ne!(a.name, b.name);
+        }
+    }
+
+    #[test]
+    fn the_release_stage_sits_between_level_zero_and_the_business_exchange() {
+        let cascade = CascadeSettings {
+            levels: 3,
+            prefix: "p".into(),
+            business_exchange: "biz".into(),
+            release_stage: Some(true),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        let plan = cascade.plan();
+        let release = plan
+            .queues
+            .iter()
+            .find(|q| q.name == "p.v1.release")
+            .unwrap();
+        // A quorum queue like the levels, but nothing expires from it.
+        assert_eq!(release.ttl_ms(), None);
+        assert_eq!(release.dead_letter_exchange(), None);
+        assert_eq!(
+            release.arguments.get("x-queue-type"),
+            Some(&ArgValue::Str("quorum".into()))
+        );
+        let level0 = plan
+            .queues
+            .iter()
+            .find(|q| q.name == "p.v1.level00.wait")
+            .unwrap();
+        assert_eq!(level0.dead_letter_exchange(), Some("p.v1.release"));
+        assert!(
+            plan.exchanges
+                .iter()
+                .any(|e| e.name == "p.v1.release" && e.kind == ExchangeKind::Fanout)
+        );
+        assert!(plan.bindings.contains(&BindingSpec {
+            source: "p.v1.release".into(),
+            target: BindingTarget::Queue("p.v1.release".into()),
+            routing_key: String::new(),
+        }));
+        assert_eq!(cascade.route_units(0, "d").entry_exchange, "p.v1.release");
+        // Without the stage, level 0 leads to the business exchange.
+        let off = CascadeSettings {
+            release_stage: Some(false),
+            ..cascade_settings_of(&cascade)
+        }
+        .validate()
+        .unwrap();
+        assert!(off.plan().queues.iter().all(|q| q.name != "p.v1.release"));
+        assert_eq!(off.next_exchange(0), "biz");
+    }
+
+    fn cascade_settings_of(cascade: &Cascade) -> CascadeSettings {
+        CascadeSettings {
+            levels: cascade.levels(),
+            prefix: cascade.prefix().into(),
+            business_exchange: cascade.business_exchange().into(),
+            ..CascadeSettings::default()
         }
     }
 

@@ -10,7 +10,8 @@ use super::settings::{Cascade, MAX_NAME_BYTES};
 pub struct Route {
     /// L binary digits of the delay, most significant first, then the destination.
     pub routing_key: String,
-    /// The exchange of the highest set digit, or the business exchange for a zero delay.
+    /// The exchange of the highest set digit; for a zero delay, the release
+    /// stage (when on) or the business exchange.
     pub entry_exchange: String,
     pub delay_units: u64,
     /// `delay_units * unit_ms`: the requested delay rounded up to the unit.
@@ -120,7 +121,7 @@ impl Cascade {
         routing_key.push_str(destination);
         let entry_exchange = match delay_units.checked_ilog2() {
             Some(highest_set_digit) => self.level_exchange(highest_set_digit),
-            None => self.business_exchange().to_owned(),
+            None => self.due_exchange(),
         };
         Route {
             routing_key,

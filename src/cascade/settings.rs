@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::plan::{
-    level_exchange_name, level_queue_name, poison_queue_name, unroutable_exchange_name,
-    unroutable_queue_name,
+    level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
+    unroutable_exchange_name, unroutable_queue_name,
 };
 
 /// The largest `x-message-ttl` RabbitMQ accepts (10 years, measured on 3.10.8).
@@ -71,6 +71,13 @@ pub struct CascadeSettings {
     pub version: u32,
     /// The exchange tasks are delivered to when their delay has elapsed.
     pub business_exchange: String,
+    /// Whether level 0 dead-letters into a release queue that delayline
+    /// consumes (so a task can be cancelled or moved until it is due)
+    /// instead of straight to the business exchange. Unset: on with a
+    /// ledger, off without one (`crate::config::Settings::cascade`). Part of
+    /// the chain's identity: changing it needs a new version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_stage: Option<bool>,
 }
 
 impl Default for CascadeSettings {
@@ -82,6 +89,7 @@ impl Default for CascadeSettings {
             prefix: "delayline".to_owned(),
             version: 1,
             business_exchange: "delayline.business".to_owned(),
+            release_stage: None,
         }
     }
 }
@@ -155,6 +163,7 @@ impl CascadeSettings {
         check_name("prefix", &level_queue_name(prefix, version, top))?;
         check_name("prefix", &level_exchange_name(prefix, version, top))?;
         check_name("prefix", &poison_queue_name(prefix, version))?;
+        check_name("prefix", &release_queue_name(prefix, version))?;
         let business = &self.business_exchange;
         check_name("business_exchange", &unroutable_exchange_name(business))?;
         check_name(
@@ -215,6 +224,12 @@ impl Cascade {
 
     pub fn business_exchange(&self) -> &str {
         &self.settings.business_exchange
+    }
+
+    /// Level 0 dead-letters into the release queue, which delayline
+    /// consumes, rather than to the business exchange.
+    pub fn release_stage(&self) -> bool {
+        self.settings.release_stage.unwrap_or(false)
     }
 
     /// 2^L - 1: every digit of the routing key set.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::plan::{BindingTarget, TopologyPlan};
+use super::plan::{BindingTarget, ExchangeKind, TopologyPlan};
 
 /// AMQP topic matching of `key` against binding `pattern`.
 pub fn topic_matches(pattern: &str, key: &str) -> bool {
@@ -46,6 +46,14 @@ impl<'a> Simulator<'a> {
         Self { plan, ttl }
     }
 
+    /// A fanout exchange ignores routing keys.
+    fn fanout(&self, exchange: &str) -> bool {
+        self.plan
+            .exchanges
+            .iter()
+            .any(|e| e.name == exchange && e.kind == ExchangeKind::Fanout)
+    }
+
     /// Publishes one message and returns every place a copy of it ends up.
     /// A copy ends at an exchange with no outgoing bindings (the business
     /// exchange), or in a queue without TTL (reported under the queue's name).
@@ -60,7 +68,10 @@ impl<'a> Simulator<'a> {
                 .plan
                 .bindings
                 .iter()
-                .filter(|b| b.source == exchange && topic_matches(&b.routing_key, routing_key))
+                .filter(|b| {
+                    b.source == exchange
+                        && (self.fanout(&exchange) || topic_matches(&b.routing_key, routing_key))
+                })
                 .collect();
             let has_bindings = self.plan.bindings.iter().any(|b| b.source == exchange);
             if !has_bindings {
@@ -166,6 +177,7 @@ mod tests {
         fn any_delay_arrives_after_exactly_its_effective_delay(
             (levels, unit_ms) in levels_and_unit(),
             quorum in any::<bool>(),
+            release_stage in any::<bool>(),
             version in 1u32..1000,
             fraction in 0.0f64..1.1,
             destination in "[a-z0-9_-]{1,8}(\\.[A-Z0-9_-]{1,8}){0,3}",
@@ -173,6 +185,7 @@ mod tests {
             let queue_type = if quorum { QueueType::Quorum } else { QueueType::Classic };
             let settings = CascadeSettings {
                 levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: "biz".into(),
+                release_stage: Some(release_stage),
             };
             let fits = max_levels_for_unit(unit_ms).is_some_and(|max| levels <= max);
             let Ok(c) = settings.validate() else {
@@ -194,8 +207,11 @@ mod tests {
                     prop_assert!(topic_matches(&c.binding_key(&destination), &route.routing_key));
                     let plan = c.plan();
                     let arrivals = Simulator::new(&plan).publish(&route.entry_exchange, &route.routing_key);
+                    // With the release stage, a task arrives in the release
+                    // queue (where delayline takes it) instead of at the business exchange.
+                    let due = if release_stage { c.release_queue() } else { "biz".to_owned() };
                     prop_assert_eq!(arrivals, vec![Arrival {
-                        exchange: "biz".into(),
+                        exchange: due,
                         routing_key: route.routing_key.clone(),
                         elapsed_ms: route.delay_ms,
                     }]);

@@ -14,7 +14,7 @@ use tracing::error;
 
 use crate::broker::PublishError;
 use crate::ledger::LedgerError;
-use crate::scheduler::{InspectError, NotReady, SubmitError};
+use crate::scheduler::{ChangeError, InspectError, NotReady, SubmitError};
 use crate::task::TaskError;
 
 /// Seconds a client should wait before retrying after a broker problem.
@@ -118,6 +118,32 @@ impl From<InspectError> for ApiError {
                 error.to_string(),
             ),
             InspectError::Ledger(error) => error.into(),
+        }
+    }
+}
+
+impl From<ChangeError> for ApiError {
+    fn from(error: ChangeError) -> Self {
+        match error {
+            ChangeError::LedgerDisabled => ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "ledger_disabled",
+                error.to_string(),
+            ),
+            ChangeError::ReleaseStageOff => ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "release_stage_disabled",
+                error.to_string(),
+            ),
+            ChangeError::Route(route) => {
+                let field = if matches!(route, crate::cascade::RouteError::DelayTooLong { .. }) {
+                    "/delay"
+                } else {
+                    ""
+                };
+                TaskError::from(route).at_pointer(field).into()
+            }
+            ChangeError::Ledger(error) => error.into(),
         }
     }
 }

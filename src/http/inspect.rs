@@ -38,12 +38,23 @@ pub struct TaskView {
     pub attempts: u64,
     /// Why the last attempt failed, while the task is pending.
     pub last_error: Option<String>,
+    /// 1, plus one per reschedule.
+    pub revision: u64,
+    /// When the business exchange confirmed its release (release stage only).
+    pub delivered_at: Option<String>,
+    /// `delivered_at` less `deliver_at`, in milliseconds.
+    pub lateness_ms: Option<u64>,
+    pub cancelled_at: Option<String>,
 }
 
 impl From<StoredTask> for TaskView {
     fn from(stored: StoredTask) -> TaskView {
         let kept = stored.payload.as_ref().map_or(0, |p| p.len() as u64);
         TaskView {
+            revision: stored.revision,
+            delivered_at: stored.delivered_at_ms.map(format_epoch_ms),
+            lateness_ms: stored.lateness_ms(),
+            cancelled_at: stored.cancelled_at_ms.map(format_epoch_ms),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),
             created_at: format_epoch_ms(stored.created_at_ms),
@@ -111,8 +122,10 @@ impl ListQuery {
         let state = match self.state.as_deref() {
             None => None,
             Some(text) => Some(TaskState::parse(text).ok_or_else(|| {
+                let states: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).collect();
                 invalid_query(format!(
-                    "state must be pending, published or failed, got {text:?}"
+                    "state must be one of {}, got {text:?}",
+                    states.join(", ")
                 ))
             })?),
         };

@@ -1,7 +1,8 @@
 //! The HTTP API (axum): tasks in, topology and health out.
 //!
 //! One module per resource, each with its own `router()`: `tasks` (taking
-//! tasks in), `inspect` (reading them back), `topology`, `health` (the
+//! tasks in), `inspect` (reading them back), `lifecycle` (cancelling and
+//! moving them), `topology`, `health` (the
 //! probes), `scrape` (`/metrics`); `extract` is the JSON body extractor,
 //! `error` the error shape, `fallback` what no route serves.
 
@@ -10,6 +11,7 @@ mod extract;
 mod fallback;
 mod health;
 mod inspect;
+mod lifecycle;
 mod scrape;
 mod tasks;
 mod topology;
@@ -25,6 +27,7 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
 pub use inspect::{TaskPage, TaskView};
+pub use lifecycle::{CancelItem, CancelResponse};
 pub use tasks::{BatchItem, BatchResponse};
 pub use topology::TopologyView;
 
@@ -59,6 +62,7 @@ pub fn router(state: AppState, http: &HttpSettings) -> Router {
     Router::new()
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())
+        .merge(lifecycle::router())
         .merge(topology::router())
         .merge(health::router())
         .merge(scrape::router())

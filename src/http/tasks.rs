@@ -20,9 +20,30 @@ use crate::scheduler::{Idempotency, Submitted};
 use crate::task::{BatchRequest, Task, TaskAccepted, TaskError, fingerprint, require_object};
 
 /// Names a request so that its retries are answered, not scheduled again.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub(super) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Set on the answer to a retry that was recognised.
-const REPLAYED: &str = "idempotent-replayed";
+pub(super) const REPLAYED: &str = "idempotent-replayed";
+
+/// The Idempotency-Key header, checked: 1 to 255 bytes of visible ASCII.
+pub(super) fn idempotency_key(header: Option<&HeaderValue>) -> Result<Option<String>, ApiError> {
+    let Some(value) = header else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| {
+            !k.is_empty() && k.len() <= MAX_NAME_BYTES && k.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_idempotency_key",
+                format!("Idempotency-Key must be 1 to {MAX_NAME_BYTES} bytes of visible ASCII"),
+            )
+        })?;
+    Ok(Some(key.to_owned()))
+}
 
 /// The Idempotency-Key header, checked, and the request's fingerprint when
 /// the request can be repeated (it has a key or a client-chosen id).
@@ -35,29 +56,7 @@ fn idempotency(
     if !has_ledger {
         return Ok(Idempotency::default());
     }
-    let key = match key_header {
-        None => None,
-        Some(value) => {
-            let key = value
-                .to_str()
-                .ok()
-                .filter(|k| {
-                    !k.is_empty()
-                        && k.len() <= MAX_NAME_BYTES
-                        && k.bytes().all(|b| b.is_ascii_graphic())
-                })
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_idempotency_key",
-                        format!(
-                            "Idempotency-Key must be 1 to {MAX_NAME_BYTES} bytes of visible ASCII"
-                        ),
-                    )
-                })?;
-            Some(key.to_owned())
-        }
-    };
+    let key = idempotency_key(key_header)?;
     let fingerprint = if key.is_some() || task.client_id {
         Some(fingerprint(body)?)
     } else {

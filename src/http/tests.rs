@@ -88,6 +88,15 @@ impl Publish for ScriptedBroker {
     fn isolated(&self) -> Box<dyn PublishAlone> {
         unimplemented!("the forwarder does not run in these tests")
     }
+
+    fn consume(
+        &self,
+        _queue: String,
+        _prefetch: u16,
+        _shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::sync::mpsc::Receiver<crate::broker::Window> {
+        unimplemented!("the release stage does not run in these tests")
+    }
 }
 
 struct Harness {
@@ -140,12 +149,32 @@ fn stateless(broker: ScriptedBroker) -> Harness {
 
 /// With the default ledger (SQLite), in a directory of its own.
 async fn with_ledger(broker: ScriptedBroker) -> Harness {
+    with_ledger_on(broker, cascade()).await
+}
+
+/// With the default ledger and the release stage, as the default
+/// configuration runs (the stage itself does not run: no broker here).
+async fn with_release_stage(broker: ScriptedBroker) -> Harness {
+    let cascade = crate::cascade::CascadeSettings {
+        levels: 12,
+        unit_ms: 100,
+        prefix: "t".into(),
+        business_exchange: "biz".into(),
+        release_stage: Some(true),
+        ..crate::cascade::CascadeSettings::default()
+    }
+    .validate()
+    .unwrap();
+    with_ledger_on(broker, Arc::new(cascade)).await
+}
+
+async fn with_ledger_on(broker: ScriptedBroker, cascade: Arc<Cascade>) -> Harness {
     let dir = std::env::temp_dir().join(format!("delayline-http-{}", uuid::Uuid::new_v4()));
     let store = StoreSettings {
         data_dir: dir.display().to_string(),
         ..StoreSettings::default()
     };
-    let ledger = ledger::open(&store, Histogram::new([1.0]))
+    let ledger = ledger::open(&store, cascade.release_stage(), Histogram::new([1.0]))
         .await
         .unwrap()
         .unwrap();
@@ -154,7 +183,7 @@ async fn with_ledger(broker: ScriptedBroker) -> Harness {
     let scheduler = Scheduler::new(
         broker.clone(),
         Some(ledger),
-        cascade(),
+        cascade,
         metrics.clone(),
         settings(),
     );
@@ -207,6 +236,220 @@ impl Harness {
         self.call(Request::get(path).body(Body::empty()).unwrap())
             .await
     }
+
+    async fn delete(&self, path: &str) -> Answer {
+        self.call(Request::delete(path).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn patch(&self, path: &str, body: &str, key: Option<&str>) -> Answer {
+        let mut request = Request::patch(path).header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        self.call(request.body(Body::from(body.to_owned())).unwrap())
+            .await
+    }
+
+    /// The revision header of the `index`th message published.
+    fn published_revision(&self, index: usize) -> Option<i64> {
+        let published = self.broker.published.lock().unwrap();
+        let headers = published.get(index)?.properties.headers().clone()?;
+        match headers.inner().get(crate::task::REVISION_HEADER)? {
+            lapin::types::AMQPValue::LongLongInt(revision) => Some(*revision),
+            _ => None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_task_is_cancelled_once_and_then_cannot_move() {
+    let harness = with_release_stage(ScriptedBroker::ready()).await;
+    let posted = harness
+        .post("/v1/tasks", r#"{"destination":"d","delay":"100s"}"#, None)
+        .await;
+    assert_eq!(posted.status, StatusCode::ACCEPTED);
+    assert_eq!(posted.body["state"], "scheduled");
+    let id = posted.body["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/tasks/{id}");
+
+    let cancelled = harness.delete(&path).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{}", cancelled.text);
+    assert_eq!(cancelled.body["state"], "cancelled");
+    assert!(cancelled.body["cancelled_at"].is_string());
+    // DELETE is idempotent: the same answer again.
+    let again = harness.delete(&path).await;
+    assert_eq!(
+        (again.status, &again.body["state"]),
+        (StatusCode::OK, &json!("cancelled"))
+    );
+    let moved = harness.patch(&path, r#"{"delay_ms":5}"#, None).await;
+    assert_eq!(
+        (moved.status, moved.code()),
+        (StatusCode::CONFLICT, "task_cancelled")
+    );
+    assert_eq!(harness.get(&path).await.body["state"], "cancelled");
+    assert_eq!(
+        harness.get("/v1/tasks?state=cancelled").await.body["tasks"][0]["id"],
+        json!(id)
+    );
+
+    let unknown = harness.delete("/v1/tasks/nope").await;
+    assert_eq!(
+        (unknown.status, unknown.code()),
+        (StatusCode::NOT_FOUND, "task_not_found")
+    );
+    let scrape = harness.get("/metrics").await.text;
+    assert!(
+        scrape.contains("delayline_tasks_cancelled_total 1"),
+        "{scrape}"
+    );
+}
+
+#[tokio::test]
+async fn a_move_is_a_new_revision_published_with_its_revision() {
+    let harness = with_release_stage(ScriptedBroker::ready()).await;
+    let posted = harness
+        .post(
+            "/v1/tasks",
+            r#"{"destination":"d","delay":"100s","payload":{"n":1}}"#,
+            None,
+        )
+        .await;
+    let id = posted.body["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/tasks/{id}");
+    assert_eq!(harness.published_revision(0), Some(1));
+
+    let moved = harness
+        .patch(&path, r#"{"delay_ms":250}"#, Some("move-1"))
+        .await;
+    assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+    assert_eq!(moved.body["revision"], 2);
+    assert_eq!(moved.body["state"], "scheduled");
+    // Rounded up to the 100 ms unit, never early.
+    assert_eq!(moved.body["delay_ms"], 300);
+    assert_eq!(harness.broker.published(), 2);
+    assert_eq!(harness.published_revision(1), Some(2));
+    // The new copy keeps payload, headers and destination.
+    let copy = harness.broker.published.lock().unwrap()[1].clone();
+    assert_eq!(copy.payload, br#"{"n":1}"#);
+    assert!(copy.routing_key.ends_with(".d"));
+
+    // The same change again under its key: answered, not made again.
+    let replay = harness
+        .patch(&path, r#"{"delay_ms":250}"#, Some("move-1"))
+        .await;
+    assert_eq!(replay.status, StatusCode::OK);
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.body["revision"], 2);
+    assert_eq!(harness.broker.published(), 2);
+    let conflict = harness
+        .patch(&path, r#"{"delay_ms":999}"#, Some("move-1"))
+        .await;
+    assert_eq!(
+        (conflict.status, conflict.code()),
+        (StatusCode::CONFLICT, "idempotency_conflict")
+    );
+
+    for (body, code) in [
+        (r#"{"delay_ms":1,"delay":"1s"}"#, "invalid_delay"),
+        (r#"{"destination":"x","delay_ms":1}"#, "invalid_request"),
+        (r#"{"delay":"soon"}"#, "invalid_delay"),
+        (r#"{"delay":"1000y"}"#, "delay_out_of_range"),
+    ] {
+        let refused = harness.patch(&path, body, None).await;
+        assert_eq!(refused.code(), code, "{body}: {}", refused.text);
+        assert!(refused.status.is_client_error());
+    }
+    let moved_again = harness.patch(&path, r#"{"delay":"2s"}"#, None).await;
+    assert_eq!(moved_again.body["revision"], 3);
+    assert_eq!(harness.broker.published(), 3);
+    let scrape = harness.get("/metrics").await.text;
+    assert!(
+        scrape.contains("delayline_tasks_rescheduled_total 2"),
+        "{scrape}"
+    );
+}
+
+#[tokio::test]
+async fn a_move_whose_publish_fails_leaves_the_new_revision_pending() {
+    let harness = with_release_stage(ScriptedBroker::ready().then_fail(PublishError::Nacked)).await;
+    // The first publish is refused: the task waits, pending, in revision 1.
+    let posted = harness
+        .post("/v1/tasks", r#"{"destination":"d","delay":"100s"}"#, None)
+        .await;
+    assert_eq!(posted.body["state"], "pending");
+    let path = format!("/v1/tasks/{}", posted.body["id"].as_str().unwrap());
+    // A pending task moves too; its new copy is then confirmed.
+    let moved = harness.patch(&path, r#"{"delay":"200s"}"#, None).await;
+    assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
+    assert_eq!(
+        (&moved.body["state"], &moved.body["revision"]),
+        (&json!("scheduled"), &json!(2))
+    );
+}
+
+#[tokio::test]
+async fn a_batch_cancel_answers_each_id_on_its_own() {
+    let harness = with_release_stage(ScriptedBroker::ready()).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let posted = harness
+            .post("/v1/tasks", r#"{"destination":"d","delay":"100s"}"#, None)
+            .await;
+        ids.push(posted.body["id"].as_str().unwrap().to_owned());
+    }
+    let body = json!({"ids": [ids[0], "nope", ids[1]]}).to_string();
+    let answer = harness.post("/v1/tasks/cancel", &body, None).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    let statuses: Vec<u64> = answer.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 404, 200]);
+    assert_eq!(answer.body["results"][1]["error"]["code"], "task_not_found");
+    assert_eq!(answer.body["results"][2]["task"]["state"], "cancelled");
+    // Again, and the same id twice: each answered as cancelled.
+    let body = json!({"ids": [ids[0], ids[0]]}).to_string();
+    let again = harness.post("/v1/tasks/cancel", &body, None).await;
+    assert_eq!(
+        again.body["results"][1]["task"]["state"], "cancelled",
+        "{}",
+        again.text
+    );
+    let too_many = json!({"ids": ["a", "b", "c", "d"]}).to_string();
+    let refused = harness.post("/v1/tasks/cancel", &too_many, None).await;
+    assert_eq!(refused.code(), "batch_too_large");
+    let malformed = harness
+        .post("/v1/tasks/cancel", r#"{"id":"a"}"#, None)
+        .await;
+    assert_eq!(malformed.code(), "invalid_request");
+}
+
+#[tokio::test]
+async fn cancelling_needs_a_ledger_and_the_release_stage() {
+    let stateless = stateless(ScriptedBroker::ready());
+    let answer = stateless.delete("/v1/tasks/x").await;
+    assert_eq!(
+        (answer.status, answer.code()),
+        (StatusCode::NOT_IMPLEMENTED, "ledger_disabled")
+    );
+    let answer = stateless
+        .patch("/v1/tasks/x", r#"{"delay_ms":1}"#, None)
+        .await;
+    assert_eq!(answer.code(), "ledger_disabled");
+    let without_stage = with_ledger(ScriptedBroker::ready()).await;
+    let answer = without_stage.delete("/v1/tasks/x").await;
+    assert_eq!(
+        (answer.status, answer.code()),
+        (StatusCode::NOT_IMPLEMENTED, "release_stage_disabled")
+    );
+    let answer = without_stage
+        .post("/v1/tasks/cancel", r#"{"ids":["x"]}"#, None)
+        .await;
+    assert_eq!(answer.code(), "release_stage_disabled");
 }
 
 #[tokio::test]
@@ -438,7 +681,7 @@ async fn rejections_are_counted_by_code_at_the_scrape() {
         "{text}"
     );
     assert!(
-        text.contains("delayline_tasks_accepted_total{state=\"published\"} 1"),
+        text.contains("delayline_tasks_accepted_total{state=\"scheduled\"} 1"),
         "{text}"
     );
     assert!(text.contains("delayline_broker_connected 1"), "{text}");
@@ -475,6 +718,7 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
     for file in [
         "src/http/tasks.rs",
         "src/http/inspect.rs",
+        "src/http/lifecycle.rs",
         "src/http/extract.rs",
         "src/http/fallback.rs",
         "src/http/error.rs",
@@ -483,6 +727,7 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
         codes.extend(literal_after(&text, "StatusCode::"));
     }
     codes.extend(arms(&read("src/http/error.rs")));
+    codes.extend(arms(&read("src/http/lifecycle.rs")));
     let task = read("src/task.rs");
     let code_fn = task.split("pub fn code(&self)").nth(1).unwrap();
     codes.extend(arms(code_fn.split("\n    }\n").next().unwrap()));

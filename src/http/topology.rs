@@ -29,6 +29,10 @@ pub struct TopologyView {
     pub levels: u32,
     pub max_delay_ms: u64,
     pub queue_type: String,
+    /// The release stage's queue (and exchange), where level 0 leads when
+    /// the stage is on; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub release_queue: Option<String>,
     /// The pattern to bind a queue to the business exchange with, for one destination.
     pub binding_key: String,
     pub queues: Vec<LevelView>,
@@ -44,6 +48,7 @@ impl TopologyView {
             levels: cascade.levels(),
             max_delay_ms: cascade.max_delay_ms(),
             queue_type: cascade.queue_type().as_str().to_owned(),
+            release_queue: cascade.release_stage().then(|| cascade.release_queue()),
             binding_key: cascade.binding_key("{destination}"),
             queues: (0..cascade.levels())
                 .rev()

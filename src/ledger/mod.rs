@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub use cursor::{Cursor, CursorError};
+pub use lifecycle::{Cancel, ChangeKey, Finding, Move, Reschedule};
 pub use record::StoredTask;
 pub use writer::{Admission, Retry};
 
@@ -58,6 +59,9 @@ macro_rules! on_pool {
         }
     };
 }
+
+// After `on_pool!`, which it uses.
+mod lifecycle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -263,9 +267,12 @@ pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, Le
 
 /// Opens (and migrates) the ledger `settings` name, or `None` in the
 /// stateless mode (`store.url = "none"`). `commit_group_size` observes how
-/// many writes each transaction commits.
+/// many writes each transaction commits. With `release_stage`, a task's
+/// whole payload is kept until it is delivered (a move publishes it again),
+/// not only until it is published.
 pub async fn open(
     settings: &StoreSettings,
+    release_stage: bool,
     commit_group_size: Histogram,
 ) -> Result<Option<Ledger>, LedgerError> {
     let Some(location) = Location::parse(settings)? else {
@@ -279,6 +286,7 @@ pub async fn open(
         writes: writer::spawn(
             pool.clone(),
             settings.payload_copy_bytes,
+            release_stage,
             commit_group_size,
             pending.clone(),
         ),
@@ -328,21 +336,34 @@ impl Ledger {
         self.writes.admit(row).await
     }
 
-    /// The broker confirmed the task. Only ever called after a confirm.
-    pub async fn mark_published(&self, id: String) -> Result<(), LedgerError> {
-        self.writes.published(id).await
+    /// The broker confirmed revision `revision` of the task: it is
+    /// scheduled, unless it was moved since (its new copy is then awaited).
+    /// Only ever called after a confirm.
+    pub async fn mark_published(&self, id: String, revision: u64) -> Result<(), LedgerError> {
+        self.writes.published(id, revision).await
     }
 
-    /// Publishing failed: the forwarder takes the task from `retry.retry_at_ms` on.
-    pub async fn retry_later(&self, id: String, retry: Retry) -> Result<(), LedgerError> {
-        self.writes.retry(id, retry).await
+    /// Publishing revision `revision` failed: the forwarder takes the task
+    /// from `retry.retry_at_ms` on.
+    pub async fn retry_later(
+        &self,
+        id: String,
+        revision: u64,
+        retry: Retry,
+    ) -> Result<(), LedgerError> {
+        self.writes.retry(id, revision, retry).await
     }
 
     /// The task can never be delivered: it never publishes (pending), or its
-    /// message was set aside (published, then poisoned by a migration); for
-    /// good, with `reason` as its `last_error`.
-    pub async fn mark_failed(&self, id: String, reason: String) -> Result<(), LedgerError> {
-        self.writes.failed(id, reason).await
+    /// message was set aside (scheduled, then poisoned by a migration); for
+    /// good, with `reason` as its `last_error`. Only `revision` of it, when given.
+    pub async fn mark_failed(
+        &self,
+        id: String,
+        revision: Option<u64>,
+        reason: String,
+    ) -> Result<(), LedgerError> {
+        self.writes.failed(id, revision, reason).await
     }
 
     /// Whether the bound on waiting tasks is reached.
@@ -445,12 +466,23 @@ impl Ledger {
         .and_then(decode_all)
     }
 
-    /// Deletes up to `limit` published or failed tasks that were due before
-    /// `before_ms`; returns how many. Small batches keep each lock short.
+    /// Deletes up to `limit` tasks that are no longer pending and were due
+    /// before `before_ms`, and the idempotency keys of changes made before
+    /// then; returns how many tasks. Small batches keep each lock short. A
+    /// pruned task that still reaches the release stage is delivered: only
+    /// what the ledger shows cancelled is ever dropped.
     pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, LedgerError> {
         const SQL: &str = "DELETE FROM tasks WHERE id IN ( \
-             SELECT id FROM tasks WHERE state IN ('published', 'failed') AND deliver_at_ms < $1 \
-             LIMIT $2)";
+             SELECT id FROM tasks WHERE state <> 'pending' AND deliver_at_ms < $1 LIMIT $2)";
+        const CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
+             SELECT idempotency_key FROM task_changes WHERE created_at_ms < $1 LIMIT $2)";
+        on_pool!(&self.pool, p => sqlx::query(CHANGES)
+            .bind(db_ms(before_ms))
+            .bind(i64::from(limit))
+            .execute(p)
+            .await
+            .map(|_| ()))
+        .context("pruning change keys")?;
         let result = on_pool!(&self.pool, p => sqlx::query(SQL)
             .bind(db_ms(before_ms))
             .bind(i64::from(limit))

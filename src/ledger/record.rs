@@ -32,7 +32,7 @@ pub(super) const INSERT_COLUMNS: [&str; 17] = [
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
      delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
      created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
-     publish_alone, refusals";
+     publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
 
 /// One row of `tasks`. Integers are `i64` because that is what both backends
 /// store; [`Row::decode`] turns them into the domain's types.
@@ -58,6 +58,9 @@ pub(super) struct Row {
     pub last_error: Option<String>,
     pub publish_alone: i64,
     pub refusals: i64,
+    pub revision: i64,
+    pub delivered_at_ms: Option<i64>,
+    pub cancelled_at_ms: Option<i64>,
 }
 
 /// A task as the ledger knows it.
@@ -88,10 +91,23 @@ pub struct StoredTask {
     pub publish_alone: bool,
     /// How often the broker refused it while it was published alone.
     pub refusals: u32,
+    /// 1, plus one per reschedule.
+    pub revision: u64,
+    /// When the business exchange confirmed it (release stage only).
+    pub delivered_at_ms: Option<u64>,
+    pub cancelled_at_ms: Option<u64>,
 }
 
 impl StoredTask {
-    /// The whole payload, which only a pending task is sure to have.
+    /// How late the delivery was: from `deliver_at` to the business
+    /// exchange's confirm.
+    pub fn lateness_ms(&self) -> Option<u64> {
+        self.delivered_at_ms
+            .map(|at| at.saturating_sub(self.deliver_at_ms))
+    }
+
+    /// The whole payload, which only a pending task is sure to have (and,
+    /// with the release stage, a scheduled one).
     pub fn whole_payload(&self) -> Option<&[u8]> {
         self.payload
             .as_deref()
@@ -150,6 +166,9 @@ impl Row {
             last_error: None,
             publish_alone: 0,
             refusals: 0,
+            revision: db_ms(task.revision),
+            delivered_at_ms: None,
+            cancelled_at_ms: None,
         }
     }
 
@@ -174,6 +193,9 @@ impl Row {
             attempts: ms(self.attempts),
             publish_alone: self.publish_alone != 0,
             refusals: u32::try_from(self.refusals).unwrap_or(u32::MAX),
+            revision: ms(self.revision),
+            delivered_at_ms: self.delivered_at_ms.map(ms),
+            cancelled_at_ms: self.cancelled_at_ms.map(ms),
             id: self.id,
             idempotency_key: self.idempotency_key,
             destination: self.destination,

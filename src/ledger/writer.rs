@@ -67,16 +67,25 @@ enum Write {
     },
     Published {
         id: String,
+        revision: u64,
         reply: Reply<()>,
     },
     Retry {
         id: String,
+        revision: u64,
         retry: Retry,
         reply: Reply<()>,
     },
     Failed {
         id: String,
+        /// Only this revision; any revision when `None`.
+        revision: Option<u64>,
         reason: String,
+        reply: Reply<()>,
+    },
+    Delivered {
+        ids: Vec<String>,
+        at_ms: u64,
         reply: Reply<()>,
     },
 }
@@ -99,9 +108,13 @@ pub(super) struct Handle {
 }
 
 /// Starts the writer. It keeps `pending` up to date with what it commits.
+/// The payload is cut down to `payload_copy_bytes` when a task is published,
+/// or, with `keep_payload_until_delivered` (the release stage, where a
+/// scheduled task may be moved and published again), when it is delivered.
 pub(super) fn spawn(
     pool: Pool,
     payload_copy_bytes: u32,
+    keep_payload_until_delivered: bool,
     group_sizes: Histogram,
     pending: Arc<PendingCount>,
 ) -> Handle {
@@ -109,6 +122,7 @@ pub(super) fn spawn(
     let writer = Writer {
         pool,
         payload_copy_bytes,
+        keep_payload_until_delivered,
         group_sizes,
         pending,
     };
@@ -134,16 +148,43 @@ impl Handle {
         .await
     }
 
-    pub async fn published(&self, id: String) -> Result<(), LedgerError> {
-        self.send(|reply| Write::Published { id, reply }).await
+    pub async fn published(&self, id: String, revision: u64) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Published {
+            id,
+            revision,
+            reply,
+        })
+        .await
     }
 
-    pub async fn retry(&self, id: String, retry: Retry) -> Result<(), LedgerError> {
-        self.send(|reply| Write::Retry { id, retry, reply }).await
+    pub async fn retry(&self, id: String, revision: u64, retry: Retry) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Retry {
+            id,
+            revision,
+            retry,
+            reply,
+        })
+        .await
     }
 
-    pub async fn failed(&self, id: String, reason: String) -> Result<(), LedgerError> {
-        self.send(|reply| Write::Failed { id, reason, reply }).await
+    pub async fn failed(
+        &self,
+        id: String,
+        revision: Option<u64>,
+        reason: String,
+    ) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Failed {
+            id,
+            revision,
+            reason,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn delivered(&self, ids: Vec<String>, at_ms: u64) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Delivered { ids, at_ms, reply })
+            .await
     }
 }
 
@@ -151,9 +192,10 @@ impl Handle {
 #[derive(Default)]
 struct Group {
     admits: Vec<(Box<Row>, Reply<Admission>)>,
-    published: Vec<(String, Reply<()>)>,
-    retries: Vec<(String, Retry, Reply<()>)>,
-    failed: Vec<(String, String, Reply<()>)>,
+    published: Vec<((String, i64), Reply<()>)>,
+    retries: Vec<(String, u64, Retry, Reply<()>)>,
+    failed: Vec<(String, Option<u64>, String, Reply<()>)>,
+    delivered: Vec<(Vec<String>, u64, Reply<()>)>,
 }
 
 impl Group {
@@ -162,9 +204,24 @@ impl Group {
         for write in writes {
             match write {
                 Write::Admit { row, reply } => group.admits.push((row, reply)),
-                Write::Published { id, reply } => group.published.push((id, reply)),
-                Write::Retry { id, retry, reply } => group.retries.push((id, retry, reply)),
-                Write::Failed { id, reason, reply } => group.failed.push((id, reason, reply)),
+                Write::Published {
+                    id,
+                    revision,
+                    reply,
+                } => group.published.push(((id, db_ms(revision)), reply)),
+                Write::Retry {
+                    id,
+                    revision,
+                    retry,
+                    reply,
+                } => group.retries.push((id, revision, retry, reply)),
+                Write::Failed {
+                    id,
+                    revision,
+                    reason,
+                    reply,
+                } => group.failed.push((id, revision, reason, reply)),
+                Write::Delivered { ids, at_ms, reply } => group.delivered.push((ids, at_ms, reply)),
             }
         }
         group
@@ -194,7 +251,8 @@ impl Group {
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
             .chain(self.retries.into_iter().map(|(.., reply)| reply))
-            .chain(self.failed.into_iter().map(|(.., reply)| reply));
+            .chain(self.failed.into_iter().map(|(.., reply)| reply))
+            .chain(self.delivered.into_iter().map(|(.., reply)| reply));
         for reply in others {
             let _ = reply.send(result());
         }
@@ -204,6 +262,7 @@ impl Group {
 struct Writer {
     pool: Pool,
     payload_copy_bytes: u32,
+    keep_payload_until_delivered: bool,
     group_sizes: Histogram,
     pending: Arc<PendingCount>,
 }
@@ -225,20 +284,32 @@ impl Writer {
         let mut tx = Tx::begin(&self.pool).await?;
         let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
         let admissions = admit(&mut tx, &rows).await?;
-        let ids: Vec<&str> = group.published.iter().map(|(id, _)| id.as_str()).collect();
+        let ids: Vec<(&str, i64)> = group
+            .published
+            .iter()
+            .map(|((id, revision), _)| (id.as_str(), *revision))
+            .collect();
         let now_ms = db_ms(epoch_ms(std::time::SystemTime::now()));
+        let trim_on_publish = !self.keep_payload_until_delivered;
         let mut published = 0;
         for chunk in statement_sized_chunks(&ids) {
             published += tx
-                .mark_published(chunk, now_ms, self.payload_copy_bytes)
+                .mark_published(chunk, now_ms, trim_on_publish, self.payload_copy_bytes)
                 .await?;
         }
-        for (id, retry, _) in &group.retries {
-            tx.schedule_retry(id, retry).await?;
+        for (id, revision, retry, _) in &group.retries {
+            tx.schedule_retry(id, *revision, retry).await?;
         }
         let mut failed_pending = 0;
-        for (id, reason, _) in &group.failed {
-            failed_pending += u64::from(tx.mark_failed(id, reason).await?);
+        for (id, revision, reason, _) in &group.failed {
+            failed_pending += u64::from(tx.mark_failed(id, *revision, reason).await?);
+        }
+        for (ids, at_ms, _) in &group.delivered {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            for chunk in statement_sized_chunks(&ids) {
+                tx.mark_delivered(chunk, db_ms(*at_ms), self.payload_copy_bytes)
+                    .await?;
+            }
         }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
@@ -290,7 +361,7 @@ const CHUNK: usize = 64;
 // Both backends cap a statement's parameters; SQLite's default is 32,766.
 const _: () = assert!(CHUNK * INSERT_COLUMNS.len() < 32_766);
 
-fn statement_sized_chunks<T>(items: &[T]) -> Vec<&[T]> {
+pub(super) fn statement_sized_chunks<T>(items: &[T]) -> Vec<&[T]> {
     let mut chunks = Vec::new();
     let mut rest = items;
     while !rest.is_empty() {
@@ -347,11 +418,11 @@ fn dedupe_in_group(rows: &[&Row]) -> Vec<Option<Judged>> {
 
 /// The statements of a group's transaction. Both backends take the same
 /// text: `$N` placeholders, nothing either dialect lacks.
-mod sql {
+pub(super) mod sql {
     use super::super::record::{COLUMNS, INSERT_COLUMNS};
 
     /// `$first, $first+1, …` for `count` parameters.
-    fn placeholders(first: usize, count: usize) -> String {
+    pub fn placeholders(first: usize, count: usize) -> String {
         (first..first + count)
             .map(|n| format!("${n}"))
             .collect::<Vec<_>>()
@@ -373,29 +444,62 @@ mod sql {
         )
     }
 
-    /// Marks `ids` pending tasks published at `$1`, keeping the first `$3`
-    /// bytes of the payload (none when `$2` is 0); the ids are `$4…`.
+    /// `(id, revision) IN (VALUES ($first, $first+1), …)` for `pairs` pairs.
+    pub fn id_revision_pairs(first: usize, pairs: usize) -> String {
+        let values = (0..pairs)
+            .map(|pair| format!("(${}, ${})", first + 2 * pair, first + 2 * pair + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("(id, revision) IN (VALUES {values})")
+    }
+
+    /// Keeps the first `$copy` bytes of the payload (none when `$copy` is 0);
     /// SQLite's `substr` and PostgreSQL's on `bytea` both count bytes.
-    pub fn mark_published(ids: usize) -> String {
+    fn trimmed_payload(copy: usize) -> String {
+        format!("payload = CASE WHEN ${copy} = 0 THEN NULL ELSE substr(payload, 1, ${copy}) END")
+    }
+
+    /// Marks pending tasks scheduled at `$1`, each only in the revision
+    /// given (a task moved since waits for its new copy's confirm); with
+    /// `trim`, keeps `$2` bytes of the payload. The `(id, revision)` pairs
+    /// are `$3…`.
+    pub fn mark_published(pairs: usize, trim: bool) -> String {
+        let payload = if trim {
+            format!(", {}", trimmed_payload(2))
+        } else {
+            // $2 is bound either way, so that the parameters keep their numbers.
+            ", payload = CASE WHEN $2 < 0 THEN NULL ELSE payload END".to_owned()
+        };
         format!(
-            "UPDATE tasks SET state = 'published', last_error = NULL, published_at_ms = $1, \
-             payload = CASE WHEN $2 = 0 THEN NULL ELSE substr(payload, 1, $3) END \
-             WHERE state = 'pending' AND id IN ({})",
-            placeholders(4, ids)
+            "UPDATE tasks SET state = 'scheduled', last_error = NULL, published_at_ms = $1{payload} \
+             WHERE state = 'pending' AND {}",
+            id_revision_pairs(3, pairs)
+        )
+    }
+
+    /// Marks releasing tasks delivered at `$1`, keeping `$2` bytes of the
+    /// payload; the ids are `$3…`.
+    pub fn mark_delivered(ids: usize) -> String {
+        format!(
+            "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1, {} \
+             WHERE state = 'releasing' AND id IN ({})",
+            trimmed_payload(2),
+            placeholders(3, ids)
         )
     }
 
     pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
          publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
          refusals = refusals + $4 \
-         WHERE id = $5 AND state = 'pending'";
+         WHERE id = $5 AND revision = $6 AND state = 'pending'";
 
-    /// Quarantines a task, first if pending (the count of pending tasks
-    /// changes), else if published (a migration set its message aside).
-    pub const FAIL_PENDING: &str =
-        "UPDATE tasks SET state = 'failed', last_error = $1 WHERE id = $2 AND state = 'pending'";
-    pub const FAIL_PUBLISHED: &str =
-        "UPDATE tasks SET state = 'failed', last_error = $1 WHERE id = $2 AND state = 'published'";
+    /// Quarantines a task (in revision `$3`, or any when NULL), first if
+    /// pending (the count of pending tasks changes), else if scheduled (a
+    /// migration set its message aside).
+    pub const FAIL_PENDING: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
+         WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'pending'";
+    pub const FAIL_SCHEDULED: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
+         WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled'";
 
     pub fn holder_by_key() -> String {
         format!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = $1")
@@ -480,32 +584,57 @@ impl Tx {
             .context("looking up a task id")
     }
 
-    /// Returns how many of `ids` were pending and are now published.
+    /// Returns how many of the pairs were pending and are now scheduled.
     async fn mark_published(
         &mut self,
-        ids: &[&str],
+        pairs: &[(&str, i64)],
         now_ms: i64,
+        trim: bool,
         payload_copy_bytes: u32,
     ) -> Result<u64, LedgerError> {
-        let sql = sql::mark_published(ids.len());
+        let sql = sql::mark_published(pairs.len(), trim);
         let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
         on_tx!(self, t => {
-            let mut query = sqlx::query(&sql).bind(now_ms).bind(copy_bytes).bind(copy_bytes);
-            for id in ids {
-                query = query.bind(*id);
+            let mut query = sqlx::query(&sql).bind(now_ms).bind(copy_bytes);
+            for (id, revision) in pairs {
+                query = query.bind(*id).bind(*revision);
             }
             query.execute(&mut **t).await.map(|done| done.rows_affected())
         })
-        .context("marking tasks published")
+        .context("marking tasks scheduled")
     }
 
-    async fn schedule_retry(&mut self, id: &str, retry: &Retry) -> Result<(), LedgerError> {
+    async fn mark_delivered(
+        &mut self,
+        ids: &[&str],
+        at_ms: i64,
+        payload_copy_bytes: u32,
+    ) -> Result<(), LedgerError> {
+        let sql = sql::mark_delivered(ids.len());
+        let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
+        on_tx!(self, t => {
+            let mut query = sqlx::query(&sql).bind(at_ms).bind(copy_bytes);
+            for id in ids {
+                query = query.bind(*id);
+            }
+            query.execute(&mut **t).await.map(|_| ())
+        })
+        .context("marking tasks delivered")
+    }
+
+    async fn schedule_retry(
+        &mut self,
+        id: &str,
+        revision: u64,
+        retry: &Retry,
+    ) -> Result<(), LedgerError> {
         on_tx!(self, t => sqlx::query(sql::SCHEDULE_RETRY)
             .bind(db_ms(retry.retry_at_ms))
             .bind(&retry.error)
             .bind(i64::from(retry.publish_alone))
             .bind(i64::from(retry.refused))
             .bind(id)
+            .bind(db_ms(revision))
             .execute(&mut **t)
             .await
             .map(|_| ()))
@@ -514,11 +643,17 @@ impl Tx {
     }
 
     /// Returns whether the task was pending.
-    async fn mark_failed(&mut self, id: &str, reason: &str) -> Result<bool, LedgerError> {
-        for (sql, was_pending) in [(sql::FAIL_PENDING, true), (sql::FAIL_PUBLISHED, false)] {
+    async fn mark_failed(
+        &mut self,
+        id: &str,
+        revision: Option<u64>,
+        reason: &str,
+    ) -> Result<bool, LedgerError> {
+        for (sql, was_pending) in [(sql::FAIL_PENDING, true), (sql::FAIL_SCHEDULED, false)] {
             let changed = on_tx!(self, t => sqlx::query(sql)
                 .bind(reason)
                 .bind(id)
+                .bind(revision.map(db_ms))
                 .execute(&mut **t)
                 .await
                 .map(|done| done.rows_affected()))
@@ -556,6 +691,9 @@ mod tests {
             last_error: None,
             publish_alone: 0,
             refusals: 0,
+            revision: 1,
+            delivered_at_ms: None,
+            cancelled_at_ms: None,
         }
     }
 
@@ -623,18 +761,37 @@ mod tests {
     }
 
     #[test]
-    fn marking_published_binds_time_and_copy_size_then_the_ids() {
-        let sql = sql::mark_published(3);
-        assert_eq!(parameters(&sql), [1, 2, 3, 4, 5, 6]);
-        assert!(sql.ends_with("WHERE state = 'pending' AND id IN ($4, $5, $6)"));
+    fn marking_scheduled_binds_time_and_copy_size_then_each_id_with_its_revision() {
+        for trim in [true, false] {
+            let sql = sql::mark_published(3, trim);
+            let mut found = parameters(&sql);
+            found.dedup();
+            assert_eq!(found, [1, 2, 3, 4, 5, 6, 7, 8], "{sql}");
+            assert!(
+                sql.ends_with(
+                    "WHERE state = 'pending' AND (id, revision) IN (VALUES ($3, $4), ($5, $6), ($7, $8))"
+                ),
+                "{sql}"
+            );
+            assert_eq!(sql.contains("substr"), trim);
+        }
+    }
+
+    #[test]
+    fn marking_delivered_binds_time_and_copy_size_then_the_ids() {
+        let sql = sql::mark_delivered(2);
+        let mut found = parameters(&sql);
+        found.dedup();
+        assert_eq!(found, [1, 2, 3, 4], "{sql}");
+        assert!(sql.ends_with("WHERE state = 'releasing' AND id IN ($3, $4)"));
     }
 
     #[test]
     fn fixed_statements_number_their_parameters_from_one() {
         for (sql, count) in [
-            (sql::SCHEDULE_RETRY.to_owned(), 5),
-            (sql::FAIL_PENDING.to_owned(), 2),
-            (sql::FAIL_PUBLISHED.to_owned(), 2),
+            (sql::SCHEDULE_RETRY.to_owned(), 6),
+            (sql::FAIL_PENDING.to_owned(), 3),
+            (sql::FAIL_SCHEDULED.to_owned(), 3),
             (sql::holder_by_key(), 1),
             (sql::holder_by_id(), 1),
         ] {

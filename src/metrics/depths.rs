@@ -139,13 +139,14 @@ impl DepthPoller {
         let (_, api) = self.api.as_ref()?;
         let cascade = &self.cascade;
         let pattern = format!(
-            "^({}|{})$",
+            "^({}|{}|{})$",
             regex_escape(&format!(
                 "{}.v{}.level",
                 cascade.prefix(),
                 cascade.version()
             )) + "[0-9]+\\.wait",
-            regex_escape(&cascade.unroutable_queue())
+            regex_escape(&cascade.unroutable_queue()),
+            regex_escape(&cascade.release_queue())
         );
         match api.queues(&pattern).await {
             Ok(counts) => {
@@ -205,6 +206,11 @@ impl DepthPoller {
         self.metrics
             .unroutable_messages
             .set(unroutable_counts.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
+        let release = self.cascade.release_queue();
+        let release_counts = counts.iter().find(|q| q.name == release);
+        self.metrics
+            .release_queue_messages
+            .set(release_counts.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
         stalled
     }
 
@@ -239,6 +245,12 @@ impl DepthPoller {
         self.metrics
             .unroutable_messages
             .set(unroutable.map_or(0, |s| i64::from(s.messages)));
+        if self.cascade.release_stage() {
+            let release = queue_state(connection, &self.cascade.release_queue()).await?;
+            self.metrics
+                .release_queue_messages
+                .set(release.map_or(0, |s| i64::from(s.messages)));
+        }
         Ok(())
     }
 

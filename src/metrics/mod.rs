@@ -26,7 +26,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
-    /// `published`, or `pending` when the ledger holds it for the forwarder.
+    /// `scheduled`, or `pending` when the ledger holds it for the forwarder.
     pub state: &'static str,
 }
 
@@ -45,6 +45,12 @@ pub struct OutcomeLabel {
 pub struct LevelLabel {
     pub level: u32,
     pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `cancelled`, `stale` (an older revision of a moved task) or `duplicate`.
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +80,13 @@ pub struct Metrics {
     pub management_api_up: Gauge,
     pub unroutable_messages: Gauge,
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
+    pub release_queue_messages: Gauge,
+    pub delivery_lateness: Histogram,
+    pub tasks_delivered: Counter,
+    pub tasks_cancelled: Counter,
+    pub tasks_rescheduled: Counter,
+    pub release_dropped: Family<ReasonLabel, Counter>,
+    pub release_unknown: Counter,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
     pub queue_depth_polled: Gauge<f64, AtomicU64>,
 }
@@ -208,6 +221,52 @@ impl Metrics {
             "Messages still waiting in an older version of the chain: run migrate-topology",
             retired_chain_messages.clone(),
         );
+        let release_queue_messages = Gauge::default();
+        registry.register(
+            "release_queue_messages",
+            "Due tasks waiting in the release queue: growing means too few replicas release, \
+             or the business exchange is slow to confirm",
+            release_queue_messages.clone(),
+        );
+        // 1 ms to about 65 s.
+        let delivery_lateness = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        registry.register(
+            "delivery_lateness_seconds",
+            "From a task's deliver_at to the business exchange's confirm of its release",
+            delivery_lateness.clone(),
+        );
+        let tasks_delivered = Counter::default();
+        registry.register(
+            "tasks_delivered",
+            "Tasks the release stage delivered to the business exchange (confirmed)",
+            tasks_delivered.clone(),
+        );
+        let tasks_cancelled = Counter::default();
+        registry.register(
+            "tasks_cancelled",
+            "Tasks cancelled through the API; none of them is delivered",
+            tasks_cancelled.clone(),
+        );
+        let tasks_rescheduled = Counter::default();
+        registry.register(
+            "tasks_rescheduled",
+            "Tasks moved to another due time through the API (a new revision each)",
+            tasks_rescheduled.clone(),
+        );
+        let release_dropped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "release_dropped",
+            "Copies the release stage dropped: of cancelled tasks, of older revisions of moved \
+             tasks (stale), or of tasks already delivered (duplicate)",
+            release_dropped.clone(),
+        );
+        let release_unknown = Counter::default();
+        registry.register(
+            "release_unknown",
+            "Messages the release stage delivered although the ledger did not know their task \
+             (pruned, or another ledger's): never dropped",
+            release_unknown.clone(),
+        );
         let queue_depth_polled = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "queue_depth_polled_timestamp_seconds",
@@ -235,6 +294,13 @@ impl Metrics {
             management_api_up,
             unroutable_messages,
             retired_chain_messages,
+            release_queue_messages,
+            delivery_lateness,
+            tasks_delivered,
+            tasks_cancelled,
+            tasks_rescheduled,
+            release_dropped,
+            release_unknown,
             queue_depth_polled,
         }
     }
@@ -251,6 +317,12 @@ impl Metrics {
 
     pub fn rejected(&self, code: &'static str) {
         self.tasks_rejected.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn dropped_at_release(&self, reason: &'static str) {
+        self.release_dropped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn forwarded(&self, outcome: &'static str) {
@@ -274,8 +346,10 @@ mod tests {
     #[test]
     fn every_family_is_exposed_with_its_prefix() {
         let metrics = Metrics::new();
-        metrics.accepted("published", false);
-        metrics.accepted("published", true);
+        metrics.accepted("scheduled", false);
+        metrics.accepted("scheduled", true);
+        metrics.dropped_at_release("stale");
+        metrics.delivery_lateness.observe(0.004);
         metrics.rejected("invalid_delay");
         metrics.confirm_latency.observe(0.002);
         metrics.forwarded("published");
@@ -288,7 +362,12 @@ mod tests {
             .set(0);
         let text = metrics.encode().unwrap();
         for line in [
-            "delayline_tasks_accepted_total{state=\"published\"} 1",
+            "delayline_tasks_accepted_total{state=\"scheduled\"} 1",
+            "delayline_release_dropped_total{reason=\"stale\"} 1",
+            "delayline_delivery_lateness_seconds_count 1",
+            "delayline_tasks_delivered_total 0",
+            "delayline_tasks_cancelled_total 0",
+            "delayline_release_queue_messages 0",
             "delayline_tasks_replayed_total 1",
             "delayline_tasks_rejected_total{code=\"invalid_delay\"} 1",
             "delayline_publish_confirm_seconds_count 1",

@@ -31,10 +31,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use super::publish::{Publish, message_of};
-use super::{Idempotency, SubmitError, Submitted};
+use super::release::Releaser;
+use super::{ChangeError, Idempotency, SubmitError, Submitted};
 use crate::broker::{LateConfirm, Message, PublishError, Published};
 use crate::cascade::Cascade;
-use crate::ledger::{Admission, Ledger, Retry, StoredTask};
+use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskState, epoch_ms};
 
@@ -130,39 +131,103 @@ impl Bookkeeper {
                 });
             }
         }
-        let state = match self.broker.publish_bounded(message).await {
-            Ok(Published::Confirmed) => {
-                self.record_published(&task.id).await;
-                TaskState::Published
-            }
-            Ok(Published::Late(late)) => {
-                self.watch_late(&task.id, late, 0).await;
-                TaskState::Pending
-            }
-            Err(publish_error) => {
-                debug!(task_id = %task.id, error = %publish_error, "kept pending for the forwarder");
-                self.record_retry(&task.id, &publish_error, now_ms, false)
-                    .await;
-                TaskState::Pending
-            }
-        };
+        let state = self.publish_recorded(task, message, now_ms).await;
         Ok(Submitted {
             accepted: task.accepted(state),
             replayed: false,
         })
     }
 
-    /// Starts the forwarder and the retention pruner; both end with `shutdown`.
+    /// Publishes a task the ledger holds as pending (leased to the caller),
+    /// and records the outcome: scheduled once confirmed; otherwise pending
+    /// for the forwarder, or for the watcher of its late confirm.
+    async fn publish_recorded(&self, task: &Task, message: Message, now_ms: u64) -> TaskState {
+        match self.broker.publish_bounded(message).await {
+            Ok(Published::Confirmed) => {
+                self.record_published(&task.id, task.revision).await;
+                TaskState::Scheduled
+            }
+            Ok(Published::Late(late)) => {
+                self.watch_late(&task.id, task.revision, late, 0).await;
+                TaskState::Pending
+            }
+            Err(publish_error) => {
+                debug!(task_id = %task.id, error = %publish_error, "kept pending for the forwarder");
+                self.record_retry(&task.id, task.revision, &publish_error, now_ms, false)
+                    .await;
+                TaskState::Pending
+            }
+        }
+    }
+
+    /// Moves a task to `delay` from now: a new revision is recorded, then
+    /// published as a task is on submit; the release stage drops the old copy.
+    pub async fn reschedule(
+        &self,
+        id: &str,
+        delay: Duration,
+        key: Option<ChangeKey>,
+    ) -> Result<Reschedule, ChangeError> {
+        let Some(current) = self.ledger.get(id).await? else {
+            return Ok(Reschedule::NotFound);
+        };
+        let now_ms = epoch_ms(SystemTime::now());
+        // The destination never changes, so the route can be planned before
+        // the row is changed.
+        let route = self
+            .cascade
+            .route(delay, &current.destination)
+            .map_err(ChangeError::Route)?;
+        let change = Move {
+            deliver_at_ms: now_ms + route.delay_ms,
+            delay_ms: route.delay_ms,
+            routing_key: route.routing_key,
+            lease_until_ms: now_ms + self.lease_ms,
+        };
+        let moved = match self
+            .ledger
+            .reschedule(id, &change, key.as_ref(), now_ms)
+            .await?
+        {
+            Reschedule::Moved(moved) => moved,
+            other => return Ok(other),
+        };
+        self.metrics.tasks_rescheduled.inc();
+        if let Some(task) = self.reroute(&moved).await {
+            self.publish_recorded(&task, message_of(&task), now_ms)
+                .await;
+        }
+        let after = self.ledger.get(id).await?.unwrap_or(moved);
+        Ok(Reschedule::Moved(after))
+    }
+
+    /// Starts the forwarder, the retention pruner and, when the chain has
+    /// one, the release stage; all end with `shutdown`.
     pub fn spawn_background(
         &self,
         retention: Duration,
         prune_every: Duration,
         shutdown: CancellationToken,
     ) -> Vec<JoinHandle<()>> {
-        vec![
+        let mut tasks = vec![
             tokio::spawn(self.clone().forward(shutdown.clone())),
-            tokio::spawn(prune(self.ledger.clone(), retention, prune_every, shutdown)),
-        ]
+            tokio::spawn(prune(
+                self.ledger.clone(),
+                retention,
+                prune_every,
+                shutdown.clone(),
+            )),
+        ];
+        if self.cascade.release_stage() {
+            let releaser = Releaser {
+                broker: self.broker.clone(),
+                ledger: self.ledger.clone(),
+                cascade: self.cascade.clone(),
+                metrics: self.metrics.clone(),
+            };
+            tasks.push(tokio::spawn(releaser.run(shutdown)));
+        }
+        tasks
     }
 
     /// Publishes pending tasks whenever the broker is ready, until `shutdown`.
@@ -242,7 +307,7 @@ impl Bookkeeper {
         match reroute(stored, &self.cascade, now_ms) {
             Ok(task) => Some(task),
             Err(reason) => {
-                self.quarantine(&stored.id, reason).await;
+                self.quarantine(&stored.id, stored.revision, reason).await;
                 None
             }
         }
@@ -255,20 +320,22 @@ impl Bookkeeper {
         outcome: Result<Published, PublishError>,
     ) -> bool {
         let attempts = stored.attempts;
+        let revision = stored.revision;
         match outcome {
             Ok(Published::Confirmed) => {
                 self.metrics.forwarded("published");
-                self.record_published(&stored.id).await;
+                self.record_published(&stored.id, revision).await;
                 true
             }
             Ok(Published::Late(late)) => {
                 self.metrics.forwarded("late");
-                self.watch_late(&stored.id, late, attempts).await;
+                self.watch_late(&stored.id, revision, late, attempts).await;
                 false
             }
             Err(error @ PublishError::TooLarge { .. }) => {
                 self.metrics.forwarded("failed");
-                self.quarantine(&stored.id, error.to_string()).await;
+                self.quarantine(&stored.id, revision, error.to_string())
+                    .await;
                 false
             }
             Err(
@@ -283,25 +350,27 @@ impl Bookkeeper {
                         "RabbitMQ refused the task each of the {MAX_REFUSALS} times it was \
                          published alone: {reason}"
                     );
-                    self.quarantine(&stored.id, why).await;
+                    self.quarantine(&stored.id, revision, why).await;
                 } else {
                     let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
-                    self.record_retry(&stored.id, error, retry_at, true).await;
+                    self.record_retry(&stored.id, revision, error, retry_at, true)
+                        .await;
                 }
                 false
             }
             Err(error) => {
                 self.metrics.forwarded("failed");
                 let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
-                self.record_retry(&stored.id, &error, retry_at, false).await;
+                self.record_retry(&stored.id, revision, &error, retry_at, false)
+                    .await;
                 false
             }
         }
     }
 
-    /// The broker confirmed the task.
-    async fn record_published(&self, id: &str) {
-        if let Err(error) = self.ledger.mark_published(id.to_owned()).await {
+    /// The broker confirmed revision `revision` of the task.
+    async fn record_published(&self, id: &str, revision: u64) {
+        if let Err(error) = self.ledger.mark_published(id.to_owned(), revision).await {
             // The broker owns the task; the forwarder will publish it once
             // more when the lease ends (at-least-once).
             warn!(task_id = %id, %error, "published, but not marked so in the ledger");
@@ -309,7 +378,14 @@ impl Bookkeeper {
     }
 
     /// Leaves the task pending for the forwarder from `retry_at_ms` on.
-    async fn record_retry(&self, id: &str, error: &PublishError, retry_at_ms: u64, refused: bool) {
+    async fn record_retry(
+        &self,
+        id: &str,
+        revision: u64,
+        error: &PublishError,
+        retry_at_ms: u64,
+        refused: bool,
+    ) {
         if error.may_have_landed() {
             self.metrics.publish_unconfirmed.inc();
         }
@@ -319,23 +395,30 @@ impl Bookkeeper {
             publish_alone: error.is_suspect(),
             refused,
         };
-        if let Err(error) = self.ledger.retry_later(id.to_owned(), retry).await {
+        if let Err(error) = self
+            .ledger
+            .retry_later(id.to_owned(), revision, retry)
+            .await
+        {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
         }
     }
 
     /// Takes the task out of the pending ones for good: it can never be published.
-    async fn quarantine(&self, id: &str, reason: String) {
+    async fn quarantine(&self, id: &str, revision: u64, reason: String) {
         error!(task_id = %id, %reason, "task quarantined: it can never be published");
         self.metrics.tasks_failed.inc();
-        if let Err(error) = self.ledger.mark_failed(id.to_owned(), reason).await {
+        let marked = self
+            .ledger
+            .mark_failed(id.to_owned(), Some(revision), reason);
+        if let Err(error) = marked.await {
             warn!(task_id = %id, %error, "quarantine not recorded; retried later");
         }
     }
 
     /// Keeps the task leased while its late confirm is awaited in the
     /// background, then records what the broker decided.
-    async fn watch_late(&self, id: &str, late: LateConfirm, attempts: u64) {
+    async fn watch_late(&self, id: &str, revision: u64, late: LateConfirm, attempts: u64) {
         self.metrics.publish_late.inc();
         let now_ms = epoch_ms(SystemTime::now());
         let waiting = PublishError::Timeout(Duration::from_millis(self.lease_ms - LEASE_MARGIN_MS));
@@ -345,7 +428,10 @@ impl Bookkeeper {
             publish_alone: false,
             refused: false,
         };
-        if let Err(error) = self.ledger.retry_later(id.to_owned(), lease(now_ms)).await {
+        let leased = self
+            .ledger
+            .retry_later(id.to_owned(), revision, lease(now_ms));
+        if let Err(error) = leased.await {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
         }
         let bookkeeper = self.clone();
@@ -360,7 +446,11 @@ impl Bookkeeper {
                 tokio::select! {
                     outcome = &mut outcome => break outcome,
                     _ = renew.tick() => {
-                        let renewed = ledger.retry_later(id.clone(), lease(epoch_ms(SystemTime::now())));
+                        let renewed = ledger.retry_later(
+                            id.clone(),
+                            revision,
+                            lease(epoch_ms(SystemTime::now())),
+                        );
                         if let Err(error) = renewed.await {
                             warn!(task_id = %id, %error, "cannot renew the lease of a late publish");
                         }
@@ -370,12 +460,14 @@ impl Bookkeeper {
             match outcome {
                 Ok(()) => {
                     debug!(task_id = %id, "late confirm: the broker has the task");
-                    bookkeeper.record_published(&id).await;
+                    bookkeeper.record_published(&id, revision).await;
                 }
                 Err(error) => {
                     debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
                     let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
-                    bookkeeper.record_retry(&id, &error, retry_at, false).await;
+                    bookkeeper
+                        .record_retry(&id, revision, &error, retry_at, false)
+                        .await;
                 }
             }
         });
@@ -404,6 +496,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         payload: payload.to_vec(),
         content_type: stored.content_type.clone(),
         headers: stored.headers.clone().into_iter().collect(),
+        revision: stored.revision,
     })
 }
 
@@ -469,6 +562,9 @@ mod tests {
             last_error: None,
             publish_alone: false,
             refusals: 0,
+            revision: 3,
+            delivered_at_ms: None,
+            cancelled_at_ms: None,
         }
     }
 
@@ -485,6 +581,7 @@ mod tests {
             "the header keeps the granted delay"
         );
         assert_eq!(task.payload, b"hi");
+        assert_eq!(task.revision, 3, "a new copy carries the ledger's revision");
         assert_eq!(
             task.headers,
             [("h".to_owned(), crate::task::FieldValue::Int(7))]

@@ -15,6 +15,7 @@
 
 mod bookkeeper;
 mod publish;
+mod release;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +27,12 @@ use tracing::warn;
 
 pub use bookkeeper::MAX_REFUSALS;
 pub use publish::{Publish, PublishAlone, message_of, task_properties};
+pub use release::{RELEASE_WINDOW, Verdict, judge};
 
 use crate::broker::{PublishError, Published};
-use crate::cascade::Cascade;
+use crate::cascade::{Cascade, RouteError};
 use crate::config::Settings;
-use crate::ledger::{Ledger, LedgerError, StoredTask, TaskFilter};
+use crate::ledger::{Cancel, ChangeKey, Ledger, LedgerError, Reschedule, StoredTask, TaskFilter};
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskAccepted, TaskState};
 use bookkeeper::Bookkeeper;
@@ -73,6 +75,26 @@ pub struct Idempotency {
 pub enum InspectError {
     #[error("this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected")]
     LedgerDisabled,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Why a task could not be cancelled or moved.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error(
+        "this service runs without a ledger (store.url = \"none\"): tasks cannot be cancelled \
+         or moved"
+    )]
+    LedgerDisabled,
+    #[error(
+        "the release stage is off (cascade.release_stage = false): a scheduled task reaches the \
+         business exchange without passing delayline, so it cannot be cancelled or moved"
+    )]
+    ReleaseStageOff,
+    /// The new due time cannot be routed (beyond the chain's longest delay).
+    #[error(transparent)]
+    Route(#[from] RouteError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
@@ -222,7 +244,7 @@ impl Scheduler {
                     }
                 }
                 Submitted {
-                    accepted: task.accepted(TaskState::Published),
+                    accepted: task.accepted(TaskState::Scheduled),
                     replayed: false,
                 }
             }
@@ -293,6 +315,44 @@ impl Scheduler {
             Mode::Ledger(bookkeeper) => Ok(bookkeeper.ledger()),
             Mode::Stateless => Err(InspectError::LedgerDisabled),
         }
+    }
+
+    /// The bookkeeper, when tasks can be changed: a ledger, and a release
+    /// stage that looks every due task up in it.
+    fn changeable(&self) -> Result<&Bookkeeper, ChangeError> {
+        match &self.inner.mode {
+            Mode::Stateless => Err(ChangeError::LedgerDisabled),
+            Mode::Ledger(_) if !self.inner.cascade.release_stage() => {
+                Err(ChangeError::ReleaseStageOff)
+            }
+            Mode::Ledger(bookkeeper) => Ok(bookkeeper),
+        }
+    }
+
+    /// Cancels each of `ids` that is still pending or scheduled, at once;
+    /// the outcomes follow the order of `ids`. A task answered cancelled is
+    /// never delivered.
+    pub async fn cancel(&self, ids: &[String]) -> Result<Vec<Cancel>, ChangeError> {
+        let bookkeeper = self.changeable()?;
+        let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+        let outcomes = bookkeeper.ledger().cancel(ids, now_ms).await?;
+        let cancelled = outcomes
+            .iter()
+            .filter(|o| matches!(o, Cancel::Cancelled(_)))
+            .count();
+        self.inner.metrics.tasks_cancelled.inc_by(cancelled as u64);
+        Ok(outcomes)
+    }
+
+    /// Moves a pending or scheduled task to be due `delay` from now (rounded
+    /// up to the unit), as a new revision.
+    pub async fn reschedule(
+        &self,
+        id: &str,
+        delay: Duration,
+        key: Option<ChangeKey>,
+    ) -> Result<Reschedule, ChangeError> {
+        self.changeable()?.reschedule(id, delay, key).await
     }
 
     /// One task as the ledger knows it.

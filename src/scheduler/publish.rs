@@ -8,8 +8,13 @@ use futures_util::future::BoxFuture;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-use crate::broker::{BrokerStatus, IsolatedPublisher, Message, PublishError, Published, Publisher};
-use crate::task::{DELAY_HEADER, DELIVER_AT_HEADER, FieldValue, Task};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{
+    BrokerStatus, IsolatedPublisher, Message, PublishError, Published, Publisher, Window,
+};
+use crate::task::{DELAY_HEADER, DELIVER_AT_HEADER, FieldValue, REVISION_HEADER, Task};
 
 /// What the scheduler needs from the broker.
 pub trait Publish: Send + Sync + 'static {
@@ -25,6 +30,15 @@ pub trait Publish: Send + Sync + 'static {
 
     /// A connection of its own, for messages that must be published alone.
     fn isolated(&self) -> Box<dyn PublishAlone>;
+
+    /// `queue`'s messages, a window at a time, until `shutdown` (the
+    /// release stage's input).
+    fn consume(
+        &self,
+        queue: String,
+        prefetch: u16,
+        shutdown: CancellationToken,
+    ) -> mpsc::Receiver<Window>;
 }
 
 /// Publishes one message at a time where nothing else is published.
@@ -48,6 +62,15 @@ impl Publish for Publisher {
 
     fn isolated(&self) -> Box<dyn PublishAlone> {
         Box::new(Publisher::isolated(self))
+    }
+
+    fn consume(
+        &self,
+        queue: String,
+        prefetch: u16,
+        shutdown: CancellationToken,
+    ) -> mpsc::Receiver<Window> {
+        Publisher::consume(self, queue, prefetch, shutdown)
     }
 }
 
@@ -87,6 +110,7 @@ pub fn task_properties(task: &Task) -> BasicProperties {
     let as_i64 = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
     headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
+    headers.insert(REVISION_HEADER.into(), as_i64(task.revision));
     BasicProperties::default()
         .with_message_id(task.id.as_str().into())
         .with_content_type(task.content_type.as_str().into())

@@ -309,7 +309,7 @@ async fn the_readme_quick_start_runs_as_written() {
         .unwrap();
     let answer: Value = serde_json::from_slice(&posted.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&posted.stdout)));
-    assert_eq!(answer["state"], "published", "{answer}");
+    assert_eq!(answer["state"], "scheduled", "{answer}");
     assert_eq!(answer["delay_ms"], 2000);
     let id = answer["id"].as_str().unwrap().to_owned();
 
@@ -320,6 +320,42 @@ async fn the_readme_quick_start_runs_as_written() {
         .unwrap()
         .unwrap();
     assert_eq!(printed, format!("task {id} arrived: {{'invoice': 42}}"));
+    // As step 3 says: seen delivered, and when.
+    let base = format!("http://127.0.0.1:{port}");
+    crate::common::eventually("the task is seen delivered", async || {
+        let task: Value = reqwest::get(format!("{base}/v1/tasks/{id}"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        task["state"] == "delivered" && task["lateness_ms"].is_u64()
+    })
+    .await;
+
+    // Step 4: moved, then cancelled, as written.
+    let change = readme_block("## Quick start", "sh", 2)
+        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let changed = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&change)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&changed.stdout);
+    // curl prints each answer without a newline: JSON values one after another.
+    let answers: Vec<Value> = serde_json::Deserializer::from_str(&stdout)
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|e| panic!("{e}: {stdout}")))
+        .collect();
+    assert_eq!(answers.len(), 2, "{stdout}");
+    assert_eq!(
+        (&answers[0]["state"], &answers[0]["revision"]),
+        (&json!("scheduled"), &json!(2)),
+        "{stdout}"
+    );
+    assert_eq!(answers[1]["state"], "cancelled", "{stdout}");
+    assert!(answers[1]["cancelled_at"].is_string(), "{stdout}");
     python.kill().await.unwrap();
     let _ = probe.close(200, "done".into()).await;
     terminate(&child);

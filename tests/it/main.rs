@@ -17,3 +17,4 @@ mod ledger;
 mod lifecycle;
 mod migrate;
 mod provision;
+mod release;

@@ -363,7 +363,7 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
     for (id, delay_ms) in [("too-long", 20_000), ("fits", 1_200)] {
         let body = json!({"destination": "moved", "id": id, "delay_ms": delay_ms});
         let (status, accepted) = old_app.post("/v1/tasks", &body).await;
-        assert_eq!((status, &accepted["state"]), (202, &json!("published")));
+        assert_eq!((status, &accepted["state"]), (202, &json!("scheduled")));
     }
     let _old_topology = old_app.stop_keeping_topology().await;
     let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();

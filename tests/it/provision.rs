@@ -284,7 +284,18 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
     );
     assert!(route.contains("delay_ms        10000"), "{route}");
     let plan = run(&["provision", "--dry-run"]);
-    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 5);
+    // Four levels, the unroutable queue and, with the default ledger, the release stage.
+    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 6);
+    assert!(
+        plan.contains("queue    delayline.v1.release durable"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains(
+            "queue    delayline.v1.level00.wait durable x-dead-letter-exchange=\"delayline.v1.release\""
+        ),
+        "{plan}"
+    );
     assert!(
         plan.contains(
             "queue    delayline.v1.level03.wait durable x-dead-letter-exchange=\"delayline.v1.level02\""
@@ -385,6 +396,8 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
             .env("DELAYLINE__CASCADE__UNIT_MS", "50")
             .env("DELAYLINE__CASCADE__QUEUE_TYPE", "classic")
             .env("DELAYLINE__CASCADE__VERSION", version)
+            // As the test's settings have it: no ledger, so no release stage.
+            .env("DELAYLINE__STORE__URL", "none")
             .output()
             .unwrap()
     };

@@ -83,6 +83,7 @@ async fn consume(
 pub struct Precision {
     pub unit_ms: u64,
     pub queue_type: String,
+    pub release_stage: bool,
     pub label: String,
     pub tasks: usize,
     pub received: usize,
@@ -211,6 +212,7 @@ pub async fn precision(
     Ok(Precision {
         unit_ms: sut.cascade.unit_ms(),
         queue_type: sut.cascade.queue_type().as_str().to_owned(),
+        release_stage: sut.cascade.release_stage(),
         label: label.to_owned(),
         tasks,
         received: seen.len(),
@@ -229,7 +231,10 @@ pub async fn precision(
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Drain {
+    /// Queue type, ledger and release stage.
+    pub label: String,
     pub queue_type: String,
+    pub release_stage: bool,
     pub tasks: usize,
     pub received: usize,
     /// From the common due time to the last arrival.
@@ -243,6 +248,7 @@ pub struct Drain {
 pub async fn burst(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
+    label: &str,
     tasks: usize,
     progress: &ProgressBar,
 ) -> anyhow::Result<Drain> {
@@ -311,7 +317,9 @@ pub async fn burst(
     }
     let drain_seconds = (last - due_us) as f64 / 1e6;
     Ok(Drain {
+        label: label.to_owned(),
         queue_type: sut.cascade.queue_type().as_str().to_owned(),
+        release_stage: sut.cascade.release_stage(),
         tasks,
         received,
         drain_seconds,

@@ -145,6 +145,8 @@ async fn main() -> anyhow::Result<()> {
                 QueueType::Quorum,
                 args.channels,
                 &store,
+                // The default: on with a ledger.
+                store != Store::None,
             )
             .await?;
             let progress = bar("ingest");
@@ -195,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
                 QueueType::Quorum,
                 args.channels,
                 &Store::None,
+                false,
             )
             .await?;
             for (label, tasks) in [("low", low), ("high", high)] {
@@ -215,22 +218,74 @@ async fn main() -> anyhow::Result<()> {
             }
             sut.stop().await?;
         }
+        // What the release stage adds at a low rate: the default ledger with
+        // the stage off and on, the same tasks, one after the other.
+        let (min_delay, max_delay) = if args.quick {
+            (100, 2_100)
+        } else {
+            (100, 5_100)
+        };
+        for release_stage in [false, true] {
+            let mut sut = ServiceUnderTest::spawn(
+                &args.amqp_uri,
+                24,
+                10,
+                QueueType::Quorum,
+                args.channels,
+                &Store::Sqlite,
+                release_stage,
+            )
+            .await?;
+            let label = if release_stage {
+                "10ms-release"
+            } else {
+                "10ms-sqlite"
+            };
+            let progress = bar(&format!("precision {label}"));
+            let precision = delivery::precision(
+                &mut sut,
+                &args.amqp_uri,
+                label,
+                low,
+                min_delay,
+                max_delay,
+                &progress,
+            )
+            .await?;
+            progress.finish_and_clear();
+            results.precision.push(precision);
+            sut.stop().await?;
+        }
     }
 
     if run("drain") {
         let tasks = if args.quick { 2_000 } else { 20_000 };
-        for queue_type in [QueueType::Quorum, QueueType::Classic] {
+        // The cascade alone (both queue types), then the default ledger with
+        // the release stage off and on: the stage's cost is the last two side by side.
+        for (queue_type, store, release_stage) in [
+            (QueueType::Quorum, Store::None, false),
+            (QueueType::Classic, Store::None, false),
+            (QueueType::Quorum, Store::Sqlite, false),
+            (QueueType::Quorum, Store::Sqlite, true),
+        ] {
             let mut sut = ServiceUnderTest::spawn(
                 &args.amqp_uri,
                 16,
                 10,
                 queue_type,
                 args.channels,
-                &Store::None,
+                &store,
+                release_stage,
             )
             .await?;
-            let progress = bar(&format!("drain ({})", queue_type.as_str()));
-            let drain = delivery::burst(&mut sut, &args.amqp_uri, tasks, &progress).await?;
+            let label = format!(
+                "{}{}{}",
+                queue_type.as_str(),
+                if store == Store::None { "" } else { "+sqlite" },
+                if release_stage { "+release" } else { "" }
+            );
+            let progress = bar(&format!("drain ({label})"));
+            let drain = delivery::burst(&mut sut, &args.amqp_uri, &label, tasks, &progress).await?;
             progress.finish_and_clear();
             results.drain.push(drain);
             sut.stop().await?;
@@ -363,7 +418,7 @@ fn print_report(results: &Results) {
     }
     if !results.precision.is_empty() {
         println!(
-            "\n{:<14} {:>6} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>12}",
+            "\n{:<14} {:>6} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
             "precision",
             "tasks",
             "due/s",
@@ -373,11 +428,12 @@ fn print_report(results: &Results) {
             "p90",
             "p99",
             "max",
-            "vs due p50"
+            "vs due p50",
+            "vs due p99"
         );
         for p in &results.precision {
             println!(
-                "{:<14} {:>6} {:>8.0} {:>6} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1}",
+                "{:<14} {:>6} {:>8.0} {:>6} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1}",
                 p.label,
                 p.tasks,
                 p.due_per_sec,
@@ -387,7 +443,8 @@ fn print_report(results: &Results) {
                 p.late_p90_ms,
                 p.late_p99_ms,
                 p.late_max_ms,
-                p.after_deliver_at_p50_ms
+                p.after_deliver_at_p50_ms,
+                p.after_deliver_at_p99_ms
             );
         }
         println!(
@@ -396,13 +453,13 @@ fn print_report(results: &Results) {
     }
     if !results.drain.is_empty() {
         println!(
-            "\n{:<10} {:>7} {:>9} {:>10} {:>12} {:>14}",
+            "\n{:<24} {:>7} {:>9} {:>10} {:>12} {:>14}",
             "drain", "tasks", "received", "seconds", "due tasks/s", "first after ms"
         );
         for d in &results.drain {
             println!(
-                "{:<10} {:>7} {:>9} {:>10.2} {:>12.0} {:>14.1}",
-                d.queue_type,
+                "{:<24} {:>7} {:>9} {:>10.2} {:>12.0} {:>14.1}",
+                d.label,
                 d.tasks,
                 d.received,
                 d.drain_seconds,

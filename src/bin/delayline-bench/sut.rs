@@ -81,7 +81,11 @@ impl ServiceUnderTest {
         queue_type: QueueType,
         channels: usize,
         store: &Store,
+        release_stage: bool,
     ) -> anyhow::Result<Self> {
+        if release_stage && *store == Store::None {
+            bail!("the release stage needs a ledger");
+        }
         let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let cascade = CascadeSettings {
             levels,
@@ -90,6 +94,7 @@ impl ServiceUnderTest {
             prefix: format!("bench-{id}"),
             version: 1,
             business_exchange: format!("bench-{id}.business"),
+            release_stage: Some(release_stage),
         }
         .validate()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -116,6 +121,10 @@ impl ServiceUnderTest {
             .env("DELAYLINE__CASCADE__LEVELS", levels.to_string())
             .env("DELAYLINE__CASCADE__UNIT_MS", unit_ms.to_string())
             .env("DELAYLINE__CASCADE__QUEUE_TYPE", queue_type.as_str())
+            .env(
+                "DELAYLINE__CASCADE__RELEASE_STAGE",
+                cascade.release_stage().to_string(),
+            )
             .env("DELAYLINE__CASCADE__PREFIX", cascade.prefix())
             .env(
                 "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",

@@ -248,6 +248,20 @@ impl TestApp {
         app
     }
 
+    /// Starts another replica on `settings`, whose objects and ledger some
+    /// other owner cleans up; without waiting for readiness.
+    pub async fn start_sharing(settings: Settings) -> TestApp {
+        Self::start_with(settings, Cleanup::empty()).await
+    }
+
+    /// Starts again on the topology and ledger `cleanup` kept (see
+    /// [`TestApp::stop_keeping_topology`]), ready.
+    pub async fn resume(settings: Settings, cleanup: Cleanup) -> TestApp {
+        let app = Self::start_with(settings, cleanup).await;
+        app.wait_ready().await;
+        app
+    }
+
     /// Starts without waiting for readiness.
     pub async fn start(settings: Settings) -> TestApp {
         let cleanup = Cleanup::for_settings(&settings);
@@ -794,6 +808,15 @@ pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::
         .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
         .env("DELAYLINE__CASCADE__VERSION", c.version.to_string())
+        .env(
+            "DELAYLINE__CASCADE__RELEASE_STAGE",
+            // As the settings resolve it, so that an unset stage follows the ledger here too.
+            settings
+                .cascade()
+                .expect("valid test settings")
+                .release_stage()
+                .to_string(),
+        )
         .env("DELAYLINE__STORE__URL", settings.store.url.expose())
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
         .env(

@@ -1,0 +1,187 @@
+//! Consuming a queue in windows, on the publisher's connection, for the
+//! release stage.
+//!
+//! The consumer knows nothing of what the messages mean: it hands each
+//! window (every delivery that is there at once, up to the prefetch) to
+//! whoever reads [`Window`]s and settles each delivery as told, acknowledging
+//! or returning it to the queue. It rides on the publisher's connection (no
+//! connection of its own to pay for) and follows it through reconnections:
+//! when the connection is lost, unsettled deliveries return to the queue by
+//! themselves, and consuming resumes on the next connection.
+
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::{Context, Publisher, open_channel};
+
+/// How often the consumer looks for a connection while there is none.
+const RECONNECT_POLL: Duration = Duration::from_millis(100);
+
+/// One message as the queue held it.
+#[derive(Clone, Debug)]
+pub struct Inbound {
+    pub routing_key: String,
+    pub payload: Vec<u8>,
+    pub properties: BasicProperties,
+}
+
+/// What becomes of one delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Done with: the queue forgets it.
+    Ack,
+    /// Not done: back to the queue, to be delivered again.
+    Requeue,
+}
+
+/// The deliveries that were there at once; settle them to receive the next.
+pub struct Window {
+    pub messages: Vec<Inbound>,
+    settled: oneshot::Sender<Vec<Settle>>,
+}
+
+impl Window {
+    /// `settles` follows the order of `messages`; a missing one is requeued.
+    pub fn settle(self, settles: Vec<Settle>) {
+        let _ = self.settled.send(settles);
+    }
+}
+
+impl Publisher {
+    /// Consumes `queue` window by window (at most `prefetch` unsettled
+    /// deliveries), until `shutdown`. Windows come one at a time: the next
+    /// after the previous one is settled.
+    pub fn consume(
+        &self,
+        queue: String,
+        prefetch: u16,
+        shutdown: CancellationToken,
+    ) -> mpsc::Receiver<Window> {
+        let (windows, receiver) = mpsc::channel(1);
+        let publisher = self.clone();
+        tokio::spawn(async move {
+            while !shutdown.is_cancelled() {
+                let Some(connection) = publisher.connection() else {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(RECONNECT_POLL) => continue,
+                    }
+                };
+                let outcome = consume_on(&connection, &queue, prefetch, &windows, &shutdown).await;
+                match outcome {
+                    Ok(Stop::Shutdown) => return,
+                    Ok(Stop::Lost) => debug!(queue, "consumer lost its channel; resuming"),
+                    Err(error) => warn!(queue, %error, "cannot consume; retrying"),
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(RECONNECT_POLL * 5) => {}
+                }
+            }
+        });
+        receiver
+    }
+}
+
+enum Stop {
+    Shutdown,
+    /// The channel or connection went away (or the reader of windows did).
+    Lost,
+}
+
+async fn consume_on(
+    connection: &lapin::Connection,
+    queue: &str,
+    prefetch: u16,
+    windows: &mpsc::Sender<Window>,
+    shutdown: &CancellationToken,
+) -> Result<Stop, super::BrokerError> {
+    let channel = open_channel(connection, || {
+        format!("opening a channel to consume {queue:?}")
+    })
+    .await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .context(|| format!("limiting unacknowledged messages from {queue:?}"))?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .context(|| format!("consuming {queue:?}"))?;
+    let stop = loop {
+        let first = tokio::select! {
+            () = shutdown.cancelled() => break Stop::Shutdown,
+            next = consumer.next() => next,
+        };
+        let Some(Ok(first)) = first else {
+            break Stop::Lost;
+        };
+        let mut deliveries: Vec<Delivery> = vec![first];
+        while deliveries.len() < usize::from(prefetch) {
+            match consumer.next().now_or_never() {
+                Some(Some(Ok(delivery))) => deliveries.push(delivery),
+                _ => break,
+            }
+        }
+        let (settled, answer) = oneshot::channel();
+        let messages = deliveries
+            .iter()
+            .map(|d| Inbound {
+                routing_key: d.routing_key.to_string(),
+                payload: d.data.clone(),
+                properties: d.properties.clone(),
+            })
+            .collect();
+        if windows.send(Window { messages, settled }).await.is_err() {
+            break Stop::Shutdown;
+        }
+        // Unsettled (the reader stopped): they return to the queue with the channel.
+        let Ok(settles) = answer.await else {
+            break Stop::Shutdown;
+        };
+        if settle(&deliveries, &settles).await.is_err() {
+            break Stop::Lost;
+        }
+    };
+    let _ = channel.close(200, "consumer stopping".into()).await;
+    Ok(stop)
+}
+
+/// Acknowledges or requeues each delivery; one `multiple` ack when all are acks.
+async fn settle(deliveries: &[Delivery], settles: &[Settle]) -> Result<(), lapin::Error> {
+    let all_acked = settles.len() == deliveries.len() && settles.iter().all(|s| *s == Settle::Ack);
+    if all_acked {
+        if let Some(last) = deliveries.last() {
+            last.acker.ack(BasicAckOptions { multiple: true }).await?;
+        }
+        return Ok(());
+    }
+    for (index, delivery) in deliveries.iter().enumerate() {
+        match settles.get(index).copied().unwrap_or(Settle::Requeue) {
+            Settle::Ack => {
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+            }
+            Settle::Requeue => {
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                delivery.acker.nack(requeue).await?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! `DELETE /v1/tasks/{id}`, `POST /v1/tasks/cancel` and `PATCH
+//! /v1/tasks/{id}`: withdrawing and moving tasks that are not yet due.
+
+use std::time::SystemTime;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::{ApiError, ErrorBody};
+use super::extract::JsonBody;
+use super::inspect::TaskView;
+use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
+use crate::ledger::{Cancel, ChangeKey, Reschedule, StoredTask};
+use crate::task::{TaskError, TaskState, fingerprint, parse_new_delay, require_object};
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "task_not_found",
+        format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
+    )
+}
+
+/// Why a task that exists cannot be changed, in the state it is in.
+fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
+    let code = match task.state {
+        TaskState::Releasing | TaskState::Delivered => "too_late",
+        TaskState::Cancelled => "task_cancelled",
+        TaskState::Failed => "task_failed",
+        // A changeable task is never answered this way.
+        TaskState::Pending | TaskState::Scheduled => "internal",
+    };
+    let why = match task.state {
+        TaskState::Releasing => "it is due and being delivered",
+        TaskState::Delivered => "it was delivered",
+        TaskState::Cancelled => "it was cancelled",
+        TaskState::Failed => "it failed and is never delivered",
+        TaskState::Pending | TaskState::Scheduled => "it changed meanwhile; retry",
+    };
+    ApiError::new(
+        StatusCode::CONFLICT,
+        code,
+        format!("task {:?} cannot be {change}: {why}", task.id),
+    )
+}
+
+/// What one cancel comes to, as `DELETE` answers it.
+fn cancel_answer(id: &str, outcome: Cancel) -> Result<TaskView, ApiError> {
+    match outcome {
+        Cancel::Cancelled(task) | Cancel::AlreadyCancelled(task) => Ok(TaskView::from(task)),
+        Cancel::Unchangeable(task) => Err(unchangeable(&task, "cancelled")),
+        Cancel::NotFound => Err(not_found(id)),
+    }
+}
+
+/// Cancels a task that is not yet due; repeating it answers the same.
+pub async fn cancel_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let ids = [id];
+    let outcome = state.scheduler.cancel(&ids).await?.pop();
+    let [id] = ids;
+    cancel_answer(&id, outcome.unwrap_or(Cancel::NotFound)).map(Json)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelRequest {
+    ids: Vec<String>,
+}
+
+/// One id's outcome in a batch cancel: `task` when cancelled, `error` otherwise.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct CancelItem {
+    pub id: String,
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub task: Option<TaskView>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct CancelResponse {
+    pub results: Vec<CancelItem>,
+}
+
+/// Cancels many tasks in one ledger transaction, each on its own merits.
+pub async fn cancel_batch(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<CancelResponse>, ApiError> {
+    require_object(&body, "", "{\"ids\": [task id, …]}")?;
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    let request: CancelRequest =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+            let at = e.path().to_string();
+            ApiError::from(TaskError::InvalidRequest(format!(
+                "/{at}: {}; expected {{\"ids\": [task id, …]}}",
+                e.inner()
+                    .to_string()
+                    .split(" at line ")
+                    .next()
+                    .unwrap_or("")
+            )))
+        })?;
+    if request.ids.len() > state.batch_limit {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "batch_too_large",
+            format!(
+                "a batch holds at most {} ids, got {}",
+                state.batch_limit,
+                request.ids.len()
+            ),
+        ));
+    }
+    let outcomes = state.scheduler.cancel(&request.ids).await?;
+    let results = request
+        .ids
+        .into_iter()
+        .zip(outcomes)
+        .map(|(id, outcome)| match cancel_answer(&id, outcome) {
+            Ok(task) => CancelItem {
+                id,
+                status: StatusCode::OK.as_u16(),
+                task: Some(task),
+                error: None,
+            },
+            Err(error) => CancelItem {
+                id,
+                status: error.status.as_u16(),
+                task: None,
+                error: Some(error.body()),
+            },
+        })
+        .collect();
+    Ok(Json(CancelResponse { results }))
+}
+
+/// Moves a task that is not yet due to a new due time (a new revision).
+pub async fn reschedule_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let delay = parse_new_delay(&body, SystemTime::now())?;
+    let key = match idempotency_key(headers.get(IDEMPOTENCY_KEY))? {
+        None => None,
+        Some(key) => Some(ChangeKey {
+            key,
+            // The same change is the same body for the same task (the
+            // ledger compares the task as well).
+            fingerprint: fingerprint(&body)?,
+        }),
+    };
+    let (task, replayed) = match state.scheduler.reschedule(&id, delay, key).await? {
+        Reschedule::Moved(task) => (task, false),
+        Reschedule::Replay(task) => (task, true),
+        Reschedule::Conflict { task_id } => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                format!(
+                    "this Idempotency-Key was already used for a different change (of task \
+                     {task_id:?})"
+                ),
+            ));
+        }
+        Reschedule::Unchangeable(task) => return Err(unchangeable(&task, "moved")),
+        Reschedule::PayloadNotKept(task) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "payload_not_kept",
+                format!(
+                    "task {:?} cannot be moved: the ledger keeps only part of its payload (it \
+                     was published before the release stage kept payloads until delivery); \
+                     cancel it and submit it again",
+                    task.id
+                ),
+            ));
+        }
+        Reschedule::NotFound => return Err(not_found(&id)),
+    };
+    let mut response = Json(TaskView::from(task)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route(
+            "/v1/tasks/{id}",
+            axum::routing::delete(cancel_task).patch(reschedule_task),
+        )
+        .route("/v1/tasks/cancel", axum::routing::post(cancel_batch))
+}

@@ -1,0 +1,399 @@
+//! What happens to a task after it was accepted: cancelled, moved to another
+//! time, or taken by the release stage when due.
+//!
+//! Each decision between a user's change and the release of the same task is
+//! one atomic update of its row, conditioned on the state it comes from: a
+//! cancel or a move succeeds only from `pending` or `scheduled`, a release
+//! only from a state that is neither `cancelled` nor `delivered`, and only
+//! for the revision the message carries. Whichever commits first wins; the
+//! other finds the row changed. That is what makes a `200` to a cancel a
+//! promise that the task is never delivered.
+
+use std::collections::{HashMap, HashSet};
+
+use super::record::{COLUMNS, Row, StoredTask};
+use super::writer::sql::{id_revision_pairs, placeholders};
+use super::writer::statement_sized_chunks;
+use super::{Ledger, LedgerError, Pool, QueryContext, db_ms};
+use crate::task::TaskState;
+
+/// What a cancel found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cancel {
+    /// Cancelled now: it will never be delivered.
+    Cancelled(StoredTask),
+    /// Cancelled before (a repeated cancel changes nothing).
+    AlreadyCancelled(StoredTask),
+    /// Released, delivered or failed: too late to cancel.
+    Unchangeable(StoredTask),
+    NotFound,
+}
+
+/// A task's new due time, as a reschedule sets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub deliver_at_ms: u64,
+    pub delay_ms: u64,
+    pub routing_key: String,
+    /// The new copy is leased to the request that publishes it until then.
+    pub lease_until_ms: u64,
+}
+
+/// A reschedule request's idempotency: its key and the request's fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeKey {
+    pub key: String,
+    pub fingerprint: String,
+}
+
+/// What a reschedule found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reschedule {
+    /// A new revision, pending and leased to the caller, who publishes it.
+    Moved(StoredTask),
+    /// This change was made before under the same key: nothing new.
+    Replay(StoredTask),
+    /// The key was used for another change (of `task_id`).
+    Conflict {
+        task_id: String,
+    },
+    /// Released, delivered, cancelled or failed: it cannot move any more.
+    Unchangeable(StoredTask),
+    /// The ledger keeps only part of its payload (it was published before
+    /// the release stage kept payloads until delivery): no new copy can be made.
+    PayloadNotKept(StoredTask),
+    NotFound,
+}
+
+/// What the ledger says of a message that reached the release stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// The task was due in this revision and is now `releasing`: deliver it.
+    Claimed,
+    /// The ledger does not know the task (pruned, or another ledger's).
+    Absent,
+    /// The task is known, but in this state and revision: not claimed.
+    Found { state: TaskState, revision: u64 },
+}
+
+/// A transaction on either backend's pool.
+macro_rules! in_tx {
+    ($pool:expr, $t:ident => $body:expr) => {
+        match $pool {
+            Pool::Sqlite(p) => {
+                let mut $t = p.begin().await.context("starting a transaction")?;
+                let value = $body;
+                $t.commit().await.context("committing")?;
+                value
+            }
+            Pool::Postgres(p) => {
+                let mut $t = p.begin().await.context("starting a transaction")?;
+                let value = $body;
+                $t.commit().await.context("committing")?;
+                value
+            }
+        }
+    };
+}
+
+fn cancel_sql(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'cancelled', cancelled_at_ms = $1 \
+         WHERE state = $2 AND id IN ({}) RETURNING {COLUMNS}",
+        placeholders(3, ids)
+    )
+}
+
+fn select_sql(ids: usize) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM tasks WHERE id IN ({})",
+        placeholders(1, ids)
+    )
+}
+
+/// A new revision, pending and leased, only from `$6` and only while the
+/// whole payload is kept (the new copy is built from it).
+const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
+     routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
+     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0 \
+     WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes";
+
+const RECORD_CHANGE: &str = "INSERT INTO task_changes (idempotency_key, task_id, fingerprint, \
+     created_at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING idempotency_key";
+
+const FIND_CHANGE: &str =
+    "SELECT task_id, fingerprint FROM task_changes WHERE idempotency_key = $1";
+
+/// Claims `(id, revision)` pairs of tasks in states `$1`: `releasing`.
+fn claim_sql(from: &str, pairs: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id",
+        id_revision_pairs(1, pairs)
+    )
+}
+
+impl Ledger {
+    /// Cancels each of `ids` that is pending or scheduled, in one
+    /// transaction; the outcomes follow the order of `ids`.
+    pub async fn cancel(&self, ids: &[String], now_ms: u64) -> Result<Vec<Cancel>, LedgerError> {
+        let unique: Vec<&str> = {
+            let mut seen = HashSet::new();
+            ids.iter()
+                .map(String::as_str)
+                .filter(|id| seen.insert(*id))
+                .collect()
+        };
+        let mut found: HashMap<String, Cancel> = HashMap::with_capacity(unique.len());
+        let mut was_pending = 0u64;
+        in_tx!(&self.pool, tx => {
+            for from in [TaskState::Pending, TaskState::Scheduled] {
+                let open: Vec<&str> = unique
+                    .iter()
+                    .copied()
+                    .filter(|id| !found.contains_key(*id))
+                    .collect();
+                for chunk in statement_sized_chunks(&open) {
+                    let sql = cancel_sql(chunk.len());
+                    let mut query = sqlx::query_as::<_, Row>(&sql)
+                        .bind(db_ms(now_ms))
+                        .bind(from.as_str());
+                    for id in chunk {
+                        query = query.bind(*id);
+                    }
+                    let rows = query.fetch_all(&mut *tx).await.context("cancelling tasks")?;
+                    if from == TaskState::Pending {
+                        was_pending += rows.len() as u64;
+                    }
+                    for row in rows {
+                        let task = row.decode()?;
+                        found.insert(task.id.clone(), Cancel::Cancelled(task));
+                    }
+                }
+            }
+            let rest: Vec<&str> = unique
+                .iter()
+                .copied()
+                .filter(|id| !found.contains_key(*id))
+                .collect();
+            for chunk in statement_sized_chunks(&rest) {
+                let sql = select_sql(chunk.len());
+                let mut query = sqlx::query_as::<_, Row>(&sql);
+                for id in chunk {
+                    query = query.bind(*id);
+                }
+                for row in query.fetch_all(&mut *tx).await.context("reading tasks")? {
+                    let task = row.decode()?;
+                    let outcome = match task.state {
+                        TaskState::Cancelled => Cancel::AlreadyCancelled(task),
+                        _ => Cancel::Unchangeable(task),
+                    };
+                    found.insert(outcome_id(&outcome).to_owned(), outcome);
+                }
+            }
+        });
+        self.pending.remove(was_pending);
+        Ok(ids
+            .iter()
+            .map(|id| found.get(id).cloned().unwrap_or(Cancel::NotFound))
+            .collect())
+    }
+
+    /// Moves a pending or scheduled task to a new due time as a new
+    /// revision, pending and leased to the caller, who publishes the new
+    /// copy; the release stage drops the old one. With `key`, a repeat of
+    /// the same change is a replay and another change under it a conflict.
+    pub async fn reschedule(
+        &self,
+        id: &str,
+        change: &Move,
+        key: Option<&ChangeKey>,
+        now_ms: u64,
+    ) -> Result<Reschedule, LedgerError> {
+        // An early return leaves the transaction uncommitted: rolled back.
+        let moved: StoredTask = in_tx!(&self.pool, tx => {
+            if let Some(key) = key {
+                let recorded: Option<String> = sqlx::query_scalar(RECORD_CHANGE)
+                    .bind(&key.key)
+                    .bind(id)
+                    .bind(&key.fingerprint)
+                    .bind(db_ms(now_ms))
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .context("recording a change's idempotency key")?;
+                if recorded.is_none() {
+                    let (task_id, fingerprint): (String, String) = sqlx::query_as(FIND_CHANGE)
+                        .bind(&key.key)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .context("looking up a change's idempotency key")?;
+                    if task_id != id || fingerprint != key.fingerprint {
+                        return Ok(Reschedule::Conflict { task_id });
+                    }
+                    let sql = select_sql(1);
+                    let row: Option<Row> = sqlx::query_as(&sql)
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .context("reading a task")?;
+                    return Ok(match row {
+                        Some(row) => Reschedule::Replay(row.decode()?),
+                        None => Reschedule::NotFound,
+                    });
+                }
+            }
+            let sql = format!("{MOVE} RETURNING {COLUMNS}");
+            let mut moved = None;
+            for from in [TaskState::Pending, TaskState::Scheduled] {
+                let row: Option<Row> = sqlx::query_as(&sql)
+                    .bind(db_ms(change.deliver_at_ms))
+                    .bind(db_ms(change.delay_ms))
+                    .bind(&change.routing_key)
+                    .bind(db_ms(change.lease_until_ms))
+                    .bind(id)
+                    .bind(from.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .context("moving a task")?;
+                if let Some(row) = row {
+                    moved = Some((from, row.decode()?));
+                    break;
+                }
+            }
+            let Some((from, task)) = moved else {
+                let sql = select_sql(1);
+                let row: Option<Row> = sqlx::query_as(&sql)
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .context("reading a task")?;
+                return Ok(match row.map(Row::decode).transpose()? {
+                    None => Reschedule::NotFound,
+                    Some(task) if task.state.is_changeable() => Reschedule::PayloadNotKept(task),
+                    Some(task) => Reschedule::Unchangeable(task),
+                });
+            };
+            if from == TaskState::Scheduled {
+                // Committed below: the count may run ahead by one for a moment.
+                self.pending.add(1);
+            }
+            task
+        });
+        Ok(Reschedule::Moved(moved))
+    }
+
+    /// Takes each `(id, revision)` due at the release stage, in one
+    /// transaction: a task that is neither cancelled nor delivered, in the
+    /// message's revision, becomes `releasing`. The findings follow the
+    /// order of `due`.
+    pub async fn claim_release(&self, due: &[(String, u64)]) -> Result<Vec<Finding>, LedgerError> {
+        let pairs: Vec<(&str, i64)> = due
+            .iter()
+            .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
+            .collect();
+        let mut claimed: HashSet<String> = HashSet::with_capacity(pairs.len());
+        let mut found: HashMap<String, (TaskState, u64)> = HashMap::new();
+        let mut was_pending = 0u64;
+        in_tx!(&self.pool, tx => {
+            for (from, pending) in [
+                ("state = 'pending'", true),
+                ("state IN ('scheduled', 'releasing', 'failed')", false),
+            ] {
+                let open: Vec<(&str, i64)> = pairs
+                    .iter()
+                    .copied()
+                    .filter(|(id, _)| !claimed.contains(*id))
+                    .collect();
+                for chunk in statement_sized_chunks(&open) {
+                    let sql = claim_sql(from, chunk.len());
+                    let mut query = sqlx::query_scalar::<_, String>(&sql);
+                    for (id, revision) in chunk {
+                        query = query.bind(*id).bind(*revision);
+                    }
+                    let ids = query
+                        .fetch_all(&mut *tx)
+                        .await
+                        .context("claiming due tasks")?;
+                    if pending {
+                        was_pending += ids.len() as u64;
+                    }
+                    claimed.extend(ids);
+                }
+            }
+            let rest: Vec<&str> = pairs
+                .iter()
+                .map(|(id, _)| *id)
+                .filter(|id| !claimed.contains(*id))
+                .collect();
+            for chunk in statement_sized_chunks(&rest) {
+                let sql = format!(
+                    "SELECT id, state, revision FROM tasks WHERE id IN ({})",
+                    placeholders(1, chunk.len())
+                );
+                let mut query = sqlx::query_as::<_, (String, String, i64)>(&sql);
+                for id in chunk {
+                    query = query.bind(*id);
+                }
+                for (id, state, revision) in
+                    query.fetch_all(&mut *tx).await.context("reading due tasks")?
+                {
+                    let state = TaskState::parse(&state).ok_or_else(|| LedgerError::Corrupt {
+                        id: id.clone(),
+                        reason: format!("unknown state {state:?}"),
+                    })?;
+                    found.insert(id, (state, u64::try_from(revision).unwrap_or(0)));
+                }
+            }
+        });
+        self.pending.remove(was_pending);
+        Ok(due
+            .iter()
+            .map(|(id, _)| {
+                if claimed.contains(id) {
+                    Finding::Claimed
+                } else {
+                    match found.get(id) {
+                        Some(&(state, revision)) => Finding::Found { state, revision },
+                        None => Finding::Absent,
+                    }
+                }
+            })
+            .collect())
+    }
+
+    /// For each task whose older copies must not be delivered, the lowest
+    /// revision still to deliver: a moved task's current one, `u64::MAX` for
+    /// a cancelled task (for `migrate-topology`).
+    pub async fn superseded(&self) -> Result<HashMap<String, u64>, LedgerError> {
+        const SQL: &str =
+            "SELECT id, state, revision FROM tasks WHERE state = 'cancelled' OR revision > 1";
+        let rows: Vec<(String, String, i64)> =
+            on_pool!(&self.pool, p => sqlx::query_as(SQL).fetch_all(p).await)
+                .context("reading cancelled and moved tasks")?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, state, revision)| {
+                let keep_from = if state == TaskState::Cancelled.as_str() {
+                    u64::MAX
+                } else {
+                    u64::try_from(revision).unwrap_or(1)
+                };
+                (id, keep_from)
+            })
+            .collect())
+    }
+
+    /// The tasks the release stage delivered, confirmed by the business
+    /// exchange at `at_ms` (group-committed with the request path's writes).
+    pub async fn mark_delivered(&self, ids: Vec<String>, at_ms: u64) -> Result<(), LedgerError> {
+        self.writes.delivered(ids, at_ms).await
+    }
+}
+
+fn outcome_id(outcome: &Cancel) -> &str {
+    match outcome {
+        Cancel::Cancelled(task) | Cancel::AlreadyCancelled(task) | Cancel::Unchangeable(task) => {
+            &task.id
+        }
+        Cancel::NotFound => "",
+    }
+}

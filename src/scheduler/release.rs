@@ -1,0 +1,344 @@
+//! The release stage: every due task passes through the ledger on its way
+//! to the business exchange.
+//!
+//! Level 0 of the cascade dead-letters into the release queue, which every
+//! replica consumes (competing consumers). For each window of due messages:
+//! 1. the ledger is asked, in one transaction, about all of them: a task that
+//!    is neither cancelled nor delivered, in the revision its message carries,
+//!    becomes `releasing` (from then on a cancel is too late);
+//! 2. what is claimed, and what the ledger does not know (pruned, another
+//!    ledger's), is published to the business exchange with the same routing
+//!    key, properties and headers (mandatory, confirmed, pipelined); what is
+//!    provably not to be delivered (cancelled, an older revision, a copy of a
+//!    task already delivered) is dropped;
+//! 3. the claimed tasks are marked `delivered` at the confirm's time, then
+//!    the window is acknowledged. A message whose publish failed goes back to
+//!    the queue and is released again.
+//!
+//! Marking before acknowledging means that a message redelivered after a lost
+//! acknowledgement finds its task delivered and is dropped as a duplicate; only
+//! a crash between the confirm and that commit delivers a task twice.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::join_all;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::publish::Publish;
+use crate::broker::{Inbound, Message, PublishError, Published, Settle};
+use crate::cascade::Cascade;
+use crate::ledger::{Finding, Ledger};
+use crate::metrics::Metrics;
+use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, TaskState, epoch_ms, is_dead_letter_header};
+
+/// Most unsettled due messages per replica: one window's worth.
+pub const RELEASE_WINDOW: u16 = 256;
+/// After a window some of whose messages could not be published, the wait
+/// before the next, so that a missing business exchange or a blocked broker
+/// is not hammered.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the release stage does with one due message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Claimed in the ledger: publish, then mark delivered.
+    Deliver,
+    /// Unknown to the ledger, or in a state no rule covers: publish anyway
+    /// (only what is provably not to be delivered is dropped).
+    Forward,
+    /// The task was cancelled.
+    DropCancelled,
+    /// An older revision of a task moved since: its new copy is in the cascade.
+    DropStale,
+    /// The task was already delivered in this revision: a second copy.
+    DropDuplicate,
+}
+
+impl Verdict {
+    fn dropped(self) -> Option<&'static str> {
+        match self {
+            Verdict::DropCancelled => Some("cancelled"),
+            Verdict::DropStale => Some("stale"),
+            Verdict::DropDuplicate => Some("duplicate"),
+            Verdict::Deliver | Verdict::Forward => None,
+        }
+    }
+}
+
+/// Judges a message of revision `revision` by what the ledger found.
+pub fn judge(finding: Finding, revision: u64) -> Verdict {
+    match finding {
+        Finding::Claimed => Verdict::Deliver,
+        Finding::Absent => Verdict::Forward,
+        Finding::Found {
+            state: TaskState::Cancelled,
+            ..
+        } => Verdict::DropCancelled,
+        Finding::Found {
+            revision: current, ..
+        } if current > revision => Verdict::DropStale,
+        Finding::Found {
+            state: TaskState::Delivered,
+            revision: current,
+        } if current == revision => Verdict::DropDuplicate,
+        // A revision newer than the ledger's, or a state the claim should
+        // have taken: nothing proves it must not be delivered.
+        Finding::Found { .. } => Verdict::Forward,
+    }
+}
+
+/// The task id and revision a due message carries. A message without a
+/// revision header was published before revisions existed: revision 1.
+fn identity(properties: &BasicProperties) -> Option<(String, u64)> {
+    let id = properties.message_id().as_ref()?.to_string();
+    let revision = header_u64(properties, REVISION_HEADER).unwrap_or(1);
+    Some((id, revision))
+}
+
+/// The properties without what RabbitMQ added on the way down the cascade:
+/// those headers name delayline's level queues, say nothing about the task,
+/// and took the room the frame kept for them, which the new publish would
+/// otherwise count against the task's own headers.
+fn without_dead_letter_headers(properties: &BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties.clone();
+    };
+    let mut kept = FieldTable::default();
+    for (name, value) in headers.inner() {
+        if !is_dead_letter_header(name.as_str()) {
+            kept.insert(name.clone(), value.clone());
+        }
+    }
+    properties.clone().with_headers(kept)
+}
+
+fn header_u64(properties: &BasicProperties, name: &str) -> Option<u64> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongUInt(v) => Some(u64::from(*v)),
+        _ => None,
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Releaser {
+    pub broker: Arc<dyn Publish>,
+    pub ledger: Ledger,
+    pub cascade: Arc<Cascade>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Releaser {
+    /// Releases due tasks until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut windows = self.broker.consume(
+            self.cascade.release_queue(),
+            RELEASE_WINDOW,
+            shutdown.clone(),
+        );
+        while let Some(window) = windows.recv().await {
+            let settles = self.release(&window.messages).await;
+            let retry = settles.contains(&Settle::Requeue);
+            window.settle(settles);
+            if retry {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+                }
+            }
+        }
+    }
+
+    /// One window: how to settle each of its messages.
+    async fn release(&self, messages: &[Inbound]) -> Vec<Settle> {
+        if !self.broker.status().ready {
+            return vec![Settle::Requeue; messages.len()];
+        }
+        let identities: Vec<Option<(String, u64)>> =
+            messages.iter().map(|m| identity(&m.properties)).collect();
+        let due: Vec<(String, u64)> = identities.iter().flatten().cloned().collect();
+        let findings = match self.ledger.claim_release(&due).await {
+            Ok(findings) => findings,
+            Err(error) => {
+                warn!(%error, "cannot look due tasks up in the ledger; they are released later");
+                return vec![Settle::Requeue; messages.len()];
+            }
+        };
+        let mut findings = findings.into_iter();
+        // A second copy of one task in the same window is a duplicate.
+        let mut seen = HashSet::new();
+        let verdicts: Vec<Verdict> = identities
+            .iter()
+            .map(|identity| match identity {
+                None => Verdict::Forward,
+                Some((id, revision)) => {
+                    let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
+                    if verdict == Verdict::Deliver && !seen.insert(id.as_str()) {
+                        Verdict::DropDuplicate
+                    } else {
+                        verdict
+                    }
+                }
+            })
+            .collect();
+        let published = join_all(messages.iter().zip(&verdicts).map(|(message, verdict)| {
+            let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
+            async move {
+                if !publish {
+                    return None;
+                }
+                Some(self.publish(message).await)
+            }
+        }))
+        .await;
+        let delivered_at_ms = epoch_ms(SystemTime::now());
+        let mut delivered = Vec::new();
+        let mut settles = Vec::with_capacity(messages.len());
+        for ((message, verdict), outcome) in messages.iter().zip(&verdicts).zip(published) {
+            if let Some(reason) = verdict.dropped() {
+                self.metrics.dropped_at_release(reason);
+                debug!(task_id = ?message.properties.message_id(), reason, "dropped at release");
+                settles.push(Settle::Ack);
+                continue;
+            }
+            match outcome {
+                Some(Ok(())) => {
+                    self.observe_delivery(message, *verdict, delivered_at_ms);
+                    if *verdict == Verdict::Deliver
+                        && let Some((id, _)) = identity(&message.properties)
+                    {
+                        delivered.push(id);
+                    }
+                    settles.push(Settle::Ack);
+                }
+                Some(Err(error)) => {
+                    warn!(
+                        task_id = ?message.properties.message_id(),
+                        %error,
+                        "a due task could not be released; it is released again"
+                    );
+                    settles.push(Settle::Requeue);
+                }
+                None => settles.push(Settle::Requeue),
+            }
+        }
+        if !delivered.is_empty()
+            && let Err(error) = self.ledger.mark_delivered(delivered, delivered_at_ms).await
+        {
+            // Delivered all the same; a copy that comes again is delivered again.
+            warn!(%error, "delivered tasks not marked so in the ledger");
+        }
+        settles
+    }
+
+    /// To the business exchange, as it was published but for the broker's
+    /// dead-lettering history; a late confirm is awaited.
+    async fn publish(&self, message: &Inbound) -> Result<(), PublishError> {
+        let message = Message {
+            exchange: self.cascade.business_exchange().to_owned(),
+            routing_key: message.routing_key.clone(),
+            payload: message.payload.clone(),
+            properties: without_dead_letter_headers(&message.properties),
+        };
+        match self.broker.publish_bounded(message).await? {
+            Published::Confirmed => Ok(()),
+            Published::Late(late) => late.outcome().await,
+        }
+    }
+
+    fn observe_delivery(&self, message: &Inbound, verdict: Verdict, delivered_at_ms: u64) {
+        let deliver_at_ms = header_u64(&message.properties, DELIVER_AT_HEADER);
+        let lateness_ms = deliver_at_ms.map(|at| delivered_at_ms.saturating_sub(at));
+        if let Some(lateness_ms) = lateness_ms {
+            self.metrics
+                .delivery_lateness
+                .observe(lateness_ms as f64 / 1000.0);
+        }
+        let counter = match verdict {
+            Verdict::Deliver => &self.metrics.tasks_delivered,
+            _ => &self.metrics.release_unknown,
+        };
+        counter.inc();
+        debug!(
+            task_id = ?message.properties.message_id(),
+            lateness_ms,
+            known = verdict == Verdict::Deliver,
+            "delivered"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_is_provably_not_due_is_dropped() {
+        use TaskState::*;
+        let found = |state, revision| Finding::Found { state, revision };
+        assert_eq!(judge(Finding::Claimed, 1), Verdict::Deliver);
+        assert_eq!(judge(Finding::Absent, 1), Verdict::Forward);
+        for state in TaskState::ALL {
+            for (current, message) in [(1, 1), (2, 1), (1, 2), (3, 3)] {
+                let verdict = judge(found(state, current), message);
+                let expected = match (state, current.cmp(&message)) {
+                    (Cancelled, _) => Verdict::DropCancelled,
+                    (_, std::cmp::Ordering::Greater) => Verdict::DropStale,
+                    (Delivered, std::cmp::Ordering::Equal) => Verdict::DropDuplicate,
+                    _ => Verdict::Forward,
+                };
+                assert_eq!(
+                    verdict, expected,
+                    "{state:?} r{current}, message r{message}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_released_copy_leaves_the_dead_lettering_history_behind() {
+        let mut headers = FieldTable::default();
+        headers.insert("x-death".into(), AMQPValue::LongString("levels".into()));
+        headers.insert(
+            "x-first-death-queue".into(),
+            AMQPValue::LongString("q".into()),
+        );
+        headers.insert(
+            "X-Last-Death-Reason".into(),
+            AMQPValue::LongString("expired".into()),
+        );
+        headers.insert("mine".into(), AMQPValue::LongLongInt(1));
+        headers.insert(REVISION_HEADER.into(), AMQPValue::LongLongInt(2));
+        let properties = BasicProperties::default()
+            .with_message_id("t".into())
+            .with_headers(headers);
+        let released = without_dead_letter_headers(&properties);
+        let names: Vec<&str> = released
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(names, ["mine", REVISION_HEADER]);
+        assert_eq!(released.message_id(), properties.message_id());
+    }
+
+    #[test]
+    fn a_message_without_a_revision_is_revision_one() {
+        let mut headers = lapin::types::FieldTable::default();
+        let properties = BasicProperties::default().with_message_id("t".into());
+        assert_eq!(identity(&properties), Some(("t".to_owned(), 1)));
+        headers.insert(REVISION_HEADER.into(), AMQPValue::LongLongInt(4));
+        let properties = properties.with_headers(headers);
+        assert_eq!(identity(&properties), Some(("t".to_owned(), 4)));
+        assert_eq!(identity(&BasicProperties::default()), None);
+    }
+}

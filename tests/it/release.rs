@@ -1,0 +1,438 @@
+//! The release stage against the real broker, in the default configuration
+//! (quorum queues, the SQLite ledger, 100 ms units) unless a test says
+//! otherwise: cancel, move, see delivered; the race between a cancel and the
+//! release of the same task; replicas sharing a PostgreSQL ledger; a service
+//! stopped or killed while tasks fall due; moving a chain onto and off the
+//! release stage.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use delayline::cascade::QueueType;
+use delayline::config::Settings;
+use delayline::task::{REVISION_HEADER, epoch_ms, parse_epoch_ms};
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+
+use crate::common::{
+    Backend, Cleanup, TestApp, TestConsumer, eventually, free_port, queue_depth, run_delayline,
+    sample, spawn_binary, test_settings, wait_ready_at, with_ledger,
+};
+
+/// The default configuration on a chain of its own: quorum, SQLite, 100 ms
+/// units; fewer levels than the default 32 only to provision faster.
+fn default_settings(levels: u32) -> Settings {
+    with_ledger(
+        test_settings(levels, 100, QueueType::Quorum),
+        Backend::Sqlite,
+    )
+}
+
+async fn post_task(app: &TestApp, destination: &str, delay_ms: u64) -> Value {
+    let body = json!({"destination": destination, "delay_ms": delay_ms});
+    let (status, accepted) = app.post("/v1/tasks", &body).await;
+    assert_eq!(status, 202, "{accepted}");
+    accepted
+}
+
+async fn delete(app: &TestApp, id: &str) -> (u16, Value) {
+    let response = app
+        .http
+        .delete(format!("{}/v1/tasks/{id}", app.base))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn patch(app: &TestApp, id: &str, body: &Value) -> (u16, Value) {
+    let response = app
+        .http
+        .patch(format!("{}/v1/tasks/{id}", app.base))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn id_of(task: &Value) -> String {
+    task["id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_task_is_never_delivered_and_a_delivered_one_is_seen_delivered() {
+    // The whole default chain: 32 levels.
+    let mut app = TestApp::spawn(default_settings(32)).await;
+    assert!(app.cascade.release_stage(), "on by default with a ledger");
+    let mut consumer = TestConsumer::bind(&mut app, "#.orders").await;
+    let kept = post_task(&app, "orders", 1_500).await;
+    let cancelled = post_task(&app, "orders", 1_500).await;
+
+    let (status, answer) = delete(&app, &id_of(&cancelled)).await;
+    assert_eq!(
+        (status, &answer["state"]),
+        (200, &json!("cancelled")),
+        "{answer}"
+    );
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the task that was kept arrives");
+    assert_eq!(message.message_id(), id_of(&kept));
+    let deliver_at = parse_epoch_ms(kept["deliver_at"].as_str().unwrap()).unwrap();
+    assert!(message.received_at_ms >= deliver_at, "early");
+    assert_eq!(message.header_i64(REVISION_HEADER), Some(1));
+    // Well past the cancelled task's due time: it never comes.
+    assert!(consumer.next(Duration::from_secs(2)).await.is_none());
+
+    eventually("the kept task is seen delivered", async || {
+        app.get(&format!("/v1/tasks/{}", id_of(&kept))).await.1["state"] == "delivered"
+    })
+    .await;
+    let (_, seen) = app.get(&format!("/v1/tasks/{}", id_of(&kept))).await;
+    let delivered_at = parse_epoch_ms(seen["delivered_at"].as_str().unwrap()).unwrap();
+    assert!(delivered_at >= deliver_at, "{seen}");
+    assert_eq!(seen["lateness_ms"], json!(delivered_at - deliver_at));
+    let (status, late) = delete(&app, &id_of(&kept)).await;
+    assert_eq!(
+        (status, &late["error"]["code"]),
+        (409, &json!("too_late")),
+        "{late}"
+    );
+    let (status, late) = patch(&app, &id_of(&kept), &json!({"delay_ms": 100})).await;
+    assert_eq!((status, &late["error"]["code"]), (409, &json!("too_late")));
+
+    let (_, page) = app.get("/v1/tasks?state=delivered").await;
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1, "{page}");
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(&scrape, "delayline_tasks_delivered_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "delayline_tasks_cancelled_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "delayline_release_dropped_total{reason=\"cancelled\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "delayline_delivery_lateness_seconds_count"),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_moved_earlier_or_later_arrives_once_at_its_new_time_never_early() {
+    let mut app = TestApp::spawn(default_settings(8)).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.moved").await;
+    let earlier = post_task(&app, "moved", 6_000).await;
+    let later = post_task(&app, "moved", 600).await;
+
+    let (status, moved_earlier) = patch(&app, &id_of(&earlier), &json!({"delay": "1s"})).await;
+    assert_eq!(status, 200, "{moved_earlier}");
+    assert_eq!(moved_earlier["revision"], 2);
+    let (status, moved_later) = patch(&app, &id_of(&later), &json!({"delay_ms": 2_500})).await;
+    assert_eq!(status, 200, "{moved_later}");
+    let due: HashMap<String, u64> = [&moved_earlier, &moved_later]
+        .iter()
+        .map(|task| {
+            let at = parse_epoch_ms(task["deliver_at"].as_str().unwrap()).unwrap();
+            (id_of(task), at)
+        })
+        .collect();
+
+    let mut arrived = Vec::new();
+    // Until the first task's original time has passed by a margin, so that
+    // its old copy had every chance to arrive.
+    let until = parse_epoch_ms(earlier["deliver_at"].as_str().unwrap()).unwrap() + 1_500;
+    while epoch_ms(SystemTime::now()) < until {
+        if let Some(message) = consumer.next(Duration::from_millis(200)).await {
+            arrived.push(message);
+        }
+    }
+    let ids: Vec<String> = arrived.iter().map(|m| m.message_id()).collect();
+    assert_eq!(
+        ids,
+        [id_of(&earlier), id_of(&later)],
+        "each once, in the new order"
+    );
+    for message in &arrived {
+        let id = message.message_id();
+        assert!(message.received_at_ms >= due[&id], "{id} early");
+        assert_eq!(message.header_i64(REVISION_HEADER), Some(2));
+    }
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(&scrape, "delayline_release_dropped_total{reason=\"stale\"}"),
+        Some(2.0),
+        "both old copies dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_racing_the_release_is_either_a_200_or_a_delivery_never_both_never_neither() {
+    let mut app = TestApp::spawn(default_settings(8)).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.race").await;
+    const TASKS: usize = 60;
+    // All due at once, in one batch.
+    let tasks: Vec<Value> = (0..TASKS)
+        .map(|_| json!({"destination": "race", "delay_ms": 1_500}))
+        .collect();
+    let (status, batch) = app.post("/v1/tasks/batch", &json!({"tasks": tasks})).await;
+    assert_eq!(status, 200);
+    let accepted: Vec<(String, u64)> = batch["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let task = &item["task"];
+            let at = parse_epoch_ms(task["deliver_at"].as_str().unwrap()).unwrap();
+            (id_of(task), at)
+        })
+        .collect();
+    // Cancels fired around the due time: from 50 ms before to 100 ms after.
+    let cancels = accepted.iter().enumerate().map(|(n, (id, due))| {
+        let app = &app;
+        let fire_at = due - 50 + (n as u64 * 150 / TASKS as u64);
+        async move {
+            let wait = fire_at.saturating_sub(epoch_ms(SystemTime::now()));
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            (id.clone(), delete(app, id).await)
+        }
+    });
+    let answers = join_all(cancels).await;
+    let mut cancelled = HashSet::new();
+    for (id, (status, answer)) in answers {
+        match status {
+            200 => assert!(cancelled.insert(id)),
+            409 => assert_eq!(answer["error"]["code"], "too_late", "{answer}"),
+            other => panic!("cancel answered {other}: {answer}"),
+        }
+    }
+    let mut delivered = HashSet::new();
+    while let Some(message) = consumer.next(Duration::from_secs(3)).await {
+        assert!(delivered.insert(message.message_id()), "delivered twice");
+    }
+    let both: Vec<_> = cancelled.intersection(&delivered).collect();
+    assert!(both.is_empty(), "cancelled and delivered: {both:?}");
+    assert_eq!(cancelled.len() + delivered.len(), TASKS, "some neither");
+    println!(
+        "race: {} cancelled, {} delivered",
+        cancelled.len(),
+        delivered.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_a_postgresql_ledger_deliver_each_task_once() {
+    let settings = with_ledger(test_settings(6, 100, QueueType::Quorum), Backend::Postgres);
+    let mut first = TestApp::spawn(settings.clone()).await;
+    // The second replica shares chain and ledger; the first one cleans up.
+    let second = TestApp::start_sharing(settings).await;
+    second.wait_ready().await;
+    let mut consumer = TestConsumer::bind(&mut first, "#.shared").await;
+    let mut ids = HashSet::new();
+    for n in 0..200u64 {
+        let app = if n % 2 == 0 { &first } else { &second };
+        ids.insert(id_of(&post_task(app, "shared", 500 + n % 7 * 100).await));
+    }
+    consumer
+        .expect_each_once_never_early(ids.clone(), Duration::from_secs(15))
+        .await;
+    assert!(consumer.next(Duration::from_secs(1)).await.is_none());
+    let mut released = 0.0;
+    for app in [&first, &second] {
+        released += sample(&app.scrape().await, "delayline_tasks_delivered_total").unwrap();
+    }
+    assert_eq!(
+        released, 200.0,
+        "the replicas released each task once between them"
+    );
+    eventually("every task is seen delivered", async || {
+        let (_, page) = first.get("/v1/tasks?state=delivered&limit=1000").await;
+        page["tasks"].as_array().unwrap().len() == 200
+    })
+    .await;
+    second.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_tasks_wait_while_the_service_is_stopped_and_arrive_when_it_is_back() {
+    let mut app = TestApp::spawn(default_settings(6)).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.later").await;
+    let mut ids = HashSet::new();
+    for n in 0..30u64 {
+        ids.insert(id_of(&post_task(&app, "later", 1_500 + n * 20).await));
+    }
+    let release_queue = app.cascade.release_queue();
+    let settings = app.settings.clone();
+    let cleanup = app.stop_keeping_topology().await;
+    eventually("every task waits, due, in the release queue", async || {
+        queue_depth(&release_queue).await == 30
+    })
+    .await;
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "delivered with no delayline running"
+    );
+    let app = TestApp::resume(settings, cleanup).await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(15))
+        .await;
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(&scrape, "delayline_tasks_delivered_total"),
+        Some(30.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_while_releasing_every_task_arrives_and_duplicates_only_then() {
+    let settings = default_settings(6);
+    let cascade = settings.cascade().unwrap();
+    let mut cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut child = spawn_binary(&settings, port);
+    wait_ready_at(&http, &base).await;
+    eventually("the business exchange is declared", async || {
+        delayline::broker::exchange_exists(
+            &delayline::broker::connect(crate::common::AMQP_URI, "probe")
+                .await
+                .unwrap(),
+            cascade.business_exchange(),
+        )
+        .await
+        .unwrap()
+    })
+    .await;
+    let mut consumer = TestConsumer::bind_to(
+        &mut cleanup,
+        &cascade,
+        cascade.business_exchange(),
+        &cascade.binding_key("killed"),
+    )
+    .await;
+    let tasks: Vec<Value> = (0..600)
+        .map(|n| json!({"destination": "killed", "delay_ms": 800 + n % 5 * 100}))
+        .collect();
+    let response = http
+        .post(format!("{base}/v1/tasks/batch"))
+        .json(&json!({"tasks": tasks}))
+        .send()
+        .await
+        .unwrap();
+    let batch: Value = response.json().await.unwrap();
+    let ids: HashSet<String> = batch["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| id_of(&item["task"]))
+        .collect();
+    assert_eq!(ids.len(), 600);
+    // Killed in the middle of releasing them.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    child.kill().await.unwrap();
+    let mut child = spawn_binary(&settings, port);
+    wait_ready_at(&http, &base).await;
+    let duplicates = consumer
+        .expect_each_never_early(ids, Duration::from_secs(20))
+        .await;
+    // Only a window released but not yet recorded when the process died can come twice.
+    assert!(
+        duplicates <= usize::from(delayline::scheduler::RELEASE_WINDOW),
+        "{duplicates} duplicates"
+    );
+    println!("after SIGKILL: {duplicates} duplicates of 600");
+    child.kill().await.unwrap();
+}
+
+/// Turning the release stage on and then off again are both new chain
+/// versions, moved with `migrate-topology` as the runbook says, on quorum queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
+    let mut off = default_settings(6);
+    off.cascade.release_stage = Some(false);
+    let mut on = off.clone();
+    on.cascade.version = 2;
+    on.cascade.release_stage = None;
+    let mut off_again = off.clone();
+    off_again.cascade.version = 3;
+    let cascades: Vec<_> = [&off, &on, &off_again]
+        .iter()
+        .map(|s| s.cascade().unwrap())
+        .collect();
+    assert!(!cascades[0].release_stage() && cascades[1].release_stage());
+    let mut cleanup = Cleanup::for_settings(&off);
+    for cascade in &cascades {
+        cleanup.queues.push(cascade.poison_queue());
+    }
+    let _v2 = Cleanup::for_cascade(&cascades[1]);
+    let _v3 = Cleanup::for_cascade(&cascades[2]);
+
+    // v1, no stage: tasks wait in its levels.
+    let app = TestApp::start_sharing(off.clone()).await;
+    app.wait_ready().await;
+    let mut consumer = TestConsumer::bind_to(
+        &mut cleanup,
+        &cascades[0],
+        cascades[0].business_exchange(),
+        "#.flip",
+    )
+    .await;
+    let mut first = HashSet::new();
+    for n in 0..20u64 {
+        first.insert(id_of(&post_task(&app, "flip", 1_500 + n * 50).await));
+    }
+    app.stop().await.unwrap();
+
+    // Onto the stage: v2. Its tasks pass the release stage, so the ledger sees them delivered.
+    let (ok, output) = run_delayline(&on, &["migrate-topology", "--from", "1"]).await;
+    assert!(ok, "{output}");
+    let app = TestApp::start_sharing(on.clone()).await;
+    app.wait_ready().await;
+    consumer
+        .expect_each_once_never_early(first.clone(), Duration::from_secs(15))
+        .await;
+    eventually("the moved tasks are seen delivered", async || {
+        let (_, page) = app.get("/v1/tasks?state=delivered&limit=100").await;
+        page["tasks"].as_array().unwrap().len() == 20
+    })
+    .await;
+    let mut second = HashSet::new();
+    for n in 0..20u64 {
+        second.insert(id_of(&post_task(&app, "flip", 1_500 + n * 50).await));
+    }
+    let cancelled = id_of(&post_task(&app, "flip", 1_500).await);
+    assert_eq!(delete(&app, &cancelled).await.0, 200);
+    app.stop().await.unwrap();
+
+    // Off the stage again: v3. What waits moves on, but the cancelled
+    // task's copy, still in v2's levels, is dropped by the migration: v3 has
+    // no release stage to drop it when due.
+    let (ok, output) = run_delayline(&off_again, &["migrate-topology", "--from", "2"]).await;
+    assert!(ok, "{output}");
+    assert!(
+        output.contains("1 copies of cancelled or moved tasks dropped"),
+        "{output}"
+    );
+    let app = TestApp::start_sharing(off_again).await;
+    app.wait_ready().await;
+    consumer
+        .expect_each_once_never_early(second, Duration::from_secs(15))
+        .await;
+    assert!(
+        consumer.next(Duration::from_secs(1)).await.is_none(),
+        "the cancelled task arrived"
+    );
+    app.stop().await.unwrap();
+}
