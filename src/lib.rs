@@ -16,19 +16,24 @@
 //!   the error shape. It knows the scheduler's methods, nothing below them.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
-//!   forwards pending ones, awaits late confirms and prunes); answers
-//!   readiness and inspection. It turns a task into a broker message and sees
-//!   the broker through the [`scheduler::Publish`] trait, which tests replace.
+//!   forwards pending ones, awaits late confirms, moves tasks and prunes);
+//!   cancels tasks; runs the release stage, which looks every due task up in
+//!   the ledger before it goes to the business exchange (its verdict per
+//!   message is a pure function); answers readiness and inspection. It turns
+//!   a task into a broker message and sees the broker through the
+//!   [`scheduler::Publish`] trait, which tests replace.
 //! - [`ledger`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
-//!   replicas): migrations, group commit, idempotency, inspection queries,
-//!   and the count of pending tasks. Its rows stay inside; it hands out
-//!   [`ledger::StoredTask`].
+//!   replicas): migrations, group commit (request writes, release claims and
+//!   deliveries share commits), idempotency, cancel and move as single
+//!   conditional updates, inspection queries, and the count of pending
+//!   tasks. Its rows stay inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
 //!   cluster's nodes that answers), declaring the plan (with a full diagnosis
 //!   when the broker holds something else), publishing a message it is given
 //!   (confirms, pipelining, reconnection, bounded waits, isolation of a
-//!   suspect message), reading queue depths, migrating a chain, requeueing
-//!   the unroutable queue. It knows nothing of tasks or ledgers.
+//!   suspect message), consuming a queue in windows, reading queue depths,
+//!   migrating a chain, requeueing the unroutable queue. It knows nothing of
+//!   tasks or ledgers.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
 //!   depths into it.
 //! - [`service`]: builds each component from its own settings section, runs

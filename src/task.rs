@@ -525,10 +525,18 @@ struct RescheduleRequest {
     deliver_at: Option<String>,
 }
 
+/// A task's new delay, from the body of a reschedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewDelay {
+    pub delay: Duration,
+    /// The JSON pointer of the field it was given in, for errors found later.
+    pub field: &'static str,
+}
+
 /// A task's new delay from `now`, from the body of a reschedule: exactly one
 /// of `delay_ms`, `delay` or `deliver_at`, as on submit. Only the due time
 /// of a task can change.
-pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<Duration, TaskError> {
+pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskError> {
     require_object(body, "", "a new due time: {\"delay_ms\": …}")?;
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request: RescheduleRequest =
@@ -544,12 +552,18 @@ pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<Duration, TaskErr
                 TaskError::from_shape(&error, "")
             }
         })?;
-    requested_delay(
+    let delay = requested_delay(
         &request.delay_ms,
         &request.delay,
         &request.deliver_at,
         epoch_ms(now),
-    )
+    )?;
+    let field = match (&request.delay_ms, &request.delay) {
+        (Some(_), _) => "/delay_ms",
+        (None, Some(_)) => "/delay",
+        _ => "/deliver_at",
+    };
+    Ok(NewDelay { delay, field })
 }
 
 /// The delay a request asks for with exactly one of its three fields, from

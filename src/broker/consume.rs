@@ -2,9 +2,12 @@
 //! release stage.
 //!
 //! The consumer knows nothing of what the messages mean: it hands each
-//! window (every delivery that is there at once, up to the prefetch) to
+//! window (every delivery that is there at once, up to a window's size) to
 //! whoever reads [`Window`]s and settles each delivery as told, acknowledging
-//! or returning it to the queue. It rides on the publisher's connection (no
+//! or returning it to the queue. Several windows may be out at once (up to
+//! the prefetch), so that the reader can work on one while another waits for
+//! its commits and confirms; they are settled in the order they came, which
+//! lets an all-acknowledged window be settled with one `multiple` ack. It rides on the publisher's connection (no
 //! connection of its own to pay for) and follows it through reconnections:
 //! when the connection is lost, unsettled deliveries return to the queue by
 //! themselves, and consuming resumes on the next connection.
@@ -55,17 +58,25 @@ impl Window {
     }
 }
 
+/// How much a consumer takes at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumeLimits {
+    /// Most deliveries in one window.
+    pub window: u16,
+    /// Most windows out at once, unsettled.
+    pub windows: u16,
+}
+
 impl Publisher {
-    /// Consumes `queue` window by window (at most `prefetch` unsettled
-    /// deliveries), until `shutdown`. Windows come one at a time: the next
-    /// after the previous one is settled.
+    /// Consumes `queue` window by window, until `shutdown`: at most
+    /// `limits.windows` windows of `limits.window` deliveries are out at once.
     pub fn consume(
         &self,
         queue: String,
-        prefetch: u16,
+        limits: ConsumeLimits,
         shutdown: CancellationToken,
     ) -> mpsc::Receiver<Window> {
-        let (windows, receiver) = mpsc::channel(1);
+        let (windows, receiver) = mpsc::channel(usize::from(limits.windows.max(1)));
         let publisher = self.clone();
         tokio::spawn(async move {
             while !shutdown.is_cancelled() {
@@ -75,7 +86,7 @@ impl Publisher {
                         () = tokio::time::sleep(RECONNECT_POLL) => continue,
                     }
                 };
-                let outcome = consume_on(&connection, &queue, prefetch, &windows, &shutdown).await;
+                let outcome = consume_on(&connection, &queue, limits, &windows, &shutdown).await;
                 match outcome {
                     Ok(Stop::Shutdown) => return,
                     Ok(Stop::Lost) => debug!(queue, "consumer lost its channel; resuming"),
@@ -100,7 +111,7 @@ enum Stop {
 async fn consume_on(
     connection: &lapin::Connection,
     queue: &str,
-    prefetch: u16,
+    limits: ConsumeLimits,
     windows: &mpsc::Sender<Window>,
     shutdown: &CancellationToken,
 ) -> Result<Stop, super::BrokerError> {
@@ -108,6 +119,7 @@ async fn consume_on(
         format!("opening a channel to consume {queue:?}")
     })
     .await?;
+    let prefetch = limits.window.saturating_mul(limits.windows.max(1));
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await
@@ -121,6 +133,20 @@ async fn consume_on(
         )
         .await
         .context(|| format!("consuming {queue:?}"))?;
+    // Windows out, in the order they came, settled in that order.
+    let (out, mut settling) =
+        mpsc::unbounded_channel::<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>();
+    let settler = tokio::spawn(async move {
+        while let Some((deliveries, answer)) = settling.recv().await {
+            // Unsettled (the reader stopped): they return to the queue with the channel.
+            let Ok(settles) = answer.await else {
+                return;
+            };
+            if settle(&deliveries, &settles).await.is_err() {
+                return;
+            }
+        }
+    });
     let stop = loop {
         let first = tokio::select! {
             () = shutdown.cancelled() => break Stop::Shutdown,
@@ -130,7 +156,7 @@ async fn consume_on(
             break Stop::Lost;
         };
         let mut deliveries: Vec<Delivery> = vec![first];
-        while deliveries.len() < usize::from(prefetch) {
+        while deliveries.len() < usize::from(limits.window) {
             match consumer.next().now_or_never() {
                 Some(Some(Ok(delivery))) => deliveries.push(delivery),
                 _ => break,
@@ -145,17 +171,15 @@ async fn consume_on(
                 properties: d.properties.clone(),
             })
             .collect();
-        if windows.send(Window { messages, settled }).await.is_err() {
+        if windows.send(Window { messages, settled }).await.is_err()
+            || out.send((deliveries, answer)).is_err()
+        {
             break Stop::Shutdown;
-        }
-        // Unsettled (the reader stopped): they return to the queue with the channel.
-        let Ok(settles) = answer.await else {
-            break Stop::Shutdown;
-        };
-        if settle(&deliveries, &settles).await.is_err() {
-            break Stop::Lost;
         }
     };
+    // The windows out are settled before the channel closes.
+    drop(out);
+    let _ = settler.await;
     let _ = channel.close(200, "consumer stopping".into()).await;
     Ok(stop)
 }

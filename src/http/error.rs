@@ -135,14 +135,8 @@ impl From<ChangeError> for ApiError {
                 "release_stage_disabled",
                 error.to_string(),
             ),
-            ChangeError::Route(route) => {
-                let field = if matches!(route, crate::cascade::RouteError::DelayTooLong { .. }) {
-                    "/delay"
-                } else {
-                    ""
-                };
-                TaskError::from(route).at_pointer(field).into()
-            }
+            // The handler says which field; this is the fallback.
+            ChangeError::Route(route) => TaskError::from(route).into(),
             ChangeError::Ledger(error) => error.into(),
         }
     }

@@ -15,6 +15,7 @@ use super::extract::JsonBody;
 use super::inspect::TaskView;
 use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
 use crate::ledger::{Cancel, ChangeKey, Reschedule, StoredTask};
+use crate::scheduler::ChangeError;
 use crate::task::{TaskError, TaskState, fingerprint, parse_new_delay, require_object};
 
 fn not_found(id: &str) -> ApiError {
@@ -150,7 +151,7 @@ pub async fn reschedule_task(
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let delay = parse_new_delay(&body, SystemTime::now())?;
+    let new_delay = parse_new_delay(&body, SystemTime::now())?;
     let key = match idempotency_key(headers.get(IDEMPOTENCY_KEY))? {
         None => None,
         Some(key) => Some(ChangeKey {
@@ -160,7 +161,16 @@ pub async fn reschedule_task(
             fingerprint: fingerprint(&body)?,
         }),
     };
-    let (task, replayed) = match state.scheduler.reschedule(&id, delay, key).await? {
+    let rescheduled = state
+        .scheduler
+        .reschedule(&id, new_delay.delay, key)
+        .await
+        .map_err(|error| match error {
+            // Said of the field the new delay was given in.
+            ChangeError::Route(route) => TaskError::from(route).at_pointer(new_delay.field).into(),
+            other => ApiError::from(other),
+        })?;
+    let (task, replayed) = match rescheduled {
         Reschedule::Moved(task) => (task, false),
         Reschedule::Replay(task) => (task, true),
         Reschedule::Conflict { task_id } => {

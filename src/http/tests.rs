@@ -92,7 +92,7 @@ impl Publish for ScriptedBroker {
     fn consume(
         &self,
         _queue: String,
-        _prefetch: u16,
+        _limits: crate::broker::ConsumeLimits,
         _shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::sync::mpsc::Receiver<crate::broker::Window> {
         unimplemented!("the release stage does not run in these tests")
@@ -356,9 +356,20 @@ async fn a_move_is_a_new_revision_published_with_its_revision() {
         (r#"{"destination":"x","delay_ms":1}"#, "invalid_request"),
         (r#"{"delay":"soon"}"#, "invalid_delay"),
         (r#"{"delay":"1000y"}"#, "delay_out_of_range"),
+        (r#"{"delay_ms":99999999}"#, "delay_out_of_range"),
     ] {
         let refused = harness.patch(&path, body, None).await;
         assert_eq!(refused.code(), code, "{body}: {}", refused.text);
+        if code == "delay_out_of_range" {
+            // Said of the field the client used.
+            let field = if body.contains("delay_ms") {
+                "/delay_ms"
+            } else {
+                "/delay"
+            };
+            let message = refused.body["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with(field), "{message}");
+        }
         assert!(refused.status.is_client_error());
     }
     let moved_again = harness.patch(&path, r#"{"delay":"2s"}"#, None).await;

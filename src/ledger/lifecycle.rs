@@ -7,12 +7,14 @@
 //! only from a state that is neither `cancelled` nor `delivered`, and only
 //! for the revision the message carries. Whichever commits first wins; the
 //! other finds the row changed. That is what makes a `200` to a cancel a
-//! promise that the task is never delivered.
+//! promise that the task is never delivered. Cancels and moves run here, as
+//! statements of their own; release claims run in the writer's group
+//! commit (`writer::claim`), with the same conditions.
 
 use std::collections::{HashMap, HashSet};
 
 use super::record::{COLUMNS, Row, StoredTask};
-use super::writer::sql::{id_revision_pairs, placeholders};
+use super::writer::sql::placeholders;
 use super::writer::statement_sized_chunks;
 use super::{Ledger, LedgerError, Pool, QueryContext, db_ms};
 use crate::task::TaskState;
@@ -124,14 +126,6 @@ const RECORD_CHANGE: &str = "INSERT INTO task_changes (idempotency_key, task_id,
 const FIND_CHANGE: &str =
     "SELECT task_id, fingerprint FROM task_changes WHERE idempotency_key = $1";
 
-/// Claims `(id, revision)` pairs of tasks in states `$1`: `releasing`.
-fn claim_sql(from: &str, pairs: usize) -> String {
-    format!(
-        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id",
-        id_revision_pairs(1, pairs)
-    )
-}
-
 impl Ledger {
     /// Cancels each of `ids` that is pending or scheduled, in one
     /// transaction; the outcomes follow the order of `ids`.
@@ -147,11 +141,7 @@ impl Ledger {
         let mut was_pending = 0u64;
         in_tx!(&self.pool, tx => {
             for from in [TaskState::Pending, TaskState::Scheduled] {
-                let open: Vec<&str> = unique
-                    .iter()
-                    .copied()
-                    .filter(|id| !found.contains_key(*id))
-                    .collect();
+                let open = undecided(&unique, |id| found.contains_key(id));
                 for chunk in statement_sized_chunks(&open) {
                     let sql = cancel_sql(chunk.len());
                     let mut query = sqlx::query_as::<_, Row>(&sql)
@@ -170,11 +160,7 @@ impl Ledger {
                     }
                 }
             }
-            let rest: Vec<&str> = unique
-                .iter()
-                .copied()
-                .filter(|id| !found.contains_key(*id))
-                .collect();
+            let rest = undecided(&unique, |id| found.contains_key(id));
             for chunk in statement_sized_chunks(&rest) {
                 let sql = select_sql(chunk.len());
                 let mut query = sqlx::query_as::<_, Row>(&sql);
@@ -183,11 +169,12 @@ impl Ledger {
                 }
                 for row in query.fetch_all(&mut *tx).await.context("reading tasks")? {
                     let task = row.decode()?;
+                    let id = task.id.clone();
                     let outcome = match task.state {
                         TaskState::Cancelled => Cancel::AlreadyCancelled(task),
                         _ => Cancel::Unchangeable(task),
                     };
-                    found.insert(outcome_id(&outcome).to_owned(), outcome);
+                    found.insert(id, outcome);
                 }
             }
         });
@@ -281,83 +268,16 @@ impl Ledger {
         Ok(Reschedule::Moved(moved))
     }
 
-    /// Takes each `(id, revision)` due at the release stage, in one
-    /// transaction: a task that is neither cancelled nor delivered, in the
-    /// message's revision, becomes `releasing`. The findings follow the
-    /// order of `due`.
-    pub async fn claim_release(&self, due: &[(String, u64)]) -> Result<Vec<Finding>, LedgerError> {
-        let pairs: Vec<(&str, i64)> = due
-            .iter()
-            .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
-            .collect();
-        let mut claimed: HashSet<String> = HashSet::with_capacity(pairs.len());
-        let mut found: HashMap<String, (TaskState, u64)> = HashMap::new();
-        let mut was_pending = 0u64;
-        in_tx!(&self.pool, tx => {
-            for (from, pending) in [
-                ("state = 'pending'", true),
-                ("state IN ('scheduled', 'releasing', 'failed')", false),
-            ] {
-                let open: Vec<(&str, i64)> = pairs
-                    .iter()
-                    .copied()
-                    .filter(|(id, _)| !claimed.contains(*id))
-                    .collect();
-                for chunk in statement_sized_chunks(&open) {
-                    let sql = claim_sql(from, chunk.len());
-                    let mut query = sqlx::query_scalar::<_, String>(&sql);
-                    for (id, revision) in chunk {
-                        query = query.bind(*id).bind(*revision);
-                    }
-                    let ids = query
-                        .fetch_all(&mut *tx)
-                        .await
-                        .context("claiming due tasks")?;
-                    if pending {
-                        was_pending += ids.len() as u64;
-                    }
-                    claimed.extend(ids);
-                }
-            }
-            let rest: Vec<&str> = pairs
-                .iter()
-                .map(|(id, _)| *id)
-                .filter(|id| !claimed.contains(*id))
-                .collect();
-            for chunk in statement_sized_chunks(&rest) {
-                let sql = format!(
-                    "SELECT id, state, revision FROM tasks WHERE id IN ({})",
-                    placeholders(1, chunk.len())
-                );
-                let mut query = sqlx::query_as::<_, (String, String, i64)>(&sql);
-                for id in chunk {
-                    query = query.bind(*id);
-                }
-                for (id, state, revision) in
-                    query.fetch_all(&mut *tx).await.context("reading due tasks")?
-                {
-                    let state = TaskState::parse(&state).ok_or_else(|| LedgerError::Corrupt {
-                        id: id.clone(),
-                        reason: format!("unknown state {state:?}"),
-                    })?;
-                    found.insert(id, (state, u64::try_from(revision).unwrap_or(0)));
-                }
-            }
-        });
-        self.pending.remove(was_pending);
-        Ok(due
-            .iter()
-            .map(|(id, _)| {
-                if claimed.contains(id) {
-                    Finding::Claimed
-                } else {
-                    match found.get(id) {
-                        Some(&(state, revision)) => Finding::Found { state, revision },
-                        None => Finding::Absent,
-                    }
-                }
-            })
-            .collect())
+    /// Takes each `(id, revision)` due at the release stage: a task that
+    /// is neither cancelled nor delivered, in the revision its message
+    /// carries, becomes `releasing`. Group-committed with the request path's
+    /// writes (several windows of due tasks, and the deliveries of earlier
+    /// ones, share one commit). The findings follow the order of `due`.
+    pub async fn claim_release(
+        &self,
+        due: Vec<(String, u64)>,
+    ) -> Result<Vec<Finding>, LedgerError> {
+        self.writes.claim(due).await
     }
 
     /// For each task whose older copies must not be delivered, the lowest
@@ -389,11 +309,7 @@ impl Ledger {
     }
 }
 
-fn outcome_id(outcome: &Cancel) -> &str {
-    match outcome {
-        Cancel::Cancelled(task) | Cancel::AlreadyCancelled(task) | Cancel::Unchangeable(task) => {
-            &task.id
-        }
-        Cancel::NotFound => "",
-    }
+/// The ids of `ids` not yet `decided`, in order.
+fn undecided<'a>(ids: &[&'a str], decided: impl Fn(&str) -> bool) -> Vec<&'a str> {
+    ids.iter().copied().filter(|id| !decided(id)).collect()
 }

@@ -10,8 +10,10 @@
 //! in `migrations/sqlite` and `migrations/postgres`. [`on_pool!`] expands a
 //! query once per backend, so every query is written once.
 //!
-//! Writes on the request path go through [`writer`]: one transaction for
-//! everything that arrived while the previous one committed (group commit).
+//! Writes on the request path, and the release stage's claims and
+//! deliveries, go through [`writer`]: one transaction for everything that
+//! arrived while the previous one committed (group commit). Cancels and
+//! moves ([`lifecycle`]) are single conditional updates of their own.
 
 mod cursor;
 mod record;

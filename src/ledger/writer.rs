@@ -1,4 +1,5 @@
-//! Group commit: the request path's writes, batched into one transaction.
+//! Group commit: the request path's and the release stage's writes, batched
+//! into one transaction.
 //!
 //! Every write is a message to a single writer task, answered once the
 //! transaction holding it has committed. While one transaction commits, the
@@ -8,9 +9,10 @@
 //!
 //! A group's transaction runs in steps, each in [`Tx`]: admit the new tasks
 //! (decide repeats within the group, insert the rest in chunks, find who holds
-//! a key or id that was taken), mark the confirmed ones published, schedule
-//! retries, quarantine. The SQL of each step is built by a pure function
-//! ([`sql`]), checked without a database.
+//! a key or id that was taken), mark the confirmed ones scheduled (in the
+//! revision confirmed), schedule retries, quarantine, mark released tasks
+//! delivered, and claim the release stage's due tasks. The SQL of each step
+//! is built by a pure function ([`sql`]), checked without a database.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,9 +22,10 @@ use sqlx::{Postgres, Sqlite, Transaction};
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
+use super::lifecycle::Finding;
 use super::record::{INSERT_COLUMNS, Row, StoredTask};
 use super::{LedgerError, PendingCount, Pool, QueryContext, db_ms};
-use crate::task::epoch_ms;
+use crate::task::{TaskState, epoch_ms};
 
 /// Most writes in one transaction.
 const MAX_GROUP: usize = 512;
@@ -87,6 +90,10 @@ enum Write {
         ids: Vec<String>,
         at_ms: u64,
         reply: Reply<()>,
+    },
+    Claim {
+        due: Due,
+        reply: Reply<Vec<Finding>>,
     },
 }
 
@@ -186,6 +193,10 @@ impl Handle {
         self.send(|reply| Write::Delivered { ids, at_ms, reply })
             .await
     }
+
+    pub async fn claim(&self, due: Due) -> Result<Vec<Finding>, LedgerError> {
+        self.send(|reply| Write::Claim { due, reply }).await
+    }
 }
 
 /// One group, split by kind; each keeps its callers' reply channels.
@@ -196,6 +207,17 @@ struct Group {
     retries: Vec<(String, u64, Retry, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
+    claims: Vec<(Due, Reply<Vec<Finding>>)>,
+}
+
+/// Tasks due at the release stage, each with the revision its message carries.
+type Due = Vec<(String, u64)>;
+
+/// What a committed group decided: for each admission, and for each claim.
+#[derive(Default)]
+struct Decided {
+    admissions: Vec<Judged>,
+    claims: Vec<Vec<Finding>>,
 }
 
 impl Group {
@@ -222,21 +244,24 @@ impl Group {
                     reply,
                 } => group.failed.push((id, revision, reason, reply)),
                 Write::Delivered { ids, at_ms, reply } => group.delivered.push((ids, at_ms, reply)),
+                Write::Claim { due, reply } => group.claims.push((due, reply)),
             }
         }
         group
     }
 
-    /// Answers every caller: admissions with what was decided for each, the
-    /// others with `()`; or everyone with the failure that broke the group.
-    fn answer(self, outcome: Result<Vec<Judged>, LedgerError>) {
-        let (admissions, failure) = match outcome {
-            Ok(admissions) => (admissions, None),
+    /// Answers every caller: admissions and claims with what was decided
+    /// for each, the others with `()`; or everyone with the failure that
+    /// broke the group.
+    fn answer(self, outcome: Result<Decided, LedgerError>) {
+        let (decided, failure) = match outcome {
+            Ok(decided) => (decided, None),
             Err(failure) => {
                 error!(error = %failure, "ledger write failed");
-                (Vec::new(), Some(Arc::new(failure)))
+                (Decided::default(), Some(Arc::new(failure)))
             }
         };
+        let Decided { admissions, claims } = decided;
         let result = || match &failure {
             None => Ok(()),
             Some(failure) => Err(LedgerError::Shared(failure.clone())),
@@ -247,6 +272,11 @@ impl Group {
                 Some(judged) => judged.into_admission(),
                 None => Err(LedgerError::Closed),
             });
+            let _ = reply.send(answer);
+        }
+        let mut claims = claims.into_iter();
+        for (_, reply) in self.claims {
+            let answer = result().and_then(|()| claims.next().ok_or(LedgerError::Closed));
             let _ = reply.send(answer);
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
@@ -280,7 +310,7 @@ impl Writer {
 
     /// One transaction for the whole group; the pending count follows what
     /// it committed.
-    async fn transact(&self, group: &Group) -> Result<Vec<Judged>, LedgerError> {
+    async fn transact(&self, group: &Group) -> Result<Decided, LedgerError> {
         let mut tx = Tx::begin(&self.pool).await?;
         let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
         let admissions = admit(&mut tx, &rows).await?;
@@ -311,12 +341,79 @@ impl Writer {
                     .await?;
             }
         }
+        let mut claims = Vec::with_capacity(group.claims.len());
+        let mut claimed_pending = 0;
+        for (due, _) in &group.claims {
+            let (findings, were_pending) = claim(&mut tx, due).await?;
+            claims.push(findings);
+            claimed_pending += were_pending;
+        }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
         self.pending.add(admitted as u64);
-        self.pending.remove(published + failed_pending);
-        Ok(admissions)
+        self.pending
+            .remove(published + failed_pending + claimed_pending);
+        Ok(Decided { admissions, claims })
     }
+}
+
+/// Takes each `(id, revision)` due at the release stage: a task that is
+/// neither cancelled nor delivered, in the message's revision, becomes
+/// `releasing` (from `pending` first, to count those). The findings follow
+/// the order of `due`; also returns how many were pending.
+async fn claim(tx: &mut Tx, due: &[(String, u64)]) -> Result<(Vec<Finding>, u64), LedgerError> {
+    let pairs: Vec<(&str, i64)> = due
+        .iter()
+        .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
+        .collect();
+    let mut claimed: HashSet<String> = HashSet::with_capacity(pairs.len());
+    let mut were_pending = 0u64;
+    for (from, pending) in [
+        ("state = 'pending'", true),
+        ("state IN ('scheduled', 'releasing', 'failed')", false),
+    ] {
+        let open: Vec<(&str, i64)> = pairs
+            .iter()
+            .copied()
+            .filter(|(id, _)| !claimed.contains(*id))
+            .collect();
+        for chunk in statement_sized_chunks(&open) {
+            let ids = tx.claim(from, chunk).await?;
+            if pending {
+                were_pending += ids.len() as u64;
+            }
+            claimed.extend(ids);
+        }
+    }
+    let rest: Vec<&str> = pairs
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !claimed.contains(*id))
+        .collect();
+    let mut found: HashMap<String, (TaskState, u64)> = HashMap::new();
+    for chunk in statement_sized_chunks(&rest) {
+        for (id, state, revision) in tx.states(chunk).await? {
+            let state = TaskState::parse(&state).ok_or_else(|| LedgerError::Corrupt {
+                id: id.clone(),
+                reason: format!("unknown state {state:?}"),
+            })?;
+            found.insert(id, (state, u64::try_from(revision).unwrap_or(0)));
+        }
+    }
+    let findings = due
+        .iter()
+        .map(|(id, _)| {
+            if claimed.contains(id) {
+                Finding::Claimed
+            } else {
+                match found.get(id) {
+                    Some(&(state, revision)) => Finding::Found { state, revision },
+                    None => Finding::Absent,
+                }
+            }
+        })
+        .collect();
+    Ok((findings, were_pending))
 }
 
 /// Admits the group's new rows: repeats within the group are judged against
@@ -444,13 +541,18 @@ pub(super) mod sql {
         )
     }
 
-    /// `(id, revision) IN (VALUES ($first, $first+1), …)` for `pairs` pairs.
+    /// `((id = $first AND revision = $first+1) OR …)` for `pairs` pairs.
+    /// Not `(id, revision) IN (VALUES …)`: SQLite scans the whole table for
+    /// that, where each term of the OR is a primary-key lookup.
     pub fn id_revision_pairs(first: usize, pairs: usize) -> String {
-        let values = (0..pairs)
-            .map(|pair| format!("(${}, ${})", first + 2 * pair, first + 2 * pair + 1))
+        let terms = (0..pairs)
+            .map(|pair| {
+                let id = first + 2 * pair;
+                format!("(id = ${id} AND revision = ${})", id + 1)
+            })
             .collect::<Vec<_>>()
-            .join(", ");
-        format!("(id, revision) IN (VALUES {values})")
+            .join(" OR ");
+        format!("({terms})")
     }
 
     /// Keeps the first `$copy` bytes of the payload (none when `$copy` is 0);
@@ -500,6 +602,22 @@ pub(super) mod sql {
          WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'pending'";
     pub const FAIL_SCHEDULED: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
          WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled'";
+
+    /// Claims `(id, revision)` pairs (`$1…`) of tasks matching `from`: `releasing`.
+    pub fn claim(from: &str, pairs: usize) -> String {
+        format!(
+            "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id",
+            id_revision_pairs(1, pairs)
+        )
+    }
+
+    /// The state and revision of `ids` tasks (`$1…`).
+    pub fn states(ids: usize) -> String {
+        format!(
+            "SELECT id, state, revision FROM tasks WHERE id IN ({})",
+            placeholders(1, ids)
+        )
+    }
 
     pub fn holder_by_key() -> String {
         format!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = $1")
@@ -566,6 +684,35 @@ impl Tx {
             query.fetch_all(&mut **t).await
         })
         .context("recording tasks")
+    }
+
+    /// One chunk of a release claim: the ids claimed.
+    async fn claim(
+        &mut self,
+        from: &str,
+        pairs: &[(&str, i64)],
+    ) -> Result<Vec<String>, LedgerError> {
+        let sql = sql::claim(from, pairs.len());
+        on_tx!(self, t => {
+            let mut query = sqlx::query_scalar::<_, String>(&sql);
+            for (id, revision) in pairs {
+                query = query.bind(*id).bind(*revision);
+            }
+            query.fetch_all(&mut **t).await
+        })
+        .context("claiming due tasks")
+    }
+
+    async fn states(&mut self, ids: &[&str]) -> Result<Vec<(String, String, i64)>, LedgerError> {
+        let sql = sql::states(ids.len());
+        on_tx!(self, t => {
+            let mut query = sqlx::query_as::<_, (String, String, i64)>(&sql);
+            for id in ids {
+                query = query.bind(*id);
+            }
+            query.fetch_all(&mut **t).await
+        })
+        .context("reading due tasks")
     }
 
     /// The row holding `row`'s idempotency key, or else its id.
@@ -769,7 +916,8 @@ mod tests {
             assert_eq!(found, [1, 2, 3, 4, 5, 6, 7, 8], "{sql}");
             assert!(
                 sql.ends_with(
-                    "WHERE state = 'pending' AND (id, revision) IN (VALUES ($3, $4), ($5, $6), ($7, $8))"
+                    "WHERE state = 'pending' AND ((id = $3 AND revision = $4) OR \
+                     (id = $5 AND revision = $6) OR (id = $7 AND revision = $8))"
                 ),
                 "{sql}"
             );
@@ -784,6 +932,67 @@ mod tests {
         found.dedup();
         assert_eq!(found, [1, 2, 3, 4], "{sql}");
         assert!(sql.ends_with("WHERE state = 'releasing' AND id IN ($3, $4)"));
+    }
+
+    #[test]
+    fn a_claim_binds_each_id_with_its_revision() {
+        let sql = sql::claim("state = 'pending'", 2);
+        assert_eq!(parameters(&sql), [1, 2, 3, 4]);
+        assert_eq!(
+            sql,
+            "UPDATE tasks SET state = 'releasing' WHERE state = 'pending' AND \
+             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) RETURNING id"
+        );
+        assert_eq!(parameters(&sql::states(3)), [1, 2, 3]);
+    }
+
+    /// Every statement that names tasks by id finds them by the primary key,
+    /// on the default backend, however large the ledger: the query plan of
+    /// each, on a migrated SQLite ledger, searches and never scans `tasks`.
+    #[tokio::test]
+    async fn statements_by_id_use_the_primary_key_on_sqlite() {
+        use sqlx::sqlite::SqlitePoolOptions;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        super::super::SQLITE_MIGRATIONS.run(&pool).await.unwrap();
+        let statements = [
+            sql::mark_published(3, true),
+            sql::mark_published(3, false),
+            sql::mark_delivered(3),
+            sql::claim("state = 'pending'", 3),
+            sql::claim("state IN ('scheduled', 'releasing', 'failed')", 3),
+            sql::states(3),
+            sql::SCHEDULE_RETRY.to_owned(),
+            sql::FAIL_PENDING.to_owned(),
+            sql::holder_by_id(),
+        ];
+        for statement in statements {
+            let explain = format!("EXPLAIN QUERY PLAN {statement}");
+            let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+            for n in 0..parameters(&statement).into_iter().max().unwrap_or(0) {
+                query = query.bind(n as i64);
+            }
+            let plan: Vec<String> = query
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(.., detail)| detail)
+                .collect();
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+                "{statement}\n{plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX sqlite_autoindex_tasks_1")
+                        || step.contains("USING PRIMARY KEY")),
+                "{statement}\n{plan:?}"
+            );
+        }
     }
 
     #[test]

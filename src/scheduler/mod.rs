@@ -8,8 +8,14 @@
 //! - **stateless** (`store.url = "none"`): a task is only published, and a
 //!   broker problem is the client's 503.
 //!
+//! With a ledger and the release stage (the default), due tasks pass
+//! through [`release`] on their way to the business exchange, which is what
+//! lets [`Scheduler::cancel`] and [`Scheduler::reschedule`] change a task
+//! until it is due.
+//!
 //! HTTP calls the methods here ([`Scheduler::submit`],
 //! [`Scheduler::readiness`], [`Scheduler::task`], [`Scheduler::tasks`],
+//! [`Scheduler::cancel`], [`Scheduler::reschedule`],
 //! [`Scheduler::refresh_metrics`]) and never reaches the broker or the ledger
 //! itself. The broker is seen through [`Publish`].
 
@@ -27,7 +33,7 @@ use tracing::warn;
 
 pub use bookkeeper::MAX_REFUSALS;
 pub use publish::{Publish, PublishAlone, message_of, task_properties};
-pub use release::{RELEASE_WINDOW, Verdict, judge};
+pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
 
 use crate::broker::{PublishError, Published};
 use crate::cascade::{Cascade, RouteError};

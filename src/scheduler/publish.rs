@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{
-    BrokerStatus, IsolatedPublisher, Message, PublishError, Published, Publisher, Window,
+    BrokerStatus, ConsumeLimits, IsolatedPublisher, Message, PublishError, Published, Publisher,
+    Window,
 };
 use crate::task::{DELAY_HEADER, DELIVER_AT_HEADER, FieldValue, REVISION_HEADER, Task};
 
@@ -36,7 +37,7 @@ pub trait Publish: Send + Sync + 'static {
     fn consume(
         &self,
         queue: String,
-        prefetch: u16,
+        limits: ConsumeLimits,
         shutdown: CancellationToken,
     ) -> mpsc::Receiver<Window>;
 }
@@ -67,10 +68,10 @@ impl Publish for Publisher {
     fn consume(
         &self,
         queue: String,
-        prefetch: u16,
+        limits: ConsumeLimits,
         shutdown: CancellationToken,
     ) -> mpsc::Receiver<Window> {
-        Publisher::consume(self, queue, prefetch, shutdown)
+        Publisher::consume(self, queue, limits, shutdown)
     }
 }
 

@@ -23,6 +23,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
@@ -30,14 +31,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::publish::Publish;
-use crate::broker::{Inbound, Message, PublishError, Published, Settle};
+use crate::broker::{ConsumeLimits, Inbound, Message, PublishError, Published, Settle};
 use crate::cascade::Cascade;
 use crate::ledger::{Finding, Ledger};
 use crate::metrics::Metrics;
 use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, TaskState, epoch_ms, is_dead_letter_header};
 
-/// Most unsettled due messages per replica: one window's worth.
+/// Most due messages released together (one ledger claim, one commit).
 pub const RELEASE_WINDOW: u16 = 256;
+/// Windows a replica works on at once: while one waits for its commit or its
+/// confirms, another is claimed. With the window, this bounds the due
+/// messages a replica holds unacknowledged.
+pub const RELEASE_WINDOWS: u16 = 4;
 /// After a window some of whose messages could not be published, the wait
 /// before the next, so that a missing business exchange or a blocked broker
 /// is not hammered.
@@ -135,24 +140,31 @@ pub(super) struct Releaser {
 }
 
 impl Releaser {
-    /// Releases due tasks until `shutdown`.
+    /// Releases due tasks until `shutdown`, several windows at once.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut windows = self.broker.consume(
-            self.cascade.release_queue(),
-            RELEASE_WINDOW,
-            shutdown.clone(),
-        );
-        while let Some(window) = windows.recv().await {
-            let settles = self.release(&window.messages).await;
-            let retry = settles.contains(&Settle::Requeue);
-            window.settle(settles);
-            if retry {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+        let limits = ConsumeLimits {
+            window: RELEASE_WINDOW,
+            windows: RELEASE_WINDOWS,
+        };
+        let windows = self
+            .broker
+            .consume(self.cascade.release_queue(), limits, shutdown.clone());
+        let windows = futures_util::stream::unfold(windows, |mut windows| async {
+            windows.recv().await.map(|window| (window, windows))
+        });
+        windows
+            .for_each_concurrent(usize::from(RELEASE_WINDOWS), |window| async {
+                let settles = self.release(&window.messages).await;
+                let retry = settles.contains(&Settle::Requeue);
+                window.settle(settles);
+                if retry {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
                 }
-            }
-        }
+            })
+            .await;
     }
 
     /// One window: how to settle each of its messages.
@@ -163,7 +175,7 @@ impl Releaser {
         let identities: Vec<Option<(String, u64)>> =
             messages.iter().map(|m| identity(&m.properties)).collect();
         let due: Vec<(String, u64)> = identities.iter().flatten().cloned().collect();
-        let findings = match self.ledger.claim_release(&due).await {
+        let findings = match self.ledger.claim_release(due).await {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot look due tasks up in the ledger; they are released later");
@@ -200,7 +212,12 @@ impl Releaser {
         let delivered_at_ms = epoch_ms(SystemTime::now());
         let mut delivered = Vec::new();
         let mut settles = Vec::with_capacity(messages.len());
-        for ((message, verdict), outcome) in messages.iter().zip(&verdicts).zip(published) {
+        let outcomes = messages
+            .iter()
+            .zip(&identities)
+            .zip(&verdicts)
+            .zip(published);
+        for (((message, identity), verdict), outcome) in outcomes {
             if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);
                 debug!(task_id = ?message.properties.message_id(), reason, "dropped at release");
@@ -211,9 +228,9 @@ impl Releaser {
                 Some(Ok(())) => {
                     self.observe_delivery(message, *verdict, delivered_at_ms);
                     if *verdict == Verdict::Deliver
-                        && let Some((id, _)) = identity(&message.properties)
+                        && let Some((id, _)) = identity
                     {
-                        delivered.push(id);
+                        delivered.push(id.clone());
                     }
                     settles.push(Settle::Ack);
                 }

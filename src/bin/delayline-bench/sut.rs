@@ -148,8 +148,15 @@ impl ServiceUnderTest {
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let ready = http.get(format!("{}/readyz", sut.base)).send().await;
-            if ready.is_ok_and(|r| r.status() == 200) {
+            // With a ledger, /readyz is ready before the topology is
+            // provisioned: wait for the broker, so that consumers can bind.
+            if let Ok(response) = http.get(format!("{}/readyz", sut.base)).send().await
+                && response.status() == 200
+                && response
+                    .json::<serde_json::Value>()
+                    .await
+                    .is_ok_and(|ready| ready["broker"] == "connected")
+            {
                 return Ok(sut);
             }
             if tokio::time::Instant::now() > deadline {

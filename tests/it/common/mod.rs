@@ -218,6 +218,13 @@ impl Drop for Cleanup {
     }
 }
 
+/// Sends the request: its status, and its JSON body (null when none).
+async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
 /// A running delayline on an ephemeral port, with its own topology.
 pub struct TestApp {
     pub base: String,
@@ -314,26 +321,21 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let url = format!("{}{path}", self.base);
+        answer(self.http.post(url).json(body)).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        answer(self.http.get(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        answer(self.http.delete(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn patch(&self, path: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        answer(self.http.patch(url).json(body)).await
     }
 
     /// Stops the service gracefully and starts it again on the same settings
