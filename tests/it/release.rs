@@ -15,8 +15,8 @@ use futures_util::future::join_all;
 use serde_json::{Value, json};
 
 use crate::common::{
-    Backend, Cleanup, TestApp, TestConsumer, eventually, free_port, queue_depth, run_delayline,
-    sample, spawn_binary, test_settings, wait_ready_at, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, delayline_command, eventually, free_port, queue_depth,
+    run_delayline, sample, spawn_binary, test_settings, wait_ready_at, with_ledger,
 };
 
 /// The default configuration on a chain of its own: quorum, SQLite, 100 ms
@@ -419,5 +419,47 @@ async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
         consumer.next(Duration::from_secs(1)).await.is_none(),
         "the cancelled task arrived"
     );
+    app.stop().await.unwrap();
+}
+
+/// The runbook's upgrade from a chain without the release stage: the new
+/// default (on with a ledger) stops at start with exit code 1, naming the
+/// difference, and `cascade.release_stage = false` serves the old chain as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_chain_without_the_stage_stops_the_new_default_and_says_why() {
+    let mut old = default_settings(4);
+    old.cascade.release_stage = Some(false);
+    let app = TestApp::spawn(old.clone()).await;
+    let _topology = app.stop_keeping_topology().await;
+
+    let mut upgraded = old.clone();
+    upgraded.cascade.release_stage = None;
+    // The failed start declares what comes before the conflict: the release
+    // exchange and queue among them.
+    let _upgraded = Cleanup::for_cascade(&upgraded.cascade().unwrap());
+    let mut serve = delayline_command(&upgraded, &["serve"]);
+    serve.env(
+        "DELAYLINE__HTTP__BIND",
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
+        .await
+        .expect("the service stops by itself")
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{log}");
+    let level0 = upgraded.cascade().unwrap().level_queue(0);
+    assert!(log.contains(&level0), "{log}");
+    assert!(log.contains("x-dead-letter-exchange"), "{log}");
+    let release = upgraded.cascade().unwrap().release_queue();
+    assert!(log.contains(&release), "{log}");
+    // What the runbook says of it: an empty queue left behind.
+    assert_eq!(queue_depth(&release).await, 0);
+
+    // Keeping the old behaviour, as the runbook's first choice says.
+    let app = TestApp::start_sharing(old).await;
+    app.wait_ready().await;
+    let (status, _) = delete(&app, "any").await;
+    assert_eq!(status, 501, "cancelling needs the stage");
     app.stop().await.unwrap();
 }
