@@ -203,7 +203,15 @@ async fn a_cancel_racing_the_release_is_either_a_200_or_a_delivery_never_both_ne
         }
     }
     let mut delivered = HashSet::new();
-    while let Some(message) = consumer.next(Duration::from_secs(3)).await {
+    // Until every task not cancelled has come (generously), then a moment
+    // more for anything that should not come at all.
+    while cancelled.len() + delivered.len() < TASKS {
+        let Some(message) = consumer.next(Duration::from_secs(20)).await else {
+            break;
+        };
+        assert!(delivered.insert(message.message_id()), "delivered twice");
+    }
+    while let Some(message) = consumer.next(Duration::from_millis(500)).await {
         assert!(delivered.insert(message.message_id()), "delivered twice");
     }
     let both: Vec<_> = cancelled.intersection(&delivered).collect();
@@ -255,7 +263,8 @@ async fn due_tasks_wait_while_the_service_is_stopped_and_arrive_when_it_is_back(
     let mut consumer = TestConsumer::bind(&mut app, "#.later").await;
     let mut ids = HashSet::new();
     for n in 0..30u64 {
-        ids.insert(id_of(&post_task(&app, "later", 1_500 + n * 20).await));
+        // Due well after the graceful stop below has finished.
+        ids.insert(id_of(&post_task(&app, "later", 3_000 + n * 20).await));
     }
     let release_queue = app.cascade.release_queue();
     let settings = app.settings.clone();
@@ -397,7 +406,8 @@ async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
     for n in 0..20u64 {
         second.insert(id_of(&post_task(&app, "flip", 1_500 + n * 50).await));
     }
-    let cancelled = id_of(&post_task(&app, "flip", 1_500).await);
+    // Due long after v2 stops: its copy is still in v2's levels at the migration.
+    let cancelled = id_of(&post_task(&app, "flip", 5_000).await);
     assert_eq!(delete(&app, &cancelled).await.0, 200);
     app.stop().await.unwrap();
 
