@@ -1,5 +1,6 @@
 //! The command line: `serve`, `provision [--dry-run | --check]`,
-//! `migrate-topology --from`, `requeue-unroutable`, `migrate`, `probe`, `route`.
+//! `migrate-topology --from`, `requeue-unroutable`, `migrate`, `probe`, `route`,
+//! `token create`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -64,6 +65,11 @@ pub enum Command {
         #[arg(long, default_value = "/readyz")]
         path: String,
     },
+    /// API clients' tokens.
+    Token {
+        #[command(subcommand)]
+        action: TokenCommand,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -72,6 +78,104 @@ pub enum Command {
         #[arg(long)]
         destination: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a new client token: prints the token (once: delayline keeps only
+    /// its SHA-256) and the client's entry for the clients file.
+    Create {
+        /// The client's name, recorded on each of its tasks.
+        #[arg(long)]
+        name: String,
+        /// An AMQP topic pattern it may publish to (`billing.#`); repeatable.
+        #[arg(long = "destination", value_name = "PATTERN")]
+        destinations: Vec<String>,
+        /// submit, read, cancel, reschedule, metrics, admin (comma-separated or repeated).
+        #[arg(long = "permission", value_delimiter = ',', required = true)]
+        permissions: Vec<String>,
+        /// Tasks per second (token bucket).
+        #[arg(long)]
+        rate_per_second: Option<u32>,
+        /// Tasks at once above the rate.
+        #[arg(long)]
+        burst: Option<u32>,
+        /// Tasks waiting at once.
+        #[arg(long)]
+        max_scheduled: Option<u64>,
+        /// Append the entry to this clients file instead of printing it;
+        /// only the token is printed then.
+        #[arg(long, value_name = "FILE")]
+        append_to: Option<PathBuf>,
+    },
+}
+
+/// `token create`: a new token, and the entry that names it by its hash.
+/// The entry is checked as the service would check it before anything is
+/// printed.
+#[allow(clippy::too_many_arguments)]
+fn create_token(
+    name: String,
+    destinations: Vec<String>,
+    permissions: Vec<String>,
+    rate_per_second: Option<u32>,
+    burst: Option<u32>,
+    max_scheduled: Option<u64>,
+    append_to: Option<&Path>,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+
+    let token = crate::auth::token::generate();
+    let entry = crate::config::ClientSettings {
+        name,
+        token_sha256: crate::config::TokenHashes::One(crate::auth::token::hash_hex(&token)),
+        destinations,
+        permissions,
+        rate_per_second,
+        burst,
+        max_scheduled,
+    };
+    crate::auth::ClientSet::build(std::slice::from_ref(&entry), None)?;
+    let text = client_entry_toml(&entry);
+    match append_to {
+        None => print!("{token}\n\n{text}"),
+        Some(path) => {
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            write!(file, "\n{text}")
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            println!("{token}");
+        }
+    }
+    Ok(())
+}
+
+/// One `[[clients]]` table, as the clients file holds it.
+fn client_entry_toml(entry: &crate::config::ClientSettings) -> String {
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let mut text = format!(
+        "[[clients]]\nname = {:?}\ntoken_sha256 = {:?}\ndestinations = {}\npermissions = {}\n",
+        entry.name,
+        entry.token_sha256.as_slice().first().cloned().unwrap_or_default(),
+        list(&entry.destinations),
+        list(&entry.permissions),
+    );
+    if let Some(rate) = entry.rate_per_second {
+        text.push_str(&format!("rate_per_second = {rate}\n"));
+    }
+    if let Some(burst) = entry.burst {
+        text.push_str(&format!("burst = {burst}\n"));
+    }
+    if let Some(max) = entry.max_scheduled {
+        text.push_str(&format!("max_scheduled = {max}\n"));
+    }
+    text
 }
 
 /// The chain `--from` names: a version number, or a settings file.
@@ -118,6 +222,26 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
             service::run(settings, cascade, listener, shutdown_signal()).await?;
         }
+        Command::Token {
+            action:
+                TokenCommand::Create {
+                    name,
+                    destinations,
+                    permissions,
+                    rate_per_second,
+                    burst,
+                    max_scheduled,
+                    append_to,
+                },
+        } => create_token(
+            name,
+            destinations,
+            permissions,
+            rate_per_second,
+            burst,
+            max_scheduled,
+            append_to.as_deref(),
+        )?,
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
             let amqp = &settings.amqp;
@@ -281,7 +405,11 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             );
         }
         Command::Probe { path } => {
-            let (status, body) = crate::probe::probe(&settings.http.bind, &path).await?;
+            let (status, body) = if settings.http.tls.enabled() {
+                crate::probe::probe_https(&settings.http.bind, &path).await?
+            } else {
+                crate::probe::probe(&settings.http.bind, &path).await?
+            };
             println!("{status} {body}");
             if status != 200 {
                 return Ok(ExitCode::FAILURE);
@@ -381,7 +509,8 @@ async fn on_broker<T>(
     work: impl AsyncFnOnce(&Connection) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
     let timeout = std::time::Duration::from_millis(amqp.connect_timeout_ms);
-    let connection = connect_any(&amqp.uris(), name, timeout).await?;
+    let tls = crate::broker::BrokerTls::from_settings(&amqp.tls)?;
+    let connection = connect_any(&amqp.uris(), name, timeout, &tls).await?;
     let outcome = work(&connection).await;
     let _ = connection.close(200, "done".into()).await;
     outcome

@@ -79,6 +79,7 @@ pub struct Settings {
     pub store: StoreSettings,
     pub metrics: MetricsSettings,
     pub log: LogSettings,
+    pub auth: AuthSettings,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +103,22 @@ pub struct AmqpSettings {
     /// permissions) before `/readyz` answers 503: a misconfiguration, unlike
     /// an outage, will not pass by waiting.
     pub misconfiguration_grace_ms: u64,
+    /// For `amqps://` URIs: whom to trust and who delayline is.
+    pub tls: AmqpTlsSettings,
+}
+
+/// TLS towards the broker. The system's trust store is always used; a
+/// `ca_file` adds to it (a private CA). A client certificate is for brokers
+/// that authenticate by certificate (`?auth_mechanism=external` in the URI).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpTlsSettings {
+    /// PEM bundle of CA certificates the broker's certificate may chain to.
+    pub ca_file: String,
+    /// PEM certificate chain presented to the broker.
+    pub cert_file: String,
+    /// PEM (PKCS#8, PKCS#1 or SEC1) private key of `cert_file`.
+    pub key_file: String,
 }
 
 impl AmqpSettings {
@@ -126,6 +143,7 @@ impl Default for AmqpSettings {
             reconnect_max_backoff_ms: 5_000,
             connect_timeout_ms: 3_000,
             misconfiguration_grace_ms: 30_000,
+            tls: AmqpTlsSettings::default(),
         }
     }
 }
@@ -138,6 +156,25 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// Most tasks in one batch request.
     pub batch_limit: usize,
+    /// HTTPS instead of HTTP when both files are set.
+    pub tls: HttpTlsSettings,
+}
+
+/// The API's certificate; both files are read again on SIGHUP, so a renewed
+/// certificate is served without a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpTlsSettings {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: String,
+    /// PEM private key.
+    pub key_file: String,
+}
+
+impl HttpTlsSettings {
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty() || !self.key_file.is_empty()
+    }
 }
 
 impl Default for HttpSettings {
@@ -146,6 +183,7 @@ impl Default for HttpSettings {
             bind: "127.0.0.1:8080".to_owned(),
             body_limit_bytes: 1024 * 1024,
             batch_limit: 1000,
+            tls: HttpTlsSettings::default(),
         }
     }
 }
@@ -200,6 +238,10 @@ pub struct MetricsSettings {
     /// or `none`. Where it does not answer, depths come from passive declares
     /// on the publisher's connection (ready messages only).
     pub management_url: Secret,
+    /// Empty: `/metrics` is on the API's listener (behind a token when
+    /// clients are configured). Otherwise an address of its own, plain HTTP
+    /// and open, for a scraper on a private network.
+    pub bind: String,
 }
 
 impl Default for MetricsSettings {
@@ -207,6 +249,7 @@ impl Default for MetricsSettings {
         Self {
             queue_poll_ms: 5_000,
             management_url: Secret::default(),
+            bind: String::new(),
         }
     }
 }
@@ -234,6 +277,95 @@ impl Default for LogSettings {
         Self {
             format: LogFormat::Text,
             filter: "info,lapin=off".to_owned(),
+        }
+    }
+}
+
+/// Who may use the API. See `crate::auth`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSettings {
+    pub mode: AuthMode,
+    /// A TOML file of `[[clients]]`, read at start and again on SIGHUP.
+    pub clients_file: String,
+    /// Clients given in the configuration itself (`[[auth.clients]]`).
+    pub clients: Vec<ClientSettings>,
+    /// How often each quota's count of scheduled tasks is read again from the
+    /// ledger (deliveries and other replicas' tasks are seen then).
+    pub quota_refresh_ms: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::Auto,
+            clients_file: String::new(),
+            clients: Vec::new(),
+            quota_refresh_ms: 2_000,
+        }
+    }
+}
+
+/// - `auto`: tokens are required as soon as any client is configured (or a
+///   clients file is named); without clients the API is open, which is only
+///   allowed on a loopback address.
+/// - `tokens`: tokens are required, even while no client is configured.
+/// - `open`: no tokens, on any address: for a network where every peer is
+///   trusted, said explicitly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    #[default]
+    Auto,
+    Tokens,
+    Open,
+}
+
+/// One client of the API (the same shape as in the clients file).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSettings {
+    /// `[A-Za-z0-9_.-]`, unique: recorded on each of its tasks.
+    pub name: String,
+    /// Hex SHA-256 of the token (`delayline token create` prints it), or
+    /// several, while a token is being rotated.
+    pub token_sha256: TokenHashes,
+    /// AMQP topic patterns of the destinations it may publish to.
+    #[serde(default)]
+    pub destinations: Vec<String>,
+    /// `submit`, `read`, `cancel`, `reschedule`, `metrics`, `admin`.
+    #[serde(default)]
+    pub permissions: Vec<String>,
+    /// Tasks per second, refilled continuously (token bucket); none: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_second: Option<u32>,
+    /// Tasks that may be taken at once above the rate (default: one second's worth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// Tasks this client may have waiting (not yet due) at once; needs a ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_scheduled: Option<u64>,
+}
+
+/// One hash or several (`token_sha256 = ["new", "old"]` during a rotation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenHashes {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Default for TokenHashes {
+    fn default() -> Self {
+        TokenHashes::Many(Vec::new())
+    }
+}
+
+impl TokenHashes {
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            TokenHashes::One(one) => std::slice::from_ref(one),
+            TokenHashes::Many(many) => many,
         }
     }
 }
@@ -298,6 +430,12 @@ impl Settings {
         if self.store.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "store.max_connections must be at least 1".into(),
+            ));
+        }
+        let tls = &self.http.tls;
+        if tls.enabled() && (tls.cert_file.is_empty() || tls.key_file.is_empty()) {
+            return Err(ConfigError::Invalid(
+                "http.tls.cert_file and http.tls.key_file go together".into(),
             ));
         }
         if self.cascade.release_stage == Some(true) && !self.has_ledger() {

@@ -42,6 +42,7 @@
 //!   secrets never print), logs, the command line, and the health check that
 //!   containers run. `main.rs` only calls [`cli::main`].
 
+pub mod auth;
 pub mod broker;
 pub mod cascade;
 pub mod cli;

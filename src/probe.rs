@@ -26,6 +26,36 @@ pub enum ProbeError {
     Timeout(String),
     #[error("{0}: the answer is not HTTP")]
     NotHttp(String),
+    #[error("{address}: {source}")]
+    Https {
+        address: String,
+        source: reqwest::Error,
+    },
+}
+
+/// GET `path` from this service's own HTTPS listener at `bind`. The
+/// certificate is not checked: it names the service for its clients, not
+/// the loopback address the probe reaches it on, and the probe only asks
+/// whether the process answers.
+pub async fn probe_https(bind: &str, path: &str) -> Result<(u16, String), ProbeError> {
+    let address = local_address(bind)?;
+    let https = |source| ProbeError::Https {
+        address: address.clone(),
+        source,
+    };
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(TIMEOUT)
+        .build()
+        .map_err(https)?;
+    let response = client
+        .get(format!("https://{address}{path}"))
+        .send()
+        .await
+        .map_err(https)?;
+    let status = response.status().as_u16();
+    let body = response.text().await.map_err(https)?;
+    Ok((status, body))
 }
 
 /// Where to reach a listener bound to `bind`: a wildcard address is reached on loopback.

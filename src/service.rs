@@ -6,14 +6,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{error, info, warn};
 
-use crate::broker::{BrokerError, Publisher, PublisherOptions};
+use crate::auth::{AuthError, Authenticator};
+use crate::broker::{BrokerError, BrokerTls, Publisher, PublisherOptions};
 use crate::cascade::Cascade;
 use crate::config::Settings;
-use crate::http::{AppState, router};
+use crate::http::{AppState, MetricsRoute, metrics_router, router};
 use crate::ledger::{self, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
 use crate::scheduler::{Scheduler, SchedulerSettings};
@@ -26,6 +28,15 @@ pub enum ServiceError {
     Ledger(#[from] LedgerError),
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    #[error("HTTPS: {0}")]
+    Tls(String),
+    #[error("metrics listener on {bind}: {source}")]
+    MetricsBind {
+        bind: String,
+        source: std::io::Error,
+    },
     #[error("the broker supervisor stopped unexpectedly: {0}")]
     Supervisor(#[from] tokio::task::JoinError),
 }
@@ -47,6 +58,38 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
+    let address = listener.local_addr()?;
+    // Refused before anything is opened: an open API on a network, or a
+    // clients file that does not read, must not start serving.
+    let auth = Arc::new(Authenticator::from_settings(
+        &settings.auth,
+        &address.to_string(),
+        settings.has_ledger(),
+    )?);
+    let tls = match &settings.http.tls {
+        tls if tls.enabled() => Some(
+            RustlsConfig::from_pem_file(&tls.cert_file, &tls.key_file)
+                .await
+                .map_err(|error| {
+                    ServiceError::Tls(format!(
+                        "reading http.tls.cert_file {:?} and key_file {:?}: {error}",
+                        tls.cert_file, tls.key_file
+                    ))
+                })?,
+        ),
+        _ => None,
+    };
+    let metrics_listener = match settings.metrics.bind.as_str() {
+        "" => None,
+        bind => Some(TcpListener::bind(bind).await.map_err(|source| {
+            ServiceError::MetricsBind {
+                bind: bind.to_owned(),
+                source,
+            }
+        })?),
+    };
+    let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
+    log_access(&auth, &address);
     let cascade = Arc::new(cascade);
     let metrics = Arc::new(Metrics::new());
     let ledger = ledger::open(
@@ -76,7 +119,12 @@ pub async fn run(
     );
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
-        PublisherOptions::from_settings(&settings.amqp, &cascade, metrics.confirm_latency.clone()),
+        PublisherOptions::from_settings(
+            &settings.amqp,
+            &cascade,
+            metrics.confirm_latency.clone(),
+            broker_tls,
+        ),
         cascade.plan(),
         broker_shutdown.clone(),
     );
@@ -99,16 +147,73 @@ pub async fn run(
             background_shutdown.clone(),
         )));
     }
-    let app = router(
-        AppState::new(scheduler.clone(), metrics, &settings.http),
-        &settings.http,
-    );
+    let state = AppState::new(scheduler.clone(), metrics.clone(), &settings.http, auth.clone());
+    let metrics_route = match metrics_listener {
+        Some(_) => MetricsRoute::Elsewhere,
+        None => MetricsRoute::WithApi,
+    };
+    let app = router(state.clone(), &settings.http, metrics_route);
+    if auth.tokens_required() && scheduler.has_ledger() {
+        background.push(tokio::spawn(refresh_quotas(
+            auth.clone(),
+            scheduler.clone(),
+            metrics,
+            Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
+            background_shutdown.clone(),
+        )));
+    }
+    let stop_serving = CancellationToken::new();
+    background.push(tokio::spawn({
+        let (stop_serving, ended) = (stop_serving.clone(), background_shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown => {},
+                _ = ended.cancelled() => {},
+            }
+            stop_serving.cancel();
+        }
+    }));
+    background.push(tokio::spawn(reload_on_hangup(
+        auth,
+        tls.clone().zip(Some(settings.http.tls.clone())),
+        background_shutdown.clone(),
+    )));
+    if let Some(listener) = metrics_listener {
+        info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
+        let stop = stop_serving.clone();
+        background.push(tokio::spawn(async move {
+            let served = axum::serve(listener, metrics_router(state))
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                error!(%error, "the metrics listener failed");
+            }
+        }));
+    }
     let served = async {
-        info!(address = %listener.local_addr()?, "listening");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(ServiceError::from)
+        match tls {
+            None => {
+                info!(%address, "listening (HTTP)");
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
+                    .await
+            }
+            Some(tls) => {
+                info!(%address, "listening (HTTPS)");
+                let handle = axum_server::Handle::new();
+                let stop = stop_serving.clone();
+                let graceful = handle.clone();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    graceful.graceful_shutdown(Some(GRACEFUL_HTTPS_CLOSE));
+                });
+                axum_server::from_tcp_rustls(listener.into_std()?, tls)?
+                    .handle(handle)
+                    .serve(app.into_make_service())
+                    .await
+            }
+        }
+        .map_err(ServiceError::from)
     };
     let outcome = tokio::select! {
         served = served => served,
@@ -118,6 +223,8 @@ pub async fn run(
         },
     };
     info!("HTTP requests drained; stopping the forwarder");
+    // Also when the broker side ended the service: the metrics listener stops.
+    stop_serving.cancel();
     background_shutdown.cancel();
     for task in background {
         let _ = task.await;
@@ -137,6 +244,108 @@ pub async fn run(
     scheduler.close_ledger().await;
     info!("ledger closed");
     outcome.and(stopped)
+}
+
+/// How long an HTTPS connection may finish its request once shutdown began.
+const GRACEFUL_HTTPS_CLOSE: Duration = Duration::from_secs(30);
+
+/// Says at start-up who may use the API.
+fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {
+    if auth.tokens_required() {
+        info!(
+            clients = auth.clients().len(),
+            "the API requires a token (Authorization: Bearer); /healthz and /readyz are open"
+        );
+    } else if address.ip().is_loopback() {
+        warn!(
+            %address,
+            "the API is OPEN: no clients are configured, so anyone who can reach {address} may \
+             publish to any destination (allowed on loopback only; configure clients to require \
+             tokens)"
+        );
+    } else {
+        warn!(
+            %address,
+            "the API is OPEN on a network address (auth.mode = \"open\"): anyone who can reach \
+             it may publish to any destination"
+        );
+    }
+}
+
+/// On SIGHUP, reads the clients and the API's certificate again. What fails
+/// to read is logged and the old one kept: a reload never stops the service.
+async fn reload_on_hangup(
+    auth: Arc<Authenticator>,
+    tls: Option<(RustlsConfig, crate::config::HttpTlsSettings)>,
+    shutdown: CancellationToken,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            warn!("cannot listen for SIGHUP: clients and certificates reload only on restart");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                received = hangups.recv() => if received.is_none() { return },
+            }
+            match auth.reload() {
+                Ok(clients) => info!(clients, "SIGHUP: clients reloaded"),
+                Err(error) => error!(%error, "SIGHUP: clients NOT reloaded; the previous ones stay"),
+            }
+            if let Some((config, files)) = &tls {
+                match config
+                    .reload_from_pem_file(&files.cert_file, &files.key_file)
+                    .await
+                {
+                    Ok(()) => info!(cert_file = %files.cert_file, "SIGHUP: certificate reloaded"),
+                    Err(error) => error!(
+                        %error,
+                        "SIGHUP: certificate NOT reloaded; the previous one stays"
+                    ),
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (auth, tls);
+        shutdown.cancelled().await;
+    }
+}
+
+/// Reads each quota's count of waiting tasks from the ledger, which sees
+/// deliveries, cancellations and other replicas' tasks.
+async fn refresh_quotas(
+    auth: Arc<Authenticator>,
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        for client in auth.clients().iter().filter(|c| c.max_scheduled.is_some()) {
+            match scheduler.waiting_tasks(&client.name).await {
+                Ok(waiting) => {
+                    auth.usage.set(&client.name, waiting);
+                    metrics
+                        .client_scheduled
+                        .get_or_create(&crate::metrics::ClientLabel {
+                            client: client.name.clone(),
+                        })
+                        .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+                }
+                Err(error) => warn!(client = %client.name, %error, "cannot count a quota"),
+            }
+        }
+    }
 }
 
 /// Resolves on ctrl-c or SIGTERM.

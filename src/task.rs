@@ -100,6 +100,8 @@ pub struct Task {
     pub headers: Vec<(String, FieldValue)>,
     /// 1, plus one per reschedule (see [`REVISION_HEADER`]).
     pub revision: u64,
+    /// The API client that submitted it, when tokens are required.
+    pub client: Option<String>,
 }
 
 /// Where an accepted task is:
@@ -456,6 +458,7 @@ impl TaskRequest<'_> {
             content_type,
             headers: validate_headers(self.headers.unwrap_or_default())?,
             revision: 1,
+            client: None,
         })
     }
 

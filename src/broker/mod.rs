@@ -40,6 +40,7 @@ pub use publisher::{
 };
 pub use unroutable::requeue_unroutable;
 
+
 use crate::cascade::{ArgValue, Arguments};
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,8 @@ pub enum BrokerError {
     },
     #[error(transparent)]
     Conflict(#[from] TopologyConflict),
+    #[error("broker TLS: {0}")]
+    Tls(String),
 }
 
 impl BrokerError {
@@ -69,6 +72,7 @@ impl BrokerError {
     pub fn is_misconfiguration(&self) -> bool {
         let source = match self {
             BrokerError::Connect { source, .. } | BrokerError::Call { source, .. } => source,
+            BrokerError::Tls(_) => return true,
             BrokerError::ConnectTimeout { .. } | BrokerError::Conflict(_) => return false,
         };
         match source.kind() {
@@ -78,8 +82,80 @@ impl BrokerError {
                     | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
             ),
             lapin::ErrorKind::AuthProviderError(_) => true,
+            lapin::ErrorKind::IOError(io) => is_certificate_error(io),
             _ => false,
         }
+    }
+}
+
+/// Whether a TLS handshake failed over a certificate (an untrusted CA, a
+/// wrong host name, an expired or refused certificate): waiting will not fix
+/// it, unlike a broker that is away.
+fn is_certificate_error(io: &std::io::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = io.get_ref().map(|e| e as _);
+    while let Some(error) = source {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return matches!(
+                tls,
+                rustls::Error::InvalidCertificate(_)
+                    | rustls::Error::NoCertificatesPresented
+                    | rustls::Error::AlertReceived(
+                        rustls::AlertDescription::BadCertificate
+                            | rustls::AlertDescription::CertificateRequired
+                            | rustls::AlertDescription::UnknownCA
+                            | rustls::AlertDescription::CertificateUnknown
+                            | rustls::AlertDescription::HandshakeFailure
+                    )
+            );
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// TLS towards the broker (`amqps://`): the trusted CAs beyond the system's,
+/// and the client certificate, read once at start-up so that a missing or
+/// unreadable file is an error then, not at each reconnection.
+#[derive(Clone, Default)]
+pub struct BrokerTls(lapin::tcp::OwnedTLSConfig);
+
+impl std::fmt::Debug for BrokerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerTls")
+            .field("ca", &self.0.cert_chain.is_some())
+            .field("client_certificate", &self.0.identity.is_some())
+            .finish()
+    }
+}
+
+impl BrokerTls {
+    pub fn from_settings(tls: &crate::config::AmqpTlsSettings) -> Result<BrokerTls, BrokerError> {
+        let read = |what: &str, path: &str| {
+            std::fs::read(path).map_err(|error| BrokerError::Tls(format!("{what} {path:?}: {error}")))
+        };
+        let cert_chain = match tls.ca_file.as_str() {
+            "" => None,
+            path => Some(
+                String::from_utf8(read("amqp.tls.ca_file", path)?)
+                    .map_err(|_| BrokerError::Tls(format!("amqp.tls.ca_file {path:?} is not PEM")))?,
+            ),
+        };
+        let identity = match (tls.cert_file.as_str(), tls.key_file.as_str()) {
+            ("", "") => None,
+            ("", _) | (_, "") => {
+                return Err(BrokerError::Tls(
+                    "amqp.tls.cert_file and amqp.tls.key_file go together".into(),
+                ));
+            }
+            (cert, key) => Some(lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: read("amqp.tls.cert_file", cert)?,
+                key: read("amqp.tls.key_file", key)?,
+            }),
+        };
+        Ok(BrokerTls(lapin::tcp::OwnedTLSConfig {
+            identity,
+            cert_chain,
+        }))
     }
 }
 
@@ -137,13 +213,24 @@ pub(crate) fn confirm_outcome(confirmation: Confirmation) -> Result<(), PublishE
 }
 
 pub async fn connect(uri: &str, name: &str) -> Result<Connection, BrokerError> {
+    connect_with(uri, name, &BrokerTls::default()).await
+}
+
+/// Connects to `uri` (`amqp://` or `amqps://`) with `tls` for the latter.
+pub async fn connect_with(
+    uri: &str,
+    name: &str,
+    tls: &BrokerTls,
+) -> Result<Connection, BrokerError> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(uri, properties)
+    let error = |source| BrokerError::Connect {
+        uri: redact_uri(uri),
+        source,
+    };
+    let runtime = lapin::runtime::default_runtime().map_err(error)?;
+    Connection::connect_with_config(uri, properties, tls.0.clone(), runtime)
         .await
-        .map_err(|source| BrokerError::Connect {
-            uri: redact_uri(uri),
-            source,
-        })
+        .map_err(error)
 }
 
 /// Connects to the first of `uris` that answers (a cluster's nodes, in the
@@ -152,10 +239,11 @@ pub async fn connect_any(
     uris: &[String],
     name: &str,
     timeout: Duration,
+    tls: &BrokerTls,
 ) -> Result<Connection, BrokerError> {
     let mut last_error = None;
     for uri in uris {
-        let attempt = tokio::time::timeout(timeout, connect(uri, name))
+        let attempt = tokio::time::timeout(timeout, connect_with(uri, name, tls))
             .await
             .unwrap_or_else(|_| {
                 Err(BrokerError::ConnectTimeout {

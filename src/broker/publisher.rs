@@ -45,7 +45,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{BrokerError, Context, confirm_outcome, connect, open_channel, provision, redact_uri};
+use super::{BrokerError, Context, confirm_outcome, connect_with, open_channel, provision, redact_uri};
 use crate::cascade::{Cascade, TopologyPlan};
 use crate::config::AmqpSettings;
 
@@ -70,6 +70,8 @@ pub struct PublisherOptions {
     pub header_reserve: usize,
     /// Observes the time from publish to confirm, in seconds.
     pub confirm_latency: Histogram,
+    /// For `amqps://` addresses.
+    pub tls: super::BrokerTls,
 }
 
 impl PublisherOptions {
@@ -78,6 +80,7 @@ impl PublisherOptions {
         amqp: &AmqpSettings,
         cascade: &Cascade,
         confirm_latency: Histogram,
+        tls: super::BrokerTls,
     ) -> Self {
         PublisherOptions {
             uris: amqp.uris(),
@@ -88,6 +91,7 @@ impl PublisherOptions {
             connection_name: format!("delayline {}", cascade.prefix()),
             header_reserve: cascade.dead_letter_header_bytes(),
             confirm_latency,
+            tls,
         }
     }
 }
@@ -463,7 +467,7 @@ impl IsolatedPublisher {
                     .ok_or_else(|| self.publisher.shared.unavailable())?;
                 let name = format!("{} (isolated)", options.connection_name);
                 let connection =
-                    tokio::time::timeout(options.connect_timeout, connect(&node, &name))
+                    tokio::time::timeout(options.connect_timeout, connect_with(&node, &name, &options.tls))
                         .await
                         .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
                         .map_err(|error| unavailable(error.to_string()))?;
@@ -615,7 +619,7 @@ async fn establish(
     let uri = &options.uris[node];
     let connection = tokio::time::timeout(
         options.connect_timeout,
-        connect(uri, &options.connection_name),
+        connect_with(uri, &options.connection_name, &options.tls),
     )
     .await
     .map_err(|_| BrokerError::ConnectTimeout {

@@ -36,6 +36,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for `Retry-After`; a 503 without one says [`RETRY_AFTER_SECONDS`].
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl ApiError {
@@ -44,7 +46,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_seconds: None,
         }
+    }
+
+    /// Tells the client when a retry may succeed (429, 503).
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_seconds = Some(seconds.max(1));
+        self
     }
 
     /// A bug or an unexpected failure: `detail` goes to the log, not to the client.
@@ -183,10 +192,26 @@ impl IntoResponse for ApiError {
         let status = self.status;
         let mut response = (status, Json(ErrorEnvelope { error: self.body() })).into_response();
         response.extensions_mut().insert(ErrorCode(self.code));
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if let Some(seconds) = self.retry_after_seconds {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        } else if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 6750: say which scheme, and whether a token was refused.
+            let challenge = if self.code == "invalid_token" {
+                "Bearer realm=\"delayline\", error=\"invalid_token\""
+            } else {
+                "Bearer realm=\"delayline\""
+            };
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
             );
         }
         response

@@ -10,7 +10,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::auth::{require, unscoped_key};
 use super::error::ApiError;
+use crate::auth::{Caller, Permission};
 use crate::ledger::{Cursor, StoredTask, TaskFilter};
 use crate::scheduler::InspectError;
 use crate::task::{TaskState, format_epoch_ms, parse_epoch_ms};
@@ -45,6 +47,9 @@ pub struct TaskView {
     /// `delivered_at` less `deliver_at`, in milliseconds.
     pub lateness_ms: Option<u64>,
     pub cancelled_at: Option<String>,
+    /// The API client that submitted it; absent while the API is open.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub client: Option<String>,
 }
 
 impl From<StoredTask> for TaskView {
@@ -71,7 +76,10 @@ impl From<StoredTask> for TaskView {
             id: stored.id,
             destination: stored.destination,
             routing_key: stored.routing_key,
-            idempotency_key: stored.idempotency_key,
+            idempotency_key: stored
+                .idempotency_key
+                .map(|key| unscoped_key(stored.client.as_deref(), key)),
+            client: stored.client,
             content_type: stored.content_type,
             last_error: stored.last_error,
         }
@@ -80,9 +88,16 @@ impl From<StoredTask> for TaskView {
 
 pub async fn get_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let stored = state.scheduler.task(&id).await?.ok_or_else(|| {
+    require(&caller, Permission::Read)?;
+    let owner = caller.owner_scope();
+    let stored = state.scheduler.task(&id).await?;
+    // Another client's task is answered as if it did not exist.
+    let stored = stored
+        .filter(|task| owner.is_none_or(|owner| task.client.as_deref() == Some(owner)));
+    let stored = stored.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "task_not_found",
@@ -118,7 +133,7 @@ fn invalid_query(message: impl Into<String>) -> ApiError {
 }
 
 impl ListQuery {
-    fn filter(self) -> Result<TaskFilter, ApiError> {
+    fn filter(self, caller: &Caller) -> Result<TaskFilter, ApiError> {
         let state = match self.state.as_deref() {
             None => None,
             Some(text) => Some(TaskState::parse(text).ok_or_else(|| {
@@ -144,6 +159,7 @@ impl ListQuery {
             Some(text) => Some(Cursor::decode(text).map_err(|e| invalid_query(e.to_string()))?),
         };
         Ok(TaskFilter {
+            client: caller.owner_scope().map(str::to_owned),
             destination: self.destination,
             state,
             due_before_ms,
@@ -156,13 +172,15 @@ impl ListQuery {
 /// Tasks in due order, a page at a time.
 pub async fn list_tasks(
     State(state): State<AppState>,
+    caller: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<TaskPage>, ApiError> {
+    require(&caller, Permission::Read)?;
     if !state.scheduler.has_ledger() {
         return Err(InspectError::LedgerDisabled.into());
     }
     let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
-    let filter = query.filter()?;
+    let filter = query.filter(&caller)?;
     let stored = state.scheduler.tasks(&filter).await?;
     let next_cursor = (stored.len() == filter.limit as usize)
         .then(|| stored.last())

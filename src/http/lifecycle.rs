@@ -10,7 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::auth::{require, scoped_fingerprint, scoped_key};
 use super::error::{ApiError, ErrorBody};
+use crate::auth::{Caller, Permission};
 use super::extract::JsonBody;
 use super::inspect::TaskView;
 use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
@@ -49,6 +51,17 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
     )
 }
 
+/// A cancelled task no longer counts against its client's quota.
+fn release_quota(state: &AppState, outcomes: &[Cancel]) {
+    for outcome in outcomes {
+        if let Cancel::Cancelled(task) = outcome
+            && let Some(client) = &task.client
+        {
+            state.auth.usage.give_back(client, 1);
+        }
+    }
+}
+
 /// What one cancel comes to, as `DELETE` answers it.
 fn cancel_answer(id: &str, outcome: Cancel) -> Result<TaskView, ApiError> {
     match outcome {
@@ -61,10 +74,14 @@ fn cancel_answer(id: &str, outcome: Cancel) -> Result<TaskView, ApiError> {
 /// Cancels a task that is not yet due; repeating it answers the same.
 pub async fn cancel_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
+    require(&caller, Permission::Cancel)?;
     let ids = [id];
-    let outcome = state.scheduler.cancel(&ids).await?.pop();
+    let mut outcomes = state.scheduler.cancel(&ids, caller.owner_scope()).await?;
+    release_quota(&state, &outcomes);
+    let outcome = outcomes.pop();
     let [id] = ids;
     cancel_answer(&id, outcome.unwrap_or(Cancel::NotFound)).map(Json)
 }
@@ -94,8 +111,10 @@ pub struct CancelResponse {
 /// Cancels many tasks in one ledger transaction, each on its own merits.
 pub async fn cancel_batch(
     State(state): State<AppState>,
+    caller: Caller,
     JsonBody(body): JsonBody,
 ) -> Result<Json<CancelResponse>, ApiError> {
+    require(&caller, Permission::Cancel)?;
     require_object(&body, "", "{\"ids\": [task id, …]}")?;
     let mut deserializer = serde_json::Deserializer::from_slice(&body);
     let request: CancelRequest =
@@ -121,7 +140,11 @@ pub async fn cancel_batch(
             ),
         ));
     }
-    let outcomes = state.scheduler.cancel(&request.ids).await?;
+    let outcomes = state
+        .scheduler
+        .cancel(&request.ids, caller.owner_scope())
+        .await?;
+    release_quota(&state, &outcomes);
     let results = request
         .ids
         .into_iter()
@@ -147,23 +170,25 @@ pub async fn cancel_batch(
 /// Moves a task that is not yet due to a new due time (a new revision).
 pub async fn reschedule_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
+    require(&caller, Permission::Reschedule)?;
     let new_delay = parse_new_delay(&body, SystemTime::now())?;
     let key = match idempotency_key(headers.get(IDEMPOTENCY_KEY))? {
         None => None,
         Some(key) => Some(ChangeKey {
-            key,
+            key: scoped_key(&caller, key),
             // The same change is the same body for the same task (the
             // ledger compares the task as well).
-            fingerprint: fingerprint(&body)?,
+            fingerprint: scoped_fingerprint(&caller, fingerprint(&body)?),
         }),
     };
     let rescheduled = state
         .scheduler
-        .reschedule(&id, new_delay.delay, key)
+        .reschedule(&id, new_delay.delay, key, caller.owner_scope())
         .await
         .map_err(|error| match error {
             // Said of the field the new delay was given in.

@@ -3,9 +3,11 @@
 //! One module per resource, each with its own `router()`: `tasks` (taking
 //! tasks in), `inspect` (reading them back), `lifecycle` (cancelling and
 //! moving them), `topology`, `health` (the
-//! probes), `scrape` (`/metrics`); `extract` is the JSON body extractor,
-//! `error` the error shape, `fallback` what no route serves.
+//! probes), `scrape` (`/metrics`); `auth` is the gate in front of all but the
+//! probes, `extract` the JSON body extractor, `error` the error shape,
+//! `fallback` what no route serves.
 
+mod auth;
 mod error;
 mod extract;
 mod fallback;
@@ -31,6 +33,7 @@ pub use lifecycle::{CancelItem, CancelResponse};
 pub use tasks::{BatchItem, BatchResponse};
 pub use topology::TopologyView;
 
+use crate::auth::Authenticator;
 use crate::config::HttpSettings;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
@@ -42,30 +45,54 @@ pub struct AppState {
     metrics: Arc<Metrics>,
     batch_limit: usize,
     topology: Arc<TopologyView>,
+    auth: Arc<Authenticator>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, metrics: Arc<Metrics>, http: &HttpSettings) -> Self {
+    pub fn new(
+        scheduler: Scheduler,
+        metrics: Arc<Metrics>,
+        http: &HttpSettings,
+        auth: Arc<Authenticator>,
+    ) -> Self {
         let topology = Arc::new(TopologyView::new(scheduler.cascade()));
         Self {
             scheduler,
             metrics,
             batch_limit: http.batch_limit,
             topology,
+            auth,
         }
     }
 }
 
+/// Where `GET /metrics` is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsRoute {
+    /// On the API's listener, behind the gate (`metrics` permission).
+    WithApi,
+    /// On a listener of its own (`metrics.bind`): not on the API's.
+    Elsewhere,
+}
+
 /// Every route, one router per resource, merged; then what applies to all.
-pub fn router(state: AppState, http: &HttpSettings) -> Router {
+/// Everything but the probes is behind the gate.
+pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute) -> Router {
     let body_limit_bytes = http.body_limit_bytes;
-    Router::new()
+    let mut gated = Router::new()
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())
         .merge(lifecycle::router())
-        .merge(topology::router())
+        .merge(topology::router());
+    if metrics_route == MetricsRoute::WithApi {
+        gated = gated.merge(scrape::router());
+    }
+    gated
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
         .merge(health::router())
-        .merge(scrape::router())
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit_bytes))
@@ -78,4 +105,9 @@ pub fn router(state: AppState, http: &HttpSettings) -> Router {
         // A bug in one request must answer 500, not take the service down.
         .layer(CatchPanicLayer::custom(fallback::panic_response))
         .with_state(state)
+}
+
+/// `GET /metrics` alone, open, for the listener of `metrics.bind`.
+pub fn metrics_router(state: AppState) -> Router {
+    scrape::open_router().with_state(state)
 }

@@ -5,10 +5,22 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::auth::require;
 use super::error::ApiError;
+use crate::auth::{Caller, Permission};
 
 /// Prometheus scrape. Values that live elsewhere are read now, not mirrored.
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub async fn metrics(State(state): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    require(&caller, Permission::Metrics)?;
+    scrape(&state).await
+}
+
+/// On a listener of its own, the scrape needs no token.
+async fn open_metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    scrape(&state).await
+}
+
+async fn scrape(state: &AppState) -> Result<Response, ApiError> {
     state.scheduler.refresh_metrics().await;
     let text = state
         .metrics
@@ -19,4 +31,8 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new().route("/metrics", axum::routing::get(metrics))
+}
+
+pub fn open_router() -> axum::Router<AppState> {
+    axum::Router::new().route("/metrics", axum::routing::get(open_metrics))
 }

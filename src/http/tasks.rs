@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
 use super::AppState;
+use super::auth::{admit, check_destination, require, scoped_fingerprint, scoped_key};
 use super::error::{ApiError, ErrorBody, ErrorCode};
+use crate::auth::{Caller, Permission};
 use super::extract::JsonBody;
 use crate::cascade::MAX_NAME_BYTES;
 use crate::scheduler::{Idempotency, Submitted};
@@ -47,7 +49,10 @@ pub(super) fn idempotency_key(header: Option<&HeaderValue>) -> Result<Option<Str
 
 /// The Idempotency-Key header, checked, and the request's fingerprint when
 /// the request can be repeated (it has a key or a client-chosen id).
+/// Both are the caller's own: its keys never meet another client's, and
+/// another client repeating its task id is a conflict, not a replay.
 fn idempotency(
+    caller: &Caller,
     key_header: Option<&HeaderValue>,
     body: &[u8],
     task: &Task,
@@ -56,13 +61,53 @@ fn idempotency(
     if !has_ledger {
         return Ok(Idempotency::default());
     }
-    let key = idempotency_key(key_header)?;
+    let key = idempotency_key(key_header)?.map(|key| scoped_key(caller, key));
     let fingerprint = if key.is_some() || task.client_id {
-        Some(fingerprint(body)?)
+        Some(scoped_fingerprint(caller, fingerprint(body)?))
     } else {
         None
     };
     Ok(Idempotency { key, fingerprint })
+}
+
+/// Takes `tasks` from the caller's rate and quota (a client's; an open API
+/// has neither).
+fn admit_tasks(state: &AppState, caller: &Caller, tasks: u64) -> Result<(), ApiError> {
+    match caller {
+        Caller::Client(client) if tasks > 0 => admit(state, client, tasks),
+        _ => Ok(()),
+    }
+}
+
+/// Gives back the quota `reserved` tasks took beyond the `accepted` ones
+/// (refused, or replays of tasks already counted), and counts the accepted.
+fn settle(state: &AppState, caller: &Caller, reserved: u64, accepted: u64) {
+    if let Caller::Client(client) = caller {
+        if client.max_scheduled.is_some() {
+            state
+                .auth
+                .usage
+                .give_back(&client.name, reserved.saturating_sub(accepted));
+        }
+        if accepted > 0 {
+            state.metrics.client_accepted(&client.name, accepted);
+        }
+    }
+}
+
+/// A task parsed, checked against the caller's destinations, and marked as
+/// the caller's.
+fn parse_for(
+    state: &AppState,
+    caller: &Caller,
+    body: &[u8],
+    now: SystemTime,
+    at: &str,
+) -> Result<Task, ApiError> {
+    let mut task = Task::parse_at(body, state.scheduler.cascade(), now, at)?;
+    check_destination(caller, &task.destination)?;
+    task.client = caller.client_name().map(str::to_owned);
+    Ok(task)
 }
 
 async fn submit(
@@ -87,17 +132,27 @@ async fn submit(
 
 pub async fn create_task(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let task = Task::parse(&body, state.scheduler.cascade(), SystemTime::now())?;
-    let idempotency = idempotency(
-        headers.get(IDEMPOTENCY_KEY),
-        &body,
-        &task,
-        state.scheduler.has_ledger(),
-    )?;
-    let submitted = submit(&state, &task, idempotency).await?;
+    require(&caller, Permission::Submit)?;
+    admit_tasks(&state, &caller, 1)?;
+    let submitted = async {
+        let task = parse_for(&state, &caller, &body, SystemTime::now(), "")?;
+        let idempotency = idempotency(
+            &caller,
+            headers.get(IDEMPOTENCY_KEY),
+            &body,
+            &task,
+            state.scheduler.has_ledger(),
+        )?;
+        submit(&state, &task, idempotency).await
+    }
+    .await;
+    let accepted = submitted.as_ref().is_ok_and(|s| !s.replayed);
+    settle(&state, &caller, 1, u64::from(accepted));
+    let submitted = submitted?;
     let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
     if submitted.replayed {
         response
@@ -142,9 +197,11 @@ impl BatchItem {
 /// idempotency key.
 pub async fn create_batch(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Json<BatchResponse>, ApiError> {
+    require(&caller, Permission::Submit)?;
     if headers.contains_key(IDEMPOTENCY_KEY) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -177,11 +234,15 @@ pub async fn create_batch(
         .map(|(index, raw)| {
             let body = raw.get().as_bytes();
             let at = format!("/tasks/{index}");
-            let task = Task::parse_at(body, state.scheduler.cascade(), now, &at)?;
-            let idempotency = idempotency(None, body, &task, has_ledger)?;
+            let task = parse_for(&state, &caller, body, now, &at)?;
+            let idempotency = idempotency(&caller, None, body, &task, has_ledger)?;
             Ok((task, idempotency))
         })
         .collect();
+    // The rate and quota are taken for the whole batch or not at all: a 429
+    // means that nothing in it was taken.
+    let valid = parsed.iter().filter(|item| item.is_ok()).count() as u64;
+    admit_tasks(&state, &caller, valid)?;
     // A client id repeated within the batch names one task: the repeat gets
     // the first's answer (as a replay), or a conflict if its body differs.
     let mut first_with_id: HashMap<&str, usize> = HashMap::new();
@@ -212,6 +273,12 @@ pub async fn create_batch(
         }
     });
     let outcomes = join_all(outcomes).await;
+    let accepted = outcomes
+        .iter()
+        .flatten()
+        .filter(|outcome| outcome.as_ref().is_ok_and(|s| !s.replayed))
+        .count() as u64;
+    settle(&state, &caller, valid, accepted);
     let results = (0..parsed.len())
         .map(|index| {
             let outcome = match (repeats[index], &outcomes[index]) {

@@ -128,11 +128,24 @@ fn settings() -> SchedulerSettings {
 }
 
 fn app(scheduler: Scheduler, metrics: Arc<Metrics>) -> Router {
+    app_with(scheduler, metrics, crate::auth::Authenticator::open())
+}
+
+fn app_with(
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    auth: crate::auth::Authenticator,
+) -> Router {
     let http = HttpSettings {
         batch_limit: 3,
         ..HttpSettings::default()
     };
-    router(AppState::new(scheduler, metrics, &http), &http)
+    let auth = Arc::new(auth);
+    router(
+        AppState::new(scheduler, metrics, &http, auth),
+        &http,
+        crate::http::MetricsRoute::WithApi,
+    )
 }
 
 /// Without a ledger.
@@ -169,6 +182,14 @@ async fn with_release_stage(broker: ScriptedBroker) -> Harness {
 }
 
 async fn with_ledger_on(broker: ScriptedBroker, cascade: Arc<Cascade>) -> Harness {
+    with_ledger_and_auth(broker, cascade, crate::auth::Authenticator::open()).await
+}
+
+async fn with_ledger_and_auth(
+    broker: ScriptedBroker,
+    cascade: Arc<Cascade>,
+    auth: crate::auth::Authenticator,
+) -> Harness {
     let dir = std::env::temp_dir().join(format!("delayline-http-{}", uuid::Uuid::new_v4()));
     let store = StoreSettings {
         data_dir: dir.display().to_string(),
@@ -188,7 +209,7 @@ async fn with_ledger_on(broker: ScriptedBroker, cascade: Arc<Cascade>) -> Harnes
         settings(),
     );
     Harness {
-        app: app(scheduler, metrics),
+        app: app_with(scheduler, metrics, auth),
         broker,
         _data: Some(TempDir(dir)),
     }
@@ -727,6 +748,7 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
     };
     let mut codes = std::collections::BTreeSet::new();
     for file in [
+        "src/http/auth.rs",
         "src/http/tasks.rs",
         "src/http/inspect.rs",
         "src/http/lifecycle.rs",
@@ -759,5 +781,367 @@ fn every_error_code_the_api_answers_is_in_the_readmes_table() {
             table.contains(&format!("| `{code}` |")),
             "the README's error table lacks `{code}`"
         );
+    }
+}
+
+/// The 401/403/429 matrix, on the default ledger (SQLite, release stage).
+mod access {
+    use super::*;
+    use crate::auth::{Authenticator, token};
+    use crate::config::{AuthSettings, ClientSettings, TokenHashes};
+
+    fn client(name: &str, destinations: &[&str], permissions: &[&str]) -> ClientSettings {
+        ClientSettings {
+            name: name.to_owned(),
+            token_sha256: TokenHashes::One(token::hash_hex(&format!("tok-{name}"))),
+            destinations: destinations.iter().map(|d| d.to_string()).collect(),
+            permissions: permissions.iter().map(|p| p.to_string()).collect(),
+            ..ClientSettings::default()
+        }
+    }
+
+    const OWN_TASKS: [&str; 4] = ["submit", "read", "cancel", "reschedule"];
+
+    async fn harness() -> Harness {
+        let clients = vec![
+            client("billing", &["billing.#"], &OWN_TASKS),
+            client("orders", &["orders.*.eu"], &OWN_TASKS),
+            client("reader", &["billing.#"], &["read"]),
+            client("ops", &["#"], &["admin"]),
+            ClientSettings {
+                rate_per_second: Some(1),
+                burst: Some(2),
+                ..client("limited", &["limited"], &["submit"])
+            },
+            ClientSettings {
+                max_scheduled: Some(2),
+                ..client("quota", &["quota"], &["submit", "cancel"])
+            },
+        ];
+        let auth = Authenticator::from_settings(
+            &AuthSettings {
+                clients,
+                ..AuthSettings::default()
+            },
+            "0.0.0.0:8080",
+            true,
+        )
+        .unwrap();
+        let cascade = crate::cascade::CascadeSettings {
+            levels: 12,
+            unit_ms: 100,
+            prefix: "t".into(),
+            business_exchange: "biz".into(),
+            release_stage: Some(true),
+            ..crate::cascade::CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        with_ledger_and_auth(ScriptedBroker::ready(), Arc::new(cascade), auth).await
+    }
+
+    impl Harness {
+        async fn send(
+            &self,
+            method: &str,
+            path: &str,
+            body: Option<&str>,
+            who: Option<&str>,
+            key: Option<&str>,
+        ) -> Answer {
+            let mut request = Request::builder().method(method).uri(path);
+            if let Some(who) = who {
+                request = request.header("authorization", format!("Bearer tok-{who}"));
+            }
+            if let Some(key) = key {
+                request = request.header("idempotency-key", key);
+            }
+            let body = match body {
+                Some(body) => {
+                    request = request.header("content-type", "application/json");
+                    Body::from(body.to_owned())
+                }
+                None => Body::empty(),
+            };
+            self.call(request.body(body).unwrap()).await
+        }
+
+        async fn submit(&self, who: &str, destination: &str) -> Answer {
+            let body = format!(r#"{{"destination":"{destination}","delay":"100s"}}"#);
+            self.send("POST", "/v1/tasks", Some(&body), Some(who), None)
+                .await
+        }
+
+        async fn submit_id(&self, who: &str, destination: &str) -> String {
+            let answer = self.submit(who, destination).await;
+            assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.text);
+            answer.body["id"].as_str().unwrap().to_owned()
+        }
+    }
+
+    #[tokio::test]
+    async fn no_token_or_an_unknown_one_is_401_and_the_probes_stay_open() {
+        let harness = harness().await;
+        for (who, code) in [(None, "unauthenticated"), (Some("nobody"), "invalid_token")] {
+            for (method, path) in [
+                ("POST", "/v1/tasks"),
+                ("POST", "/v1/tasks/batch"),
+                ("GET", "/v1/tasks"),
+                ("GET", "/v1/tasks/x"),
+                ("DELETE", "/v1/tasks/x"),
+                ("PATCH", "/v1/tasks/x"),
+                ("POST", "/v1/tasks/cancel"),
+                ("GET", "/v1/topology"),
+                ("GET", "/metrics"),
+            ] {
+                let answer = harness.send(method, path, Some("{}"), who, None).await;
+                assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+                assert_eq!(answer.code(), code, "{method} {path}");
+                let challenge = answer.headers["www-authenticate"].to_str().unwrap();
+                assert!(challenge.starts_with("Bearer"), "{challenge}");
+            }
+        }
+        // The token is the whole credential: its hash is not one.
+        let hash = token::hash_hex("tok-billing");
+        let request = Request::get("/v1/tasks")
+            .header("authorization", format!("Bearer {hash}"))
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(harness.call(request).await.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(harness.get("/healthz").await.status, StatusCode::OK);
+        assert_ne!(
+            harness.get("/readyz").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(harness.broker.published(), 0);
+        let scrape = harness
+            .send("GET", "/metrics", None, Some("ops"), None)
+            .await;
+        assert!(
+            scrape
+                .text
+                .contains("delayline_auth_refused_total{reason=\"missing\"} 9"),
+            "{}",
+            scrape.text
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_publishes_only_to_its_destinations_single_and_batch() {
+        let harness = harness().await;
+        let own = harness.submit("billing", "billing.invoice.eu").await;
+        assert_eq!(own.status, StatusCode::ACCEPTED, "{}", own.text);
+        let other = harness.submit("billing", "orders.new.eu").await;
+        assert_eq!(other.status, StatusCode::FORBIDDEN);
+        assert_eq!(other.code(), "forbidden_destination");
+        assert!(other.body["error"]["message"].as_str().unwrap().contains("billing.#"));
+        assert_eq!(harness.broker.published(), 1, "the refused task is not published");
+        let reader = harness.submit("reader", "billing.invoice").await;
+        assert_eq!((reader.status, reader.code()), (StatusCode::FORBIDDEN, "forbidden"));
+
+        let batch = r#"{"tasks":[{"destination":"billing.a","delay":"100s"},
+            {"destination":"orders.x.eu","delay":"100s"},{"destination":"billing","delay":"100s"}]}"#;
+        let answer = harness
+            .send("POST", "/v1/tasks/batch", Some(batch), Some("billing"), None)
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+        let statuses: Vec<u64> = answer.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["status"].as_u64().unwrap())
+            .collect();
+        assert_eq!(statuses, [202, 403, 202]);
+        assert_eq!(
+            answer.body["results"][1]["error"]["code"],
+            "forbidden_destination"
+        );
+        assert_eq!(harness.broker.published(), 3);
+        let refused = harness
+            .send("POST", "/v1/tasks/batch", Some(batch), Some("reader"), None)
+            .await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert_eq!(harness.broker.published(), 3);
+        // An admin, too, publishes only to its own patterns ("#" here).
+        assert_eq!(
+            harness.submit("ops", "anything.at.all").await.status,
+            StatusCode::ACCEPTED
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_reads_cancels_and_moves_only_its_own_tasks() {
+        let harness = harness().await;
+        let billing = harness.submit_id("billing", "billing.a").await;
+        let orders = harness.submit_id("orders", "orders.new.eu").await;
+        let billing_path = format!("/v1/tasks/{billing}");
+
+        let own = harness.send("GET", &billing_path, None, Some("billing"), None).await;
+        assert_eq!(own.status, StatusCode::OK);
+        assert_eq!(own.body["client"], "billing");
+        for who in ["orders", "reader"] {
+            let theirs = harness.send("GET", &billing_path, None, Some(who), None).await;
+            assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{who}");
+        }
+        assert_eq!(
+            harness.send("GET", &billing_path, None, Some("ops"), None).await.status,
+            StatusCode::OK
+        );
+        let ids = |answer: &Answer| -> Vec<String> {
+            answer.body["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let listed = harness.send("GET", "/v1/tasks", None, Some("billing"), None).await;
+        assert_eq!(ids(&listed), [billing.clone()]);
+        let listed = harness.send("GET", "/v1/tasks", None, Some("orders"), None).await;
+        assert_eq!(ids(&listed), [orders.clone()]);
+        let listed = harness.send("GET", "/v1/tasks", None, Some("reader"), None).await;
+        assert!(ids(&listed).is_empty());
+        let listed = harness.send("GET", "/v1/tasks", None, Some("ops"), None).await;
+        assert_eq!(ids(&listed).len(), 2);
+        let limited = harness.send("GET", "/v1/tasks", None, Some("limited"), None).await;
+        assert_eq!((limited.status, limited.code()), (StatusCode::FORBIDDEN, "forbidden"));
+
+        let moved = r#"{"delay":"200s"}"#;
+        let theirs = harness
+            .send("PATCH", &billing_path, Some(moved), Some("orders"), None)
+            .await;
+        assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+        let reader = harness
+            .send("PATCH", &billing_path, Some(moved), Some("reader"), None)
+            .await;
+        assert_eq!(reader.status, StatusCode::FORBIDDEN);
+        let own = harness
+            .send("PATCH", &billing_path, Some(moved), Some("billing"), None)
+            .await;
+        assert_eq!(own.status, StatusCode::OK, "{}", own.text);
+        assert_eq!(own.body["revision"], 2);
+
+        let theirs = harness.send("DELETE", &billing_path, None, Some("orders"), None).await;
+        assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+        let reader = harness.send("DELETE", &billing_path, None, Some("reader"), None).await;
+        assert_eq!(reader.status, StatusCode::FORBIDDEN);
+        let batch = format!(r#"{{"ids":["{billing}","{orders}"]}}"#);
+        let answer = harness
+            .send("POST", "/v1/tasks/cancel", Some(&batch), Some("orders"), None)
+            .await;
+        let statuses: Vec<u64> = answer.body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["status"].as_u64().unwrap())
+            .collect();
+        assert_eq!(statuses, [404, 200], "{}", answer.text);
+        let own = harness.send("DELETE", &billing_path, None, Some("ops"), None).await;
+        assert_eq!(own.status, StatusCode::OK, "an admin cancels anyone's task");
+        assert_eq!(
+            harness.send("GET", "/v1/topology", None, Some("billing"), None).await.status,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            harness.send("GET", "/v1/topology", None, Some("ops"), None).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            harness.send("GET", "/metrics", None, Some("billing"), None).await.status,
+            StatusCode::FORBIDDEN
+        );
+    }
+
+    #[tokio::test]
+    async fn idempotency_keys_and_ids_are_each_clients_own() {
+        let harness = harness().await;
+        let body = r#"{"destination":"billing.a","delay":"100s"}"#;
+        let first = harness
+            .send("POST", "/v1/tasks", Some(body), Some("billing"), Some("k1"))
+            .await;
+        let body = r#"{"destination":"orders.a.eu","delay":"100s"}"#;
+        let second = harness
+            .send("POST", "/v1/tasks", Some(body), Some("orders"), Some("k1"))
+            .await;
+        assert_eq!(first.status, StatusCode::ACCEPTED);
+        assert_eq!(second.status, StatusCode::ACCEPTED, "{}", second.text);
+        assert_ne!(first.body["id"], second.body["id"]);
+        assert!(second.headers.get("idempotent-replayed").is_none());
+        let id = first.body["id"].as_str().unwrap();
+        let shown = harness
+            .send("GET", &format!("/v1/tasks/{id}"), None, Some("billing"), None)
+            .await;
+        assert_eq!(shown.body["idempotency_key"], "k1", "shown as the client sent it");
+        // Another client reusing a client-chosen id gets a conflict, never
+        // the other client's task.
+        let body = r#"{"id":"shared-id","destination":"billing.a","delay":"100s"}"#;
+        let own = harness
+            .send("POST", "/v1/tasks", Some(body), Some("billing"), None)
+            .await;
+        assert_eq!(own.status, StatusCode::ACCEPTED);
+        let body = r#"{"id":"shared-id","destination":"orders.a.eu","delay":"100s"}"#;
+        let theirs = harness
+            .send("POST", "/v1/tasks", Some(body), Some("orders"), None)
+            .await;
+        assert_eq!(theirs.status, StatusCode::CONFLICT, "{}", theirs.text);
+        let body = r#"{"id":"shared-id","destination":"billing.a","delay":"100s"}"#;
+        let replayed = harness
+            .send("POST", "/v1/tasks", Some(body), Some("billing"), None)
+            .await;
+        assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    }
+
+    #[tokio::test]
+    async fn rate_limits_and_quotas_answer_429_and_are_counted_by_client() {
+        let harness = harness().await;
+        assert_eq!(harness.submit("limited", "limited").await.status, StatusCode::ACCEPTED);
+        assert_eq!(harness.submit("limited", "limited").await.status, StatusCode::ACCEPTED);
+        let over = harness.submit("limited", "limited").await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(over.code(), "rate_limited");
+        let retry: u64 = over.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=1).contains(&retry), "{retry}");
+        let batch = r#"{"tasks":[{"destination":"limited","delay":"1s"},
+            {"destination":"limited","delay":"1s"},{"destination":"limited","delay":"1s"}]}"#;
+        let too_big = harness
+            .send("POST", "/v1/tasks/batch", Some(batch), Some("limited"), None)
+            .await;
+        assert_eq!(too_big.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(too_big.body["error"]["message"].as_str().unwrap().contains("burst"));
+        assert_eq!(harness.broker.published(), 2);
+
+        let first = harness.submit_id("quota", "quota").await;
+        harness.submit_id("quota", "quota").await;
+        let over = harness.submit("quota", "quota").await;
+        assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(over.code(), "quota_exceeded");
+        assert!(over.headers.contains_key("retry-after"));
+        // A batch that would overshoot is refused whole.
+        let batch = r#"{"tasks":[{"destination":"quota","delay":"1s"}]}"#;
+        let refused = harness
+            .send("POST", "/v1/tasks/batch", Some(batch), Some("quota"), None)
+            .await;
+        assert_eq!(refused.code(), "quota_exceeded");
+        // A refused task does not count; a cancelled one stops counting.
+        let cancelled = harness
+            .send("DELETE", &format!("/v1/tasks/{first}"), None, Some("quota"), None)
+            .await;
+        assert_eq!(cancelled.status, StatusCode::OK);
+        let bad = r#"{"destination":"quota","delay":"-1s"}"#;
+        let invalid = harness
+            .send("POST", "/v1/tasks", Some(bad), Some("quota"), None)
+            .await;
+        assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(harness.submit("quota", "quota").await.status, StatusCode::ACCEPTED);
+        assert_eq!(harness.submit("quota", "quota").await.code(), "quota_exceeded");
+
+        let scrape = harness.send("GET", "/metrics", None, Some("ops"), None).await.text;
+        for line in [
+            "delayline_client_throttled_total{client=\"limited\",code=\"rate_limited\"} 2",
+            "delayline_client_throttled_total{client=\"quota\",code=\"quota_exceeded\"} 3",
+            "delayline_client_tasks_accepted_total{client=\"quota\"} 3",
+        ] {
+            assert!(scrape.contains(line), "{line} in\n{scrape}");
+        }
     }
 }

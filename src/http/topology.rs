@@ -6,7 +6,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::auth::require;
 use super::error::ApiError;
+use crate::auth::{Caller, Permission};
 use crate::cascade::{Cascade, validate_destination};
 use crate::task::TaskError;
 
@@ -72,8 +74,10 @@ pub struct TopologyQuery {
 /// With `?destination=`, `binding_key` is the exact key for that destination.
 pub async fn topology(
     State(state): State<AppState>,
+    caller: Caller,
     Query(query): Query<TopologyQuery>,
 ) -> Result<Response, ApiError> {
+    require(&caller, Permission::Admin)?;
     let Some(destination) = query.destination else {
         return Ok(Json(state.topology.as_ref()).into_response());
     };

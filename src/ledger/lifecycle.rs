@@ -98,12 +98,24 @@ macro_rules! in_tx {
     };
 }
 
-fn cancel_sql(ids: usize) -> String {
+/// With `scoped`, only the tasks of the client `$3` are touched.
+fn cancel_sql(ids: usize, scoped: bool) -> String {
+    let (owner, first_id) = if scoped {
+        (" AND client = $3", 4)
+    } else {
+        ("", 3)
+    };
     format!(
         "UPDATE tasks SET state = 'cancelled', cancelled_at_ms = $1 \
-         WHERE state = $2 AND id IN ({}) RETURNING {COLUMNS}",
-        placeholders(3, ids)
+         WHERE state = $2{owner} AND id IN ({}) RETURNING {COLUMNS}",
+        placeholders(first_id, ids)
     )
+}
+
+/// Whether `task` is within reach of a caller limited to `owner`'s tasks;
+/// others' tasks are answered as if they did not exist.
+fn within_scope(task: &StoredTask, owner: Option<&str>) -> bool {
+    owner.is_none_or(|owner| task.client.as_deref() == Some(owner))
 }
 
 fn select_sql(ids: usize) -> String {
@@ -118,7 +130,8 @@ fn select_sql(ids: usize) -> String {
 const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
      routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
      last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0 \
-     WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes";
+     WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes \
+     AND ($7 IS NULL OR client = $7)";
 
 const RECORD_CHANGE: &str = "INSERT INTO task_changes (idempotency_key, task_id, fingerprint, \
      created_at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING idempotency_key";
@@ -128,8 +141,14 @@ const FIND_CHANGE: &str =
 
 impl Ledger {
     /// Cancels each of `ids` that is pending or scheduled, in one
-    /// transaction; the outcomes follow the order of `ids`.
-    pub async fn cancel(&self, ids: &[String], now_ms: u64) -> Result<Vec<Cancel>, LedgerError> {
+    /// transaction; the outcomes follow the order of `ids`. With `owner`,
+    /// only that client's tasks are found.
+    pub async fn cancel(
+        &self,
+        ids: &[String],
+        owner: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Vec<Cancel>, LedgerError> {
         let unique: Vec<&str> = {
             let mut seen = HashSet::new();
             ids.iter()
@@ -143,10 +162,13 @@ impl Ledger {
             for from in [TaskState::Pending, TaskState::Scheduled] {
                 let open = undecided(&unique, |id| found.contains_key(id));
                 for chunk in statement_sized_chunks(&open) {
-                    let sql = cancel_sql(chunk.len());
+                    let sql = cancel_sql(chunk.len(), owner.is_some());
                     let mut query = sqlx::query_as::<_, Row>(&sql)
                         .bind(db_ms(now_ms))
                         .bind(from.as_str());
+                    if let Some(owner) = owner {
+                        query = query.bind(owner);
+                    }
                     for id in chunk {
                         query = query.bind(*id);
                     }
@@ -169,6 +191,9 @@ impl Ledger {
                 }
                 for row in query.fetch_all(&mut *tx).await.context("reading tasks")? {
                     let task = row.decode()?;
+                    if !within_scope(&task, owner) {
+                        continue;
+                    }
                     let id = task.id.clone();
                     let outcome = match task.state {
                         TaskState::Cancelled => Cancel::AlreadyCancelled(task),
@@ -189,11 +214,13 @@ impl Ledger {
     /// revision, pending and leased to the caller, who publishes the new
     /// copy; the release stage drops the old one. With `key`, a repeat of
     /// the same change is a replay and another change under it a conflict.
+    /// With `owner`, only that client's task is found.
     pub async fn reschedule(
         &self,
         id: &str,
         change: &Move,
         key: Option<&ChangeKey>,
+        owner: Option<&str>,
         now_ms: u64,
     ) -> Result<Reschedule, LedgerError> {
         // An early return leaves the transaction uncommitted: rolled back.
@@ -222,9 +249,9 @@ impl Ledger {
                         .fetch_optional(&mut *tx)
                         .await
                         .context("reading a task")?;
-                    return Ok(match row {
-                        Some(row) => Reschedule::Replay(row.decode()?),
-                        None => Reschedule::NotFound,
+                    return Ok(match row.map(Row::decode).transpose()? {
+                        Some(task) if within_scope(&task, owner) => Reschedule::Replay(task),
+                        _ => Reschedule::NotFound,
                     });
                 }
             }
@@ -238,6 +265,7 @@ impl Ledger {
                     .bind(db_ms(change.lease_until_ms))
                     .bind(id)
                     .bind(from.as_str())
+                    .bind(owner)
                     .fetch_optional(&mut *tx)
                     .await
                     .context("moving a task")?;
@@ -255,6 +283,7 @@ impl Ledger {
                     .context("reading a task")?;
                 return Ok(match row.map(Row::decode).transpose()? {
                     None => Reschedule::NotFound,
+                    Some(task) if !within_scope(&task, owner) => Reschedule::NotFound,
                     Some(task) if task.state.is_changeable() => Reschedule::PayloadNotKept(task),
                     Some(task) => Reschedule::Unchangeable(task),
                 });

@@ -306,11 +306,52 @@ pub async fn open(
 /// What `GET /v1/tasks` filters on.
 #[derive(Clone, Debug, Default)]
 pub struct TaskFilter {
+    /// Only this client's tasks (a caller without `admin`).
+    pub client: Option<String>,
     pub destination: Option<String>,
     pub state: Option<TaskState>,
     pub due_before_ms: Option<u64>,
     pub after: Option<Cursor>,
     pub limit: u32,
+}
+
+/// The statement [`Ledger::list`] runs for `filter`, its parameters in the
+/// order the filter's fields are declared.
+fn list_sql(filter: &TaskFilter) -> String {
+    let mut conditions = Vec::new();
+    let mut parameters = 0;
+    let mut next = || {
+        parameters += 1;
+        format!("${parameters}")
+    };
+    if filter.client.is_some() {
+        conditions.push(format!("client = {}", next()));
+    }
+    if filter.destination.is_some() {
+        conditions.push(format!("destination = {}", next()));
+    }
+    if filter.state.is_some() {
+        conditions.push(format!("state = {}", next()));
+    }
+    if filter.due_before_ms.is_some() {
+        conditions.push(format!("deliver_at_ms < {}", next()));
+    }
+    if filter.after.is_some() {
+        let (at, id) = (next(), next());
+        conditions.push(format!(
+            "(deliver_at_ms > {at} OR (deliver_at_ms = {at} AND id > {id}))"
+        ));
+    }
+    let limit = next();
+    let condition = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {} ", conditions.join(" AND "))
+    };
+    format!(
+        "SELECT {} FROM tasks {condition}ORDER BY deliver_at_ms, id LIMIT {limit}",
+        record::COLUMNS
+    )
 }
 
 /// Epoch milliseconds as the ledger stores them.
@@ -412,30 +453,44 @@ impl Ledger {
         row.map(Row::decode).transpose()
     }
 
-    /// Tasks in due order (`deliver_at`, then id), after the cursor.
-    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, LedgerError> {
-        let sql = format!(
-            "SELECT {} FROM tasks \
-             WHERE ($1 IS NULL OR destination = $1) \
-               AND ($2 IS NULL OR state = $2) \
-               AND ($3 IS NULL OR deliver_at_ms < $3) \
-               AND ($4 IS NULL OR deliver_at_ms > $4 OR (deliver_at_ms = $4 AND id > $5)) \
-             ORDER BY deliver_at_ms, id LIMIT $6",
-            record::COLUMNS
-        );
-        let (after_ms, after_id) = match &filter.after {
-            Some(cursor) => (Some(db_ms(cursor.deliver_at_ms)), cursor.id.as_str()),
-            None => (None, ""),
-        };
-        on_pool!(&self.pool, p => sqlx::query_as::<_, Row>(&sql)
-            .bind(filter.destination.as_deref())
-            .bind(filter.state.map(TaskState::as_str))
-            .bind(filter.due_before_ms.map(db_ms))
-            .bind(after_ms)
-            .bind(after_id)
-            .bind(i64::from(filter.limit))
-            .fetch_all(p)
+    /// How many of `client`'s tasks are waiting (pending or scheduled, and
+    /// not yet due): what its quota counts.
+    pub async fn waiting_tasks(&self, client: &str, now_ms: u64) -> Result<u64, LedgerError> {
+        const SQL: &str = "SELECT COUNT(*) FROM tasks WHERE client = $1 AND deliver_at_ms > $2 \
+             AND state IN ('pending', 'scheduled')";
+        let count: i64 = on_pool!(&self.pool, p => sqlx::query_scalar(SQL)
+            .bind(client)
+            .bind(db_ms(now_ms))
+            .fetch_one(p)
             .await)
+        .context("counting a client's waiting tasks")?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Tasks in due order (`deliver_at`, then id), after the cursor. Only
+    /// the filters given are in the statement, so that each can use its
+    /// index (`x = $1 OR $1 IS NULL` would hide it from the planner).
+    pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, LedgerError> {
+        let sql = list_sql(filter);
+        on_pool!(&self.pool, p => {
+            let mut query = sqlx::query_as::<_, Row>(&sql);
+            if let Some(client) = &filter.client {
+                query = query.bind(client);
+            }
+            if let Some(destination) = &filter.destination {
+                query = query.bind(destination);
+            }
+            if let Some(state) = filter.state {
+                query = query.bind(state.as_str());
+            }
+            if let Some(due_before_ms) = filter.due_before_ms {
+                query = query.bind(db_ms(due_before_ms));
+            }
+            if let Some(cursor) = &filter.after {
+                query = query.bind(db_ms(cursor.deliver_at_ms)).bind(&cursor.id);
+            }
+            query.bind(i64::from(filter.limit)).fetch_all(p).await
+        })
         .context("listing tasks")
         .and_then(decode_all)
     }

@@ -8,7 +8,7 @@ use crate::task::{FieldValue, Task, TaskAccepted, TaskState, format_epoch_ms};
 
 /// The columns a new row is inserted with, in the order of [`Row`]'s fields;
 /// the others start at their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 17] = [
+pub(super) const INSERT_COLUMNS: [&str; 18] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -26,13 +26,14 @@ pub(super) const INSERT_COLUMNS: [&str; 17] = [
     "next_attempt_at_ms",
     "attempts",
     "last_error",
+    "client",
 ];
 
 /// Every column, in the order of [`Row`]'s fields.
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
      delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
      created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
-     publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
+     client, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
 
 /// One row of `tasks`. Integers are `i64` because that is what both backends
 /// store; [`Row::decode`] turns them into the domain's types.
@@ -56,6 +57,7 @@ pub(super) struct Row {
     pub next_attempt_at_ms: i64,
     pub attempts: i64,
     pub last_error: Option<String>,
+    pub client: Option<String>,
     pub publish_alone: i64,
     pub refusals: i64,
     pub revision: i64,
@@ -86,6 +88,8 @@ pub struct StoredTask {
     /// Publishing attempts so far.
     pub attempts: u64,
     pub last_error: Option<String>,
+    /// The API client that submitted it (`None` when the API was open).
+    pub client: Option<String>,
     /// It went down with its channel or connection once: it is published
     /// only alone from then on (see `crate::broker::IsolatedPublisher`).
     pub publish_alone: bool,
@@ -164,6 +168,7 @@ impl Row {
             next_attempt_at_ms: db_ms(lease_until_ms),
             attempts: 1,
             last_error: None,
+            client: task.client.clone(),
             publish_alone: 0,
             refusals: 0,
             revision: db_ms(task.revision),
@@ -203,6 +208,7 @@ impl Row {
             content_type: self.content_type,
             payload: self.payload,
             last_error: self.last_error,
+            client: self.client,
         })
     }
 }

@@ -453,7 +453,7 @@ async fn admit(tx: &mut Tx, rows: &[&Row]) -> Result<Vec<Judged>, LedgerError> {
 /// Largest rows per statement. Statements come in a few fixed sizes (this and
 /// the powers of two below it) so that each is prepared once and then reused
 /// from the statement cache, instead of one new statement per group size.
-/// 64 rows of 17 parameters stay far below both backends' limits.
+/// 64 rows of 18 parameters stay far below both backends' limits.
 const CHUNK: usize = 64;
 // Both backends cap a statement's parameters; SQLite's default is 32,766.
 const _: () = assert!(CHUNK * INSERT_COLUMNS.len() < 32_766);
@@ -679,7 +679,8 @@ impl Tx {
                     .bind(r.published_at_ms)
                     .bind(r.next_attempt_at_ms)
                     .bind(r.attempts)
-                    .bind(&r.last_error);
+                    .bind(&r.last_error)
+                    .bind(&r.client);
             }
             query.fetch_all(&mut **t).await
         })
@@ -836,6 +837,7 @@ mod tests {
             next_attempt_at_ms: 0,
             attempts: 1,
             last_error: None,
+            client: None,
             publish_alone: 0,
             refusals: 0,
             revision: 1,

@@ -49,13 +49,26 @@ pub struct LevelLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `cancelled`, `stale` (an older revision of a moved task) or `duplicate`.
+    /// Release drops: `cancelled`, `stale` (an older revision of a moved task) or
+    /// `duplicate`; auth refusals: `missing` or `unknown`.
     pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
     pub version: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientLabel {
+    pub client: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientCodeLabel {
+    pub client: String,
+    /// `rate_limited` or `quota_exceeded`.
+    pub code: &'static str,
 }
 
 #[derive(Debug)]
@@ -89,6 +102,10 @@ pub struct Metrics {
     pub release_unknown: Counter,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
     pub queue_depth_polled: Gauge<f64, AtomicU64>,
+    pub auth_refused: Family<ReasonLabel, Counter>,
+    pub client_throttled: Family<ClientCodeLabel, Counter>,
+    pub client_accepted: Family<ClientLabel, Counter>,
+    pub client_scheduled: Family<ClientLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -273,7 +290,37 @@ impl Metrics {
             "When the queue depths were last read from the broker",
             queue_depth_polled.clone(),
         );
+        let auth_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "auth_refused",
+            "Requests refused 401: without a token (missing) or with one nobody holds (unknown)",
+            auth_refused.clone(),
+        );
+        let client_throttled = Family::<ClientCodeLabel, Counter>::default();
+        registry.register(
+            "client_throttled",
+            "Requests refused 429 by client: over its rate (rate_limited) or its quota of \
+             waiting tasks (quota_exceeded)",
+            client_throttled.clone(),
+        );
+        let client_accepted = Family::<ClientLabel, Counter>::default();
+        registry.register(
+            "client_tasks_accepted",
+            "Tasks accepted by client (replays not counted)",
+            client_accepted.clone(),
+        );
+        let client_scheduled = Family::<ClientLabel, Gauge>::default();
+        registry.register(
+            "client_scheduled_tasks",
+            "Tasks waiting (not yet due) by client, as its quota counts them (clients with a \
+             max_scheduled only)",
+            client_scheduled.clone(),
+        );
         Metrics {
+            auth_refused,
+            client_throttled,
+            client_accepted,
+            client_scheduled,
             registry,
             tasks_accepted,
             tasks_replayed,
@@ -317,6 +364,27 @@ impl Metrics {
 
     pub fn rejected(&self, code: &'static str) {
         self.tasks_rejected.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refused.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    pub fn client_throttled(&self, client: &str, code: &'static str) {
+        self.client_throttled
+            .get_or_create(&ClientCodeLabel {
+                client: client.to_owned(),
+                code,
+            })
+            .inc();
+    }
+
+    pub fn client_accepted(&self, client: &str, tasks: u64) {
+        self.client_accepted
+            .get_or_create(&ClientLabel {
+                client: client.to_owned(),
+            })
+            .inc_by(tasks);
     }
 
     pub fn dropped_at_release(&self, reason: &'static str) {

@@ -167,10 +167,14 @@ impl Bookkeeper {
         id: &str,
         delay: Duration,
         key: Option<ChangeKey>,
+        owner: Option<&str>,
     ) -> Result<Reschedule, ChangeError> {
         let Some(current) = self.ledger.get(id).await? else {
             return Ok(Reschedule::NotFound);
         };
+        if owner.is_some_and(|owner| current.client.as_deref() != Some(owner)) {
+            return Ok(Reschedule::NotFound);
+        }
         let now_ms = epoch_ms(SystemTime::now());
         // The destination never changes, so the route can be planned before
         // the row is changed.
@@ -186,7 +190,7 @@ impl Bookkeeper {
         };
         let moved = match self
             .ledger
-            .reschedule(id, &change, key.as_ref(), now_ms)
+            .reschedule(id, &change, key.as_ref(), owner, now_ms)
             .await?
         {
             Reschedule::Moved(moved) => moved,
@@ -497,6 +501,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         content_type: stored.content_type.clone(),
         headers: stored.headers.clone().into_iter().collect(),
         revision: stored.revision,
+        client: stored.client.clone(),
     })
 }
 
@@ -560,6 +565,7 @@ mod tests {
             payload_bytes,
             attempts: 1,
             last_error: None,
+            client: None,
             publish_alone: false,
             refusals: 0,
             revision: 3,

@@ -337,11 +337,15 @@ impl Scheduler {
 
     /// Cancels each of `ids` that is still pending or scheduled, at once;
     /// the outcomes follow the order of `ids`. A task answered cancelled is
-    /// never delivered.
-    pub async fn cancel(&self, ids: &[String]) -> Result<Vec<Cancel>, ChangeError> {
+    /// never delivered. With `owner`, other clients' tasks are not found.
+    pub async fn cancel(
+        &self,
+        ids: &[String],
+        owner: Option<&str>,
+    ) -> Result<Vec<Cancel>, ChangeError> {
         let bookkeeper = self.changeable()?;
         let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
-        let outcomes = bookkeeper.ledger().cancel(ids, now_ms).await?;
+        let outcomes = bookkeeper.ledger().cancel(ids, owner, now_ms).await?;
         let cancelled = outcomes
             .iter()
             .filter(|o| matches!(o, Cancel::Cancelled(_)))
@@ -351,19 +355,27 @@ impl Scheduler {
     }
 
     /// Moves a pending or scheduled task to be due `delay` from now (rounded
-    /// up to the unit), as a new revision.
+    /// up to the unit), as a new revision. With `owner`, another client's
+    /// task is not found.
     pub async fn reschedule(
         &self,
         id: &str,
         delay: Duration,
         key: Option<ChangeKey>,
+        owner: Option<&str>,
     ) -> Result<Reschedule, ChangeError> {
-        self.changeable()?.reschedule(id, delay, key).await
+        self.changeable()?.reschedule(id, delay, key, owner).await
     }
 
     /// One task as the ledger knows it.
     pub async fn task(&self, id: &str) -> Result<Option<StoredTask>, InspectError> {
         Ok(self.ledger()?.get(id).await?)
+    }
+
+    /// How many of `client`'s tasks are waiting to fall due (for quotas).
+    pub async fn waiting_tasks(&self, client: &str) -> Result<u64, InspectError> {
+        let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+        Ok(self.ledger()?.waiting_tasks(client, now_ms).await?)
     }
 
     /// Tasks in due order (`deliver_at`, then id), a page at a time.
