@@ -159,6 +159,21 @@ impl BrokerTls {
     }
 }
 
+impl BrokerError {
+    /// A TLS handshake refused over a certificate (either side's): no retry
+    /// will pass it, and no grace applies, unlike credentials that may be
+    /// being created right now.
+    pub fn is_certificate_problem(&self) -> bool {
+        match self {
+            BrokerError::Tls(_) => true,
+            BrokerError::Connect { source, .. } | BrokerError::Call { source, .. } => {
+                matches!(source.kind(), lapin::ErrorKind::IOError(io) if is_certificate_error(io))
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Adds what was being attempted to every broker error.
 pub(crate) trait Context<T> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T, BrokerError>;

@@ -224,6 +224,9 @@ pub struct BrokerProblem {
     /// The broker refused delayline (credentials, vhost, permissions): only
     /// a configuration change will end it. Otherwise it is away.
     pub misconfigured: bool,
+    /// A TLS certificate was refused (the broker's by delayline, or
+    /// delayline's by the broker): misconfigured, without grace.
+    pub certificate: bool,
     /// Since when problems of this kind have lasted.
     pub since: Instant,
 }
@@ -277,6 +280,7 @@ impl Shared {
             *problem = Some(BrokerProblem {
                 reason: error.to_string(),
                 misconfigured,
+                certificate: error.is_certificate_problem(),
                 since,
             });
         }
@@ -744,7 +748,16 @@ async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(
             Err(error) => {
                 shared.record_problem(&error);
                 let retry_in_ms = backoff.as_millis() as u64;
-                if error.is_misconfiguration() {
+                if error.is_certificate_problem() {
+                    error!(
+                        %error,
+                        retry_in_ms,
+                        "TLS towards RabbitMQ failed over a certificate: check amqp.tls.ca_file \
+                         (the CA that signed the broker's certificate), the host name in \
+                         amqp.uri (it must be in the certificate), and amqp.tls.cert_file if the \
+                         broker asks for one; tasks wait in the ledger meanwhile"
+                    );
+                } else if error.is_misconfiguration() {
                     error!(
                         %error,
                         retry_in_ms,

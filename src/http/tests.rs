@@ -644,6 +644,7 @@ async fn readiness_follows_the_mode_and_the_broker() {
         problem: Some(BrokerProblem {
             reason: "connection refused".into(),
             misconfigured: false,
+            certificate: false,
             since: Instant::now(),
         }),
         ..BrokerStatus::default()
@@ -673,6 +674,7 @@ async fn readiness_follows_the_mode_and_the_broker() {
         problem: Some(BrokerProblem {
             reason: "ACCESS_REFUSED".into(),
             misconfigured: true,
+            certificate: false,
             since: Instant::now() - Duration::from_secs(31),
         }),
         ..BrokerStatus::default()

@@ -270,7 +270,8 @@ impl Scheduler {
         let status = self.inner.broker.status();
         if let Some(problem) = &status.problem
             && problem.misconfigured
-            && problem.since.elapsed() >= self.inner.settings.misconfiguration_grace
+            && (problem.certificate
+                || problem.since.elapsed() >= self.inner.settings.misconfiguration_grace)
         {
             return Err(NotReady::Misconfigured {
                 since: problem.since.elapsed(),

@@ -409,6 +409,7 @@ async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
     let node = BrokerNode::start(&NodeOptions {
         management: true,
         dead_letter_confirm_timeout_ms: Some(5_000),
+        ..NodeOptions::default()
     });
     let mut settings = with_ledger(test_settings(4, 100, QueueType::Quorum), Backend::Sqlite);
     settings.amqp.uri = node.uri().into();

@@ -18,3 +18,4 @@ mod lifecycle;
 mod migrate;
 mod provision;
 mod release;
+mod security;

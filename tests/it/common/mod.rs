@@ -2,6 +2,7 @@
 //! of everything a test declared, even when it panics.
 
 pub mod nodes;
+pub mod tls;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};

@@ -20,6 +20,18 @@ pub struct NodeOptions {
     pub management: bool,
     /// `dead_letter_worker_publisher_confirm_timeout` in ms (RabbitMQ's default is 180 s).
     pub dead_letter_confirm_timeout_ms: Option<u64>,
+    /// Also an `amqps` listener (on a port of its own).
+    pub tls: Option<NodeTls>,
+}
+
+/// The TLS listener's PEM files, and whether clients may log in by
+/// certificate (SASL EXTERNAL, the user named by the certificate's CN).
+#[derive(Clone, Debug)]
+pub struct NodeTls {
+    pub ca_pem: String,
+    pub cert_pem_file: String,
+    pub key_pem_file: String,
+    pub external: bool,
 }
 
 /// Tests with nodes of their own take turns: two cores cannot boot and run
@@ -37,6 +49,7 @@ pub struct BrokerNode {
     pub name: String,
     pub port: u16,
     pub management_port: Option<u16>,
+    pub tls_port: Option<u16>,
     dir: PathBuf,
     /// A node started on its own holds the turn; a cluster's nodes share the cluster's.
     turn: Option<MutexGuard<'static, ()>>,
@@ -62,18 +75,50 @@ impl BrokerNode {
         std::fs::create_dir_all(dir.join("mnesia")).unwrap();
         std::fs::create_dir_all(dir.join("log")).unwrap();
         let mut config = format!("listeners.tcp.local = 127.0.0.1:{port}\n");
+        let tls_port = options.tls.as_ref().map(|_| free_port());
+        let mut plugins = Vec::new();
+        if let (Some(tls), Some(tls_port)) = (&options.tls, tls_port) {
+            // The node reads its files as the rabbitmq user: copies in its directory.
+            let copy = |from: &str, leaf: &str| {
+                let to = dir.join(leaf);
+                std::fs::copy(from, &to).unwrap();
+                to.display().to_string()
+            };
+            let ca = dir.join("ca.pem");
+            std::fs::write(&ca, &tls.ca_pem).unwrap();
+            config.push_str(&format!(
+                "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+                 ssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_peer\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                ca.display(),
+                copy(&tls.cert_pem_file, "server.pem"),
+                copy(&tls.key_pem_file, "server.key"),
+            ));
+            if tls.external {
+                config.push_str(
+                    "auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\n\
+                     auth_mechanisms.3 = EXTERNAL\nssl_cert_login_from = common_name\n",
+                );
+                plugins.push("rabbitmq_auth_mechanism_ssl");
+            }
+        }
         if let Some(management) = management_port {
             config.push_str(&format!(
                 "management.tcp.port = {management}\nmanagement.tcp.ip = 127.0.0.1\n"
             ));
         }
         std::fs::write(dir.join("rabbitmq.conf"), config).unwrap();
-        let plugins = if options.management {
-            "[rabbitmq_management]."
-        } else {
-            "[]."
-        };
-        std::fs::write(dir.join("enabled_plugins"), plugins).unwrap();
+        if options.management {
+            plugins.push("rabbitmq_management");
+        }
+        std::fs::write(
+            dir.join("enabled_plugins"),
+            format!("[{}].", plugins.join(",")),
+        )
+        .unwrap();
         let advanced = match options.dead_letter_confirm_timeout_ms {
             Some(ms) => {
                 format!("[{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {ms}}}]}}].")
@@ -101,6 +146,7 @@ impl BrokerNode {
             name,
             port,
             management_port,
+            tls_port,
             dir,
             turn: None,
         }

@@ -1,0 +1,351 @@
+//! Access control and transport security against the real broker, in the
+//! default configuration (quorum chain, SQLite ledger, release stage): tokens
+//! made by `delayline token create`, clients reloaded on SIGHUP while load
+//! runs, HTTPS with certificates made here, amqps to a TLS node of the
+//! test's own, the refuse-to-start rule, and no secret in the logs.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use delayline::cascade::QueueType;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::nodes::{BrokerNode, NodeOptions, NodeTls};
+use crate::common::tls::{TestCa, client_trusting};
+use crate::common::{
+    Backend, Cleanup, TestApp, TestConsumer, delayline_command, free_port, rabbitmqctl,
+    serve_command, terminate, test_settings, with_ledger, TestUser,
+};
+
+/// `delayline token create …` appending to `file`: the token it printed.
+async fn create_token(settings: &delayline::config::Settings, file: &str, args: &[&str]) -> String {
+    let mut all = vec!["token", "create", "--append-to", file];
+    all.extend_from_slice(args);
+    let output = delayline_command(settings, &all).output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    assert!(token.starts_with("dlt_") && token.len() >= 4 + 43, "{token}");
+    token
+}
+
+fn hup(child: &tokio::process::Child) {
+    let pid = child.id().expect("running").to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+async fn post(http: &reqwest::Client, base: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    let mut request = http.post(format!("{base}/v1/tasks")).json(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() {
+    let mut settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
+    // A broker password of the test's own, to look for in the logs.
+    let user = TestUser::create();
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    rabbitmqctl(&["change_password", &user.0, &password]);
+    settings.amqp.uri = format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.0).into();
+    settings.metrics.management_url = "none".into();
+    let mut cleanup = Cleanup::for_settings(&settings);
+    let cascade = settings.cascade().unwrap();
+
+    let first_ca = TestCa::new("first");
+    let second_ca = TestCa::new("second");
+    let leaf = first_ca.issue("api", "localhost", &["localhost", "127.0.0.1"]);
+    let clients_file = first_ca.dir.join("clients.toml").display().to_string();
+    let billing = create_token(
+        &settings,
+        &clients_file,
+        &["--name", "billing", "--destination", "billing.#", "--permission", "submit,read"],
+    )
+    .await;
+    let ops = create_token(&settings, &clients_file, &["--name", "ops", "--permission", "admin"]).await;
+    let file = std::fs::read_to_string(&clients_file).unwrap();
+    assert!(file.contains(&delayline::auth::token::hash_hex(&billing)));
+    assert!(!file.contains(&billing), "the file holds hashes, never tokens");
+
+    let port = free_port();
+    let log_path = first_ca.dir.join("service.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut command = serve_command(&settings, port);
+    command
+        .env("DELAYLINE__AUTH__CLIENTS_FILE", &clients_file)
+        .env("DELAYLINE__HTTP__TLS__CERT_FILE", &leaf.cert_file)
+        .env("DELAYLINE__HTTP__TLS__KEY_FILE", &leaf.key_file)
+        .env("DELAYLINE__LOG__FILTER", "debug,lapin=off,hyper=off,h2=off,rustls=off")
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log));
+    let mut child = command.spawn().unwrap();
+    let base = format!("https://localhost:{port}");
+    let http = client_trusting(&first_ca);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/readyz")).send().await
+            && r.status() == 200
+            && r.json::<Value>().await.is_ok_and(|b| b["broker"] == "connected")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready over HTTPS");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Plain HTTP on the HTTPS port gets no API.
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/readyz"))
+        .send()
+        .await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+    // A client that does not trust the certificate does not connect.
+    let stranger = client_trusting(&second_ca);
+    assert!(stranger.get(format!("{base}/healthz")).send().await.is_err());
+
+    let key = cascade.binding_key("#");
+    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, cascade.business_exchange(), &key).await;
+    let task = |destination: &str| json!({"destination": destination, "delay_ms": 300});
+    assert_eq!(post(&http, &base, None, &task("billing.a")).await.0, 401);
+    assert_eq!(post(&http, &base, Some("dlt_wrong"), &task("billing.a")).await.0, 401);
+    let (status, body) = post(&http, &base, Some(&billing), &task("orders.a")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden_destination")));
+    let topology = http
+        .get(format!("{base}/v1/topology"))
+        .bearer_auth(&ops)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!topology.contains(&password), "{topology}");
+
+    // Load by billing while a new client is added and the certificate is
+    // replaced, each reloaded by SIGHUP: every request is answered 202.
+    let mut accepted = HashSet::new();
+    let both = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(first_ca.pem().as_bytes()).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(second_ca.pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let mut load = Vec::new();
+    for _ in 0..3 {
+        let (http, base, token, stop) = (both.clone(), base.clone(), billing.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.is_cancelled() {
+                answers.push(post(&http, &base, Some(&token), &json!({"destination": "billing.load", "delay_ms": 300})).await);
+            }
+            answers
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let orders = create_token(
+        &settings,
+        &clients_file,
+        &["--name", "orders", "--destination", "orders.*", "--permission", "submit"],
+    )
+    .await;
+    assert_eq!(post(&both, &base, Some(&orders), &task("orders.a")).await.0, 401, "not before the reload");
+    let renewed = second_ca.issue("api", "localhost", &["localhost", "127.0.0.1"]);
+    std::fs::copy(&renewed.cert_file, &leaf.cert_file).unwrap();
+    std::fs::copy(&renewed.key_file, &leaf.key_file).unwrap();
+    hup(&child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let answer = post(&both, &base, Some(&orders), &task("orders.a")).await;
+        if answer.0 != 401 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 202, "{body}");
+    accepted.insert(body["id"].as_str().unwrap().to_owned());
+    // New connections get the new certificate, without a restart.
+    let renewed_client = client_trusting(&second_ca);
+    assert_eq!(renewed_client.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    for handle in load {
+        for (status, body) in handle.await.unwrap() {
+            assert_eq!(status, 202, "a request during the reloads: {body}");
+            accepted.insert(body["id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(accepted.len() > 10, "the load ran: {}", accepted.len());
+    consumer
+        .expect_each_once_never_early(accepted, Duration::from_secs(20))
+        .await;
+
+    terminate(&child);
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    assert!(logs.contains("SIGHUP: clients reloaded"), "{logs}");
+    assert!(logs.contains("SIGHUP: certificate reloaded"), "{logs}");
+    assert!(logs.contains("requires a token"), "{logs}");
+    let key_body = |pem: &str| pem.lines().nth(1).unwrap_or_default().to_owned();
+    for (what, secret) in [
+        ("billing's token", billing.as_str()),
+        ("ops' token", ops.as_str()),
+        ("orders' token", orders.as_str()),
+        ("the broker password", password.as_str()),
+        ("the first key", &key_body(&leaf.key_pem)),
+        ("the renewed key", &key_body(&renewed.key_pem)),
+    ] {
+        assert!(!secret.is_empty());
+        assert!(!logs.contains(secret), "{what} is in the logs");
+    }
+    drop(user);
+}
+
+#[tokio::test]
+async fn an_open_api_refuses_to_start_on_a_network_address_unless_said() {
+    let settings = with_ledger(test_settings(4, 100, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        delayline_command(&settings, &["serve"])
+            .env("DELAYLINE__HTTP__BIND", format!("0.0.0.0:{port}"))
+            .output(),
+    )
+    .await
+    .expect("it exits at once")
+    .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("not a loopback address") && said.contains("auth.mode = \"open\""), "{said}");
+
+    let log_path = std::env::temp_dir().join(format!("dltest-open-{}.log", uuid::Uuid::new_v4()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut open = delayline_command(&settings, &["serve"]);
+    open.env("DELAYLINE__HTTP__BIND", format!("0.0.0.0:{port}"))
+        .env("DELAYLINE__AUTH__MODE", "open")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    let mut child = open.spawn().unwrap();
+    let ready = crate::common::wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    assert_eq!(ready["status"], "ready");
+    terminate(&child);
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    let _ = std::fs::remove_file(&log_path);
+    assert!(logs.contains("the API is OPEN on a network address"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
+    let ca = TestCa::new("broker");
+    let server = ca.issue("broker", "localhost", &["localhost", "127.0.0.1"]);
+    let node = BrokerNode::start(&NodeOptions {
+        tls: Some(NodeTls {
+            ca_pem: ca.pem(),
+            cert_pem_file: server.cert_file.clone(),
+            key_pem_file: server.key_file.clone(),
+            external: true,
+        }),
+        ..NodeOptions::default()
+    });
+    let tls_port = node.tls_port.unwrap();
+
+    // Password over TLS, in the default configuration.
+    let mut settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = format!("amqps://guest:guest@localhost:{tls_port}/%2f").into();
+    settings.amqp.tls.ca_file = ca.ca_file();
+    settings.metrics.management_url = "none".into();
+    let app = TestApp::spawn(settings).await;
+    let cascade = app.cascade.clone();
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &cascade, &cascade.binding_key("tls"), QueueType::Quorum).await;
+    let mut ids = HashSet::new();
+    for _ in 0..20 {
+        let (status, body) = app.post("/v1/tasks", &json!({"destination": "tls", "delay_ms": 300})).await;
+        assert_eq!(status, 202, "{body}");
+        ids.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    consumer.expect_each_once_never_early(ids, Duration::from_secs(20)).await;
+    let connections = node.ctl(&["list_connections", "ssl", "user"]);
+    assert!(connections.contains("true\tguest"), "{connections}");
+    app.stop().await.unwrap();
+
+    // A client certificate instead of a password (SASL EXTERNAL).
+    let identity = ca.issue("client", "dltest-cert-user", &["dltest-cert-user"]);
+    node.ctl(&["add_user", "dltest-cert-user", uuid::Uuid::new_v4().to_string().as_str()]);
+    node.ctl(&["set_permissions", "-p", "/", "dltest-cert-user", ".*", ".*", ".*"]);
+    let mut settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = format!("amqps://localhost:{tls_port}/%2f?auth_mechanism=external").into();
+    settings.amqp.tls.ca_file = ca.ca_file();
+    settings.amqp.tls.cert_file = identity.cert_file.clone();
+    settings.amqp.tls.key_file = identity.key_file.clone();
+    settings.metrics.management_url = "none".into();
+    let app = TestApp::spawn(settings).await;
+    let cascade = app.cascade.clone();
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &cascade, &cascade.binding_key("cert"), QueueType::Quorum).await;
+    let (status, body) = app.post("/v1/tasks", &json!({"destination": "cert", "delay_ms": 300})).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    consumer.expect_each_once_never_early(HashSet::from([id]), Duration::from_secs(20)).await;
+    let connections = node.ctl(&["list_connections", "user", "auth_mechanism"]);
+    assert!(connections.contains("dltest-cert-user\tEXTERNAL"), "{connections}");
+    app.stop().await.unwrap();
+
+    // A CA that did not sign the broker's certificate: not ready at once,
+    // saying why, and no task is taken without a ledger to hold it.
+    let other = TestCa::new("other");
+    let mut settings = test_settings(12, 100, QueueType::Quorum);
+    settings.store.url = "none".into();
+    settings.amqp.uri = format!("amqps://guest:guest@localhost:{tls_port}/%2f").into();
+    settings.amqp.tls.ca_file = other.ca_file();
+    let app = TestApp::start(settings.clone()).await;
+    let started = Instant::now();
+    let (status, body) = loop {
+        let (status, body) = app.get("/readyz").await;
+        if body["error"]["code"] == "broker_misconfigured" || started.elapsed() > Duration::from_secs(15) {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "broker_misconfigured", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "no grace for a certificate");
+    assert!(!message.contains("guest:guest"), "{message}");
+    let (status, _) = app.post("/v1/tasks", &json!({"destination": "x", "delay_ms": 0})).await;
+    assert_eq!(status, 503);
+    app.stop().await.unwrap();
+    // And on a ledger, with the same CA, readiness says the same at once.
+    let mut settings = with_ledger(settings, Backend::Sqlite);
+    settings.amqp.tls.ca_file = other.ca_file();
+    let app = TestApp::start(settings).await;
+    let started = Instant::now();
+    loop {
+        let (_, body) = app.get("/readyz").await;
+        if body["error"]["code"] == "broker_misconfigured" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await.unwrap();
+}
