@@ -162,7 +162,14 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
         "DELAYLINE__STORE__DATA_DIR",
         ledger.dir.display().to_string(),
     );
-    env.insert("DELAYLINE__HTTP__BIND".into(), format!("0.0.0.0:{port}"));
+    // The containers listen on every address, behind tokens; the systemd
+    // unit keeps the default loopback address, where an open API is allowed.
+    let host = if env.contains_key("DELAYLINE__AUTH__CLIENTS_FILE") {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
+    env.insert("DELAYLINE__HTTP__BIND".into(), format!("{host}:{port}"));
     // Otherwise the binary would use its default URI, outside the test's vhost.
     assert!(
         env.contains_key("DELAYLINE__AMQP__URI"),
@@ -215,6 +222,15 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
     let readiness: Json =
         serde_json::from_str(answer.trim_start_matches("200 ")).expect("readiness JSON");
     assert_eq!(readiness["status"], "ready", "{what}");
+    if env.contains_key("DELAYLINE__AUTH__CLIENTS_FILE") {
+        let refused = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/v1/tasks"))
+            .json(&serde_json::json!({"destination": "d", "delay_ms": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 401, "{what}: tokens are required");
+    }
 
     terminate(&service);
     let output = tokio::time::timeout(Duration::from_secs(30), service.wait_with_output())
@@ -287,7 +303,24 @@ async fn compose_service_runs(what: &str, compose: &Value) {
         "/etc/delayline/delayline.toml",
         repo("deploy/delayline.example.toml"),
     );
-    runs_as_deployed(what, compose_launch(compose, "delayline"), &[image_config]).await;
+    let clients = (
+        "/etc/delayline-clients/clients.toml",
+        repo("deploy/clients.toml"),
+    );
+    assert!(
+        compose["services"]["delayline"]["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|v| v.as_str() == Some("./clients.toml:/etc/delayline-clients/clients.toml:ro")),
+        "{what} mounts the clients file"
+    );
+    runs_as_deployed(
+        what,
+        compose_launch(compose, "delayline"),
+        &[image_config, clients],
+    )
+    .await;
 }
 
 fn assert_healthy_dependencies(file: &Value, service: &str, on: &[&str]) {
@@ -513,10 +546,21 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
     )
     .unwrap();
 
+    // The clients file is the Secret's, mounted where the variable points.
+    let clients_path = launch.env["DELAYLINE__AUTH__CLIENTS_FILE"].clone();
+    let clients_file = dir.join("clients.toml");
+    std::fs::write(
+        &clients_file,
+        str_of(&secret, &["stringData", "clients.toml"]),
+    )
+    .unwrap();
     runs_as_deployed(
         "deploy/k8s",
         launch,
-        &[(config_path.as_str(), config_file.clone())],
+        &[
+            (config_path.as_str(), config_file.clone()),
+            (clients_path.as_str(), clients_file),
+        ],
     )
     .await;
     let _ = std::fs::remove_dir_all(dir);
