@@ -225,7 +225,7 @@ async fn stop_and_read_log(child: tokio::process::Child) -> String {
 }
 
 /// The code block of `language` that follows `heading` in the README.
-fn readme_block(heading: &str, language: &str, nth: usize) -> String {
+pub(crate) fn readme_block(heading: &str, language: &str, nth: usize) -> String {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let section = readme

@@ -349,3 +349,52 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     }
     app.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_token_example_runs_as_written() {
+    let settings = with_ledger(test_settings(32, 100, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let port = free_port();
+    let dir = TestCa::new("readme");
+    let block = crate::lifecycle::readme_block("## Security", "sh", 0)
+        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    // The service the block starts is stopped once the block has run.
+    let script = format!("{block}\nkill $!\nwait $!\n");
+    let binary_dir = std::path::Path::new(env!("CARGO_BIN_EXE_delayline"))
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let environment = delayline_command(&settings, &[]);
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(&dir.dir)
+            .envs(
+                environment
+                    .as_std()
+                    .get_envs()
+                    .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+            )
+            .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+            .env(
+                "PATH",
+                format!("{binary_dir}:{}", std::env::var("PATH").unwrap_or_default()),
+            )
+            .stderr(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("the block ends")
+    .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    let mut lines = said.lines();
+    assert_eq!(lines.next(), Some("401"), "{said}");
+    let accepted: Value = serde_json::from_str(lines.next().unwrap_or_default()).expect(&said);
+    assert_eq!(accepted["destination"], "billing.invoice", "{said}");
+    assert!(accepted["id"].is_string());
+    let clients = std::fs::read_to_string(dir.dir.join("clients.toml")).unwrap();
+    assert!(clients.contains("name = \"billing\""), "{clients}");
+}
