@@ -162,7 +162,12 @@ fn client_entry_toml(entry: &crate::config::ClientSettings) -> String {
     let mut text = format!(
         "[[clients]]\nname = {:?}\ntoken_sha256 = {:?}\ndestinations = {}\npermissions = {}\n",
         entry.name,
-        entry.token_sha256.as_slice().first().cloned().unwrap_or_default(),
+        entry
+            .token_sha256
+            .as_slice()
+            .first()
+            .cloned()
+            .unwrap_or_default(),
         list(&entry.destinations),
         list(&entry.permissions),
     );

@@ -81,12 +81,16 @@ pub async fn run(
     };
     let metrics_listener = match settings.metrics.bind.as_str() {
         "" => None,
-        bind => Some(TcpListener::bind(bind).await.map_err(|source| {
-            ServiceError::MetricsBind {
-                bind: bind.to_owned(),
-                source,
-            }
-        })?),
+        bind => {
+            Some(
+                TcpListener::bind(bind)
+                    .await
+                    .map_err(|source| ServiceError::MetricsBind {
+                        bind: bind.to_owned(),
+                        source,
+                    })?,
+            )
+        }
     };
     let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
     log_access(&auth, &address);
@@ -147,7 +151,12 @@ pub async fn run(
             background_shutdown.clone(),
         )));
     }
-    let state = AppState::new(scheduler.clone(), metrics.clone(), &settings.http, auth.clone());
+    let state = AppState::new(
+        scheduler.clone(),
+        metrics.clone(),
+        &settings.http,
+        auth.clone(),
+    );
     let metrics_route = match metrics_listener {
         Some(_) => MetricsRoute::Elsewhere,
         None => MetricsRoute::WithApi,
@@ -293,7 +302,9 @@ async fn reload_on_hangup(
             }
             match auth.reload() {
                 Ok(clients) => info!(clients, "SIGHUP: clients reloaded"),
-                Err(error) => error!(%error, "SIGHUP: clients NOT reloaded; the previous ones stay"),
+                Err(error) => {
+                    error!(%error, "SIGHUP: clients NOT reloaded; the previous ones stay")
+                }
             }
             if let Some((config, files)) = &tls {
                 match config

@@ -233,7 +233,9 @@ impl Client {
                     Arc::new(Limiter {
                         rate_per_second: rate,
                         burst,
-                        bucket: RateLimiter::direct(Quota::per_second(rate_nz).allow_burst(burst_nz)),
+                        bucket: RateLimiter::direct(
+                            Quota::per_second(rate_nz).allow_burst(burst_nz),
+                        ),
                     })
                 }))
             }
@@ -406,7 +408,10 @@ impl Usage {
         let Some(max_scheduled) = client.max_scheduled else {
             return Ok(());
         };
-        let mut scheduled = self.scheduled.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut scheduled = self
+            .scheduled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let count = scheduled.entry(client.name.clone()).or_default();
         if *count + tasks > max_scheduled {
             return Err(Throttled::Quota {
@@ -420,19 +425,28 @@ impl Usage {
 
     /// Gives back what a reservation did not use (tasks refused or replayed).
     pub fn give_back(&self, client: &str, tasks: u64) {
-        let mut scheduled = self.scheduled.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut scheduled = self
+            .scheduled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(count) = scheduled.get_mut(client) {
             *count = count.saturating_sub(tasks);
         }
     }
 
     pub fn set(&self, client: &str, count: u64) {
-        let mut scheduled = self.scheduled.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut scheduled = self
+            .scheduled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         scheduled.insert(client.to_owned(), count);
     }
 
     pub fn get(&self, client: &str) -> u64 {
-        let scheduled = self.scheduled.lock().unwrap_or_else(PoisonError::into_inner);
+        let scheduled = self
+            .scheduled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         scheduled.get(client).copied().unwrap_or(0)
     }
 }

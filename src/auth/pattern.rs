@@ -23,7 +23,9 @@ impl DestinationPattern {
             reason,
         };
         if text.is_empty() {
-            return Err(error("must not be empty (use \"#\" for every destination)".into()));
+            return Err(error(
+                "must not be empty (use \"#\" for every destination)".into(),
+            ));
         }
         for word in text.split('.') {
             let valid = word == "*"

@@ -41,7 +41,10 @@ fn tokens_name_their_client_and_nothing_else() {
         auth.authenticate(Some("tok-x")).unwrap_err(),
         Unauthenticated::Unknown
     );
-    assert_eq!(auth.authenticate(None).unwrap_err(), Unauthenticated::Missing);
+    assert_eq!(
+        auth.authenticate(None).unwrap_err(),
+        Unauthenticated::Missing
+    );
     // A hash is not a token.
     assert_eq!(
         auth.authenticate(Some(&token::hash_hex("tok-b")))
@@ -53,21 +56,32 @@ fn tokens_name_their_client_and_nothing_else() {
         Caller::Anyone => panic!(),
     });
     assert!(ops.may(Permission::Cancel) && ops.owner_scope().is_none());
-    assert!(!ops.may_publish_to("billing"), "admin publishes only to its patterns");
+    assert!(
+        !ops.may_publish_to("billing"),
+        "admin publishes only to its patterns"
+    );
     assert_eq!(Caller::Client(billing).owner_scope(), Some("billing"));
 }
 
 #[test]
 fn an_open_api_is_only_allowed_on_loopback_or_when_said() {
     let none = settings(vec![]);
-    for bind in ["127.0.0.1:8080", "[::1]:80", "localhost:8080", "127.0.0.2:1"] {
+    for bind in [
+        "127.0.0.1:8080",
+        "[::1]:80",
+        "localhost:8080",
+        "127.0.0.2:1",
+    ] {
         let auth = Authenticator::from_settings(&none, bind, true).unwrap();
         assert!(!auth.tokens_required(), "{bind}");
         assert!(matches!(auth.authenticate(None), Ok(Caller::Anyone)));
     }
     for bind in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:80", "api.example:80"] {
         let err = Authenticator::from_settings(&none, bind, true).unwrap_err();
-        assert!(matches!(err, AuthError::OpenOnNetwork { .. }), "{bind}: {err}");
+        assert!(
+            matches!(err, AuthError::OpenOnNetwork { .. }),
+            "{bind}: {err}"
+        );
         assert!(err.to_string().contains("auth.mode = \"open\""));
     }
     let open = AuthSettings {
@@ -84,7 +98,10 @@ fn an_open_api_is_only_allowed_on_loopback_or_when_said() {
         ..none
     };
     let auth = Authenticator::from_settings(&tokens, "127.0.0.1:8080", true).unwrap();
-    assert_eq!(auth.authenticate(Some("x")).unwrap_err(), Unauthenticated::Unknown);
+    assert_eq!(
+        auth.authenticate(Some("x")).unwrap_err(),
+        Unauthenticated::Unknown
+    );
     let contradictory = AuthSettings {
         mode: AuthMode::Open,
         ..settings(vec![client("a", "t", &["#"], &["submit"])])
@@ -97,7 +114,10 @@ fn bad_client_entries_are_refused_with_the_reason() {
     let cases: Vec<(ClientSettings, &str)> = vec![
         (client("bad name", "t", &["#"], &["submit"]), "a name is"),
         (client("a", "t", &["a..b"], &["submit"]), "a..b"),
-        (client("a", "t", &["#"], &["publish"]), "unknown permission \"publish\""),
+        (
+            client("a", "t", &["#"], &["publish"]),
+            "unknown permission \"publish\"",
+        ),
         (client("a", "t", &["#"], &[]), "no permissions"),
         (client("a", "t", &[], &["submit"]), "no destinations"),
         (
@@ -217,7 +237,8 @@ fn quotas_count_reservations_until_refreshed() {
 
 #[test]
 fn the_clients_file_is_read_again_on_reload() {
-    let path = std::env::temp_dir().join(format!("delayline-clients-{}.toml", uuid::Uuid::new_v4()));
+    let path =
+        std::env::temp_dir().join(format!("delayline-clients-{}.toml", uuid::Uuid::new_v4()));
     let entry = |name: &str, token: &str| {
         format!(
             "[[clients]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\ndestinations = [\"#\"]\npermissions = [\"submit\"]\n",

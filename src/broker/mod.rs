@@ -40,7 +40,6 @@ pub use publisher::{
 };
 pub use unroutable::requeue_unroutable;
 
-
 use crate::cascade::{ArgValue, Arguments};
 
 #[derive(Debug, thiserror::Error)]
@@ -131,13 +130,15 @@ impl std::fmt::Debug for BrokerTls {
 impl BrokerTls {
     pub fn from_settings(tls: &crate::config::AmqpTlsSettings) -> Result<BrokerTls, BrokerError> {
         let read = |what: &str, path: &str| {
-            std::fs::read(path).map_err(|error| BrokerError::Tls(format!("{what} {path:?}: {error}")))
+            std::fs::read(path)
+                .map_err(|error| BrokerError::Tls(format!("{what} {path:?}: {error}")))
         };
         let cert_chain = match tls.ca_file.as_str() {
             "" => None,
             path => Some(
-                String::from_utf8(read("amqp.tls.ca_file", path)?)
-                    .map_err(|_| BrokerError::Tls(format!("amqp.tls.ca_file {path:?} is not PEM")))?,
+                String::from_utf8(read("amqp.tls.ca_file", path)?).map_err(|_| {
+                    BrokerError::Tls(format!("amqp.tls.ca_file {path:?} is not PEM"))
+                })?,
             ),
         };
         let identity = match (tls.cert_file.as_str(), tls.key_file.as_str()) {

@@ -45,7 +45,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{BrokerError, Context, confirm_outcome, connect_with, open_channel, provision, redact_uri};
+use super::{
+    BrokerError, Context, confirm_outcome, connect_with, open_channel, provision, redact_uri,
+};
 use crate::cascade::{Cascade, TopologyPlan};
 use crate::config::AmqpSettings;
 
@@ -470,11 +472,13 @@ impl IsolatedPublisher {
                     .node_uri()
                     .ok_or_else(|| self.publisher.shared.unavailable())?;
                 let name = format!("{} (isolated)", options.connection_name);
-                let connection =
-                    tokio::time::timeout(options.connect_timeout, connect_with(&node, &name, &options.tls))
-                        .await
-                        .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
-                        .map_err(|error| unavailable(error.to_string()))?;
+                let connection = tokio::time::timeout(
+                    options.connect_timeout,
+                    connect_with(&node, &name, &options.tls),
+                )
+                .await
+                .map_err(|_| unavailable("no answer to an isolated connection".to_owned()))?
+                .map_err(|error| unavailable(error.to_string()))?;
                 let channel = match open_confirm_channel(&connection).await {
                     Ok(channel) => channel,
                     Err(error) => {

@@ -936,15 +936,33 @@ mod access {
         let other = harness.submit("billing", "orders.new.eu").await;
         assert_eq!(other.status, StatusCode::FORBIDDEN);
         assert_eq!(other.code(), "forbidden_destination");
-        assert!(other.body["error"]["message"].as_str().unwrap().contains("billing.#"));
-        assert_eq!(harness.broker.published(), 1, "the refused task is not published");
+        assert!(
+            other.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("billing.#")
+        );
+        assert_eq!(
+            harness.broker.published(),
+            1,
+            "the refused task is not published"
+        );
         let reader = harness.submit("reader", "billing.invoice").await;
-        assert_eq!((reader.status, reader.code()), (StatusCode::FORBIDDEN, "forbidden"));
+        assert_eq!(
+            (reader.status, reader.code()),
+            (StatusCode::FORBIDDEN, "forbidden")
+        );
 
         let batch = r#"{"tasks":[{"destination":"billing.a","delay":"100s"},
             {"destination":"orders.x.eu","delay":"100s"},{"destination":"billing","delay":"100s"}]}"#;
         let answer = harness
-            .send("POST", "/v1/tasks/batch", Some(batch), Some("billing"), None)
+            .send(
+                "POST",
+                "/v1/tasks/batch",
+                Some(batch),
+                Some("billing"),
+                None,
+            )
             .await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
         let statuses: Vec<u64> = answer.body["results"]
@@ -978,15 +996,22 @@ mod access {
         let orders = harness.submit_id("orders", "orders.new.eu").await;
         let billing_path = format!("/v1/tasks/{billing}");
 
-        let own = harness.send("GET", &billing_path, None, Some("billing"), None).await;
+        let own = harness
+            .send("GET", &billing_path, None, Some("billing"), None)
+            .await;
         assert_eq!(own.status, StatusCode::OK);
         assert_eq!(own.body["client"], "billing");
         for who in ["orders", "reader"] {
-            let theirs = harness.send("GET", &billing_path, None, Some(who), None).await;
+            let theirs = harness
+                .send("GET", &billing_path, None, Some(who), None)
+                .await;
             assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{who}");
         }
         assert_eq!(
-            harness.send("GET", &billing_path, None, Some("ops"), None).await.status,
+            harness
+                .send("GET", &billing_path, None, Some("ops"), None)
+                .await
+                .status,
             StatusCode::OK
         );
         let ids = |answer: &Answer| -> Vec<String> {
@@ -997,16 +1022,29 @@ mod access {
                 .map(|t| t["id"].as_str().unwrap().to_owned())
                 .collect()
         };
-        let listed = harness.send("GET", "/v1/tasks", None, Some("billing"), None).await;
-        assert_eq!(ids(&listed), [billing.clone()]);
-        let listed = harness.send("GET", "/v1/tasks", None, Some("orders"), None).await;
-        assert_eq!(ids(&listed), [orders.clone()]);
-        let listed = harness.send("GET", "/v1/tasks", None, Some("reader"), None).await;
+        let listed = harness
+            .send("GET", "/v1/tasks", None, Some("billing"), None)
+            .await;
+        assert_eq!(ids(&listed), [billing.as_str()]);
+        let listed = harness
+            .send("GET", "/v1/tasks", None, Some("orders"), None)
+            .await;
+        assert_eq!(ids(&listed), [orders.as_str()]);
+        let listed = harness
+            .send("GET", "/v1/tasks", None, Some("reader"), None)
+            .await;
         assert!(ids(&listed).is_empty());
-        let listed = harness.send("GET", "/v1/tasks", None, Some("ops"), None).await;
+        let listed = harness
+            .send("GET", "/v1/tasks", None, Some("ops"), None)
+            .await;
         assert_eq!(ids(&listed).len(), 2);
-        let limited = harness.send("GET", "/v1/tasks", None, Some("limited"), None).await;
-        assert_eq!((limited.status, limited.code()), (StatusCode::FORBIDDEN, "forbidden"));
+        let limited = harness
+            .send("GET", "/v1/tasks", None, Some("limited"), None)
+            .await;
+        assert_eq!(
+            (limited.status, limited.code()),
+            (StatusCode::FORBIDDEN, "forbidden")
+        );
 
         let moved = r#"{"delay":"200s"}"#;
         let theirs = harness
@@ -1023,13 +1061,23 @@ mod access {
         assert_eq!(own.status, StatusCode::OK, "{}", own.text);
         assert_eq!(own.body["revision"], 2);
 
-        let theirs = harness.send("DELETE", &billing_path, None, Some("orders"), None).await;
+        let theirs = harness
+            .send("DELETE", &billing_path, None, Some("orders"), None)
+            .await;
         assert_eq!(theirs.status, StatusCode::NOT_FOUND);
-        let reader = harness.send("DELETE", &billing_path, None, Some("reader"), None).await;
+        let reader = harness
+            .send("DELETE", &billing_path, None, Some("reader"), None)
+            .await;
         assert_eq!(reader.status, StatusCode::FORBIDDEN);
         let batch = format!(r#"{{"ids":["{billing}","{orders}"]}}"#);
         let answer = harness
-            .send("POST", "/v1/tasks/cancel", Some(&batch), Some("orders"), None)
+            .send(
+                "POST",
+                "/v1/tasks/cancel",
+                Some(&batch),
+                Some("orders"),
+                None,
+            )
             .await;
         let statuses: Vec<u64> = answer.body["results"]
             .as_array()
@@ -1038,18 +1086,29 @@ mod access {
             .map(|r| r["status"].as_u64().unwrap())
             .collect();
         assert_eq!(statuses, [404, 200], "{}", answer.text);
-        let own = harness.send("DELETE", &billing_path, None, Some("ops"), None).await;
+        let own = harness
+            .send("DELETE", &billing_path, None, Some("ops"), None)
+            .await;
         assert_eq!(own.status, StatusCode::OK, "an admin cancels anyone's task");
         assert_eq!(
-            harness.send("GET", "/v1/topology", None, Some("billing"), None).await.status,
+            harness
+                .send("GET", "/v1/topology", None, Some("billing"), None)
+                .await
+                .status,
             StatusCode::FORBIDDEN
         );
         assert_eq!(
-            harness.send("GET", "/v1/topology", None, Some("ops"), None).await.status,
+            harness
+                .send("GET", "/v1/topology", None, Some("ops"), None)
+                .await
+                .status,
             StatusCode::OK
         );
         assert_eq!(
-            harness.send("GET", "/metrics", None, Some("billing"), None).await.status,
+            harness
+                .send("GET", "/metrics", None, Some("billing"), None)
+                .await
+                .status,
             StatusCode::FORBIDDEN
         );
     }
@@ -1071,9 +1130,18 @@ mod access {
         assert!(second.headers.get("idempotent-replayed").is_none());
         let id = first.body["id"].as_str().unwrap();
         let shown = harness
-            .send("GET", &format!("/v1/tasks/{id}"), None, Some("billing"), None)
+            .send(
+                "GET",
+                &format!("/v1/tasks/{id}"),
+                None,
+                Some("billing"),
+                None,
+            )
             .await;
-        assert_eq!(shown.body["idempotency_key"], "k1", "shown as the client sent it");
+        assert_eq!(
+            shown.body["idempotency_key"], "k1",
+            "shown as the client sent it"
+        );
         // Another client reusing a client-chosen id gets a conflict, never
         // the other client's task.
         let body = r#"{"id":"shared-id","destination":"billing.a","delay":"100s"}"#;
@@ -1096,20 +1164,41 @@ mod access {
     #[tokio::test]
     async fn rate_limits_and_quotas_answer_429_and_are_counted_by_client() {
         let harness = harness().await;
-        assert_eq!(harness.submit("limited", "limited").await.status, StatusCode::ACCEPTED);
-        assert_eq!(harness.submit("limited", "limited").await.status, StatusCode::ACCEPTED);
+        assert_eq!(
+            harness.submit("limited", "limited").await.status,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(
+            harness.submit("limited", "limited").await.status,
+            StatusCode::ACCEPTED
+        );
         let over = harness.submit("limited", "limited").await;
         assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(over.code(), "rate_limited");
-        let retry: u64 = over.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        let retry: u64 = over.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!((1..=1).contains(&retry), "{retry}");
         let batch = r#"{"tasks":[{"destination":"limited","delay":"1s"},
             {"destination":"limited","delay":"1s"},{"destination":"limited","delay":"1s"}]}"#;
         let too_big = harness
-            .send("POST", "/v1/tasks/batch", Some(batch), Some("limited"), None)
+            .send(
+                "POST",
+                "/v1/tasks/batch",
+                Some(batch),
+                Some("limited"),
+                None,
+            )
             .await;
         assert_eq!(too_big.status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(too_big.body["error"]["message"].as_str().unwrap().contains("burst"));
+        assert!(
+            too_big.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("burst")
+        );
         assert_eq!(harness.broker.published(), 2);
 
         let first = harness.submit_id("quota", "quota").await;
@@ -1126,7 +1215,13 @@ mod access {
         assert_eq!(refused.code(), "quota_exceeded");
         // A refused task does not count; a cancelled one stops counting.
         let cancelled = harness
-            .send("DELETE", &format!("/v1/tasks/{first}"), None, Some("quota"), None)
+            .send(
+                "DELETE",
+                &format!("/v1/tasks/{first}"),
+                None,
+                Some("quota"),
+                None,
+            )
             .await;
         assert_eq!(cancelled.status, StatusCode::OK);
         let bad = r#"{"destination":"quota","delay":"-1s"}"#;
@@ -1134,10 +1229,19 @@ mod access {
             .send("POST", "/v1/tasks", Some(bad), Some("quota"), None)
             .await;
         assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(harness.submit("quota", "quota").await.status, StatusCode::ACCEPTED);
-        assert_eq!(harness.submit("quota", "quota").await.code(), "quota_exceeded");
+        assert_eq!(
+            harness.submit("quota", "quota").await.status,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(
+            harness.submit("quota", "quota").await.code(),
+            "quota_exceeded"
+        );
 
-        let scrape = harness.send("GET", "/metrics", None, Some("ops"), None).await.text;
+        let scrape = harness
+            .send("GET", "/metrics", None, Some("ops"), None)
+            .await
+            .text;
         for line in [
             "delayline_client_throttled_total{client=\"limited\",code=\"rate_limited\"} 2",
             "delayline_client_throttled_total{client=\"quota\",code=\"quota_exceeded\"} 3",

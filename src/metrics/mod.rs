@@ -367,7 +367,9 @@ impl Metrics {
     }
 
     pub fn auth_refused(&self, reason: &'static str) {
-        self.auth_refused.get_or_create(&ReasonLabel { reason }).inc();
+        self.auth_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn client_throttled(&self, client: &str, code: &'static str) {

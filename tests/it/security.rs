@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::common::nodes::{BrokerNode, NodeOptions, NodeTls};
 use crate::common::tls::{TestCa, client_trusting};
 use crate::common::{
-    Backend, Cleanup, TestApp, TestConsumer, delayline_command, free_port, rabbitmqctl,
-    serve_command, terminate, test_settings, with_ledger, TestUser,
+    Backend, Cleanup, TestApp, TestConsumer, TestUser, delayline_command, free_port, rabbitmqctl,
+    serve_command, terminate, test_settings, with_ledger,
 };
 
 /// `delayline token create …` appending to `file`: the token it printed.
@@ -31,7 +31,10 @@ async fn create_token(settings: &delayline::config::Settings, file: &str, args: 
         String::from_utf8_lossy(&output.stderr)
     );
     let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
-    assert!(token.starts_with("dlt_") && token.len() >= 4 + 43, "{token}");
+    assert!(
+        token.starts_with("dlt_") && token.len() >= 4 + 43,
+        "{token}"
+    );
     token
 }
 
@@ -46,7 +49,12 @@ fn hup(child: &tokio::process::Child) {
     );
 }
 
-async fn post(http: &reqwest::Client, base: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+async fn post(
+    http: &reqwest::Client,
+    base: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> (u16, Value) {
     let mut request = http.post(format!("{base}/v1/tasks")).json(body);
     if let Some(token) = token {
         request = request.bearer_auth(token);
@@ -75,13 +83,28 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     let billing = create_token(
         &settings,
         &clients_file,
-        &["--name", "billing", "--destination", "billing.#", "--permission", "submit,read"],
+        &[
+            "--name",
+            "billing",
+            "--destination",
+            "billing.#",
+            "--permission",
+            "submit,read",
+        ],
     )
     .await;
-    let ops = create_token(&settings, &clients_file, &["--name", "ops", "--permission", "admin"]).await;
+    let ops = create_token(
+        &settings,
+        &clients_file,
+        &["--name", "ops", "--permission", "admin"],
+    )
+    .await;
     let file = std::fs::read_to_string(&clients_file).unwrap();
     assert!(file.contains(&delayline::auth::token::hash_hex(&billing)));
-    assert!(!file.contains(&billing), "the file holds hashes, never tokens");
+    assert!(
+        !file.contains(&billing),
+        "the file holds hashes, never tokens"
+    );
 
     let port = free_port();
     let log_path = first_ca.dir.join("service.log");
@@ -91,7 +114,10 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
         .env("DELAYLINE__AUTH__CLIENTS_FILE", &clients_file)
         .env("DELAYLINE__HTTP__TLS__CERT_FILE", &leaf.cert_file)
         .env("DELAYLINE__HTTP__TLS__KEY_FILE", &leaf.key_file)
-        .env("DELAYLINE__LOG__FILTER", "debug,lapin=off,hyper=off,h2=off,rustls=off")
+        .env(
+            "DELAYLINE__LOG__FILTER",
+            "debug,lapin=off,hyper=off,h2=off,rustls=off",
+        )
         .stdout(Stdio::from(log.try_clone().unwrap()))
         .stderr(Stdio::from(log));
     let mut child = command.spawn().unwrap();
@@ -101,7 +127,9 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     loop {
         if let Ok(r) = http.get(format!("{base}/readyz")).send().await
             && r.status() == 200
-            && r.json::<Value>().await.is_ok_and(|b| b["broker"] == "connected")
+            && r.json::<Value>()
+                .await
+                .is_ok_and(|b| b["broker"] == "connected")
         {
             break;
         }
@@ -116,15 +144,30 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     assert!(plain.is_err() || plain.unwrap().status() != 200);
     // A client that does not trust the certificate does not connect.
     let stranger = client_trusting(&second_ca);
-    assert!(stranger.get(format!("{base}/healthz")).send().await.is_err());
+    assert!(
+        stranger
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_err()
+    );
 
     let key = cascade.binding_key("#");
-    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, cascade.business_exchange(), &key).await;
+    let mut consumer =
+        TestConsumer::bind_to(&mut cleanup, &cascade, cascade.business_exchange(), &key).await;
     let task = |destination: &str| json!({"destination": destination, "delay_ms": 300});
     assert_eq!(post(&http, &base, None, &task("billing.a")).await.0, 401);
-    assert_eq!(post(&http, &base, Some("dlt_wrong"), &task("billing.a")).await.0, 401);
+    assert_eq!(
+        post(&http, &base, Some("dlt_wrong"), &task("billing.a"))
+            .await
+            .0,
+        401
+    );
     let (status, body) = post(&http, &base, Some(&billing), &task("orders.a")).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden_destination")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden_destination"))
+    );
     let topology = http
         .get(format!("{base}/v1/topology"))
         .bearer_auth(&ops)
@@ -152,7 +195,15 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
         load.push(tokio::spawn(async move {
             let mut answers = Vec::new();
             while !stop.is_cancelled() {
-                answers.push(post(&http, &base, Some(&token), &json!({"destination": "billing.load", "delay_ms": 300})).await);
+                answers.push(
+                    post(
+                        &http,
+                        &base,
+                        Some(&token),
+                        &json!({"destination": "billing.load", "delay_ms": 300}),
+                    )
+                    .await,
+                );
             }
             answers
         }));
@@ -161,10 +212,21 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     let orders = create_token(
         &settings,
         &clients_file,
-        &["--name", "orders", "--destination", "orders.*", "--permission", "submit"],
+        &[
+            "--name",
+            "orders",
+            "--destination",
+            "orders.*",
+            "--permission",
+            "submit",
+        ],
     )
     .await;
-    assert_eq!(post(&both, &base, Some(&orders), &task("orders.a")).await.0, 401, "not before the reload");
+    assert_eq!(
+        post(&both, &base, Some(&orders), &task("orders.a")).await.0,
+        401,
+        "not before the reload"
+    );
     let renewed = second_ca.issue("api", "localhost", &["localhost", "127.0.0.1"]);
     std::fs::copy(&renewed.cert_file, &leaf.cert_file).unwrap();
     std::fs::copy(&renewed.key_file, &leaf.key_file).unwrap();
@@ -181,7 +243,15 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     accepted.insert(body["id"].as_str().unwrap().to_owned());
     // New connections get the new certificate, without a restart.
     let renewed_client = client_trusting(&second_ca);
-    assert_eq!(renewed_client.get(format!("{base}/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        renewed_client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.cancel();
     for handle in load {
@@ -232,7 +302,10 @@ async fn an_open_api_refuses_to_start_on_a_network_address_unless_said() {
     .unwrap();
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
-    assert!(said.contains("not a loopback address") && said.contains("auth.mode = \"open\""), "{said}");
+    assert!(
+        said.contains("not a loopback address") && said.contains("auth.mode = \"open\""),
+        "{said}"
+    );
 
     let log_path = std::env::temp_dir().join(format!("dltest-open-{}.log", uuid::Uuid::new_v4()));
     let log = std::fs::File::create(&log_path).unwrap();
@@ -243,13 +316,18 @@ async fn an_open_api_refuses_to_start_on_a_network_address_unless_said() {
         .stderr(Stdio::from(log))
         .kill_on_drop(true);
     let mut child = open.spawn().unwrap();
-    let ready = crate::common::wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    let ready =
+        crate::common::wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
+            .await;
     assert_eq!(ready["status"], "ready");
     terminate(&child);
     let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
     let logs = std::fs::read_to_string(&log_path).unwrap();
     let _ = std::fs::remove_file(&log_path);
-    assert!(logs.contains("the API is OPEN on a network address"), "{logs}");
+    assert!(
+        logs.contains("the API is OPEN on a network address"),
+        "{logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,23 +352,44 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     settings.metrics.management_url = "none".into();
     let app = TestApp::spawn(settings).await;
     let cascade = app.cascade.clone();
-    let mut consumer =
-        TestConsumer::on_node(&node.uri(), &cascade, &cascade.binding_key("tls"), QueueType::Quorum).await;
+    let mut consumer = TestConsumer::on_node(
+        &node.uri(),
+        &cascade,
+        &cascade.binding_key("tls"),
+        QueueType::Quorum,
+    )
+    .await;
     let mut ids = HashSet::new();
     for _ in 0..20 {
-        let (status, body) = app.post("/v1/tasks", &json!({"destination": "tls", "delay_ms": 300})).await;
+        let (status, body) = app
+            .post("/v1/tasks", &json!({"destination": "tls", "delay_ms": 300}))
+            .await;
         assert_eq!(status, 202, "{body}");
         ids.insert(body["id"].as_str().unwrap().to_owned());
     }
-    consumer.expect_each_once_never_early(ids, Duration::from_secs(20)).await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(20))
+        .await;
     let connections = node.ctl(&["list_connections", "ssl", "user"]);
     assert!(connections.contains("true\tguest"), "{connections}");
     app.stop().await.unwrap();
 
     // A client certificate instead of a password (SASL EXTERNAL).
     let identity = ca.issue("client", "dltest-cert-user", &["dltest-cert-user"]);
-    node.ctl(&["add_user", "dltest-cert-user", uuid::Uuid::new_v4().to_string().as_str()]);
-    node.ctl(&["set_permissions", "-p", "/", "dltest-cert-user", ".*", ".*", ".*"]);
+    node.ctl(&[
+        "add_user",
+        "dltest-cert-user",
+        uuid::Uuid::new_v4().to_string().as_str(),
+    ]);
+    node.ctl(&[
+        "set_permissions",
+        "-p",
+        "/",
+        "dltest-cert-user",
+        ".*",
+        ".*",
+        ".*",
+    ]);
     let mut settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
     settings.amqp.uri = format!("amqps://localhost:{tls_port}/%2f?auth_mechanism=external").into();
     settings.amqp.tls.ca_file = ca.ca_file();
@@ -299,14 +398,29 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     settings.metrics.management_url = "none".into();
     let app = TestApp::spawn(settings).await;
     let cascade = app.cascade.clone();
-    let mut consumer =
-        TestConsumer::on_node(&node.uri(), &cascade, &cascade.binding_key("cert"), QueueType::Quorum).await;
-    let (status, body) = app.post("/v1/tasks", &json!({"destination": "cert", "delay_ms": 300})).await;
+    let mut consumer = TestConsumer::on_node(
+        &node.uri(),
+        &cascade,
+        &cascade.binding_key("cert"),
+        QueueType::Quorum,
+    )
+    .await;
+    let (status, body) = app
+        .post(
+            "/v1/tasks",
+            &json!({"destination": "cert", "delay_ms": 300}),
+        )
+        .await;
     assert_eq!(status, 202, "{body}");
     let id = body["id"].as_str().unwrap().to_owned();
-    consumer.expect_each_once_never_early(HashSet::from([id]), Duration::from_secs(20)).await;
+    consumer
+        .expect_each_once_never_early(HashSet::from([id]), Duration::from_secs(20))
+        .await;
     let connections = node.ctl(&["list_connections", "user", "auth_mechanism"]);
-    assert!(connections.contains("dltest-cert-user\tEXTERNAL"), "{connections}");
+    assert!(
+        connections.contains("dltest-cert-user\tEXTERNAL"),
+        "{connections}"
+    );
     app.stop().await.unwrap();
 
     // A CA that did not sign the broker's certificate: not ready at once,
@@ -320,7 +434,9 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     let started = Instant::now();
     let (status, body) = loop {
         let (status, body) = app.get("/readyz").await;
-        if body["error"]["code"] == "broker_misconfigured" || started.elapsed() > Duration::from_secs(15) {
+        if body["error"]["code"] == "broker_misconfigured"
+            || started.elapsed() > Duration::from_secs(15)
+        {
             break (status, body);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -329,9 +445,14 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     assert_eq!(body["error"]["code"], "broker_misconfigured", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.to_lowercase().contains("certificate"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(10), "no grace for a certificate");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "no grace for a certificate"
+    );
     assert!(!message.contains("guest:guest"), "{message}");
-    let (status, _) = app.post("/v1/tasks", &json!({"destination": "x", "delay_ms": 0})).await;
+    let (status, _) = app
+        .post("/v1/tasks", &json!({"destination": "x", "delay_ms": 0}))
+        .await;
     assert_eq!(status, 503);
     app.stop().await.unwrap();
     // And on a ledger, with the same CA, readiness says the same at once.

@@ -220,15 +220,24 @@ pub async fn raw_amqp(
 /// With `batch_size` > 1 they use `/v1/tasks/batch`.
 pub async fn http(
     base: &str,
+    token: Option<&str>,
     store: &str,
     concurrency: usize,
     batch_size: usize,
     duration: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<Throughput> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse()?,
+        );
+    }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .tcp_nodelay(true)
+        .default_headers(headers)
         .build()?;
     let (url, path) = if batch_size > 1 {
         (format!("{base}/v1/tasks/batch"), "http batch")

@@ -46,7 +46,8 @@ struct Args {
     /// Only these phases (ingest, precision, drain); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
-    /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres).
+    /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
+    /// `+auth` (`sqlite+auth`) requires a token on every request.
     #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
     stores: Vec<String>,
     /// The database the postgres ledger gets a schema of its own in.
@@ -135,9 +136,15 @@ async fn main() -> anyhow::Result<()> {
         let stores = args
             .stores
             .iter()
-            .map(|name| Store::parse(name, &args.postgres_url))
+            .map(|name| {
+                let (store, auth) = match name.strip_suffix("+auth") {
+                    Some(store) => (store, true),
+                    None => (name.as_str(), false),
+                };
+                Ok((Store::parse(store, &args.postgres_url)?, auth, name.clone()))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        for store in stores {
+        for (store, auth, label) in stores {
             let sut = ServiceUnderTest::spawn(
                 &args.amqp_uri,
                 32,
@@ -147,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
                 &store,
                 // The default: on with a ledger.
                 store != Store::None,
+                auth,
             )
             .await?;
             let progress = bar("ingest");
@@ -172,8 +180,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             let summary =
-                ingest_over_http(&args, &sut, store.name(), seconds, &progress, &mut results)
-                    .await?;
+                ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;
             progress.finish_and_clear();
             results.stores.push(summary);
             sut.stop().await?;
@@ -197,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
                 QueueType::Quorum,
                 args.channels,
                 &Store::None,
+                false,
                 false,
             )
             .await?;
@@ -234,6 +242,7 @@ async fn main() -> anyhow::Result<()> {
                 args.channels,
                 &Store::Sqlite,
                 release_stage,
+                false,
             )
             .await?;
             let label = if release_stage {
@@ -276,6 +285,7 @@ async fn main() -> anyhow::Result<()> {
                 args.channels,
                 &store,
                 release_stage,
+                false,
             )
             .await?;
             let label = format!(
@@ -343,8 +353,16 @@ async fn ingest_over_http(
             "single"
         };
         progress.set_message(format!("ingest [{store}]: http {kind} x{concurrency}"));
-        let measured =
-            load::http(&sut.base, store, concurrency, batch_size, seconds, progress).await?;
+        let measured = load::http(
+            &sut.base,
+            sut.token.as_deref(),
+            store,
+            concurrency,
+            batch_size,
+            seconds,
+            progress,
+        )
+        .await?;
         results.ingest.push(measured);
     }
     let measured = &results.ingest[first..];

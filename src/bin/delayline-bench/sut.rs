@@ -30,14 +30,6 @@ impl Store {
             other => bail!("unknown store {other:?}: use none, sqlite or postgres"),
         }
     }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Store::None => "none",
-            Store::Sqlite => "sqlite",
-            Store::Postgres(_) => "postgres",
-        }
-    }
 }
 
 pub struct ServiceUnderTest {
@@ -49,6 +41,8 @@ pub struct ServiceUnderTest {
     store: Store,
     /// The SQLite directory or the PostgreSQL schema, deleted by `stop`.
     store_name: String,
+    /// The token of the one client, when the API requires tokens.
+    pub token: Option<String>,
 }
 
 fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
@@ -74,6 +68,7 @@ fn service_binary() -> anyhow::Result<PathBuf> {
 }
 
 impl ServiceUnderTest {
+    #[allow(clippy::too_many_arguments)]
     pub async fn spawn(
         amqp_uri: &str,
         levels: u32,
@@ -82,6 +77,7 @@ impl ServiceUnderTest {
         channels: usize,
         store: &Store,
         release_stage: bool,
+        auth: bool,
     ) -> anyhow::Result<Self> {
         if release_stage && *store == Store::None {
             bail!("the release stage needs a ledger");
@@ -110,7 +106,24 @@ impl ServiceUnderTest {
                 format!("{url}?options[search_path]={store_name}")
             }
         };
-        let child = Command::new(service_binary()?)
+        // With `auth`, one client may submit anywhere: what is measured is
+        // the price of checking its token and destination on every task.
+        let token = auth.then(delayline::auth::token::generate);
+        let mut command = Command::new(service_binary()?);
+        if let Some(token) = &token {
+            std::fs::create_dir_all(&data_dir)?;
+            let clients = data_dir.join("clients.toml");
+            std::fs::write(
+                &clients,
+                format!(
+                    "[[clients]]\nname = \"bench\"\ntoken_sha256 = \"{}\"\n\
+                     destinations = [\"#\"]\npermissions = [\"submit\", \"read\"]\n",
+                    delayline::auth::token::hash_hex(token)
+                ),
+            )?;
+            command.env("DELAYLINE__AUTH__CLIENTS_FILE", clients);
+        }
+        let child = command
             .env("DELAYLINE__STORE__URL", store_url)
             .env("DELAYLINE__STORE__DATA_DIR", &data_dir)
             .arg("serve")
@@ -144,6 +157,7 @@ impl ServiceUnderTest {
             extra_queues: Vec::new(),
             store: store.clone(),
             store_name,
+            token,
         };
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
