@@ -11,9 +11,14 @@
 //!   I/O; proven exhaustively and with property tests.
 //! - [`task`]: a task as submitted over HTTP, validated into what is
 //!   scheduled. Pure as well: the clock is an argument.
+//! - [`auth`]: who may do what. Clients (from the configuration and a
+//!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
+//!   destination topic patterns, permissions, rate limits and quotas. No
+//!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in,
-//!   inspection, topology, health, the metrics scrape; the JSON extractor and
-//!   the error shape. It knows the scheduler's methods, nothing below them.
+//!   inspection, topology, health, the metrics scrape; the gate in front of
+//!   all but the probes (401/403/429); the JSON extractor and the error
+//!   shape. It knows the scheduler's methods, nothing below them.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);
@@ -31,13 +36,15 @@
 //!   cluster's nodes that answers), declaring the plan (with a full diagnosis
 //!   when the broker holds something else), publishing a message it is given
 //!   (confirms, pipelining, reconnection, bounded waits, isolation of a
-//!   suspect message), consuming a queue in windows, reading queue depths,
+//!   suspect message), over TLS when asked (`amqps`, a CA bundle, a client
+//!   certificate), consuming a queue in windows, reading queue depths,
 //!   migrating a chain, requeueing the unroutable queue. It knows nothing of
 //!   tasks or ledgers.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
 //!   depths into it.
 //! - [`service`]: builds each component from its own settings section, runs
-//!   them, and shuts them down in the order that loses nothing.
+//!   them (HTTP or HTTPS, an optional metrics listener, reloads on SIGHUP),
+//!   and shuts them down in the order that loses nothing.
 //! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings (validated once;
 //!   secrets never print), logs, the command line, and the health check that
 //!   containers run. `main.rs` only calls [`cli::main`].

@@ -93,7 +93,6 @@ pub async fn run(
         }
     };
     let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
-    log_access(&auth, &address);
     let cascade = Arc::new(cascade);
     let metrics = Arc::new(Metrics::new());
     let ledger = ledger::open(
@@ -121,6 +120,8 @@ pub async fn run(
         cascade.queue_type().as_str(),
         cascade.business_exchange(),
     );
+    // After the chain line, which starts every log.
+    log_access(&auth, &address);
     let broker_shutdown = CancellationToken::new();
     let (publisher, mut supervisor) = Publisher::start(
         PublisherOptions::from_settings(
