@@ -185,7 +185,8 @@ pub async fn run(
     }));
     background.push(tokio::spawn(reload_on_hangup(
         auth,
-        tls.clone().zip(Some(settings.http.tls.clone())),
+        tls.clone()
+            .map(|config| (config, settings.http.tls.clone())),
         background_shutdown.clone(),
     )));
     if let Some(listener) = metrics_listener {

@@ -455,6 +455,8 @@ impl Usage {
 /// is required at all.
 pub struct Authenticator {
     required: bool,
+    /// Quotas need a ledger: checked on every reload, not only at start.
+    has_ledger: bool,
     inline: Vec<ClientSettings>,
     file: Option<PathBuf>,
     clients: ArcSwap<ClientSet>,
@@ -484,6 +486,7 @@ impl Authenticator {
     pub fn open() -> Authenticator {
         Authenticator {
             required: false,
+            has_ledger: false,
             inline: Vec::new(),
             file: None,
             clients: ArcSwap::from_pointee(ClientSet::default()),
@@ -520,25 +523,13 @@ impl Authenticator {
         };
         let authenticator = Authenticator {
             required,
+            has_ledger,
             inline: auth.clients.clone(),
             file,
             clients: ArcSwap::from_pointee(ClientSet::default()),
             usage: Usage::default(),
         };
         authenticator.reload()?;
-        if !has_ledger
-            && authenticator
-                .clients
-                .load()
-                .iter()
-                .any(|c| c.max_scheduled.is_some())
-        {
-            return Err(AuthError::Invalid(
-                "max_scheduled needs a ledger (store.url is \"none\"): only the ledger knows \
-                 which tasks are still waiting"
-                    .into(),
-            ));
-        }
         Ok(authenticator)
     }
 
@@ -560,6 +551,13 @@ impl Authenticator {
         }
         let current = self.clients.load();
         let next = ClientSet::build(&settings, Some(&current))?;
+        if !self.has_ledger && next.iter().any(|c| c.max_scheduled.is_some()) {
+            return Err(AuthError::Invalid(
+                "max_scheduled needs a ledger (store.url is \"none\"): only the ledger knows \
+                 which tasks are still waiting"
+                    .into(),
+            ));
+        }
         let count = next.len();
         self.clients.store(Arc::new(next));
         Ok(count)

@@ -92,11 +92,8 @@ pub async fn get_task(
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     require(&caller, Permission::Read)?;
-    let owner = caller.owner_scope();
     let stored = state.scheduler.task(&id).await?;
-    // Another client's task is answered as if it did not exist.
-    let stored =
-        stored.filter(|task| owner.is_none_or(|owner| task.client.as_deref() == Some(owner)));
+    let stored = stored.filter(|task| task.within_scope(caller.owner_scope()));
     let stored = stored.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,

@@ -112,12 +112,6 @@ fn cancel_sql(ids: usize, scoped: bool) -> String {
     )
 }
 
-/// Whether `task` is within reach of a caller limited to `owner`'s tasks;
-/// others' tasks are answered as if they did not exist.
-fn within_scope(task: &StoredTask, owner: Option<&str>) -> bool {
-    owner.is_none_or(|owner| task.client.as_deref() == Some(owner))
-}
-
 fn select_sql(ids: usize) -> String {
     format!(
         "SELECT {COLUMNS} FROM tasks WHERE id IN ({})",
@@ -191,7 +185,7 @@ impl Ledger {
                 }
                 for row in query.fetch_all(&mut *tx).await.context("reading tasks")? {
                     let task = row.decode()?;
-                    if !within_scope(&task, owner) {
+                    if !task.within_scope(owner) {
                         continue;
                     }
                     let id = task.id.clone();
@@ -250,7 +244,7 @@ impl Ledger {
                         .await
                         .context("reading a task")?;
                     return Ok(match row.map(Row::decode).transpose()? {
-                        Some(task) if within_scope(&task, owner) => Reschedule::Replay(task),
+                        Some(task) if task.within_scope(owner) => Reschedule::Replay(task),
                         _ => Reschedule::NotFound,
                     });
                 }
@@ -283,7 +277,7 @@ impl Ledger {
                     .context("reading a task")?;
                 return Ok(match row.map(Row::decode).transpose()? {
                     None => Reschedule::NotFound,
-                    Some(task) if !within_scope(&task, owner) => Reschedule::NotFound,
+                    Some(task) if !task.within_scope(owner) => Reschedule::NotFound,
                     Some(task) if task.state.is_changeable() => Reschedule::PayloadNotKept(task),
                     Some(task) => Reschedule::Unchangeable(task),
                 });

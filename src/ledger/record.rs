@@ -110,6 +110,12 @@ impl StoredTask {
             .map(|at| at.saturating_sub(self.deliver_at_ms))
     }
 
+    /// Whether a caller limited to `owner`'s tasks (`None`: every task) may
+    /// reach this one; others' tasks are answered as if they did not exist.
+    pub fn within_scope(&self, owner: Option<&str>) -> bool {
+        owner.is_none_or(|owner| self.client.as_deref() == Some(owner))
+    }
+
     /// The whole payload, which only a pending task is sure to have (and,
     /// with the release stage, a scheduled one).
     pub fn whole_payload(&self) -> Option<&[u8]> {

@@ -172,7 +172,7 @@ impl Bookkeeper {
         let Some(current) = self.ledger.get(id).await? else {
             return Ok(Reschedule::NotFound);
         };
-        if owner.is_some_and(|owner| current.client.as_deref() != Some(owner)) {
+        if !current.within_scope(owner) {
             return Ok(Reschedule::NotFound);
         }
         let now_ms = epoch_ms(SystemTime::now());

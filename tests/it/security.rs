@@ -136,6 +136,20 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
         assert!(Instant::now() < deadline, "never ready over HTTPS");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The container's health check speaks HTTPS to its own listener.
+    let probe = delayline_command(&settings, &["probe"])
+        .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
+        .env("DELAYLINE__HTTP__TLS__CERT_FILE", &leaf.cert_file)
+        .env("DELAYLINE__HTTP__TLS__KEY_FILE", &leaf.key_file)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        probe.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&probe.stdout),
+        String::from_utf8_lossy(&probe.stderr)
+    );
     // Plain HTTP on the HTTPS port gets no API.
     let plain = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/readyz"))
