@@ -25,8 +25,13 @@ use tracing::{debug, warn};
 
 use super::{Context, Publisher, open_channel};
 
-/// How often the consumer looks for a connection while there is none.
+/// How often the consumer looks for a connection while there is none, and
+/// whether its channel still lives while the reader is busy.
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
+/// The longest a broker call of the consumer may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// At shutdown, the longest wait for the reader to settle what it holds.
+const SETTLE_ON_SHUTDOWN: Duration = Duration::from_secs(30);
 
 /// One message as the queue held it.
 #[derive(Clone, Debug)]
@@ -115,24 +120,26 @@ async fn consume_on(
     windows: &mpsc::Sender<Window>,
     shutdown: &CancellationToken,
 ) -> Result<Stop, super::BrokerError> {
-    let channel = open_channel(connection, || {
-        format!("opening a channel to consume {queue:?}")
+    let channel = bounded(open_channel(connection, || opening(queue)), || {
+        opening(queue)
     })
-    .await?;
+    .await??;
     let prefetch = limits.window.saturating_mul(limits.windows.max(1));
-    channel
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .context(|| format!("limiting unacknowledged messages from {queue:?}"))?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .context(|| format!("consuming {queue:?}"))?;
+    let limiting = || format!("limiting unacknowledged messages from {queue:?}");
+    bounded(
+        channel.basic_qos(prefetch, BasicQosOptions::default()),
+        limiting,
+    )
+    .await?
+    .context(limiting)?;
+    let consuming = || format!("consuming {queue:?}");
+    let consume = channel.basic_consume(
+        queue.into(),
+        "".into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let mut consumer = bounded(consume, consuming).await?.context(consuming)?;
     // Windows out, in the order they came, settled in that order.
     let (out, mut settling) =
         mpsc::unbounded_channel::<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>();
@@ -171,17 +178,57 @@ async fn consume_on(
                 properties: d.properties.clone(),
             })
             .collect();
-        if windows.send(Window { messages, settled }).await.is_err()
-            || out.send((deliveries, answer)).is_err()
-        {
+        // The reader may be slow (a broker alarm holds its publishes): the
+        // channel can die meanwhile, and then this consumer must start over
+        // rather than wait for a reader that would hand back dead deliveries.
+        let sent = tokio::select! {
+            () = shutdown.cancelled() => break Stop::Shutdown,
+            () = lost(&channel) => break Stop::Lost,
+            sent = windows.send(Window { messages, settled }) => sent,
+        };
+        if sent.is_err() || out.send((deliveries, answer)).is_err() {
             break Stop::Shutdown;
         }
     };
-    // The windows out are settled before the channel closes.
     drop(out);
-    let _ = settler.await;
-    let _ = channel.close(200, "consumer stopping".into()).await;
+    match stop {
+        // The windows out are settled before the channel closes.
+        Stop::Shutdown => {
+            let _ = tokio::time::timeout(SETTLE_ON_SHUTDOWN, settler).await;
+        }
+        // Their deliveries went back to the queue with the channel; the
+        // reader's late settles go nowhere.
+        Stop::Lost => settler.abort(),
+    }
+    let closing = || format!("closing the channel consuming {queue:?}");
+    let _ = bounded(channel.close(200, "consumer stopping".into()), closing).await;
     Ok(stop)
+}
+
+fn opening(queue: &str) -> String {
+    format!("opening a channel to consume {queue:?}")
+}
+
+/// Resolves once `channel` can no longer carry acknowledgements.
+async fn lost(channel: &lapin::Channel) {
+    while channel.status().connected() {
+        tokio::time::sleep(RECONNECT_POLL).await;
+    }
+}
+
+/// Every broker call of the consumer gets an answer in time, or the consumer
+/// starts over: a call waiting on a half-dead connection would otherwise stop
+/// the release stage for good.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = T>,
+    context: impl FnOnce() -> String,
+) -> Result<T, super::BrokerError> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| super::BrokerError::CallTimeout {
+            context: context(),
+            after: CALL_TIMEOUT,
+        })
 }
 
 /// Acknowledges or requeues each delivery; one `multiple` ack when all are acks.

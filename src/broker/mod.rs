@@ -53,6 +53,8 @@ pub enum BrokerError {
         context: String,
         source: lapin::Error,
     },
+    #[error("{context}: no answer within {after:?}")]
+    CallTimeout { context: String, after: Duration },
     #[error(transparent)]
     Conflict(#[from] TopologyConflict),
     #[error("broker TLS: {0}")]
@@ -72,7 +74,9 @@ impl BrokerError {
         let source = match self {
             BrokerError::Connect { source, .. } | BrokerError::Call { source, .. } => source,
             BrokerError::Tls(_) => return true,
-            BrokerError::ConnectTimeout { .. } | BrokerError::Conflict(_) => return false,
+            BrokerError::ConnectTimeout { .. }
+            | BrokerError::CallTimeout { .. }
+            | BrokerError::Conflict(_) => return false,
         };
         match source.kind() {
             lapin::ErrorKind::ProtocolError(amqp) => matches!(

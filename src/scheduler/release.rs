@@ -47,6 +47,11 @@ pub const RELEASE_WINDOWS: u16 = 4;
 /// before the next, so that a missing business exchange or a blocked broker
 /// is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// The longest wait for a publish that outlived the confirm timeout. Its
+/// window holds a quarter of the stage; past this the message is requeued
+/// and released again, a possible second copy rather than a stage that
+/// waits for good on an answer that may never come.
+const LATE_CONFIRM_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the release stage does with one due message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,7 +270,9 @@ impl Releaser {
         };
         match self.broker.publish_bounded(message).await? {
             Published::Confirmed => Ok(()),
-            Published::Late(late) => late.outcome().await,
+            Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
+                .await
+                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
         }
     }
 

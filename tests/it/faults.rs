@@ -8,10 +8,19 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::nodes::{BrokerNode, NodeOptions, within};
 use crate::common::{
-    Backend, TestApp, TestConsumer, TestUser, connections_named, eventually, sample, steady_load,
+    AMQP_URI, Backend, Cleanup, TestApp, TestConsumer, TestUser, close_connections_named,
+    connections_named, eventually, queue_depth, rabbitmqctl_json, sample, steady_load,
     test_settings, with_ledger,
 };
-use delayline::broker::{DEFAULT_FRAME_MAX, content_header_frame_size};
+use delayline::broker::{
+    BrokerTls, ConsumeLimits, DEFAULT_FRAME_MAX, Publisher, PublisherOptions, Settle, connect,
+    content_header_frame_size,
+};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio_util::sync::CancellationToken;
 use delayline::cascade::QueueType;
 use delayline::scheduler::task_properties;
 use delayline::task::{Task, epoch_ms};
@@ -606,4 +615,109 @@ async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
     let scrape = app.scrape().await;
     assert_eq!(sample(&scrape, "delayline_broker_misconfigured"), Some(0.0));
     app.stop().await.unwrap();
+}
+
+/// Consumers of `queue` on the machine's broker.
+fn consumers_of(queue: &str) -> u64 {
+    rabbitmqctl_json(&["list_queues", "name", "consumers"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == queue)
+        .and_then(|q| q["consumers"].as_u64())
+        .unwrap_or(0)
+}
+
+/// The release stage's consumer, while its reader holds windows unsettled
+/// (publishes held by an alarm, say), loses its channel: it must consume
+/// again at once instead of waiting for settles that can no longer reach
+/// the broker. It once waited for good, and due tasks sat in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_reader_holds_its_windows_consumes_again_after_its_channel_dies() {
+    let settings = test_settings(2, 50, QueueType::Quorum);
+    let cascade = settings.cascade().unwrap();
+    let mut cleanup = Cleanup::for_cascade(&cascade);
+    let queue = format!("{}.held", cascade.prefix());
+    cleanup.queues.push(queue.clone());
+    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for i in 0..6u8 {
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &[i],
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    let shutdown = CancellationToken::new();
+    let options = PublisherOptions::from_settings(
+        &settings.amqp,
+        &cascade,
+        Histogram::new([0.1].into_iter()),
+        BrokerTls::default(),
+    );
+    let name = options.connection_name.clone();
+    let (publisher, _supervisor) = Publisher::start(options, cascade.plan(), shutdown.clone());
+    let limits = ConsumeLimits {
+        window: 1,
+        windows: 2,
+    };
+    let mut windows = publisher.consume(queue.clone(), limits, shutdown.clone());
+    // Held, unsettled, and nothing more is read: the consumer fills its
+    // buffer and waits on a reader that does not come.
+    let held = tokio::time::timeout(Duration::from_secs(10), windows.recv())
+        .await
+        .expect("a first window")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(consumers_of(&queue), 1);
+
+    assert!(close_connections_named(&name) > 0);
+    let lost = Instant::now();
+    eventually("the queue is consumed again", async || {
+        consumers_of(&queue) == 1
+    })
+    .await;
+    assert!(
+        lost.elapsed() < Duration::from_secs(15),
+        "consumed again only after {:?}",
+        lost.elapsed()
+    );
+
+    // A settle from before the loss goes nowhere; every message comes again.
+    held.settle(vec![Settle::Ack]);
+    let mut payloads = HashSet::new();
+    while payloads.len() < 6 {
+        let window = tokio::time::timeout(Duration::from_secs(10), windows.recv())
+            .await
+            .expect("every message again")
+            .unwrap();
+        payloads.extend(window.messages.iter().map(|m| m.payload.clone()));
+        let acks = vec![Settle::Ack; window.messages.len()];
+        window.settle(acks);
+    }
+    eventually("every message is acknowledged", async || {
+        queue_depth(&queue).await == 0
+    })
+    .await;
+    shutdown.cancel();
+    let _ = connection.close(200, "done".into()).await;
 }
