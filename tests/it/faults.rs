@@ -16,17 +16,17 @@ use delayline::broker::{
     BrokerTls, ConsumeLimits, DEFAULT_FRAME_MAX, Publisher, PublisherOptions, Settle, connect,
     content_header_frame_size,
 };
+use delayline::cascade::QueueType;
+use delayline::scheduler::task_properties;
+use delayline::task::{Task, epoch_ms};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use prometheus_client::metrics::histogram::Histogram;
-use tokio_util::sync::CancellationToken;
-use delayline::cascade::QueueType;
-use delayline::scheduler::task_properties;
-use delayline::task::{Task, epoch_ms};
 use serde_json::{Value, json};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
+use tokio_util::sync::CancellationToken;
 
 /// The most bytes a task's properties may take, from the refusal's message.
 fn limit_in(message: &str) -> usize {

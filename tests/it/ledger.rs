@@ -10,6 +10,7 @@ use crate::common::{
     test_settings, with_ledger,
 };
 use delayline::cascade::QueueType;
+use delayline::config::{ClientSettings, TokenHashes};
 use delayline::task::parse_epoch_ms;
 use serde_json::{Value, json};
 
@@ -41,6 +42,7 @@ on_both_backends!(
     pending_tasks_survive_an_outage_and_a_restart_and_arrive_never_early,
     the_pending_bound_turns_into_503,
     payload_copies_are_bounded_and_delivered_rows_are_pruned,
+    a_quota_counts_waiting_tasks_from_the_ledger_and_not_cancelled_ones,
 );
 
 async fn post_with_key(app: &TestApp, key: &str, body: &Value) -> (u16, Option<String>, Value) {
@@ -389,4 +391,70 @@ async fn without_a_ledger_there_is_nothing_to_inspect() {
         );
     }
     app.stop().await.unwrap();
+}
+
+/// A client's quota, as the ledger counts it every `auth.quota_refresh_ms`:
+/// its tasks not yet due, less those cancelled; nobody else's.
+async fn a_quota_counts_waiting_tasks_from_the_ledger_and_not_cancelled_ones(backend: Backend) {
+    let mut settings = with_ledger(test_settings(8, 100, QueueType::Quorum), backend);
+    let token = delayline::auth::token::generate();
+    let other = delayline::auth::token::generate();
+    let client = |name: &str, token: &str, max_scheduled| ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(delayline::auth::token::hash_hex(token)),
+        destinations: vec!["#".to_owned()],
+        permissions: vec!["submit".to_owned(), "cancel".to_owned()],
+        max_scheduled,
+        ..ClientSettings::default()
+    };
+    settings.auth.clients = vec![
+        client("quota", &token, Some(2)),
+        client("other", &other, None),
+    ];
+    settings.auth.quota_refresh_ms = 50;
+    let app = TestApp::spawn(settings).await;
+    let post = async |token: &str| {
+        let response = app
+            .http
+            .post(format!("{}/v1/tasks", app.base))
+            .bearer_auth(token)
+            .json(&json!({"destination": "quota", "delay": "20s"}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    // Refreshes come and go meanwhile: each must find the same count.
+    let refreshes = || tokio::time::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert_eq!(post(&other).await.0, 202);
+    }
+    let (status, first) = post(&token).await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(post(&token).await.0, 202);
+    refreshes().await;
+    let (status, body) = post(&token).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("quota_exceeded"))
+    );
+
+    let id = first["id"].as_str().unwrap();
+    let cancelled = app
+        .http
+        .delete(format!("{}/v1/tasks/{id}", app.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 200);
+    refreshes().await;
+    assert_eq!(post(&token).await.0, 202);
+    refreshes().await;
+    let (status, body) = post(&token).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("quota_exceeded"))
+    );
 }

@@ -1,0 +1,12 @@
+-- The index of 0004 kept each client's tasks in due order, a fourth B-tree
+-- taking every task at a random place (delays are spread), which cost an
+-- API with tokens about 14 % of its intake. The client now rides at the end
+-- of the due-order index instead: listing by client walks that index and
+-- reads the client from it, never from the table, and a quota counts from it
+-- alone. Tasks withdrawn before they fell due (cancelled, failed) are few;
+-- their own index lets a quota leave them out.
+DROP INDEX tasks_by_client;
+DROP INDEX tasks_by_deliver_at;
+CREATE INDEX tasks_by_deliver_at ON tasks (deliver_at_ms, id, client);
+CREATE INDEX tasks_withdrawn_by_client ON tasks (client, deliver_at_ms)
+    WHERE client IS NOT NULL AND state IN ('cancelled', 'failed');
