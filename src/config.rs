@@ -156,6 +156,19 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// Most tasks in one batch request.
     pub batch_limit: usize,
+    /// A connection must send a whole request head within this (an idle
+    /// keep-alive connection is closed after it too).
+    pub header_read_timeout_ms: u64,
+    /// A request's body must arrive whole within this, or `408 body_timeout`.
+    pub body_read_timeout_ms: u64,
+    /// A request not answered within this is `503 deadline_exceeded`.
+    pub request_timeout_ms: u64,
+    /// Open connections at most; above, a new one is answered `503
+    /// too_many_connections` and closed.
+    pub max_connections: usize,
+    /// Tasks being taken in at once at most (a batch counts its tasks);
+    /// above, `503 overloaded` at once.
+    pub max_tasks_in_flight: usize,
     /// HTTPS instead of HTTP when both files are set.
     pub tls: HttpTlsSettings,
 }
@@ -183,6 +196,11 @@ impl Default for HttpSettings {
             bind: "127.0.0.1:8080".to_owned(),
             body_limit_bytes: 1024 * 1024,
             batch_limit: 1000,
+            header_read_timeout_ms: 20_000,
+            body_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 1024,
+            max_tasks_in_flight: 4096,
             tls: HttpTlsSettings::default(),
         }
     }

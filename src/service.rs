@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::serve::{ConnectionLimits, serve};
 use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -167,7 +168,7 @@ pub async fn run(
         background.push(tokio::spawn(refresh_quotas(
             auth.clone(),
             scheduler.clone(),
-            metrics,
+            metrics.clone(),
             Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
             background_shutdown.clone(),
         )));
@@ -201,30 +202,15 @@ pub async fn run(
             }
         }));
     }
+    let limits = ConnectionLimits {
+        header_read_timeout: Duration::from_millis(settings.http.header_read_timeout_ms),
+        max_connections: settings.http.max_connections.max(1),
+        drain: GRACEFUL_DRAIN,
+    };
+    info!(%address, https = tls.is_some(), "listening");
     let served = async {
-        match tls {
-            None => {
-                info!(%address, "listening (HTTP)");
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
-                    .await
-            }
-            Some(tls) => {
-                info!(%address, "listening (HTTPS)");
-                let handle = axum_server::Handle::new();
-                let stop = stop_serving.clone();
-                let graceful = handle.clone();
-                tokio::spawn(async move {
-                    stop.cancelled().await;
-                    graceful.graceful_shutdown(Some(GRACEFUL_HTTPS_CLOSE));
-                });
-                axum_server::from_tcp_rustls(listener.into_std()?, tls)?
-                    .handle(handle)
-                    .serve(app.into_make_service())
-                    .await
-            }
-        }
-        .map_err(ServiceError::from)
+        serve(listener, app, tls, limits, metrics, stop_serving.clone()).await;
+        Ok::<(), ServiceError>(())
     };
     let outcome = tokio::select! {
         served = served => served,
@@ -257,8 +243,8 @@ pub async fn run(
     outcome.and(stopped)
 }
 
-/// How long an HTTPS connection may finish its request once shutdown began.
-const GRACEFUL_HTTPS_CLOSE: Duration = Duration::from_secs(30);
+/// How long requests in progress may take to finish once shutdown began.
+const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
 
 /// Says at start-up who may use the API.
 fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {

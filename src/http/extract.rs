@@ -5,6 +5,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 
 use super::error::ApiError;
+use super::limits::BodyReadTimeout;
 
 /// A request body that must be JSON, read whole within the body limit.
 pub struct JsonBody(pub Bytes);
@@ -39,19 +40,35 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 format!("JSON is UTF-8; the body says charset={charset}: send it as UTF-8"),
             ));
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let deadline = request.extensions().get::<BodyReadTimeout>().copied();
+        let reading = Bytes::from_request(request, state);
+        let read = match deadline {
+            Some(BodyReadTimeout(limit)) => {
+                tokio::time::timeout(limit, reading).await.map_err(|_| {
                     ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "payload_too_large",
-                        "the request body is larger than http.body_limit_bytes allows",
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        format!(
+                            "the request body did not arrive whole within \
+                             http.body_read_timeout_ms ({} ms)",
+                            limit.as_millis()
+                        ),
                     )
-                } else {
-                    ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
-                }
-            })?;
+                })?
+            }
+            None => reading.await,
+        };
+        let bytes = read.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "the request body is larger than http.body_limit_bytes allows",
+                )
+            } else {
+                ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
+            }
+        })?;
         Ok(JsonBody(bytes))
     }
 }

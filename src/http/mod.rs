@@ -14,7 +14,9 @@ mod fallback;
 mod health;
 mod inspect;
 mod lifecycle;
+pub mod limits;
 mod scrape;
+pub mod serve;
 mod tasks;
 mod topology;
 
@@ -24,6 +26,7 @@ mod tests;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use std::sync::Arc;
+use std::time::Duration;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
@@ -46,6 +49,8 @@ pub struct AppState {
     batch_limit: usize,
     topology: Arc<TopologyView>,
     auth: Arc<Authenticator>,
+    limits: limits::RequestLimits,
+    intake: limits::Intake,
 }
 
 impl AppState {
@@ -62,6 +67,11 @@ impl AppState {
             batch_limit: http.batch_limit,
             topology,
             auth,
+            limits: limits::RequestLimits {
+                body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
+                request_timeout: Duration::from_millis(http.request_timeout_ms),
+            },
+            intake: limits::Intake::new(http.max_tasks_in_flight),
         }
     }
 }
@@ -95,6 +105,10 @@ pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute)
         .merge(health::router())
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limits::deadlines,
+        ))
         .layer(DefaultBodyLimit::max(body_limit_bytes))
         // Failed requests are logged where the reason is known (with the task id);
         // tower-http's default would log every 503 readiness probe as an error.

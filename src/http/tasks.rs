@@ -137,6 +137,7 @@ pub async fn create_task(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Submit)?;
+    let _intake = state.intake.admit(1)?;
     admit_tasks(&state, &caller, 1)?;
     let submitted = async {
         let task = parse_for(&state, &caller, &body, SystemTime::now(), "")?;
@@ -242,6 +243,7 @@ pub async fn create_batch(
     // The rate and quota are taken for the whole batch or not at all: a 429
     // means that nothing in it was taken.
     let valid = parsed.iter().filter(|item| item.is_ok()).count() as u64;
+    let _intake = state.intake.admit(valid as usize)?;
     admit_tasks(&state, &caller, valid)?;
     // A client id repeated within the batch names one task: the repeat gets
     // the first's answer (as a replay), or a conflict if its body differs.

@@ -106,6 +106,8 @@ pub struct Metrics {
     pub client_throttled: Family<ClientCodeLabel, Counter>,
     pub client_accepted: Family<ClientLabel, Counter>,
     pub client_scheduled: Family<ClientLabel, Gauge>,
+    pub connections_refused: Counter,
+    pub request_deadline_exceeded: Counter,
 }
 
 impl Default for Metrics {
@@ -316,7 +318,21 @@ impl Metrics {
              max_scheduled only)",
             client_scheduled.clone(),
         );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections answered 503 too_many_connections (above http.max_connections)",
+            connections_refused.clone(),
+        );
+        let request_deadline_exceeded = Counter::default();
+        registry.register(
+            "request_deadline_exceeded",
+            "Requests answered 503 deadline_exceeded (not answered within http.request_timeout_ms)",
+            request_deadline_exceeded.clone(),
+        );
         Metrics {
+            connections_refused,
+            request_deadline_exceeded,
             auth_refused,
             client_throttled,
             client_accepted,

@@ -15,6 +15,7 @@ mod deploy;
 mod faults;
 mod ledger;
 mod lifecycle;
+mod limits;
 mod migrate;
 mod provision;
 mod release;

@@ -312,3 +312,101 @@ pub async fn http(
         results,
     ))
 }
+
+/// Open-loop load beyond capacity, and what the service made of it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Overload {
+    pub store: String,
+    /// Single requests per second, closed loop at concurrency 64, just before.
+    pub capacity_per_sec: f64,
+    pub offered_per_sec: f64,
+    pub seconds: f64,
+    pub accepted_per_sec: f64,
+    /// Answered 503 or 429 (overloaded, too many connections, ...).
+    pub refused: u64,
+    /// Anything else: other statuses, connection errors.
+    pub failed: u64,
+    pub accepted_p50_ms: f64,
+    pub accepted_p99_ms: f64,
+    pub refused_p50_ms: f64,
+    pub refused_p99_ms: f64,
+}
+
+/// Single requests started on a fixed schedule at `offered_per_sec`, whatever
+/// the answers (open loop: a closed loop would slow down with the service and
+/// never overload it); each is timed from its scheduled start.
+pub async fn overload(
+    base: &str,
+    store: &str,
+    capacity_per_sec: f64,
+    offered_per_sec: f64,
+    duration: Duration,
+    progress: &ProgressBar,
+) -> anyhow::Result<Overload> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let url = format!("{base}/v1/tasks");
+    let bodies: Arc<Vec<bytes::Bytes>> = Arc::new(
+        (0..256u64)
+            .map(|n| bytes::Bytes::from(task_body(n)))
+            .collect(),
+    );
+    let start = Instant::now();
+    let tick = ticker(progress, duration);
+    let mut requests = tokio::task::JoinSet::new();
+    let mut started: u64 = 0;
+    while start.elapsed() < duration {
+        let due = (start.elapsed().as_secs_f64() * offered_per_sec) as u64;
+        while started < due {
+            let (client, url) = (client.clone(), url.clone());
+            let body = bodies[started as usize % bodies.len()].clone();
+            let scheduled = start + Duration::from_secs_f64(started as f64 / offered_per_sec);
+            requests.spawn(async move {
+                let response = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let status = response.map_or(0, |r| r.status().as_u16());
+                (status, scheduled.elapsed())
+            });
+            started += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let offered_for = start.elapsed();
+    let (mut accepted, mut refused) = (latency_histogram(), latency_histogram());
+    let mut failed = 0;
+    while let Some(joined) = requests.join_next().await {
+        let (status, took) = joined.context("overload request")?;
+        let micros = took.as_micros() as u64;
+        match status {
+            202 => {
+                let _ = accepted.record(micros);
+            }
+            429 | 503 => {
+                let _ = refused.record(micros);
+            }
+            _ => failed += 1,
+        }
+    }
+    tick.abort();
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(Overload {
+        store: store.to_owned(),
+        capacity_per_sec,
+        offered_per_sec: started as f64 / offered_for.as_secs_f64(),
+        seconds: offered_for.as_secs_f64(),
+        accepted_per_sec: accepted.len() as f64 / offered_for.as_secs_f64(),
+        refused: refused.len(),
+        failed,
+        accepted_p50_ms: ms(&accepted, 0.5),
+        accepted_p99_ms: ms(&accepted, 0.99),
+        refused_p50_ms: ms(&refused, 0.5),
+        refused_p99_ms: ms(&refused, 0.99),
+    })
+}

@@ -43,7 +43,7 @@ struct Args {
     /// Publishing channels, for both the raw ceiling and the service.
     #[arg(long, default_value_t = 4)]
     channels: usize,
-    /// Only these phases (ingest, precision, drain); all by default.
+    /// Only these phases (ingest, precision, drain, overload); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
@@ -65,6 +65,7 @@ struct Results {
     stores: Vec<StoreSummary>,
     precision: Vec<Precision>,
     drain: Vec<Drain>,
+    overload: Vec<load::Overload>,
 }
 
 #[derive(Debug, Serialize)]
@@ -130,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         stores: Vec::new(),
         precision: Vec::new(),
         drain: Vec::new(),
+        overload: Vec::new(),
     };
 
     if run("ingest") {
@@ -302,6 +304,38 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    if run("overload") {
+        // The default configuration; its capacity measured first, then twice
+        // that offered, open loop.
+        let sut = ServiceUnderTest::spawn(
+            &args.amqp_uri,
+            32,
+            100,
+            QueueType::Quorum,
+            args.channels,
+            &Store::Sqlite,
+            true,
+            false,
+        )
+        .await?;
+        let progress = bar("overload: capacity");
+        let capacity = load::http(&sut.base, None, "sqlite", 64, 1, seconds, &progress).await?;
+        progress.set_message("overload: 2x capacity, open loop");
+        let overload = load::overload(
+            &sut.base,
+            "sqlite",
+            capacity.tasks_per_sec,
+            capacity.tasks_per_sec * 2.0,
+            seconds,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        results.ingest.push(capacity);
+        results.overload.push(overload);
+        sut.stop().await?;
+    }
+
     print_report(&results);
     let json = args.out.join("results.json");
     std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
@@ -433,6 +467,23 @@ fn print_report(results: &Results) {
             );
         }
         println!("(ratios to the raw AMQP ceiling; targets: single 0.5, batch 0.8)");
+    }
+    for o in &results.overload {
+        println!(
+            "\noverload ({}): capacity {:.0}/s, offered {:.0}/s for {:.1} s: accepted {:.0}/s \
+             (p50 {:.1} ms, p99 {:.1} ms), refused {} (p50 {:.1} ms, p99 {:.1} ms), failed {}",
+            o.store,
+            o.capacity_per_sec,
+            o.offered_per_sec,
+            o.seconds,
+            o.accepted_per_sec,
+            o.accepted_p50_ms,
+            o.accepted_p99_ms,
+            o.refused,
+            o.refused_p50_ms,
+            o.refused_p99_ms,
+            o.failed
+        );
     }
     if !results.precision.is_empty() {
         println!(

@@ -1,0 +1,188 @@
+//! The accept loop, ours rather than `axum::serve`'s, because a service on a
+//! network must bound what each client may hold, and axum's loop configures
+//! none of it:
+//! - **headers**: a connection that has not sent a whole request head within
+//!   `http.header_read_timeout_ms` (an idle keep-alive one included) is
+//!   closed; no request was read, so there is nothing to answer;
+//! - **connections**: above `http.max_connections`, a new connection is
+//!   answered `503 too_many_connections` at once and closed, instead of
+//!   waiting in the kernel's backlog for a slot nobody promised;
+//! - **TLS**: the handshake has the same deadline as the headers.
+//!
+//! The body deadline and the request deadline are the router's (see
+//! [`super::limits`]), where the answer can be JSON.
+//!
+//! HTTP/1.1 only: every client speaks it, and HTTP/2's own limits (streams
+//! per connection, flow control) would need bounds of their own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::metrics::Metrics;
+
+/// What one client may hold of the listener.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+    /// Once shutdown begins, the longest wait for requests in progress.
+    pub drain: Duration,
+}
+
+/// The answer above the connection cap: the JSON error shape every other
+/// refusal has, written before the request is read (it is never read).
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 110\r\n\
+\r\n\
+{\"error\":{\"code\":\"too_many_connections\",\"message\":\"the service has http.max_connections open; retry shortly\"}}";
+
+/// How long a refused connection may take to receive its 503.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+
+/// Serves `app` on `listener` until `stop`, then waits up to `limits.drain`
+/// for the requests in progress. `tls`, when given, is asked for its current
+/// configuration at every connection, so a reloaded certificate applies to
+/// the next one.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let service = TowerToHyperService::new(app);
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, say: pause rather than spin.
+                warn!(%error, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            metrics.connections_refused.inc();
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let connection = Connection {
+            service: service.clone(),
+            limits,
+            stop: stop.clone(),
+            _slot: slot,
+        };
+        match &tls {
+            None => {
+                tokio::spawn(connection.serve(stream));
+            }
+            Some(config) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(config.get_inner());
+                tokio::spawn(async move {
+                    let handshake = acceptor.accept(stream);
+                    match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(error)) => debug!(%error, "TLS handshake failed"),
+                        Err(_) => debug!("TLS handshake timed out"),
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    // Every slot back means every connection has finished.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.drain, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        warn!(
+            "requests still in progress after {:?}; stopping anyway",
+            limits.drain
+        );
+    }
+}
+
+struct Connection {
+    service: TowerToHyperService<Router>,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+    /// Held while the connection lives.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    async fn serve<I>(self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_read_timeout);
+        let connection = builder.serve_connection(TokioIo::new(io), self.service);
+        tokio::pin!(connection);
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    debug!(%error, "connection ended");
+                }
+                return;
+            }
+            () = self.stop.cancelled() => {}
+        }
+        // Shutting down: finish the request in progress, take no other.
+        connection.as_mut().graceful_shutdown();
+        if let Err(error) = connection.await {
+            debug!(%error, "connection ended while shutting down");
+        }
+    }
+}
+
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+        stream.write_all(TOO_MANY_CONNECTIONS).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_a_whole_response_with_the_json_error_shape() {
+        let text = std::str::from_utf8(TOO_MANY_CONNECTIONS).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(body.len(), length);
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "too_many_connections");
+    }
+}
