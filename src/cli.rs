@@ -65,6 +65,8 @@ pub enum Command {
         #[arg(long, default_value = "/readyz")]
         path: String,
     },
+    /// Print the API's OpenAPI 3.1 description (as served at /openapi.json).
+    Openapi,
     /// API clients' tokens.
     Token {
         #[command(subcommand)]
@@ -226,6 +228,12 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
             service::run(settings, cascade, listener, shutdown_signal()).await?;
+        }
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&crate::http::openapi::document())?
+            );
         }
         Command::Token {
             action:

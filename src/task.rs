@@ -34,25 +34,54 @@ pub fn is_dead_letter_header(name: &str) -> bool {
 const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 
 /// The JSON body of `POST /v1/tasks`, as received.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TaskRequest<'a> {
+#[schema(
+    as = TaskRequest,
+    example = json!({"destination": "billing.invoice", "delay": "90s",
+                     "payload": {"invoice": 42}, "headers": {"tenant": "acme"}})
+)]
+pub(crate) struct TaskRequest<'a> {
+    /// Words of `[A-Za-z0-9_-]` joined by `.`: the routing key at the business
+    /// exchange. With L levels at most 255 - 2L bytes.
+    #[schema(example = "billing.invoice", min_length = 1, max_length = 253)]
     destination: String,
-    /// A number rather than an integer type, so that one beyond 64 bits is
-    /// reported as a delay out of range, not as a type error.
+    // A number rather than an integer type, so that one beyond 64 bits is
+    // reported as a delay out of range, not as a type error.
+    /// One of `delay_ms`, `delay`, `deliver_at`: milliseconds from now,
+    /// rounded up to the unit.
+    #[schema(value_type = Option<u64>, minimum = 0, example = 90000)]
     delay_ms: Option<serde_json::Number>,
+    /// A human duration: `"90s"`, `"1h30m"`, `"2s 500ms"`.
+    #[schema(example = "90s")]
     delay: Option<String>,
+    /// An RFC 3339 time; one in the past means now.
+    #[schema(format = DateTime, example = "2026-11-22T14:05:00Z")]
     deliver_at: Option<String>,
-    /// Any JSON, `null` included (hence not a plain `Option`, which would
-    /// take `null` for absent).
+    // Not a plain `Option`, which would take `null` for absent.
+    /// Any JSON, `null` included, delivered as its exact JSON bytes
+    /// (`application/json`); without it or `payload_base64` the body is empty.
     #[serde(borrow, default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
     payload: Option<&'a RawValue>,
+    /// Raw bytes instead of `payload`.
+    #[schema(format = Byte)]
     payload_base64: Option<String>,
+    /// A media type overriding the default, at most 255 bytes.
+    #[schema(example = "text/plain; charset=utf-8", max_length = 255)]
     content_type: Option<String>,
-    /// Kept raw, so that an integer too large for 64 bits is refused rather
-    /// than turned into a float.
+    // Kept raw, so that an integer too large for 64 bits is refused rather
+    // than turned into a float.
+    /// String, number or boolean values. Reserved: `x-delay-ms`,
+    /// `x-deliver-at-ms`, `x-delayline-revision`, `x-death*`,
+    /// `x-first-death*`, `x-last-death*`, `CC`, `BCC`. With the other
+    /// properties they must fit one AMQP frame (`headers_too_large`).
     #[serde(borrow)]
+    #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
     headers: Option<BTreeMap<String, &'a RawValue>>,
+    /// Becomes the message id (1 to 255 bytes); a UUID otherwise. Choosing
+    /// it makes the request idempotent.
+    #[schema(min_length = 1, max_length = 255)]
     id: Option<String>,
 }
 
@@ -64,17 +93,19 @@ fn present<'de, D: serde::Deserializer<'de>>(
 
 /// The JSON body of `POST /v1/tasks/batch`: each task is parsed on its own so
 /// that one invalid task does not reject the others.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest<'a> {
+    /// At most `http.batch_limit` tasks, each as for `POST /v1/tasks`.
     #[serde(borrow)]
+    #[schema(value_type = Vec<TaskRequest>)]
     pub tasks: Vec<&'a RawValue>,
 }
 
 /// A caller-supplied header value; AMQP tables carry each as its own type.
 /// Stored in the ledger as plain JSON, which the untagged form reads back
 /// into the same variants (an integer stays an integer).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum FieldValue {
     Str(String),
@@ -114,7 +145,7 @@ pub struct Task {
 /// - `cancelled`: withdrawn; it is never delivered;
 /// - `failed`: the broker can never take it (quarantined, with the reason in
 ///   `last_error`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Pending,
@@ -157,7 +188,7 @@ impl TaskState {
 }
 
 /// What a 202 answers for an accepted task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskAccepted {
     pub id: String,
     pub destination: String,
@@ -520,11 +551,14 @@ impl TaskRequest<'_> {
 }
 
 /// The JSON body of `PATCH /v1/tasks/{id}`: a new due time, nothing else.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RescheduleRequest {
+pub(crate) struct RescheduleRequest {
+    /// Exactly one of the three, as on `POST /v1/tasks`, counted from now.
+    #[schema(value_type = Option<u64>, minimum = 0)]
     delay_ms: Option<serde_json::Number>,
     delay: Option<String>,
+    #[schema(format = DateTime)]
     deliver_at: Option<String>,
 }
 

@@ -20,13 +20,13 @@ use crate::task::TaskError;
 /// Seconds a client should wait before retrying after a broker problem.
 const RETRY_AFTER_SECONDS: &str = "1";
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: String,
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorEnvelope {
     pub error: ErrorBody,
 }

@@ -10,23 +10,33 @@ use super::AppState;
 use super::error::ApiError;
 use crate::scheduler::Readiness;
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct Status {
     status: &'static str,
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "the process serves HTTP", body = Status)))]
 pub async fn healthz() -> impl IntoResponse {
     Json(Status { status: "ok" })
 }
 
 /// 200 with what the service runs on when a task posted now would be
 /// accepted; 503 with why not otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "a task posted now would be accepted", body = Readiness)))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     Ok(Json(state.scheduler.readiness().await?))
 }
 
+/// The API's OpenAPI 3.1 description (open, like the probes: it holds no secret).
+pub async fn openapi_json() -> Json<serde_json::Value> {
+    Json(super::openapi::document())
+}
+
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new()
+        .route("/openapi.json", axum::routing::get(openapi_json))
         .route("/healthz", axum::routing::get(healthz))
         .route("/readyz", axum::routing::get(readyz))
 }

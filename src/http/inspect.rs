@@ -18,7 +18,7 @@ use crate::scheduler::InspectError;
 use crate::task::{TaskState, format_epoch_ms, parse_epoch_ms};
 
 /// A task as the ledger knows it.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TaskView {
     pub id: String,
     pub state: TaskState,
@@ -86,6 +86,8 @@ impl From<StoredTask> for TaskView {
     }
 }
 
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, description = "the task as the ledger knows it", body = TaskView)))]
 pub async fn get_task(
     State(state): State<AppState>,
     caller: Caller,
@@ -117,7 +119,7 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct TaskPage {
     pub tasks: Vec<TaskView>,
     /// Pass as `cursor` for the next page; absent on the last page.
@@ -167,6 +169,15 @@ impl ListQuery {
 }
 
 /// Tasks in due order, a page at a time.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+    params(
+        ("destination" = Option<String>, Query, description = "only this destination"),
+        ("state" = Option<crate::task::TaskState>, Query, description = "only this state"),
+        ("due_before" = Option<String>, Query, format = DateTime, description = "only tasks due before this RFC 3339 time"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "page size, default 100"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+    ),
+    responses((status = 200, description = "a page of tasks in due order", body = TaskPage)))]
 pub async fn list_tasks(
     State(state): State<AppState>,
     caller: Caller,

@@ -72,6 +72,8 @@ fn cancel_answer(id: &str, outcome: Cancel) -> Result<TaskView, ApiError> {
 }
 
 /// Cancels a task that is not yet due; repeating it answers the same.
+#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+    responses((status = 200, description = "cancelled (again): it is never delivered", body = crate::http::inspect::TaskView)))]
 pub async fn cancel_task(
     State(state): State<AppState>,
     caller: Caller,
@@ -86,14 +88,14 @@ pub async fn cancel_task(
     cancel_answer(&id, outcome.unwrap_or(Cancel::NotFound)).map(Json)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CancelRequest {
     ids: Vec<String>,
 }
 
 /// One id's outcome in a batch cancel: `task` when cancelled, `error` otherwise.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CancelItem {
     pub id: String,
     pub status: u16,
@@ -103,12 +105,15 @@ pub struct CancelItem {
     pub error: Option<ErrorBody>,
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CancelResponse {
     pub results: Vec<CancelItem>,
 }
 
 /// Cancels many tasks in one ledger transaction, each on its own merits.
+#[utoipa::path(post, path = "/v1/tasks/cancel", tag = "tasks",
+    request_body = CancelRequest,
+    responses((status = 200, description = "one result per id, in order", body = CancelResponse)))]
 pub async fn cancel_batch(
     State(state): State<AppState>,
     caller: Caller,
@@ -168,6 +173,9 @@ pub async fn cancel_batch(
 }
 
 /// Moves a task that is not yet due to a new due time (a new revision).
+#[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+    request_body = crate::task::RescheduleRequest,
+    responses((status = 200, description = "moved: a new revision and due time", body = crate::http::inspect::TaskView)))]
 pub async fn reschedule_task(
     State(state): State<AppState>,
     caller: Caller,

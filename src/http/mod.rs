@@ -15,6 +15,7 @@ mod health;
 mod inspect;
 mod lifecycle;
 pub mod limits;
+pub mod openapi;
 mod scrape;
 pub mod serve;
 mod tasks;

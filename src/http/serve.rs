@@ -22,7 +22,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -49,7 +49,7 @@ content-length: 110\r\n\
 \r\n\
 {\"error\":{\"code\":\"too_many_connections\",\"message\":\"the service has http.max_connections open; retry shortly\"}}";
 
-/// How long a refused connection may take to receive its 503.
+/// How long a refused connection may take to receive its 503 and close.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
 /// Serves `app` on `listener` until `stop`, then waits up to `limits.drain`
@@ -159,10 +159,16 @@ impl Connection {
     }
 }
 
+/// Answers 503 and closes gracefully: what the client sent meanwhile is read
+/// and dropped first, since closing a socket with unread data resets the
+/// connection, and a reset can destroy the answer before the client reads it.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(REFUSAL_WRITE, async {
         stream.write_all(TOO_MANY_CONNECTIONS).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
     })
     .await;
 }

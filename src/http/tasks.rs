@@ -130,6 +130,14 @@ async fn submit(
         })
 }
 
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    request_body = crate::task::TaskRequest,
+    params(("Idempotency-Key" = Option<String>, Header,
+            description = "1 to 255 visible ASCII bytes: a repeat of the request is answered, not scheduled again")),
+    responses(
+        (status = 202, description = "accepted (`Idempotent-Replayed: true` on a recognised repeat)", body = crate::task::TaskAccepted,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a recognised repeat"))),
+    ))]
 pub async fn create_task(
     State(state): State<AppState>,
     caller: Caller,
@@ -164,7 +172,7 @@ pub async fn create_task(
 }
 
 /// One task's outcome in a batch: `task` when accepted, `error` otherwise.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct BatchItem {
     pub status: u16,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -176,7 +184,7 @@ pub struct BatchItem {
     pub error: Option<ErrorBody>,
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct BatchResponse {
     pub results: Vec<BatchItem>,
 }
@@ -196,6 +204,9 @@ impl BatchItem {
 /// share commits and their confirms are pipelined, so a batch costs about
 /// one round trip of each, not one per task. A task's client `id` is its
 /// idempotency key.
+#[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks",
+    request_body = crate::task::BatchRequest,
+    responses((status = 200, description = "one result per task, in order", body = BatchResponse)))]
 pub async fn create_batch(
     State(state): State<AppState>,
     caller: Caller,

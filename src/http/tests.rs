@@ -757,9 +757,16 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
         "src/http/extract.rs",
         "src/http/fallback.rs",
         "src/http/error.rs",
+        "src/http/limits.rs",
     ] {
         let text = read(file);
         codes.extend(literal_after(&text, "StatusCode::"));
+    }
+    // The connection cap's answer is written as raw bytes.
+    let serve = read("src/http/serve.rs");
+    for (at, _) in serve.match_indices("\\\"code\\\":\\\"") {
+        let code = serve[at + 11..].split('\\').next().unwrap();
+        codes.insert(code.to_owned());
     }
     codes.extend(arms(&read("src/http/error.rs")));
     codes.extend(arms(&read("src/http/lifecycle.rs")));
@@ -767,6 +774,9 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
     let code_fn = task.split("pub fn code(&self)").nth(1).unwrap();
     codes.extend(arms(code_fn.split("\n    }\n").next().unwrap()));
     codes.insert("internal".to_owned());
+    // Its status is the body extractor's (400 or 413), not a literal.
+    assert!(read("src/http/extract.rs").contains("\"unreadable_body\""));
+    codes.insert("unreadable_body".to_owned());
     codes
 }
 
@@ -1250,4 +1260,53 @@ mod access {
             assert!(scrape.contains(line), "{line} in\n{scrape}");
         }
     }
+}
+
+/// The README's reference and the OpenAPI description name the same
+/// endpoints and the same error codes with the same statuses, and those are
+/// the codes the source answers.
+#[test]
+fn the_readme_and_the_openapi_description_agree_on_endpoints_and_error_codes() {
+    use std::collections::BTreeSet;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let reference = readme.split("## API reference").nth(1).unwrap();
+    let reference = reference.split("\n## ").next().unwrap();
+    let mut in_readme = BTreeSet::new();
+    for heading in reference.lines().filter(|l| l.starts_with("### `")) {
+        for endpoint in heading.split('`').skip(1).step_by(2) {
+            if let Some((method, path)) = endpoint.split_once(' ') {
+                in_readme.insert((method.to_lowercase(), path.to_owned()));
+            }
+        }
+    }
+    let document = super::openapi::document();
+    let mut in_description = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            in_description.insert((method.clone(), path.clone()));
+        }
+    }
+    // The description describes itself too.
+    in_readme.remove(&("get".to_owned(), "/openapi.json".to_owned()));
+    assert_eq!(in_readme, in_description);
+
+    let table = readme.split("### Error codes").nth(1).unwrap();
+    let table = table.split("\n## ").next().unwrap();
+    let readme_codes: BTreeSet<(u16, String)> = table
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let status = cells.get(1)?.parse().ok()?;
+            Some((status, cells.get(2)?.trim_matches('`').to_owned()))
+        })
+        .collect();
+    let described: BTreeSet<(u16, String)> = super::openapi::ERROR_CODES
+        .iter()
+        .map(|(status, code)| (*status, (*code).to_owned()))
+        .collect();
+    assert_eq!(readme_codes, described);
+    let answered: BTreeSet<String> = codes_in_source().into_iter().collect();
+    let described: BTreeSet<String> = described.into_iter().map(|(_, code)| code).collect();
+    assert_eq!(answered, described);
 }

@@ -12,7 +12,7 @@ use crate::auth::{Caller, Permission};
 use crate::cascade::{Cascade, validate_destination};
 use crate::task::TaskError;
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LevelView {
     pub level: u32,
     pub exchange: String,
@@ -22,7 +22,7 @@ pub struct LevelView {
 }
 
 /// What a consumer or operator needs to know about the cascade.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct TopologyView {
     pub business_exchange: String,
     pub unroutable_exchange: String,
@@ -72,6 +72,9 @@ pub struct TopologyQuery {
 }
 
 /// With `?destination=`, `binding_key` is the exact key for that destination.
+#[utoipa::path(get, path = "/v1/topology", tag = "operations",
+    params(("destination" = Option<String>, Query, description = "gives the exact binding key for it")),
+    responses((status = 200, description = "the cascade's objects", body = TopologyView)))]
 pub async fn topology(
     State(state): State<AppState>,
     caller: Caller,

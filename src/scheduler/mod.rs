@@ -106,7 +106,7 @@ pub enum ChangeError {
 }
 
 /// What `/readyz` answers when ready.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Readiness {
     pub status: String,
     /// `connected` (tasks are published as they come), `blocked` or

@@ -1,0 +1,214 @@
+//! The API's OpenAPI 3.1 description, generated from the handlers' and the
+//! types' own annotations (utoipa), so that it moves with the code: a field
+//! added to a request type is in the description by the next build. What
+//! utoipa cannot see (the error responses every route shares, which codes
+//! each status carries, the token scheme) is added here, from
+//! [`ERROR_CODES`], which a test keeps equal to the codes the source answers
+//! and to the README's table.
+
+use serde_json::{Value, json};
+use utoipa::OpenApi;
+
+use super::error::{ErrorBody, ErrorEnvelope};
+
+/// Every error code the API answers, with its status.
+pub const ERROR_CODES: &[(u16, &str)] = &[
+    (400, "malformed_json"),
+    (400, "invalid_idempotency_key"),
+    (400, "unreadable_body"),
+    (400, "invalid_query"),
+    (401, "unauthenticated"),
+    (401, "invalid_token"),
+    (403, "forbidden"),
+    (403, "forbidden_destination"),
+    (404, "task_not_found"),
+    (404, "not_found"),
+    (405, "method_not_allowed"),
+    (408, "body_timeout"),
+    (409, "idempotency_conflict"),
+    (409, "too_late"),
+    (409, "task_cancelled"),
+    (409, "task_failed"),
+    (409, "payload_not_kept"),
+    (413, "payload_too_large"),
+    (415, "unsupported_media_type"),
+    (422, "invalid_request"),
+    (422, "invalid_destination"),
+    (422, "invalid_delay"),
+    (422, "delay_out_of_range"),
+    (422, "invalid_payload"),
+    (422, "invalid_header"),
+    (422, "headers_too_large"),
+    (422, "invalid_id"),
+    (422, "batch_too_large"),
+    (429, "rate_limited"),
+    (429, "quota_exceeded"),
+    (500, "internal"),
+    (501, "ledger_disabled"),
+    (501, "release_stage_disabled"),
+    (503, "overloaded"),
+    (503, "deadline_exceeded"),
+    (503, "too_many_connections"),
+    (503, "ledger_full"),
+    (503, "ledger_unavailable"),
+    (503, "broker_unavailable"),
+    (503, "broker_blocked"),
+    (503, "broker_timeout"),
+    (503, "broker_rejected"),
+    (503, "broker_unroutable"),
+    (503, "not_ready"),
+    (503, "broker_misconfigured"),
+];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "delayline",
+        description = "Delayed delivery for RabbitMQ: a task posted here reaches the business \
+                       exchange at its time, never early. Every error is \
+                       `{\"error\": {\"code\", \"message\"}}`; the codes each status carries are \
+                       listed with it. Limits (README, \"Limits\"): request head within \
+                       `http.header_read_timeout_ms` (20 s), body within \
+                       `http.body_read_timeout_ms` (10 s) and `http.body_limit_bytes` (1 MiB), \
+                       answer within `http.request_timeout_ms` (30 s), `http.max_connections` \
+                       (1024), `http.max_tasks_in_flight` (4096), `http.batch_limit` (1000). \
+                       An unknown route answers 404 `not_found`, another method on a known \
+                       route 405 `method_not_allowed`."
+    ),
+    paths(
+        super::tasks::create_task,
+        super::tasks::create_batch,
+        super::inspect::list_tasks,
+        super::inspect::get_task,
+        super::lifecycle::cancel_task,
+        super::lifecycle::cancel_batch,
+        super::lifecycle::reschedule_task,
+        super::topology::topology,
+        super::health::healthz,
+        super::health::readyz,
+        super::scrape::metrics,
+    ),
+    components(schemas(ErrorEnvelope, ErrorBody)),
+    tags(
+        (name = "tasks", description = "Scheduling, inspecting, cancelling and moving tasks"),
+        (name = "operations", description = "Probes, topology and metrics"),
+    )
+)]
+struct ApiDoc;
+
+/// The description as served at `GET /openapi.json`.
+pub fn document() -> Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    let codes: Vec<&str> = ERROR_CODES.iter().map(|(_, code)| *code).collect();
+    document["components"]["schemas"]["ErrorBody"]["properties"]["code"]["enum"] = json!(codes);
+    document["components"]["securitySchemes"] = json!({
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A client's token (`delayline token create`); not needed while the \
+                            API is open (no clients configured, loopback only)."
+        }
+    });
+    if let Some(paths) = document["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let Some(operations) = item.as_object_mut() else {
+                continue;
+            };
+            for (method, operation) in operations.iter_mut() {
+                add_error_responses(path, method, operation);
+            }
+        }
+    }
+    document
+}
+
+/// The statuses a route can answer besides its own success, by what it does.
+fn error_statuses(path: &str, method: &str) -> Vec<u16> {
+    if path == "/healthz" {
+        return vec![500];
+    }
+    if path == "/readyz" {
+        return vec![500, 503];
+    }
+    let mut statuses = vec![401, 403, 500, 503];
+    if method == "post" || method == "patch" {
+        statuses.extend([400, 408, 413, 415, 422]);
+    }
+    if path.starts_with("/v1/tasks") {
+        statuses.push(501);
+    }
+    if path == "/v1/tasks" && method == "get" {
+        statuses.push(400);
+    }
+    if path.contains("{id}") {
+        statuses.push(404);
+    }
+    if (path == "/v1/tasks" && method == "post") || path == "/v1/tasks/batch" {
+        statuses.extend([409, 429]);
+    }
+    if path == "/v1/tasks/{id}" && method != "get" {
+        statuses.push(409);
+    }
+    statuses.sort_unstable();
+    statuses.dedup();
+    statuses
+}
+
+fn add_error_responses(path: &str, method: &str, operation: &mut Value) {
+    for status in error_statuses(path, method) {
+        let codes: Vec<String> = ERROR_CODES
+            .iter()
+            .filter(|(s, _)| *s == status)
+            .map(|(_, code)| format!("`{code}`"))
+            .collect();
+        let mut response = json!({
+            "description": codes.join(", "),
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}
+        });
+        if status == 503 || status == 429 {
+            response["headers"] = json!({"Retry-After": {
+                "description": "seconds to wait before retrying",
+                "schema": {"type": "integer"}
+            }});
+        }
+        if status == 401 {
+            response["headers"] = json!({"WWW-Authenticate": {"schema": {"type": "string"}}});
+        }
+        operation["responses"][status.to_string()] = response;
+    }
+    if path != "/healthz" && path != "/readyz" {
+        operation["security"] = json!([{"bearer": []}, {}]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_description_is_openapi_3_1_with_every_route_and_error_code() {
+        let document = document();
+        assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
+        let paths = document["paths"].as_object().unwrap();
+        for path in [
+            "/v1/tasks",
+            "/v1/tasks/batch",
+            "/v1/tasks/{id}",
+            "/v1/tasks/cancel",
+            "/v1/topology",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+        ] {
+            assert!(paths.contains_key(path), "{path}");
+        }
+        let text = document.to_string();
+        for (_, code) in ERROR_CODES {
+            assert!(text.contains(&format!("`{code}`")), "{code} in no response");
+        }
+        let request = &document["components"]["schemas"]["TaskRequest"];
+        for field in ["destination", "delay_ms", "delay", "deliver_at", "payload", "headers", "id"] {
+            assert!(request["properties"].get(field).is_some(), "{field}");
+        }
+    }
+}
