@@ -79,6 +79,18 @@ stop_stray_test_nodes() {
 }
 
 # The README's quick start is a Python consumer (pika); a test runs it as written.
+# The contract test runs schemathesis against the running service; the
+# version is pinned so that a new release cannot change what CI checks.
+SCHEMATHESIS_VERSION=4.32.5
+ensure_schemathesis() {
+  if schemathesis --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+    return 0
+  fi
+  echo "ci: installing schemathesis $SCHEMATHESIS_VERSION"
+  python3 -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION" >/dev/null 2>&1
+  schemathesis --version
+}
+
 ensure_pika() {
   if python3 -c 'import pika' >/dev/null 2>&1; then
     return 0

@@ -18,7 +18,11 @@
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in,
 //!   inspection, topology, health, the metrics scrape; the gate in front of
 //!   all but the probes (401/403/429); the JSON extractor and the error
-//!   shape. It knows the scheduler's methods, nothing below them.
+//!   shape; the OpenAPI description, generated from the handlers' and types'
+//!   annotations; its own accept loop and the bounds on what one client may
+//!   hold (header and body timeouts, a request deadline, a connection cap, an
+//!   intake bound that sheds overload with 503). It knows the scheduler's
+//!   methods, nothing below them.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);
@@ -48,12 +52,17 @@
 //! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings (validated once;
 //!   secrets never print), logs, the command line, and the health check that
 //!   containers run. `main.rs` only calls [`cli::main`].
+//!
+//! Tests of the untrusted-input parsers with arbitrary input (property-based
+//! fuzzing) are in `fuzz.rs`, compiled for tests only.
 
 pub mod auth;
 pub mod broker;
 pub mod cascade;
 pub mod cli;
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 pub mod http;
 pub mod ledger;
 pub mod metrics;

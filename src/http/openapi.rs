@@ -140,6 +140,10 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
     if path == "/v1/tasks" && method == "get" {
         statuses.push(400);
     }
+    if path == "/v1/topology" {
+        // `?destination=` that is not one.
+        statuses.push(422);
+    }
     if path.contains("{id}") {
         statuses.push(404);
     }
@@ -207,7 +211,15 @@ mod tests {
             assert!(text.contains(&format!("`{code}`")), "{code} in no response");
         }
         let request = &document["components"]["schemas"]["TaskRequest"];
-        for field in ["destination", "delay_ms", "delay", "deliver_at", "payload", "headers", "id"] {
+        for field in [
+            "destination",
+            "delay_ms",
+            "delay",
+            "deliver_at",
+            "payload",
+            "headers",
+            "id",
+        ] {
             assert!(request["properties"].get(field).is_some(), "{field}");
         }
     }

@@ -49,8 +49,11 @@ content-length: 110\r\n\
 \r\n\
 {\"error\":{\"code\":\"too_many_connections\",\"message\":\"the service has http.max_connections open; retry shortly\"}}";
 
-/// How long a refused connection may take to receive its 503 and close.
-const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+/// How long a refused connection may take to send its request head, receive
+/// its 503 and close.
+const REFUSAL: Duration = Duration::from_secs(2);
+/// The most of a refused connection's request head that is read.
+const MAX_REFUSED_HEAD: usize = 64 * 1024;
 
 /// Serves `app` on `listener` until `stop`, then waits up to `limits.drain`
 /// for the requests in progress. `tls`, when given, is asked for its current
@@ -159,15 +162,27 @@ impl Connection {
     }
 }
 
-/// Answers 503 and closes gracefully: what the client sent meanwhile is read
-/// and dropped first, since closing a socket with unread data resets the
-/// connection, and a reset can destroy the answer before the client reads it.
+/// Answers 503 to the connection's first request, then closes gracefully.
+/// The answer waits for the request head: an HTTP client takes bytes that
+/// come before its request for a broken connection, not for an answer. What
+/// the client sends meanwhile is read and dropped before the close, since
+/// closing a socket with unread data resets the connection, and a reset can
+/// destroy the answer before the client reads it. The whole exchange is
+/// bounded in time, so refused connections cannot pile up.
 async fn refuse(mut stream: TcpStream) {
-    let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+    let _ = tokio::time::timeout(REFUSAL, async {
+        let mut head = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REFUSED_HEAD {
+            let read = stream.read(&mut buffer).await?;
+            if read == 0 {
+                return Ok(());
+            }
+            head.extend_from_slice(&buffer[..read]);
+        }
         stream.write_all(TOO_MANY_CONNECTIONS).await?;
         stream.shutdown().await?;
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
+        while stream.read(&mut buffer).await? > 0 {}
         Ok::<(), std::io::Error>(())
     })
     .await;

@@ -104,6 +104,10 @@ async fn above_the_connection_cap_a_new_connection_is_answered_503_at_once() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
     let mut refused = TcpStream::connect(address(&app)).await.unwrap();
+    refused
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
     let answer = read_answer(&mut refused).await;
     assert!(started.elapsed() < Duration::from_secs(2));
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");

@@ -10,6 +10,7 @@ mod common;
 mod api;
 mod chaos;
 mod cluster;
+mod contract;
 mod delivery;
 mod deploy;
 mod faults;

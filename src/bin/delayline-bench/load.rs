@@ -326,6 +326,8 @@ pub struct Overload {
     pub refused: u64,
     /// Anything else: other statuses, connection errors.
     pub failed: u64,
+    /// What the failures were: `status NNN`, or the client's error kind.
+    pub failures: std::collections::BTreeMap<String, u64>,
     pub accepted_p50_ms: f64,
     pub accepted_p99_ms: f64,
     pub refused_p50_ms: f64,
@@ -371,7 +373,17 @@ pub async fn overload(
                     .body(body)
                     .send()
                     .await;
-                let status = response.map_or(0, |r| r.status().as_u16());
+                let status = match response {
+                    Ok(response) => Ok(response.status().as_u16()),
+                    Err(error) => {
+                        // The innermost cause says what happened on the wire.
+                        let mut cause: &dyn std::error::Error = &error;
+                        while let Some(source) = cause.source() {
+                            cause = source;
+                        }
+                        Err(cause.to_string())
+                    }
+                };
                 (status, scheduled.elapsed())
             });
             started += 1;
@@ -381,17 +393,25 @@ pub async fn overload(
     let offered_for = start.elapsed();
     let (mut accepted, mut refused) = (latency_histogram(), latency_histogram());
     let mut failed = 0;
+    let mut failures = std::collections::BTreeMap::new();
     while let Some(joined) = requests.join_next().await {
         let (status, took) = joined.context("overload request")?;
         let micros = took.as_micros() as u64;
         match status {
-            202 => {
+            Ok(202) => {
                 let _ = accepted.record(micros);
             }
-            429 | 503 => {
+            Ok(429 | 503) => {
                 let _ = refused.record(micros);
             }
-            _ => failed += 1,
+            other => {
+                failed += 1;
+                let kind = match other {
+                    Ok(status) => format!("status {status}"),
+                    Err(kind) => kind,
+                };
+                *failures.entry(kind).or_insert(0) += 1;
+            }
         }
     }
     tick.abort();
@@ -404,6 +424,7 @@ pub async fn overload(
         accepted_per_sec: accepted.len() as f64 / offered_for.as_secs_f64(),
         refused: refused.len(),
         failed,
+        failures,
         accepted_p50_ms: ms(&accepted, 0.5),
         accepted_p99_ms: ms(&accepted, 0.99),
         refused_p50_ms: ms(&refused, 0.5),

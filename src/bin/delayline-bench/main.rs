@@ -471,7 +471,7 @@ fn print_report(results: &Results) {
     for o in &results.overload {
         println!(
             "\noverload ({}): capacity {:.0}/s, offered {:.0}/s for {:.1} s: accepted {:.0}/s \
-             (p50 {:.1} ms, p99 {:.1} ms), refused {} (p50 {:.1} ms, p99 {:.1} ms), failed {}",
+             (p50 {:.1} ms, p99 {:.1} ms), refused {} (p50 {:.1} ms, p99 {:.1} ms), failed {} {:?}",
             o.store,
             o.capacity_per_sec,
             o.offered_per_sec,
@@ -482,7 +482,8 @@ fn print_report(results: &Results) {
             o.refused,
             o.refused_p50_ms,
             o.refused_p99_ms,
-            o.failed
+            o.failed,
+            o.failures
         );
     }
     if !results.precision.is_empty() {

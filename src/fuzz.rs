@@ -1,0 +1,241 @@
+//! Property-based fuzzing of what parses untrusted input: the task parser,
+//! the conversion of a task's JSON headers into AMQP table values, and the
+//! routing-key encoder (whose exhaustive properties live in
+//! `cascade::sim` and `cascade::reschedule`). Each target takes arbitrary
+//! bytes, arbitrary JSON, and near-valid tasks (valid fields with one part
+//! random), and checks that nothing panics, that every refusal has an API
+//! error code, and that what is accepted is what was asked.
+//!
+//! CI runs proptest's default number of cases; a longer run:
+//! `PROPTEST_CASES=100000 cargo test --lib fuzz::`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lapin::types::AMQPValue;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use crate::cascade::{Cascade, QueueType};
+use crate::scheduler::task_properties;
+use crate::task::{FieldValue, Task, TaskError};
+
+fn cascade() -> Cascade {
+    crate::cascade::for_tests(32, 100, QueueType::Quorum)
+}
+
+fn now() -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(1_767_225_600_250)
+}
+
+/// The codes a task body can be refused with (all 400 or 422).
+const PARSE_CODES: [&str; 8] = [
+    "malformed_json",
+    "invalid_request",
+    "invalid_destination",
+    "invalid_delay",
+    "delay_out_of_range",
+    "invalid_payload",
+    "invalid_header",
+    "invalid_id",
+];
+
+fn refused_with_a_code(error: &TaskError) {
+    assert!(PARSE_CODES.contains(&error.code()), "{error:?}");
+    let status = crate::http::openapi::ERROR_CODES
+        .iter()
+        .find(|(_, code)| *code == error.code())
+        .map(|(status, _)| *status);
+    assert!(matches!(status, Some(400 | 422)), "{error:?}");
+}
+
+/// Any JSON value, nested a little.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        ".{0,40}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+            prop::collection::btree_map(".{0,12}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A destination, mostly valid words, sometimes anything.
+fn destination() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => prop::collection::vec("[A-Za-z0-9_-]{1,12}", 1..6).prop_map(|w| w.join(".")),
+        1 => ".{0,300}",
+    ]
+}
+
+/// A delay field, valid or not.
+fn delay() -> impl Strategy<Value = (String, Value)> {
+    prop_oneof![
+        any::<u64>().prop_map(|ms| ("delay_ms".to_owned(), json!(ms))),
+        (0u64..10_000_000).prop_map(|ms| ("delay_ms".to_owned(), json!(ms))),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| ("delay_ms".to_owned(), json!(f))),
+        "[0-9]{1,6}(ms|s|m|h| )?[0-9]{0,3}(ms|s)?"
+            .prop_map(|text| ("delay".to_owned(), json!(text))),
+        ".{0,20}".prop_map(|text| ("delay".to_owned(), json!(text))),
+        ".{0,30}".prop_map(|text| ("deliver_at".to_owned(), json!(text))),
+        (0i64..4_000_000_000).prop_map(|s| {
+            let at = UNIX_EPOCH + Duration::from_secs(s.unsigned_abs());
+            (
+                "deliver_at".to_owned(),
+                json!(humantime::format_rfc3339_millis(at).to_string()),
+            )
+        }),
+    ]
+}
+
+/// Header values of every kind a caller may send.
+fn header_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        ".{0,60}".prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        any::<bool>().prop_map(Value::from),
+    ]
+}
+
+fn headers() -> impl Strategy<Value = BTreeMap<String, Value>> {
+    prop::collection::btree_map("[a-zA-Z][a-zA-Z0-9_.-]{0,20}", header_value(), 0..8)
+}
+
+/// A task whose every field is plausible, some of them wrong.
+fn near_valid_task() -> impl Strategy<Value = Value> {
+    (
+        destination(),
+        delay(),
+        headers(),
+        prop::option::of(any_json()),
+        prop::option::of("[ -~]{0,300}"),
+    )
+        .prop_map(|(destination, (field, delay), headers, payload, id)| {
+            let mut task = json!({"destination": destination, "headers": headers});
+            task[field] = delay;
+            if let Some(payload) = payload {
+                task["payload"] = payload;
+            }
+            if let Some(id) = id {
+                task["id"] = json!(id);
+            }
+            task
+        })
+}
+
+/// What an accepted task must be.
+fn accepted_as_asked(task: &Task, asked: &Value) {
+    assert_eq!(
+        Some(task.destination.as_str()),
+        asked["destination"].as_str()
+    );
+    assert!(task.route.routing_key.ends_with(&task.destination));
+    assert_eq!(task.route.delay_ms % 100, 0, "rounded to the unit");
+    if let Some(ms) = asked["delay_ms"].as_u64() {
+        assert!(task.route.delay_ms >= ms, "never early");
+        assert!(task.route.delay_ms < ms + 100);
+    }
+    // The properties a publish sends are built without panicking, and
+    // every header kept its JSON type as an AMQP value.
+    let properties = task_properties(task);
+    let table = properties.headers().clone().unwrap_or_default();
+    for (name, value) in &task.headers {
+        let sent = table
+            .inner()
+            .get(name.as_str())
+            .expect("each header is sent");
+        let same_kind = matches!(
+            (value, sent),
+            (FieldValue::Str(_), AMQPValue::LongString(_))
+                | (FieldValue::Int(_), AMQPValue::LongLongInt(_))
+                | (FieldValue::Float(_), AMQPValue::Double(_))
+                | (FieldValue::Bool(_), AMQPValue::Boolean(_))
+        );
+        assert!(same_kind, "{name}: {value:?} sent as {sent:?}");
+    }
+    let _ = crate::broker::content_header_frame_size(&properties);
+}
+
+proptest! {
+    #[test]
+    fn the_task_parser_takes_any_bytes(body in prop::collection::vec(any::<u8>(), 0..512)) {
+        match Task::parse(&body, &cascade(), now()) {
+            Ok(task) => accepted_as_asked(&task, &serde_json::from_slice(&body).unwrap()),
+            Err(error) => refused_with_a_code(&error),
+        }
+    }
+
+    #[test]
+    fn the_task_parser_takes_any_json(value in any_json()) {
+        let body = serde_json::to_vec(&value).unwrap();
+        match Task::parse(&body, &cascade(), now()) {
+            Ok(task) => accepted_as_asked(&task, &value),
+            Err(error) => refused_with_a_code(&error),
+        }
+    }
+
+    #[test]
+    fn the_task_parser_takes_near_valid_tasks(value in near_valid_task()) {
+        let body = serde_json::to_vec(&value).unwrap();
+        match Task::parse(&body, &cascade(), now()) {
+            Ok(task) => accepted_as_asked(&task, &value),
+            Err(error) => refused_with_a_code(&error),
+        }
+    }
+
+    /// Headers of every JSON kind become AMQP values of the same kind and
+    /// the same value; a reserved name is refused, never passed on.
+    #[test]
+    fn headers_convert_to_amqp_values_of_their_kind(headers in headers()) {
+        let value = json!({"destination": "a.b", "delay_ms": 0, "headers": headers});
+        let parsed = Task::parse(&serde_json::to_vec(&value).unwrap(), &cascade(), now());
+        let reserved = headers.keys().any(|name| {
+            let lower = name.to_ascii_lowercase();
+            lower.starts_with("x-death") || lower.starts_with("x-first-death")
+                || lower.starts_with("x-last-death") || lower == "x-delay-ms"
+                || lower == "x-deliver-at-ms" || lower == "x-delayline-revision"
+                || name == "CC" || name == "BCC"
+        });
+        match parsed {
+            Ok(task) => {
+                prop_assert!(!reserved);
+                for (name, sent) in &headers {
+                    let kept = task
+                        .headers
+                        .iter()
+                        .find(|(kept, _)| kept == name)
+                        .map(|(_, value)| value)
+                        .expect("kept");
+                    let same = match (sent, kept) {
+                        (Value::String(s), FieldValue::Str(k)) => s == k,
+                        (Value::Bool(b), FieldValue::Bool(k)) => b == k,
+                        (Value::Number(n), FieldValue::Int(k)) => n.as_i64() == Some(*k),
+                        (Value::Number(n), FieldValue::Float(k)) => n.as_f64() == Some(*k),
+                        _ => false,
+                    };
+                    prop_assert!(same, "{name}: {sent} kept as {kept:?}");
+                }
+                accepted_as_asked(&task, &value);
+            }
+            Err(error) => {
+                prop_assert!(reserved, "{error:?}");
+                prop_assert_eq!(error.code(), "invalid_header");
+            }
+        }
+    }
+}
