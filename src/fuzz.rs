@@ -1,7 +1,7 @@
 //! Property-based fuzzing of what parses untrusted input: the task parser,
 //! the conversion of a task's JSON headers into AMQP table values, and the
-//! routing-key encoder (whose exhaustive properties live in
-//! `cascade::sim` and `cascade::reschedule`). Each target takes arbitrary
+//! routing-key encoder (whose exhaustive properties, walked through the
+//! routing simulator, live in `cascade::sim`). Each target takes arbitrary
 //! bytes, arbitrary JSON, and near-valid tasks (valid fields with one part
 //! random), and checks that nothing panics, that every refusal has an API
 //! error code, and that what is accepted is what was asked.
@@ -237,5 +237,53 @@ proptest! {
                 prop_assert_eq!(error.code(), "invalid_header");
             }
         }
+    }
+
+    /// Any delay to any destination on any cascade: refused with a reason,
+    /// or a key of one binary digit per level (the delay rounded up to the
+    /// unit, never down), then the destination, entering at the level of
+    /// the highest set digit.
+    #[test]
+    fn the_routing_key_encoder_takes_any_delay_and_destination(
+        levels in 1u32..=40,
+        unit_ms in prop_oneof![Just(1u64), Just(10), Just(100), 1u64..=60_000],
+        delay_ns in prop_oneof![any::<u64>(), 0u64..100_000_000_000],
+        destination in destination(),
+    ) {
+        // A cascade the settings refuse (its top TTL too long) has no routes.
+        let settings = crate::cascade::CascadeSettings {
+            levels,
+            unit_ms,
+            queue_type: QueueType::Quorum,
+            prefix: "t".into(),
+            version: 1,
+            business_exchange: "biz".into(),
+            release_stage: None,
+        };
+        let Ok(cascade) = settings.validate() else {
+            return Ok(());
+        };
+        let delay = Duration::from_nanos(delay_ns);
+        let Ok(route) = cascade.route(delay, &destination) else {
+            return Ok(());
+        };
+        let digits: Vec<&str> = route.routing_key.splitn(levels as usize + 1, '.').collect();
+        prop_assert_eq!(digits.len(), levels as usize + 1);
+        prop_assert_eq!(digits[levels as usize], destination.as_str());
+        let units = digits[..levels as usize]
+            .iter()
+            .try_fold(0u64, |units, digit| match *digit {
+                "0" => Some(units << 1),
+                "1" => Some(units << 1 | 1),
+                _ => None,
+            });
+        prop_assert_eq!(units, Some(route.delay_units));
+        prop_assert!(u128::from(route.delay_ms) * 1_000_000 >= u128::from(delay_ns));
+        prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(unit_ms) * 1_000_000);
+        let expected = match route.delay_units.checked_ilog2() {
+            Some(level) => cascade.level_exchange(level),
+            None => cascade.due_exchange(),
+        };
+        prop_assert_eq!(route.entry_exchange, expected);
     }
 }

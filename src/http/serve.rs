@@ -4,9 +4,10 @@
 //! - **headers**: a connection that has not sent a whole request head within
 //!   `http.header_read_timeout_ms` (an idle keep-alive one included) is
 //!   closed; no request was read, so there is nothing to answer;
-//! - **connections**: above `http.max_connections`, a new connection is
-//!   answered `503 too_many_connections` at once and closed, instead of
-//!   waiting in the kernel's backlog for a slot nobody promised;
+//! - **connections**: above `http.max_connections`, a new connection's
+//!   first request is answered `503 too_many_connections` and the
+//!   connection closed, instead of waiting in the kernel's backlog for a
+//!   slot nobody promised;
 //! - **TLS**: the handshake has the same deadline as the headers.
 //!
 //! The body deadline and the request deadline are the router's (see
@@ -40,7 +41,7 @@ pub struct ConnectionLimits {
 }
 
 /// The answer above the connection cap: the JSON error shape every other
-/// refusal has, written before the request is read (it is never read).
+/// refusal has, whatever the request was (it is not parsed).
 const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 content-type: application/json\r\n\
 retry-after: 1\r\n\

@@ -125,15 +125,7 @@ async fn above_the_connection_cap_a_new_connection_is_answered_503_at_once() {
         assert!(Instant::now() < deadline, "still refused: {status}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let scrape = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = app.scrape().await;
     // At least the one above; a probe may have come before the slots did.
     let refused = sample(&scrape, "delayline_connections_refused_total");
     assert!(refused.is_some_and(|n| n >= 1.0), "{scrape}");
