@@ -61,8 +61,13 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     let _ = connection.close(200, "bound".into()).await;
 
     let schema = format!("{base}/openapi.json");
+    // Schemathesis keeps a cache in its working directory: not in the checkout.
+    let workdir = std::env::temp_dir().join(cascade.prefix());
+    std::fs::create_dir_all(&workdir).unwrap();
+    let run_in = workdir.clone();
     let run = tokio::task::spawn_blocking(move || {
         Command::new("schemathesis")
+            .current_dir(run_in)
             .args(["run", &schema, "--checks"])
             .arg(
                 "not_a_server_error,status_code_conformance,content_type_conformance,\
@@ -113,4 +118,5 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
         "tasks published into the cascade against tasks answered 202"
     );
     child.kill().await.unwrap();
+    let _ = std::fs::remove_dir_all(workdir);
 }
