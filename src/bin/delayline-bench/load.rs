@@ -11,7 +11,11 @@ use delayline::scheduler::task_properties;
 use delayline::task::Task;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation};
 use serde::Serialize;
 
@@ -129,9 +133,18 @@ type PreparedMessage = (String, String, Vec<u8>, BasicProperties);
 
 /// The broker's own limit: the same messages delayline would publish, straight
 /// into the entry exchanges, `in_flight` confirms outstanding over `channels`.
+/// Where the raw path publishes: into the cascade as delayline would, or
+/// into one plain queue (default exchange, the queue's name as routing key),
+/// the same bodies and properties, for what the cascade's entry costs.
+pub enum RawTarget<'a> {
+    Cascade,
+    PlainQueue(&'a str),
+}
+
 pub async fn raw_amqp(
     uri: &str,
     cascade: &Cascade,
+    target: RawTarget<'_>,
     channels: usize,
     in_flight: usize,
     duration: Duration,
@@ -143,15 +156,18 @@ pub async fn raw_amqp(
             .map(|n| {
                 let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
                 let properties = task_properties(&task);
-                (
-                    task.route.entry_exchange,
-                    task.route.routing_key,
-                    task.payload,
-                    properties,
-                )
+                let (exchange, key) = match target {
+                    RawTarget::Cascade => (task.route.entry_exchange, task.route.routing_key),
+                    RawTarget::PlainQueue(queue) => (String::new(), queue.to_owned()),
+                };
+                (exchange, key, task.payload, properties)
             })
             .collect(),
     );
+    let path = match target {
+        RawTarget::Cascade => format!("amqp cascade ({channels} ch)"),
+        RawTarget::PlainQueue(_) => format!("amqp plain queue ({channels} ch)"),
+    };
     let connection = connect(uri, "delayline-bench raw").await?;
     let mut opened = Vec::new();
     for _ in 0..channels {
@@ -206,14 +222,7 @@ pub async fn raw_amqp(
         .collect();
     let (results, elapsed) = join_workers(workers, start, tick).await?;
     let _ = connection.close(200, "bench done".into()).await;
-    Ok(summarise(
-        "amqp (raw ceiling)",
-        "-",
-        in_flight,
-        1,
-        elapsed,
-        results,
-    ))
+    Ok(summarise(&path, "-", in_flight, 1, elapsed, results))
 }
 
 /// `concurrency` clients, each POSTing back to back for `duration`.
@@ -430,4 +439,47 @@ pub async fn overload(
         refused_p50_ms: ms(&refused, 0.5),
         refused_p99_ms: ms(&refused, 0.99),
     })
+}
+
+/// A durable quorum queue, like a level's, for the plain-queue reference.
+pub async fn declare_plain_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
+    let connection = connect(uri, "delayline-bench reference").await?;
+    let channel = connection.create_channel().await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await?;
+    let _ = connection.close(200, "declared".into()).await;
+    Ok(())
+}
+
+pub async fn purge_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
+    let connection = connect(uri, "delayline-bench reference").await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_purge(queue.into(), QueuePurgeOptions::default())
+        .await?;
+    let _ = connection.close(200, "purged".into()).await;
+    Ok(())
+}
+
+pub async fn delete_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
+    let connection = connect(uri, "delayline-bench reference").await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await?;
+    let _ = connection.close(200, "deleted".into()).await;
+    Ok(())
 }

@@ -161,25 +161,50 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             let progress = bar("ingest");
             if results.raw_ceiling_tasks_per_sec.is_none() {
-                // The ceiling is the best the broker does at any depth of pipelining.
-                for in_flight in [64, 256, 1024] {
-                    progress.set_message(format!("ingest: raw AMQP, {in_flight} in flight"));
-                    let raw = load::raw_amqp(
+                // The ceiling is the best the broker does into the cascade's
+                // entry at any depth of pipelining, over the service's
+                // channels and four times as many; a plain quorum queue,
+                // same messages, is measured beside it, not counted in it.
+                let wider = args.channels * 4;
+                let reference = format!("{}.plain-reference", sut.cascade.prefix());
+                load::declare_plain_queue(&args.amqp_uri, &reference).await?;
+                for channels in [args.channels, wider] {
+                    for in_flight in [64, 256, 1024] {
+                        progress.set_message(format!(
+                            "ingest: raw AMQP, {channels} channels, {in_flight} in flight"
+                        ));
+                        let raw = load::raw_amqp(
+                            &args.amqp_uri,
+                            &sut.cascade,
+                            load::RawTarget::Cascade,
+                            channels,
+                            in_flight,
+                            seconds,
+                            &progress,
+                        )
+                        .await?;
+                        let best = results
+                            .raw_ceiling_tasks_per_sec
+                            .unwrap_or(0.0)
+                            .max(raw.tasks_per_sec);
+                        results.raw_ceiling_tasks_per_sec = Some(best);
+                        results.ingest.push(raw);
+                    }
+                    progress.set_message(format!("ingest: plain queue, {channels} channels"));
+                    let plain = load::raw_amqp(
                         &args.amqp_uri,
                         &sut.cascade,
-                        args.channels,
-                        in_flight,
+                        load::RawTarget::PlainQueue(&reference),
+                        channels,
+                        1024,
                         seconds,
                         &progress,
                     )
                     .await?;
-                    let best = results
-                        .raw_ceiling_tasks_per_sec
-                        .unwrap_or(0.0)
-                        .max(raw.tasks_per_sec);
-                    results.raw_ceiling_tasks_per_sec = Some(best);
-                    results.ingest.push(raw);
+                    results.ingest.push(plain);
+                    load::purge_queue(&args.amqp_uri, &reference).await?;
                 }
+                load::delete_queue(&args.amqp_uri, &reference).await?;
             }
             let summary =
                 ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;
