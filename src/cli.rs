@@ -86,60 +86,55 @@ pub enum Command {
 pub enum TokenCommand {
     /// Make a new client token: prints the token (once: delayline keeps only
     /// its SHA-256) and the client's entry for the clients file.
-    Create {
-        /// The client's name, recorded on each of its tasks.
-        #[arg(long)]
-        name: String,
-        /// An AMQP topic pattern it may publish to (`billing.#`); repeatable.
-        #[arg(long = "destination", value_name = "PATTERN")]
-        destinations: Vec<String>,
-        /// submit, read, cancel, reschedule, metrics, admin (comma-separated or repeated).
-        #[arg(long = "permission", value_delimiter = ',', required = true)]
-        permissions: Vec<String>,
-        /// Tasks per second (token bucket).
-        #[arg(long)]
-        rate_per_second: Option<u32>,
-        /// Tasks at once above the rate.
-        #[arg(long)]
-        burst: Option<u32>,
-        /// Tasks waiting at once.
-        #[arg(long)]
-        max_scheduled: Option<u64>,
-        /// Append the entry to this clients file instead of printing it;
-        /// only the token is printed then.
-        #[arg(long, value_name = "FILE")]
-        append_to: Option<PathBuf>,
-    },
+    Create(NewToken),
+}
+
+/// What `token create` is told about the client.
+#[derive(Debug, clap::Args)]
+pub struct NewToken {
+    /// The client's name, recorded on each of its tasks.
+    #[arg(long)]
+    name: String,
+    /// An AMQP topic pattern it may publish to (`billing.#`); repeatable.
+    #[arg(long = "destination", value_name = "PATTERN")]
+    destinations: Vec<String>,
+    /// submit, read, cancel, reschedule, metrics, admin (comma-separated or repeated).
+    #[arg(long = "permission", value_delimiter = ',', required = true)]
+    permissions: Vec<String>,
+    /// Tasks per second (token bucket).
+    #[arg(long)]
+    rate_per_second: Option<u32>,
+    /// Tasks at once above the rate.
+    #[arg(long)]
+    burst: Option<u32>,
+    /// Tasks waiting at once.
+    #[arg(long)]
+    max_scheduled: Option<u64>,
+    /// Append the entry to this clients file instead of printing it;
+    /// only the token is printed then.
+    #[arg(long, value_name = "FILE")]
+    append_to: Option<PathBuf>,
 }
 
 /// `token create`: a new token, and the entry that names it by its hash.
 /// The entry is checked as the service would check it before anything is
 /// printed.
-#[allow(clippy::too_many_arguments)]
-fn create_token(
-    name: String,
-    destinations: Vec<String>,
-    permissions: Vec<String>,
-    rate_per_second: Option<u32>,
-    burst: Option<u32>,
-    max_scheduled: Option<u64>,
-    append_to: Option<&Path>,
-) -> anyhow::Result<()> {
+fn create_token(new: NewToken) -> anyhow::Result<()> {
     use std::io::Write;
 
     let token = crate::auth::token::generate();
     let entry = crate::config::ClientSettings {
-        name,
+        name: new.name,
         token_sha256: crate::config::TokenHashes::One(crate::auth::token::hash_hex(&token)),
-        destinations,
-        permissions,
-        rate_per_second,
-        burst,
-        max_scheduled,
+        destinations: new.destinations,
+        permissions: new.permissions,
+        rate_per_second: new.rate_per_second,
+        burst: new.burst,
+        max_scheduled: new.max_scheduled,
     };
     crate::auth::ClientSet::build(std::slice::from_ref(&entry), None)?;
     let text = client_entry_toml(&entry);
-    match append_to {
+    match new.append_to.as_deref() {
         None => print!("{token}\n\n{text}"),
         Some(path) => {
             let mut file = std::fs::OpenOptions::new()
@@ -236,25 +231,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             );
         }
         Command::Token {
-            action:
-                TokenCommand::Create {
-                    name,
-                    destinations,
-                    permissions,
-                    rate_per_second,
-                    burst,
-                    max_scheduled,
-                    append_to,
-                },
-        } => create_token(
-            name,
-            destinations,
-            permissions,
-            rate_per_second,
-            burst,
-            max_scheduled,
-            append_to.as_deref(),
-        )?,
+            action: TokenCommand::Create(new),
+        } => create_token(new)?,
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
             let amqp = &settings.amqp;

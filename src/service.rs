@@ -190,23 +190,24 @@ pub async fn run(
             .map(|config| (config, settings.http.tls.clone())),
         background_shutdown.clone(),
     )));
-    if let Some(listener) = metrics_listener {
-        info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
-        let stop = stop_serving.clone();
-        background.push(tokio::spawn(async move {
-            let served = axum::serve(listener, metrics_router(state))
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(error) = served {
-                error!(%error, "the metrics listener failed");
-            }
-        }));
-    }
     let limits = ConnectionLimits {
         header_read_timeout: Duration::from_millis(settings.http.header_read_timeout_ms),
         max_connections: settings.http.max_connections.max(1),
         drain: GRACEFUL_DRAIN,
     };
+    if let Some(listener) = metrics_listener {
+        info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
+        // The same accept loop and bounds as the API's: it is open, so a
+        // slow client must not hold it either.
+        background.push(tokio::spawn(serve(
+            listener,
+            metrics_router(state),
+            None,
+            limits,
+            metrics.clone(),
+            stop_serving.clone(),
+        )));
+    }
     info!(%address, https = tls.is_some(), "listening");
     let served = async {
         serve(listener, app, tls, limits, metrics, stop_serving.clone()).await;

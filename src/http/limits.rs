@@ -36,7 +36,9 @@ pub struct Intake {
 }
 
 /// Held while the tasks it admitted are being taken in.
-pub struct Admitted(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Admitted {
+    _slots: OwnedSemaphorePermit,
+}
 
 impl Intake {
     pub fn new(max_tasks_in_flight: usize) -> Self {
@@ -56,7 +58,7 @@ impl Intake {
         self.slots
             .clone()
             .try_acquire_many_owned(wanted)
-            .map(Admitted)
+            .map(|slots| Admitted { _slots: slots })
             .map_err(|_| {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

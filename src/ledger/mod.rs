@@ -564,6 +564,38 @@ impl Ledger {
     }
 }
 
+/// An empty SQLite ledger in memory, migrated, for tests of its statements.
+#[cfg(test)]
+pub(crate) async fn migrated_sqlite() -> sqlx::SqlitePool {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .expect("an in-memory SQLite database");
+    SQLITE_MIGRATIONS
+        .run(&pool)
+        .await
+        .expect("the migrations run");
+    pool
+}
+
+/// SQLite's plan for `statement` (its `parameters` bound to numbers): one
+/// line per step, such as `SEARCH tasks USING INDEX …`.
+#[cfg(test)]
+pub(crate) async fn query_plan(
+    pool: &sqlx::SqlitePool,
+    statement: &str,
+    parameters: usize,
+) -> Vec<String> {
+    let explain = format!("EXPLAIN QUERY PLAN {statement}");
+    let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+    for n in 0..parameters {
+        query = query.bind(n as i64);
+    }
+    let rows = query.fetch_all(pool).await.expect("a query plan");
+    rows.into_iter().map(|(.., detail)| detail).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,21 +636,9 @@ mod tests {
     /// fourth B-tree taking each task at a random place) slows the intake.
     #[tokio::test]
     async fn a_clients_tasks_are_listed_and_counted_from_the_due_order_index_on_sqlite() {
-        use sqlx::sqlite::SqlitePoolOptions;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
-        SQLITE_MIGRATIONS.run(&pool).await.unwrap();
-        let plan = async |statement: &str, parameters: usize| -> Vec<String> {
-            let explain = format!("EXPLAIN QUERY PLAN {statement}");
-            let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
-            for n in 0..parameters {
-                query = query.bind(n as i64);
-            }
-            let rows = query.fetch_all(&pool).await.unwrap();
-            rows.into_iter().map(|(.., detail)| detail).collect()
+        let pool = migrated_sqlite().await;
+        let plan = async |statement: &str, parameters: usize| {
+            query_plan(&pool, statement, parameters).await
         };
         // Every waiting task is counted from the index alone; the withdrawn
         // ones (few) are read through their own.

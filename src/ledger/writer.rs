@@ -953,13 +953,7 @@ mod tests {
     /// each, on a migrated SQLite ledger, searches and never scans `tasks`.
     #[tokio::test]
     async fn statements_by_id_use_the_primary_key_on_sqlite() {
-        use sqlx::sqlite::SqlitePoolOptions;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
-        super::super::SQLITE_MIGRATIONS.run(&pool).await.unwrap();
+        let pool = super::super::migrated_sqlite().await;
         let statements = [
             sql::mark_published(3, true),
             sql::mark_published(3, false),
@@ -972,18 +966,8 @@ mod tests {
             sql::holder_by_id(),
         ];
         for statement in statements {
-            let explain = format!("EXPLAIN QUERY PLAN {statement}");
-            let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
-            for n in 0..parameters(&statement).into_iter().max().unwrap_or(0) {
-                query = query.bind(n as i64);
-            }
-            let plan: Vec<String> = query
-                .fetch_all(&pool)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|(.., detail)| detail)
-                .collect();
+            let count = parameters(&statement).into_iter().max().unwrap_or(0);
+            let plan = super::super::query_plan(&pool, &statement, count).await;
             assert!(
                 plan.iter().all(|step| !step.starts_with("SCAN tasks")),
                 "{statement}\n{plan:?}"

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::common::{
     AMQP_URI, Backend, Cleanup, TestConsumer, free_port, sample, spawn_binary, test_settings,
-    wait_ready_at, with_ledger,
+    wait_connected_at, with_ledger,
 };
 use delayline::broker::connect;
 use delayline::cascade::QueueType;
@@ -33,11 +33,7 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     let mut child = spawn_binary(&settings, port);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while wait_ready_at(&http, &base).await["broker"] != "connected" {
-        assert!(tokio::time::Instant::now() < deadline, "never connected");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_connected_at(&http, &base).await;
 
     // Every way into the cascade: each level's exchange, and the release
     // stage's for a task already due.

@@ -287,17 +287,8 @@ async fn the_readme_quick_start_runs_as_written() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // With the ledger, /readyz is ready before RabbitMQ is connected (tasks
     // would wait as pending); the README's answer shows a connected service.
-    crate::common::eventually("the service to be connected to RabbitMQ", async || {
-        let ready = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await;
-        match ready {
-            Ok(response) => response
-                .json::<Value>()
-                .await
-                .is_ok_and(|r| r["broker"] == "connected"),
-            Err(_) => false,
-        }
-    })
-    .await;
+    crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
+        .await;
 
     let curl = readme_block("## Quick start", "sh", 1)
         .replace("localhost:8080", &format!("127.0.0.1:{port}"));

@@ -109,7 +109,7 @@ async fn above_the_connection_cap_a_new_connection_is_answered_503_at_once() {
         .await
         .unwrap();
     let answer = read_answer(&mut refused).await;
-    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(started.elapsed() < Duration::from_secs(5));
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("retry-after: 1"), "{answer}");
     assert_eq!(json_body(&answer)["error"]["code"], "too_many_connections");
@@ -191,7 +191,7 @@ async fn more_tasks_at_once_than_the_intake_takes_are_refused_fast_and_never_pub
             503 => {
                 assert_eq!(body["error"]["code"], "overloaded", "{body}");
                 assert!(retry_after.is_some());
-                assert!(*took < Duration::from_secs(2), "refused after {took:?}");
+                assert!(*took < Duration::from_secs(5), "refused after {took:?}");
                 refused += 1;
             }
             other => panic!("{other}: {body}"),

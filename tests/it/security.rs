@@ -17,7 +17,7 @@ use crate::common::nodes::{BrokerNode, NodeOptions, NodeTls};
 use crate::common::tls::{TestCa, client_trusting};
 use crate::common::{
     Backend, Cleanup, TestApp, TestConsumer, TestUser, delayline_command, free_port, rabbitmqctl,
-    serve_command, terminate, test_settings, with_ledger,
+    serve_command, terminate, test_settings, wait_connected_at, with_ledger,
 };
 
 /// `delayline token create …` appending to `file`: the token it printed.
@@ -123,19 +123,7 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     let mut child = command.spawn().unwrap();
     let base = format!("https://localhost:{port}");
     let http = client_trusting(&first_ca);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http.get(format!("{base}/readyz")).send().await
-            && r.status() == 200
-            && r.json::<Value>()
-                .await
-                .is_ok_and(|b| b["broker"] == "connected")
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never ready over HTTPS");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_connected_at(&http, &base).await;
     // The container's health check speaks HTTPS to its own listener.
     let probe = delayline_command(&settings, &["probe"])
         .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
@@ -532,4 +520,71 @@ async fn the_readmes_token_example_runs_as_written() {
     assert!(accepted["id"].is_string());
     let clients = std::fs::read_to_string(dir.dir.join("clients.toml")).unwrap();
     assert!(clients.contains("name = \"billing\""), "{clients}");
+}
+
+/// With tokens required, `metrics.bind` serves `/metrics` open on a listener
+/// of its own (and not on the API's), with the API's bounds: a slow client
+/// is cut off there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_their_own_listener_are_open_and_bounded_while_the_api_needs_tokens() {
+    let mut settings = with_ledger(test_settings(4, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.auth.clients = vec![delayline::config::ClientSettings {
+        name: "app".to_owned(),
+        token_sha256: delayline::config::TokenHashes::One(delayline::auth::token::hash_hex(
+            "tok-app",
+        )),
+        destinations: vec!["#".to_owned()],
+        permissions: vec!["submit".to_owned()],
+        ..delayline::config::ClientSettings::default()
+    }];
+    let metrics = format!("127.0.0.1:{}", free_port());
+    settings.metrics.bind = metrics.clone();
+    settings.http.header_read_timeout_ms = 1_000;
+    let app = TestApp::spawn(settings).await;
+    app.wait_ready().await;
+
+    let http = reqwest::Client::new();
+    let scrape = http
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    assert!(
+        scrape
+            .text()
+            .await
+            .unwrap()
+            .contains("delayline_broker_connected 1")
+    );
+    let on_api = http
+        .get(format!("{}/metrics", app.base))
+        .bearer_auth("tok-app")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(on_api.status(), 404);
+    let task = http
+        .post(format!("{}/v1/tasks", app.base))
+        .json(&serde_json::json!({"destination": "d", "delay_ms": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(task.status(), 401);
+
+    // A request head that never ends is cut off after the header timeout.
+    let mut slow = tokio::net::TcpStream::connect(&metrics).await.unwrap();
+    let started = Instant::now();
+    tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET /metrics HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut slow, &mut answer),
+    )
+    .await;
+    assert!(read.is_ok(), "the listener kept a slow client for 10 s");
+    assert!(answer.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(900));
 }

@@ -441,45 +441,50 @@ pub async fn overload(
     })
 }
 
-/// A durable quorum queue, like a level's, for the plain-queue reference.
-pub async fn declare_plain_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
-    let connection = connect(uri, "delayline-bench reference").await?;
-    let channel = connection.create_channel().await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            arguments,
-        )
-        .await?;
-    let _ = connection.close(200, "declared".into()).await;
-    Ok(())
+/// A durable quorum queue, like a level's, for the plain-queue reference;
+/// one connection for its declaration, purges and deletion.
+pub struct PlainReference {
+    pub queue: String,
+    connection: lapin::Connection,
+    channel: lapin::Channel,
 }
 
-pub async fn purge_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
-    let connection = connect(uri, "delayline-bench reference").await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_purge(queue.into(), QueuePurgeOptions::default())
-        .await?;
-    let _ = connection.close(200, "purged".into()).await;
-    Ok(())
-}
+impl PlainReference {
+    pub async fn declare(uri: &str, queue: String) -> anyhow::Result<Self> {
+        let connection = connect(uri, "delayline-bench reference").await?;
+        let channel = connection.create_channel().await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.as_str().into(), durable, arguments)
+            .await?;
+        Ok(PlainReference {
+            queue,
+            connection,
+            channel,
+        })
+    }
 
-pub async fn delete_queue(uri: &str, queue: &str) -> anyhow::Result<()> {
-    let connection = connect(uri, "delayline-bench reference").await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await?;
-    let _ = connection.close(200, "deleted".into()).await;
-    Ok(())
+    /// Empties it between measurements, so each starts from the same depth.
+    pub async fn purge(&self) -> anyhow::Result<()> {
+        self.channel
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete(self) -> anyhow::Result<()> {
+        self.channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        let _ = self.connection.close(200, "deleted".into()).await;
+        Ok(())
+    }
 }

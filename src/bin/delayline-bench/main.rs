@@ -166,8 +166,11 @@ async fn main() -> anyhow::Result<()> {
                 // channels and four times as many; a plain quorum queue,
                 // same messages, is measured beside it, not counted in it.
                 let wider = args.channels * 4;
-                let reference = format!("{}.plain-reference", sut.cascade.prefix());
-                load::declare_plain_queue(&args.amqp_uri, &reference).await?;
+                let reference = load::PlainReference::declare(
+                    &args.amqp_uri,
+                    format!("{}.plain-reference", sut.cascade.prefix()),
+                )
+                .await?;
                 for channels in [args.channels, wider] {
                     for in_flight in [64, 256, 1024] {
                         progress.set_message(format!(
@@ -194,7 +197,7 @@ async fn main() -> anyhow::Result<()> {
                     let plain = load::raw_amqp(
                         &args.amqp_uri,
                         &sut.cascade,
-                        load::RawTarget::PlainQueue(&reference),
+                        load::RawTarget::PlainQueue(&reference.queue),
                         channels,
                         1024,
                         seconds,
@@ -202,9 +205,9 @@ async fn main() -> anyhow::Result<()> {
                     )
                     .await?;
                     results.ingest.push(plain);
-                    load::purge_queue(&args.amqp_uri, &reference).await?;
+                    reference.purge().await?;
                 }
-                load::delete_queue(&args.amqp_uri, &reference).await?;
+                reference.delete().await?;
             }
             let summary =
                 ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;

@@ -303,22 +303,7 @@ impl TestApp {
 
     /// Ready and connected to the broker, so tasks are published at once.
     pub async fn wait_ready(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await
-                && r.status() == 200
-                && r.json::<Value>()
-                    .await
-                    .is_ok_and(|b| b["broker"] == "connected")
-            {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "service never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_connected_at(&self.http, &self.base).await;
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -838,6 +823,28 @@ pub async fn run_delayline(settings: &Settings, args: &[&str]) -> (bool, String)
         String::from_utf8_lossy(&output.stderr)
     );
     (output.status.success(), text)
+}
+
+/// Ready and connected to the broker. With a ledger `/readyz` answers 200
+/// before RabbitMQ is connected (tasks would wait as pending); a test that
+/// expects tasks to be published at once waits for this instead.
+pub async fn wait_connected_at(http: &reqwest::Client, base: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{base}/readyz")).send().await
+            && r.status() == 200
+            && r.json::<Value>()
+                .await
+                .is_ok_and(|b| b["broker"] == "connected")
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{base} never became ready and connected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 pub async fn wait_ready_at(http: &reqwest::Client, base: &str) -> Value {
