@@ -17,7 +17,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Delays (1 to 2 hours) far longer than the whole ingest phase, so nothing
 /// expires while it is measured: the broker spends its time accepting, not
@@ -35,7 +35,7 @@ pub fn task_body(n: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Throughput {
     pub path: String,
     /// The service's ledger (none, sqlite, postgres); "-" for raw AMQP.
@@ -49,6 +49,8 @@ pub struct Throughput {
     /// Latency of one request (one publish+confirm for raw AMQP), in ms.
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Filled in by the caller, which knows the processes involved.
+    pub cpu: crate::cpu::CpuPerTask,
 }
 
 fn latency_histogram() -> Histogram<u64> {
@@ -98,6 +100,7 @@ fn summarise(
         tasks_per_sec: tasks as f64 / seconds,
         p50_ms: latency.value_at_quantile(0.5) as f64 / 1000.0,
         p99_ms: latency.value_at_quantile(0.99) as f64 / 1000.0,
+        cpu: crate::cpu::CpuPerTask::default(),
     }
 }
 
@@ -221,7 +224,7 @@ pub async fn raw_amqp(
         })
         .collect();
     let (results, elapsed) = join_workers(workers, start, tick).await?;
-    let _ = connection.close(200, "bench done".into()).await;
+    close(&connection).await;
     Ok(summarise(&path, "-", in_flight, 1, elapsed, results))
 }
 
@@ -484,7 +487,18 @@ impl PlainReference {
         self.channel
             .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await?;
-        let _ = self.connection.close(200, "deleted".into()).await;
+        close(&self.connection).await;
         Ok(())
     }
+}
+
+/// Closes a connection, bounded: once a run hung for good awaiting the
+/// broker's close-ok after its work was done, and the bench has nothing left
+/// to wait for on it.
+pub async fn close(connection: &lapin::Connection) {
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        connection.close(200, "bench done".into()),
+    )
+    .await;
 }

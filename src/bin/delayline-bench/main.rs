@@ -6,6 +6,9 @@
 //! Results go to stdout as tables and to `<out>/results.json`, with plots in
 //! `<out>/throughput.png` and `<out>/lateness.png`.
 
+mod backlog;
+mod capacity;
+mod cpu;
 mod delivery;
 mod load;
 mod plot;
@@ -43,13 +46,19 @@ struct Args {
     /// Publishing channels, for both the raw ceiling and the service.
     #[arg(long, default_value_t = 4)]
     channels: usize,
-    /// Only these phases (ingest, precision, drain, overload); all by default.
+    /// Only these phases (ingest, precision, drain, overload, backlog); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
     /// `+auth` (`sqlite+auth`) requires a token on every request.
     #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
     stores: Vec<String>,
+    /// Only redraw `<out>/throughput.png` from `<out>/results.json`.
+    #[arg(long)]
+    replot: bool,
+    /// Tasks the backlog phase holds (default 1,000,000, 20,000 with --quick).
+    #[arg(long)]
+    scale: Option<u64>,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -65,7 +74,10 @@ struct Results {
     stores: Vec<StoreSummary>,
     precision: Vec<Precision>,
     drain: Vec<Drain>,
+    /// Due tasks/s per delay mix, sized with the drain's dead-letter rate.
+    capacity: Vec<capacity::Capacity>,
     overload: Vec<load::Overload>,
+    backlog: Option<backlog::Backlog>,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,6 +135,9 @@ async fn main() -> anyhow::Result<()> {
     let run = |phase: &str| args.phases.is_empty() || args.phases.iter().any(|p| p == phase);
     let seconds = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
     std::fs::create_dir_all(&args.out)?;
+    if args.replot {
+        return replot(&args.out);
+    }
     let mut results = Results {
         machine: machine(),
         quick: args.quick,
@@ -131,7 +146,9 @@ async fn main() -> anyhow::Result<()> {
         stores: Vec::new(),
         precision: Vec::new(),
         drain: Vec::new(),
+        capacity: Vec::new(),
         overload: Vec::new(),
+        backlog: None,
     };
 
     if run("ingest") {
@@ -146,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
                 Ok((Store::parse(store, &args.postgres_url)?, auth, name.clone()))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let broker = cpu::broker_pid();
         for (store, auth, label) in stores {
             let sut = ServiceUnderTest::spawn(
                 &args.amqp_uri,
@@ -176,7 +194,8 @@ async fn main() -> anyhow::Result<()> {
                         progress.set_message(format!(
                             "ingest: raw AMQP, {channels} channels, {in_flight} in flight"
                         ));
-                        let raw = load::raw_amqp(
+                        let meter = cpu::Meter::start(broker, sut.pid());
+                        let mut raw = load::raw_amqp(
                             &args.amqp_uri,
                             &sut.cascade,
                             load::RawTarget::Cascade,
@@ -186,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
                             &progress,
                         )
                         .await?;
+                        meter.finish(&mut raw);
                         let best = results
                             .raw_ceiling_tasks_per_sec
                             .unwrap_or(0.0)
@@ -194,7 +214,8 @@ async fn main() -> anyhow::Result<()> {
                         results.ingest.push(raw);
                     }
                     progress.set_message(format!("ingest: plain queue, {channels} channels"));
-                    let plain = load::raw_amqp(
+                    let meter = cpu::Meter::start(broker, sut.pid());
+                    let mut plain = load::raw_amqp(
                         &args.amqp_uri,
                         &sut.cascade,
                         load::RawTarget::PlainQueue(&reference.queue),
@@ -204,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
                         &progress,
                     )
                     .await?;
+                    meter.finish(&mut plain);
                     results.ingest.push(plain);
                     reference.purge().await?;
                 }
@@ -330,6 +352,11 @@ async fn main() -> anyhow::Result<()> {
             results.drain.push(drain);
             sut.stop().await?;
         }
+        // The cascade alone (quorum, no ledger): its dead-letter rate sizes
+        // the default cascade for other delay mixes.
+        if let Some(cascade) = results.drain.first() {
+            results.capacity = capacity::size(100, cascade.hops_per_sec);
+        }
     }
 
     if run("overload") {
@@ -347,7 +374,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         let progress = bar("overload: capacity");
-        let capacity = load::http(&sut.base, None, "sqlite", 64, 1, seconds, &progress).await?;
+        let mut capacity = load::http(&sut.base, None, "sqlite", 64, 1, seconds, &progress).await?;
+        // Listed with the ingest rows, but not a point of the ingest curves.
+        capacity.path = "http single (capacity)".to_owned();
         progress.set_message("overload: 2x capacity, open loop");
         let overload = load::overload(
             &sut.base,
@@ -362,6 +391,13 @@ async fn main() -> anyhow::Result<()> {
         results.ingest.push(capacity);
         results.overload.push(overload);
         sut.stop().await?;
+    }
+
+    if run("backlog") {
+        let tasks = args
+            .scale
+            .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
+        results.backlog = Some(backlog_phase(&args, tasks, &mut results.precision).await?);
     }
 
     print_report(&results);
@@ -382,6 +418,86 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Redraws the throughput plot of an earlier run (lateness samples are not
+/// kept in results.json, so its lateness plots stay as they were drawn).
+fn replot(out: &std::path::Path) -> anyhow::Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Earlier {
+        ingest: Vec<Throughput>,
+        raw_ceiling_tasks_per_sec: Option<f64>,
+    }
+    let earlier: Earlier = serde_json::from_slice(&std::fs::read(out.join("results.json"))?)?;
+    let path = plot::throughput(
+        &out.join("throughput.png"),
+        &earlier.ingest,
+        earlier.raw_ceiling_tasks_per_sec,
+    )
+    .map_err(|error| anyhow::anyhow!("{error}"))?;
+    println!("plot:    {}", path.display());
+    Ok(())
+}
+
+/// The default configuration, its precision measured on an empty broker,
+/// then `tasks` long delays ingested and inspected, then its precision again.
+async fn backlog_phase(
+    args: &Args,
+    tasks: u64,
+    precision: &mut Vec<Precision>,
+) -> anyhow::Result<backlog::Backlog> {
+    let mut sut = ServiceUnderTest::spawn(
+        &args.amqp_uri,
+        32,
+        100,
+        QueueType::Quorum,
+        args.channels,
+        &Store::Sqlite,
+        true,
+        false,
+    )
+    .await?;
+    let broker_before = backlog::broker_use(sut.cascade.prefix())?;
+    // A moderate rate (100 due/s) of short delays, as a service sees beside its backlog.
+    let (probes, min_delay, max_delay) = if args.quick {
+        (300, 100, 3_100)
+    } else {
+        (1_000, 100, 10_100)
+    };
+    let progress = bar("backlog");
+    let empty = format!("{}empty", plot::BACKLOG_LABEL);
+    precision.push(
+        delivery::precision(
+            &mut sut,
+            &args.amqp_uri,
+            &empty,
+            probes,
+            min_delay,
+            max_delay,
+            &progress,
+        )
+        .await?,
+    );
+    let mut measured = backlog::load_and_inspect(&sut, broker_before, tasks, &progress).await?;
+    let loaded = format!("{}loaded", plot::BACKLOG_LABEL);
+    precision.push(
+        delivery::precision(
+            &mut sut,
+            &args.amqp_uri,
+            &loaded,
+            probes,
+            min_delay,
+            max_delay,
+            &progress,
+        )
+        .await?,
+    );
+    progress.set_message("backlog: deleting it");
+    let started = std::time::Instant::now();
+    sut.stop().await?;
+    measured.teardown_seconds = started.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    Ok(measured)
+}
+
 /// Single and batch HTTP ingest against one service; the summary is
 /// relative to the raw ceiling measured before.
 async fn ingest_over_http(
@@ -393,6 +509,7 @@ async fn ingest_over_http(
     results: &mut Results,
 ) -> anyhow::Result<StoreSummary> {
     let cpu_before = sut.cpu_ms();
+    let broker = cpu::broker_pid();
     let first = results.ingest.len();
     let single = if args.quick {
         vec![1, 16, 64]
@@ -415,7 +532,8 @@ async fn ingest_over_http(
             "single"
         };
         progress.set_message(format!("ingest [{store}]: http {kind} x{concurrency}"));
-        let measured = load::http(
+        let meter = cpu::Meter::start(broker, sut.pid());
+        let mut measured = load::http(
             &sut.base,
             sut.token.as_deref(),
             store,
@@ -425,6 +543,7 @@ async fn ingest_over_http(
             progress,
         )
         .await?;
+        meter.finish(&mut measured);
         results.ingest.push(measured);
     }
     let measured = &results.ingest[first..];
@@ -459,13 +578,23 @@ fn print_report(results: &Results) {
     );
     if !results.ingest.is_empty() {
         println!(
-            "\n{:<20} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7}",
-            "ingest", "ledger", "conc", "batch", "tasks/s", "ratio", "p50 ms", "p99 ms", "errors"
+            "\n{:<22} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>20}",
+            "ingest",
+            "ledger",
+            "conc",
+            "batch",
+            "tasks/s",
+            "ratio",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "CPU us/task b/s/l"
         );
+        let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
         let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
         for t in &results.ingest {
             println!(
-                "{:<20} {:>9} {:>5} {:>6} {:>10.0} {:>8.2} {:>9.2} {:>9.2} {:>7}",
+                "{:<22} {:>9} {:>5} {:>6} {:>10.0} {:>8.2} {:>9.2} {:>9.2} {:>7} {:>20}",
                 t.path,
                 t.store,
                 t.concurrency,
@@ -474,7 +603,13 @@ fn print_report(results: &Results) {
                 t.tasks_per_sec / ceiling,
                 t.p50_ms,
                 t.p99_ms,
-                t.errors
+                t.errors,
+                format!(
+                    "{}/{}/{}",
+                    us(t.cpu.broker_us),
+                    us(t.cpu.service_us),
+                    us(t.cpu.load_generator_us)
+                )
             );
         }
         let fmt = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.2}"));
@@ -495,6 +630,7 @@ fn print_report(results: &Results) {
             );
         }
         println!("(ratios to the raw AMQP ceiling; targets: single 0.5, batch 0.8)");
+        println!("(CPU us/task: broker / service / load generator, from /proc)");
     }
     for o in &results.overload {
         println!(
@@ -549,21 +685,85 @@ fn print_report(results: &Results) {
             "(lateness in ms relative to the requested time; 'vs due' relative to deliver_at, the time rounded up to the unit)"
         );
     }
+    if !results.capacity.is_empty() {
+        println!(
+            "\n{:<22} {:>8} {:>10} {:>12} {:>12}",
+            "capacity: delay mix", "unit ms", "mean hops", "hops/s", "due tasks/s"
+        );
+        for c in &results.capacity {
+            println!(
+                "{:<22} {:>8} {:>10.2} {:>12.0} {:>12.0}",
+                c.mix, c.unit_ms, c.mean_hops, c.hops_per_sec, c.due_tasks_per_sec
+            );
+        }
+        println!("(due tasks/s = the cascade's dead-letter rate / mean hops of the mix)");
+    }
+    if let Some(b) = &results.backlog {
+        print_backlog(b);
+    }
     if !results.drain.is_empty() {
         println!(
-            "\n{:<24} {:>7} {:>9} {:>10} {:>12} {:>14}",
-            "drain", "tasks", "received", "seconds", "due tasks/s", "first after ms"
+            "\n{:<24} {:>7} {:>9} {:>10} {:>12} {:>14} {:>10} {:>8}",
+            "drain",
+            "tasks",
+            "received",
+            "seconds",
+            "due tasks/s",
+            "first after ms",
+            "mean hops",
+            "hops/s"
         );
         for d in &results.drain {
             println!(
-                "{:<24} {:>7} {:>9} {:>10.2} {:>12.0} {:>14.1}",
+                "{:<24} {:>7} {:>9} {:>10.2} {:>12.0} {:>14.1} {:>10.2} {:>8.0}",
                 d.label,
                 d.tasks,
                 d.received,
                 d.drain_seconds,
                 d.due_tasks_per_sec,
-                d.first_arrival_after_due_ms
+                d.first_arrival_after_due_ms,
+                d.mean_hops,
+                d.hops_per_sec
             );
         }
     }
+}
+
+fn print_backlog(b: &backlog::Backlog) {
+    println!(
+        "\nbacklog: {} tasks ingested in {:.0} s ({:.0}/s, {} refused and sent again)",
+        b.tasks, b.ingest_seconds, b.ingest_tasks_per_sec, b.refused
+    );
+    for (when, broker) in [("before", &b.broker_before), ("loaded", &b.broker_loaded)] {
+        println!(
+            "  broker {when:<7} memory {:>8.0} MiB  disk {:>8.0} MiB  messages {:>9}",
+            broker.memory_mib, broker.disk_mib, broker.messages
+        );
+    }
+    let rss: Vec<String> = b
+        .service_rss
+        .iter()
+        .map(|s| format!("{:.0}", s.rss_mib))
+        .collect();
+    println!(
+        "  service RSS MiB every 5 %: {}; peak {:.0} MiB",
+        rss.join(" "),
+        b.service_peak_rss_mib
+    );
+    println!("  ledger on disk: {:.0} MiB", b.ledger_mib);
+    for (what, l) in [
+        ("GET /v1/tasks/{id}", &b.get_task),
+        ("GET /v1/tasks?due_before (100)", &b.first_page),
+        ("pages of 1000 by cursor", &b.deep_pages),
+        ("GET /metrics", &b.scrape),
+    ] {
+        println!(
+            "  {what:<32} n={:<5} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
+    println!(
+        "  ({} rows paged through; deleting the backlog took {:.0} s)",
+        b.deep_rows, b.teardown_seconds
+    );
 }

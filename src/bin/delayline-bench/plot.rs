@@ -21,21 +21,46 @@ pub fn write_plots(
             throughput(&out.join("throughput.png"), ingest, ceiling).map_err(|e| e.to_string()),
         );
     }
-    if !precision.is_empty() {
-        written.push(lateness(&out.join("lateness.png"), precision).map_err(|e| e.to_string()));
+    // The backlog's two measurements get a plot of their own: the same
+    // tasks on an empty and on a loaded broker.
+    let (backlog, others): (Vec<Precision>, Vec<Precision>) = precision
+        .iter()
+        .cloned()
+        .partition(|p| p.label.starts_with(BACKLOG_LABEL));
+    for (name, title, set) in [
+        (
+            "lateness.png",
+            "Delivery lateness after the requested time (CDF)",
+            others,
+        ),
+        (
+            "backlog-lateness.png",
+            "Lateness with and without a backlog of long delays (CDF)",
+            backlog,
+        ),
+    ] {
+        if !set.is_empty() {
+            written.push(lateness(&out.join(name), title, &set).map_err(|e| e.to_string()));
+        }
     }
     written
 }
 
-fn throughput(
+/// Labels of the backlog phase's precision measurements start with this.
+pub const BACKLOG_LABEL: &str = "backlog-";
+
+pub fn throughput(
     path: &Path,
     ingest: &[Throughput],
     ceiling: Option<f64>,
 ) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
+    // The plain-queue reference is listed, not drawn: at 3x the ceiling it
+    // would squash every curve against the axis.
     let max_rate = ingest
         .iter()
+        .filter(|t| t.path.starts_with("http"))
         .map(|t| t.tasks_per_sec)
         .fold(ceiling.unwrap_or(0.0), f64::max)
         * 1.15;
@@ -55,7 +80,10 @@ fn throughput(
         .y_desc("tasks per second")
         .draw()?;
     let mut series: Vec<(&str, &str)> = Vec::new();
-    for t in ingest.iter().filter(|t| t.path.starts_with("http")) {
+    for t in ingest
+        .iter()
+        .filter(|t| t.path == "http single" || t.path == "http batch")
+    {
         if !series.contains(&(t.path.as_str(), t.store.as_str())) {
             series.push((t.path.as_str(), t.store.as_str()));
         }
@@ -103,7 +131,11 @@ fn throughput(
     Ok(path.to_owned())
 }
 
-fn lateness(path: &Path, precision: &[Precision]) -> Result<PathBuf, Box<dyn std::error::Error>> {
+fn lateness(
+    path: &Path,
+    title: &str,
+    precision: &[Precision],
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let max_late = precision
@@ -112,10 +144,7 @@ fn lateness(path: &Path, precision: &[Precision]) -> Result<PathBuf, Box<dyn std
         .fold(1.0f64, f64::max)
         * 1.05;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Delivery lateness after the requested time (CDF)",
-            ("sans-serif", 22),
-        )
+        .caption(title, ("sans-serif", 22))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -137,7 +166,10 @@ fn lateness(path: &Path, precision: &[Precision]) -> Result<PathBuf, Box<dyn std
         let color = *color;
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(format!("unit {} ms, {:.0} due/s", p.unit_ms, p.due_per_sec))
+            .label(format!(
+                "{}: unit {} ms, {:.0} due/s",
+                p.label, p.unit_ms, p.due_per_sec
+            ))
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });

@@ -185,6 +185,31 @@ impl ServiceUnderTest {
         self.extra_queues.push(name.to_owned());
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Resident set size (VmRSS) of process `pid` now, in KiB.
+    pub fn rss_kib_of(pid: u32) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Bytes of the SQLite ledger's files (database, WAL) on disk.
+    pub fn ledger_bytes(&self) -> Option<f64> {
+        let dir = std::env::temp_dir().join(&self.store_name);
+        let total: u64 = std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|entry| entry.ok()?.metadata().ok())
+            .filter(|meta| meta.is_file())
+            .map(|meta| meta.len())
+            .sum();
+        Some(total as f64)
+    }
+
     /// Peak resident set size of the service so far (VmHWM), in KiB.
     pub fn peak_rss_kib(&self) -> Option<u64> {
         let pid = self.child.id()?;
@@ -197,14 +222,7 @@ impl ServiceUnderTest {
 
     /// CPU time (user + system) the service has used so far, in ms.
     pub fn cpu_ms(&self) -> Option<f64> {
-        let pid = self.child.id()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: f64 =
-            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-        // Linux reports USER_HZ = 100 ticks per second on every supported architecture.
-        Some(ticks * 10.0)
+        crate::cpu::process_cpu_ms(self.child.id()?)
     }
 
     /// Stops the service (SIGTERM, so it drains) and deletes its topology and ledger.
@@ -223,7 +241,7 @@ impl ServiceUnderTest {
                 .await;
         }
         teardown(&connection, &self.cascade.plan()).await?;
-        let _ = connection.close(200, "bench done".into()).await;
+        crate::load::close(&connection).await;
         match &self.store {
             Store::None => {}
             Store::Sqlite => {

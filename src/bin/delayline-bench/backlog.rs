@@ -1,0 +1,401 @@
+//! A backlog: a million tasks held for hours, and what that does to the
+//! broker, the service and the tasks falling due meanwhile.
+//!
+//! The x-delayed-message plugin is known to fail at this scale (15-minute
+//! delays arriving days late past about a million messages). The cascade
+//! holds each task in the queue of its highest set digit, so a backlog of
+//! long delays sits in a few high levels and the low levels, where short
+//! delays pass, stay as short as they were: this phase checks that, and
+//! what the backlog costs in memory, disk and inspection latency.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::sut::ServiceUnderTest;
+
+/// Tasks per batch request while the backlog is ingested.
+const BATCH: u64 = 500;
+/// Batch requests in flight.
+const CONCURRENCY: usize = 4;
+/// Every this many batches (per worker), one accepted id is kept for the
+/// GET measurement.
+const SAMPLE_EVERY: u64 = 5;
+
+/// Delays of 2 to 6 hours: none falls due while the phase runs.
+fn backlog_delay_ms(n: u64) -> u64 {
+    const HOUR: u64 = 3_600_000;
+    2 * HOUR + (n * 7919 * 1000) % (4 * HOUR)
+}
+
+fn batch_body(first: u64, count: u64) -> Vec<u8> {
+    let mut body = b"{\"tasks\":[".to_vec();
+    for n in first..first + count {
+        if n > first {
+            body.push(b',');
+        }
+        body.extend(
+            format!(
+                r#"{{"destination":"bench.backlog.t{}","delay_ms":{},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}}}}"#,
+                n % 16,
+                backlog_delay_ms(n),
+            )
+            .bytes(),
+        );
+    }
+    body.extend(b"]}");
+    body
+}
+
+/// RSS of the service (MiB) after this many tasks were accepted.
+#[derive(Clone, Debug, Serialize)]
+pub struct RssSample {
+    pub accepted: u64,
+    pub rss_mib: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Latency {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    fn of(mut ms: Vec<f64>) -> Latency {
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            ms.get(((ms.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        Latency {
+            samples: ms.len(),
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: ms.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// What the broker holds, from `rabbitmqctl`.
+#[derive(Clone, Debug, Serialize)]
+pub struct BrokerUse {
+    /// The node's resident memory.
+    pub memory_mib: f64,
+    /// Its data directory (message store, quorum logs) on disk.
+    pub disk_mib: f64,
+    /// Messages in this service's queues.
+    pub messages: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Backlog {
+    pub tasks: u64,
+    pub ingest_seconds: f64,
+    pub ingest_tasks_per_sec: f64,
+    /// Batch items answered other than 202 (sent again as new tasks).
+    pub refused: u64,
+    pub broker_before: BrokerUse,
+    pub broker_loaded: BrokerUse,
+    pub service_rss: Vec<RssSample>,
+    pub service_peak_rss_mib: f64,
+    /// The SQLite ledger's files (database and WAL).
+    pub ledger_mib: f64,
+    /// `GET /v1/tasks/{id}` of ids spread over the backlog.
+    pub get_task: Latency,
+    /// `GET /v1/tasks?due_before=…&limit=100`, half the backlog before that time.
+    pub first_page: Latency,
+    /// Pages of 1000 followed by their cursors, `deep_rows` rows into the backlog.
+    pub deep_pages: Latency,
+    pub deep_rows: u64,
+    /// `GET /metrics`.
+    pub scrape: Latency,
+    /// Stopping the service and deleting its topology and ledger.
+    pub teardown_seconds: f64,
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
+}
+
+/// Bytes under `path`, by `du`.
+fn disk_bytes(path: &str) -> anyhow::Result<f64> {
+    let out = Command::new("du")
+        .args(["-sb", path])
+        .output()
+        .context("running du")?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("du -sb {path}"))
+}
+
+fn rabbitmqctl_json(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let out = Command::new("rabbitmqctl")
+        .args(args)
+        .args(["--formatter", "json"])
+        .output()
+        .context("running rabbitmqctl")?;
+    if !out.status.success() {
+        bail!(
+            "rabbitmqctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("reading rabbitmqctl's JSON")
+}
+
+pub fn broker_use(prefix: &str) -> anyhow::Result<BrokerUse> {
+    let status = rabbitmqctl_json(&["status"])?;
+    let memory = status["memory"]["total"]["rss"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    let disk = match status["data_directory"].as_str() {
+        Some(dir) => disk_bytes(dir)?,
+        None => f64::NAN,
+    };
+    let queues = rabbitmqctl_json(&["list_queues", "name", "messages"])?;
+    let messages = queues
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|q| q["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .filter_map(|q| q["messages"].as_u64())
+        .sum();
+    Ok(BrokerUse {
+        memory_mib: mib(memory),
+        disk_mib: mib(disk),
+        messages,
+    })
+}
+
+/// Times `count` GETs of `url(i)`; every answer must be 200.
+async fn time_gets(
+    client: &reqwest::Client,
+    count: usize,
+    url: impl Fn(usize) -> String,
+) -> anyhow::Result<Latency> {
+    let mut ms = Vec::with_capacity(count);
+    for i in 0..count {
+        let url = url(i);
+        let started = Instant::now();
+        let response = client.get(&url).send().await?;
+        let status = response.status();
+        response.bytes().await?;
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        if status != 200 {
+            bail!("GET {url} answered {status}");
+        }
+    }
+    Ok(Latency::of(ms))
+}
+
+/// Ingests `tasks` long-delayed tasks in batches; returns the ingest time,
+/// refusals, RSS samples and a spread of accepted ids.
+async fn ingest(
+    sut: &ServiceUnderTest,
+    tasks: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<(Duration, u64, Vec<RssSample>, Vec<String>)> {
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let url = format!("{}/v1/tasks/batch", sut.base);
+    let accepted = Arc::new(AtomicU64::new(0));
+    let reserved = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let numbered = Arc::new(AtomicU64::new(0));
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    progress.set_length(tasks);
+    progress.set_position(0);
+    progress.set_message("backlog: ingesting");
+
+    let pid = sut.pid();
+    let sampler = {
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut next = 0;
+            loop {
+                let done = accepted.load(Ordering::Relaxed);
+                if done >= next {
+                    if let Some(rss) = pid.and_then(ServiceUnderTest::rss_kib_of) {
+                        samples.push(RssSample {
+                            accepted: done,
+                            rss_mib: rss as f64 / 1024.0,
+                        });
+                    }
+                    next = done + tasks / 20;
+                }
+                if done >= tasks {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let workers = (0..CONCURRENCY).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        let (accepted, reserved, refused, numbered, ids) = (
+            accepted.clone(),
+            reserved.clone(),
+            refused.clone(),
+            numbered.clone(),
+            ids.clone(),
+        );
+        let progress = progress.clone();
+        async move {
+            let mut batches = 0u64;
+            while accepted.load(Ordering::Relaxed) < tasks {
+                // Reserve what is left (refusals give their share back).
+                let count = BATCH.min(tasks.saturating_sub(reserved.load(Ordering::Relaxed)));
+                if count == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                reserved.fetch_add(count, Ordering::Relaxed);
+                let first = numbered.fetch_add(count, Ordering::Relaxed);
+                let answer = async {
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(batch_body(first, count))
+                        .send()
+                        .await?;
+                    response.bytes().await
+                }
+                .await;
+                let text = answer
+                    .as_deref()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                let ok = text.matches("\"status\":202").count() as u64;
+                if ok < count {
+                    refused.fetch_add(count - ok, Ordering::Relaxed);
+                    reserved.fetch_sub(count - ok, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                accepted.fetch_add(ok, Ordering::Relaxed);
+                progress.inc(ok);
+                batches += 1;
+                if batches.is_multiple_of(SAMPLE_EVERY)
+                    && let Ok(page) = serde_json::from_str::<serde_json::Value>(&text)
+                    && let Some(id) =
+                        page["results"][(batches % count) as usize]["task"]["id"].as_str()
+                {
+                    ids.lock().await.push(id.to_owned());
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(workers).await;
+    let elapsed = started.elapsed();
+    let samples = sampler.await?;
+    let ids = std::mem::take(&mut *ids.lock().await);
+    Ok((elapsed, refused.load(Ordering::Relaxed), samples, ids))
+}
+
+/// Ingests the backlog into `sut` and measures what it costs, against what
+/// the broker held when `sut` started; the caller runs the precision
+/// measurement before and after.
+pub async fn load_and_inspect(
+    sut: &ServiceUnderTest,
+    broker_before: BrokerUse,
+    tasks: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Backlog> {
+    let prefix = sut.cascade.prefix().to_owned();
+    let (elapsed, refused, service_rss, ids) = ingest(sut, tasks, progress).await?;
+    progress.set_message("backlog: measuring");
+    // Wait until the broker holds every task (the last confirms are in, but
+    // quorum queues report their counts a moment later).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let broker_loaded = loop {
+        let loaded = broker_use(&prefix)?;
+        if loaded.messages >= tasks || Instant::now() > deadline {
+            break loaded;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let base = sut.base.clone();
+    let get_task = time_gets(&client, ids.len(), |i| {
+        format!("{base}/v1/tasks/{}", ids[i])
+    })
+    .await?;
+    // Half the backlog is due within four hours of now.
+    let midpoint = delayline::task::format_epoch_ms(
+        delayline::task::epoch_ms(std::time::SystemTime::now())
+            + backlog_delay_ms(0)
+            + 2 * 3_600_000,
+    );
+    let first_page = time_gets(&client, 50, |_| {
+        format!(
+            "{base}/v1/tasks?due_before={}&limit=100",
+            midpoint.replace('+', "%2B")
+        )
+    })
+    .await?;
+    let (deep_pages, deep_rows) = page_deep(&client, &base, tasks / 10).await?;
+    let scrape = time_gets(&client, 20, |_| format!("{base}/metrics")).await?;
+
+    Ok(Backlog {
+        tasks,
+        ingest_seconds: elapsed.as_secs_f64(),
+        ingest_tasks_per_sec: tasks as f64 / elapsed.as_secs_f64(),
+        refused,
+        broker_before,
+        broker_loaded,
+        service_rss,
+        service_peak_rss_mib: sut.peak_rss_kib().unwrap_or_default() as f64 / 1024.0,
+        ledger_mib: mib(sut.ledger_bytes().unwrap_or(f64::NAN)),
+        get_task,
+        first_page,
+        deep_pages,
+        deep_rows,
+        scrape,
+        teardown_seconds: f64::NAN,
+    })
+}
+
+/// Follows `next_cursor` through pages of 1000 until `rows` rows are behind.
+async fn page_deep(
+    client: &reqwest::Client,
+    base: &str,
+    rows: u64,
+) -> anyhow::Result<(Latency, u64)> {
+    let mut cursor: Option<String> = None;
+    let (mut ms, mut seen) = (Vec::new(), 0u64);
+    while seen < rows {
+        let mut query = vec![("limit", "1000".to_owned())];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor.clone()));
+        }
+        let started = Instant::now();
+        let page: serde_json::Value = client
+            .get(format!("{base}/v1/tasks"))
+            .query(&query)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        seen += page["tasks"].as_array().map_or(0, |t| t.len() as u64);
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    Ok((Latency::of(ms), seen))
+}

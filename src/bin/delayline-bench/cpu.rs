@@ -1,0 +1,74 @@
+//! Whose CPU a measurement spent: the broker's, the service's, the load
+//! generator's. On two shared cores these three add up to the machine, so
+//! the split per task says why a ratio to the ceiling is what it is.
+
+use serde::{Deserialize, Serialize};
+
+use crate::load::Throughput;
+
+/// CPU time (user + system) process `pid` has used so far, in ms.
+pub fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // Linux reports USER_HZ = 100 ticks per second on every supported architecture.
+    Some(ticks * 10.0)
+}
+
+/// The broker's OS process, from `rabbitmqctl status`.
+pub fn broker_pid() -> Option<u32> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["status", "--formatter", "json"])
+        .output()
+        .ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["pid"]
+        .as_u64()
+        .or_else(|| status["pid"].as_str()?.parse().ok())
+        .and_then(|pid| u32::try_from(pid).ok())
+}
+
+/// CPU µs per task of each process over one measurement.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CpuPerTask {
+    pub broker_us: Option<f64>,
+    pub service_us: Option<f64>,
+    pub load_generator_us: Option<f64>,
+}
+
+/// Readings of the three processes at the start of a measurement.
+pub struct Meter {
+    broker: Option<(u32, f64)>,
+    service: Option<(u32, f64)>,
+    own: Option<f64>,
+}
+
+fn reading(pid: Option<u32>) -> Option<(u32, f64)> {
+    let pid = pid?;
+    Some((pid, process_cpu_ms(pid)?))
+}
+
+impl Meter {
+    pub fn start(broker: Option<u32>, service: Option<u32>) -> Meter {
+        Meter {
+            broker: reading(broker),
+            service: reading(service),
+            own: process_cpu_ms(std::process::id()),
+        }
+    }
+
+    /// Attributes the CPU used since [`Meter::start`] to `measured`'s tasks.
+    pub fn finish(self, measured: &mut Throughput) {
+        let tasks = measured.tasks.max(1) as f64;
+        let per_task = |since: Option<(u32, f64)>| {
+            let (pid, before) = since?;
+            Some((process_cpu_ms(pid)? - before) * 1000.0 / tasks)
+        };
+        measured.cpu = CpuPerTask {
+            broker_us: per_task(self.broker),
+            service_us: per_task(self.service),
+            load_generator_us: per_task(self.own.map(|ms| (std::process::id(), ms))),
+        };
+    }
+}
