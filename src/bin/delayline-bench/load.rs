@@ -142,6 +142,13 @@ type PreparedMessage = (String, String, Vec<u8>, BasicProperties);
 pub enum RawTarget<'a> {
     Cascade,
     PlainQueue(&'a str),
+    /// Every message to `exchange`, with routing key `key`, or with its
+    /// task's own routing key when `None`.
+    Exchange {
+        label: &'a str,
+        exchange: &'a str,
+        key: Option<&'a str>,
+    },
 }
 
 pub async fn raw_amqp(
@@ -162,6 +169,10 @@ pub async fn raw_amqp(
                 let (exchange, key) = match target {
                     RawTarget::Cascade => (task.route.entry_exchange, task.route.routing_key),
                     RawTarget::PlainQueue(queue) => (String::new(), queue.to_owned()),
+                    RawTarget::Exchange { exchange, key, .. } => (
+                        exchange.to_owned(),
+                        key.map_or(task.route.routing_key, str::to_owned),
+                    ),
                 };
                 (exchange, key, task.payload, properties)
             })
@@ -170,6 +181,7 @@ pub async fn raw_amqp(
     let path = match target {
         RawTarget::Cascade => format!("amqp cascade ({channels} ch)"),
         RawTarget::PlainQueue(_) => format!("amqp plain queue ({channels} ch)"),
+        RawTarget::Exchange { label, .. } => format!("routing: {label}"),
     };
     let connection = connect(uri, "delayline-bench raw").await?;
     let mut opened = Vec::new();

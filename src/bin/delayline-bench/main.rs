@@ -12,6 +12,7 @@ mod cpu;
 mod delivery;
 mod load;
 mod plot;
+mod routing;
 mod sut;
 
 use std::path::PathBuf;
@@ -46,7 +47,8 @@ struct Args {
     /// Publishing channels, for both the raw ceiling and the service.
     #[arg(long, default_value_t = 4)]
     channels: usize,
-    /// Only these phases (ingest, precision, drain, overload, backlog); all by default.
+    /// Only these phases (ingest, routing, precision, drain, overload,
+    /// backlog); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
@@ -237,6 +239,34 @@ async fn main() -> anyhow::Result<()> {
             results.stores.push(summary);
             sut.stop().await?;
         }
+    }
+
+    if run("routing") {
+        // A topology of its own, so that its level queues start as empty as
+        // the side queues the steps before it are measured into.
+        let sut = ServiceUnderTest::spawn(
+            &args.amqp_uri,
+            32,
+            100,
+            QueueType::Quorum,
+            args.channels,
+            &Store::None,
+            false,
+            false,
+        )
+        .await?;
+        let progress = bar("routing");
+        let steps = routing::split(
+            &args.amqp_uri,
+            &sut.cascade,
+            args.channels,
+            seconds,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        results.ingest.extend(steps);
+        sut.stop().await?;
     }
 
     if run("precision") {
