@@ -642,6 +642,44 @@ mod tests {
         ));
     }
 
+    /// Every connection of the pool, not only the first, gets the settings
+    /// the group commit was measured with (BENCHMARKS.md, issue 16).
+    #[tokio::test]
+    async fn every_sqlite_connection_has_the_measured_cache_and_journal_settings() {
+        let dir = std::env::temp_dir().join(format!("dl-pragmas-{}", uuid::Uuid::new_v4()));
+        let path = dir.join("ledger.db");
+        let Pool::Sqlite(pool) = open_pool(&Location::Sqlite(path), 2).await.unwrap() else {
+            panic!("a SQLite location opens a SQLite pool");
+        };
+        let mut connections = vec![pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+        for connection in &mut connections {
+            let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(cache.to_string(), SQLITE_CACHE_SIZE);
+            // 2 is MEMORY for temp_store, and FULL for synchronous.
+            let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(temp_store, 2);
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(synchronous, 2, "every commit is synced");
+            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(journal, "wal");
+        }
+        drop(connections);
+        pool.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// With tokens every task has a client; the client's tasks are listed
     /// and counted from the due-order index, so no index of their own (a
     /// fourth B-tree taking each task at a random place) slows the intake.

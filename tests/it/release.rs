@@ -354,7 +354,8 @@ async fn after_sigkill_while_releasing_every_task_arrives_and_duplicates_only_th
 /// versions, moved with `migrate-topology` as the runbook says, on quorum queues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
-    let mut off = default_settings(6);
+    // 7 levels (12.7 s) hold the first tasks' delay.
+    let mut off = default_settings(7);
     off.cascade.release_stage = Some(false);
     let mut on = off.clone();
     on.cascade.version = 2;
@@ -383,9 +384,17 @@ async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
         "#.flip",
     )
     .await;
+    // Due only well after the migration below has moved them out of v1's
+    // levels (its first step; deleting the old queues then takes seconds
+    // more). One that fell due in v1, which has no stage, would be delivered
+    // without the ledger seeing it: with 1.5 s here, a loaded machine once
+    // drained too slowly, and the ledger rightly never saw all 20 delivered.
+    const FIRST_DELAY_MS: u64 = 8_000;
     let mut first = HashSet::new();
     for n in 0..20u64 {
-        first.insert(id_of(&post_task(&app, "flip", 1_500 + n * 50).await));
+        first.insert(id_of(
+            &post_task(&app, "flip", FIRST_DELAY_MS + n * 50).await,
+        ));
     }
     app.stop().await.unwrap();
 
@@ -395,7 +404,7 @@ async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
     let app = TestApp::start_sharing(on.clone()).await;
     app.wait_ready().await;
     consumer
-        .expect_each_once_never_early(first.clone(), Duration::from_secs(15))
+        .expect_each_once_never_early(first.clone(), Duration::from_secs(25))
         .await;
     eventually("the moved tasks are seen delivered", async || {
         let (_, page) = app.get("/v1/tasks?state=delivered&limit=100").await;
