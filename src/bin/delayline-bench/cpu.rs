@@ -29,11 +29,31 @@ pub fn broker_pid() -> Option<u32> {
         .and_then(|pid| u32::try_from(pid).ok())
 }
 
+/// CPU time of every PostgreSQL server process together, in ms: the
+/// postgres ledger's other half. Backends that exit during a measurement
+/// take their share with them; the pool's stay.
+pub fn database_cpu_ms() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        })
+        .filter_map(process_cpu_ms)
+        .sum()
+}
+
 /// CPU µs per task of each process over one measurement.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CpuPerTask {
     pub broker_us: Option<f64>,
     pub service_us: Option<f64>,
+    /// PostgreSQL's server processes (about 0 unless it is the ledger).
+    #[serde(default)]
+    pub database_us: Option<f64>,
     pub load_generator_us: Option<f64>,
 }
 
@@ -41,6 +61,7 @@ pub struct CpuPerTask {
 pub struct Meter {
     broker: Option<(u32, f64)>,
     service: Option<(u32, f64)>,
+    database: f64,
     own: Option<f64>,
 }
 
@@ -54,6 +75,7 @@ impl Meter {
         Meter {
             broker: reading(broker),
             service: reading(service),
+            database: database_cpu_ms(),
             own: process_cpu_ms(std::process::id()),
         }
     }
@@ -68,6 +90,7 @@ impl Meter {
         measured.cpu = CpuPerTask {
             broker_us: per_task(self.broker),
             service_us: per_task(self.service),
+            database_us: Some((database_cpu_ms() - self.database) * 1000.0 / tasks),
             load_generator_us: per_task(self.own.map(|ms| (std::process::id(), ms))),
         };
     }

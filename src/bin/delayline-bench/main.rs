@@ -618,7 +618,7 @@ fn print_report(results: &Results) {
             "p50 ms",
             "p99 ms",
             "errors",
-            "CPU us/task b/s/l"
+            "CPU us/task b/s/d/l"
         );
         let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
         let ceiling = results.raw_ceiling_tasks_per_sec.unwrap_or(f64::NAN);
@@ -635,9 +635,10 @@ fn print_report(results: &Results) {
                 t.p99_ms,
                 t.errors,
                 format!(
-                    "{}/{}/{}",
+                    "{}/{}/{}/{}",
                     us(t.cpu.broker_us),
                     us(t.cpu.service_us),
+                    us(t.cpu.database_us),
                     us(t.cpu.load_generator_us)
                 )
             );
@@ -660,7 +661,9 @@ fn print_report(results: &Results) {
             );
         }
         println!("(ratios to the raw AMQP ceiling; targets: single 0.5, batch 0.8)");
-        println!("(CPU us/task: broker / service / load generator, from /proc)");
+        println!(
+            "(CPU us/task: broker / service / PostgreSQL server / load generator, from /proc)"
+        );
     }
     for o in &results.overload {
         println!(
