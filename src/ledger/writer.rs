@@ -513,8 +513,9 @@ fn dedupe_in_group(rows: &[&Row]) -> Vec<Option<Judged>> {
     decided
 }
 
-/// The statements of a group's transaction. Both backends take the same
-/// text: `$N` placeholders, nothing either dialect lacks.
+/// The statements of a group's transaction. Both backends are built the
+/// same text: `$N` placeholders, nothing either dialect lacks. SQLite gets
+/// it through [`sql::for_sqlite`].
 pub(super) mod sql {
     use std::borrow::Cow;
 
@@ -528,8 +529,9 @@ pub(super) mod sql {
     /// binding a 64-row insert (over a thousand parameters) took quadratic
     /// time, about a tenth of the service's CPU under load. Anonymous
     /// parameters have no name to look up. A statement that repeats a
-    /// number, or numbers out of order, keeps its `$N`: sqlx counts
-    /// anonymous parameters apart from numbered ones, so the two never mix.
+    /// number, or numbers out of order, keeps its `$N`: sqlx numbers
+    /// anonymous parameters apart from numbered ones, so one statement must
+    /// not mix the two.
     pub fn for_sqlite(sql: &str) -> Cow<'_, str> {
         let bytes = sql.as_bytes();
         let mut out = String::with_capacity(sql.len());

@@ -24,6 +24,9 @@ use crate::sut::ServiceUnderTest;
 const BATCH: u64 = 500;
 /// Batch requests in flight.
 const CONCURRENCY: usize = 4;
+/// The budget for the whole phase is 30 minutes; the ingest gives
+/// up well before, rather than retry a service that refuses everything.
+const INGEST_LIMIT: Duration = Duration::from_secs(20 * 60);
 /// Every this many batches (per worker), one accepted id is kept for the
 /// GET measurement.
 const SAMPLE_EVERY: u64 = 5;
@@ -256,6 +259,13 @@ async fn ingest(
         async move {
             let mut batches = 0u64;
             while accepted.load(Ordering::Relaxed) < tasks {
+                if started.elapsed() > INGEST_LIMIT {
+                    bail!(
+                        "the backlog was not ingested within {INGEST_LIMIT:?}: {} accepted, {} refused",
+                        accepted.load(Ordering::Relaxed),
+                        refused.load(Ordering::Relaxed)
+                    );
+                }
                 // Reserve what is left (refusals give their share back).
                 let count = BATCH.min(tasks.saturating_sub(reserved.load(Ordering::Relaxed)));
                 if count == 0 {
@@ -295,9 +305,17 @@ async fn ingest(
                     ids.lock().await.push(id.to_owned());
                 }
             }
+            anyhow::Ok(())
         }
     });
-    futures_util::future::join_all(workers).await;
+    let ingested: anyhow::Result<Vec<()>> = futures_util::future::join_all(workers)
+        .await
+        .into_iter()
+        .collect();
+    if let Err(error) = ingested {
+        sampler.abort();
+        return Err(error);
+    }
     let elapsed = started.elapsed();
     let samples = sampler.await?;
     let ids = std::mem::take(&mut *ids.lock().await);

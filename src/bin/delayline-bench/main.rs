@@ -167,18 +167,8 @@ async fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let broker = cpu::broker_pid();
         for (store, auth, label) in stores {
-            let sut = ServiceUnderTest::spawn(
-                &args.amqp_uri,
-                32,
-                100,
-                QueueType::Quorum,
-                args.channels,
-                &store,
-                // The default: on with a ledger.
-                store != Store::None,
-                auth,
-            )
-            .await?;
+            let sut = ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &store, auth)
+                .await?;
             let progress = bar("ingest");
             if results.raw_ceiling_tasks_per_sec.is_none() {
                 // The ceiling is the best the broker does into the cascade's
@@ -244,17 +234,9 @@ async fn main() -> anyhow::Result<()> {
     if run("routing") {
         // A topology of its own, so that its level queues start as empty as
         // the side queues the steps before it are measured into.
-        let sut = ServiceUnderTest::spawn(
-            &args.amqp_uri,
-            32,
-            100,
-            QueueType::Quorum,
-            args.channels,
-            &Store::None,
-            false,
-            false,
-        )
-        .await?;
+        let sut =
+            ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::None, false)
+                .await?;
         let progress = bar("routing");
         let steps = routing::split(
             &args.amqp_uri,
@@ -392,17 +374,9 @@ async fn main() -> anyhow::Result<()> {
     if run("overload") {
         // The default configuration; its capacity measured first, then twice
         // that offered, open loop.
-        let sut = ServiceUnderTest::spawn(
-            &args.amqp_uri,
-            32,
-            100,
-            QueueType::Quorum,
-            args.channels,
-            &Store::Sqlite,
-            true,
-            false,
-        )
-        .await?;
+        let sut =
+            ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::Sqlite, false)
+                .await?;
         let progress = bar("overload: capacity");
         let mut capacity = load::http(&sut.base, None, "sqlite", 64, 1, seconds, &progress).await?;
         // Listed with the ingest rows, but not a point of the ingest curves.
@@ -474,17 +448,9 @@ async fn backlog_phase(
     tasks: u64,
     precision: &mut Vec<Precision>,
 ) -> anyhow::Result<backlog::Backlog> {
-    let mut sut = ServiceUnderTest::spawn(
-        &args.amqp_uri,
-        32,
-        100,
-        QueueType::Quorum,
-        args.channels,
-        &Store::Sqlite,
-        true,
-        false,
-    )
-    .await?;
+    let mut sut =
+        ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::Sqlite, false)
+            .await?;
     let broker_before = backlog::broker_use(sut.cascade.prefix())?;
     // A moderate rate (100 due/s) of short delays, as a service sees beside its backlog.
     let (probes, min_delay, max_delay) = if args.quick {

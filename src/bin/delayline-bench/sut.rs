@@ -180,6 +180,29 @@ impl ServiceUnderTest {
         }
     }
 
+    /// The default cascade (32 levels of 100 ms, quorum queues) with
+    /// `store`; the release stage on exactly when there is a ledger, as by
+    /// default.
+    pub async fn spawn_default(
+        amqp_uri: &str,
+        channels: usize,
+        store: &Store,
+        auth: bool,
+    ) -> anyhow::Result<Self> {
+        let release_stage = *store != Store::None;
+        Self::spawn(
+            amqp_uri,
+            32,
+            100,
+            QueueType::Quorum,
+            channels,
+            store,
+            release_stage,
+            auth,
+        )
+        .await
+    }
+
     /// A queue deleted with the topology at the end.
     pub fn own_queue(&mut self, name: &str) {
         self.extra_queues.push(name.to_owned());
@@ -191,11 +214,7 @@ impl ServiceUnderTest {
 
     /// Resident set size (VmRSS) of process `pid` now, in KiB.
     pub fn rss_kib_of(pid: u32) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        status_kib(pid, "VmRSS")
     }
 
     /// Bytes of the SQLite ledger's files (database, WAL) on disk.
@@ -212,12 +231,7 @@ impl ServiceUnderTest {
 
     /// Peak resident set size of the service so far (VmHWM), in KiB.
     pub fn peak_rss_kib(&self) -> Option<u64> {
-        let pid = self.child.id()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        status_kib(self.child.id()?, "VmHWM")
     }
 
     /// CPU time (user + system) the service has used so far, in ms.
@@ -253,4 +267,13 @@ impl ServiceUnderTest {
         }
         Ok(())
     }
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
