@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::common::{
-    Backend, TestApp, TestConsumer, TestUser, close_connections_named, connections_named,
-    eventually, queue_depth, sample, test_settings, with_ledger,
+    Backend, TestApp, TestConsumer, TestUser, assert_retry_later, close_connections_named,
+    connections_named, eventually, queue_depth, sample, test_settings, with_ledger,
 };
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
@@ -274,10 +274,7 @@ async fn assert_task_refused_as_unavailable(app: &TestApp) {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 503);
-    assert_eq!(response.headers()["retry-after"], "1");
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "broker_unavailable");
+    assert_retry_later(response, "broker_unavailable").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,8 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::sut::ServiceUnderTest;
+use crate::delivery::quantile;
+use crate::sut::{ServiceUnderTest, rabbitmqctl_json};
 
 /// Tasks per batch request while the backlog is ingested.
 const BATCH: u64 = 500;
@@ -74,15 +75,10 @@ pub struct Latency {
 impl Latency {
     fn of(mut ms: Vec<f64>) -> Latency {
         ms.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            ms.get(((ms.len().max(1) - 1) as f64 * q).round() as usize)
-                .copied()
-                .unwrap_or(f64::NAN)
-        };
         Latency {
             samples: ms.len(),
-            p50_ms: at(0.5),
-            p99_ms: at(0.99),
+            p50_ms: quantile(&ms, 0.5),
+            p99_ms: quantile(&ms, 0.99),
             max_ms: ms.last().copied().unwrap_or(f64::NAN),
         }
     }
@@ -140,21 +136,6 @@ fn disk_bytes(path: &str) -> anyhow::Result<f64> {
         .next()
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("du -sb {path}"))
-}
-
-fn rabbitmqctl_json(args: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let out = Command::new("rabbitmqctl")
-        .args(args)
-        .args(["--formatter", "json"])
-        .output()
-        .context("running rabbitmqctl")?;
-    if !out.status.success() {
-        bail!(
-            "rabbitmqctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("reading rabbitmqctl's JSON")
 }
 
 pub fn broker_use(prefix: &str) -> anyhow::Result<BrokerUse> {

@@ -18,11 +18,7 @@ pub fn process_cpu_ms(pid: u32) -> Option<f64> {
 
 /// The broker's OS process, from `rabbitmqctl status`.
 pub fn broker_pid() -> Option<u32> {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(["status", "--formatter", "json"])
-        .output()
-        .ok()?;
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let status = crate::sut::rabbitmqctl_json(&["status"]).ok()?;
     status["pid"]
         .as_u64()
         .or_else(|| status["pid"].as_str()?.parse().ok())

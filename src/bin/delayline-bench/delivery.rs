@@ -105,7 +105,7 @@ pub struct Precision {
     pub lateness_ms: Vec<f64>,
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

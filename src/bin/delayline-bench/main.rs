@@ -367,7 +367,8 @@ async fn main() -> anyhow::Result<()> {
         // The cascade alone (quorum, no ledger): its dead-letter rate sizes
         // the default cascade for other delay mixes.
         if let Some(cascade) = results.drain.first() {
-            results.capacity = capacity::size(100, cascade.hops_per_sec);
+            let unit_ms = delayline::cascade::CascadeSettings::default().unit_ms;
+            results.capacity = capacity::size(unit_ms, cascade.hops_per_sec);
         }
     }
 

@@ -180,21 +180,22 @@ impl ServiceUnderTest {
         }
     }
 
-    /// The default cascade (32 levels of 100 ms, quorum queues) with
-    /// `store`; the release stage on exactly when there is a ledger, as by
-    /// default.
+    /// The product's default cascade (32 levels of 100 ms, quorum queues)
+    /// with `store`; the release stage on exactly when there is a ledger, as
+    /// by default.
     pub async fn spawn_default(
         amqp_uri: &str,
         channels: usize,
         store: &Store,
         auth: bool,
     ) -> anyhow::Result<Self> {
+        let default = CascadeSettings::default();
         let release_stage = *store != Store::None;
         Self::spawn(
             amqp_uri,
-            32,
-            100,
-            QueueType::Quorum,
+            default.levels,
+            default.unit_ms,
+            default.queue_type,
             channels,
             store,
             release_stage,
@@ -276,4 +277,20 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// `rabbitmqctl <args> --formatter json`, parsed.
+pub fn rabbitmqctl_json(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .args(["--formatter", "json"])
+        .output()
+        .context("running rabbitmqctl")?;
+    if !out.status.success() {
+        bail!(
+            "rabbitmqctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("reading rabbitmqctl's JSON")
 }

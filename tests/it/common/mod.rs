@@ -696,6 +696,15 @@ impl Drop for TestUser {
 }
 
 /// Waits up to 20 s for `check` to hold.
+/// `response` is a `503` that tells the client to come back in a second,
+/// with error code `code`.
+pub async fn assert_retry_later(response: reqwest::Response, code: &str) {
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+}
+
 pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !check().await {
