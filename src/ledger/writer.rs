@@ -624,10 +624,12 @@ pub(super) mod sql {
     }
 
     /// Marks releasing tasks delivered at `$1`, keeping `$2` bytes of the
-    /// payload; the ids are `$3…`.
+    /// payload; the ids are `$3…`. A task the release stage claimed while
+    /// still pending (its confirm not yet recorded) carries the error of an
+    /// earlier attempt: delivered, it has none.
     pub fn mark_delivered(ids: usize) -> String {
         format!(
-            "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1, {} \
+            "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1, last_error = NULL, {} \
              WHERE state = 'releasing' AND id IN ({})",
             trimmed_payload(2),
             placeholders(3, ids)
@@ -991,6 +993,7 @@ mod tests {
         let mut found = parameters(&sql);
         found.dedup();
         assert_eq!(found, [1, 2, 3, 4], "{sql}");
+        assert!(sql.contains("last_error = NULL"), "{sql}");
         assert!(sql.ends_with("WHERE state = 'releasing' AND id IN ($3, $4)"));
     }
 
