@@ -131,7 +131,10 @@ pub async fn run(
             metrics.confirm_latency.clone(),
             broker_tls,
         ),
-        cascade.plan(),
+        match &ledger {
+            Some(ledger) => cascade.plan().owned_by(ledger.identity()),
+            None => cascade.plan(),
+        },
         broker_shutdown.clone(),
     );
     let scheduler = Scheduler::new(

@@ -113,6 +113,12 @@ fn parse_inequivalent(text: &str) -> Option<Inequivalent> {
     })
 }
 
+/// The value the broker holds for the argument a PRECONDITION_FAILED text
+/// names, as the broker wrote it.
+pub(crate) fn current_argument(text: &str) -> Option<String> {
+    Some(parse_inequivalent(text)?.current?.value)
+}
+
 /// The broker's current value in a form it will find equivalent, or None if unknown.
 fn as_amqp(reported: &Reported, wanted: Option<&AMQPValue>) -> Option<AMQPValue> {
     let integer = || reported.value.parse().ok().map(AMQPValue::LongLongInt);

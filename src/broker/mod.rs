@@ -57,6 +57,21 @@ pub enum BrokerError {
     CallTimeout { context: String, after: Duration },
     #[error(transparent)]
     Conflict(#[from] TopologyConflict),
+    #[error(
+        "the chain belongs to another ledger: {marker:?} names ledger {theirs}, this \
+         delayline's ledger is {ours}. A chain's release stage delivers or drops each due task \
+         by what its ledger says (cancelled, moved, delivered), so every delayline serving the \
+         chain must share that ledger: give replicas one PostgreSQL ledger (store.url = \
+         \"postgres://…\"), or give this one a chain of its own (another cascade.prefix). If \
+         the chain's ledger is gone for good, deleting the exchange {marker:?} hands the chain \
+         to this ledger; what waits in the chain is then delivered unchecked, cancelled tasks \
+         included"
+    )]
+    AnotherLedger {
+        marker: String,
+        ours: String,
+        theirs: String,
+    },
     #[error("broker TLS: {0}")]
     Tls(String),
 }
@@ -64,7 +79,10 @@ pub enum BrokerError {
 impl BrokerError {
     /// A conflict needs an operator; anything else may pass by reconnecting.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, BrokerError::Conflict(_))
+        matches!(
+            self,
+            BrokerError::Conflict(_) | BrokerError::AnotherLedger { .. }
+        )
     }
 
     /// The broker refused delayline itself (credentials, a missing vhost,
@@ -76,7 +94,8 @@ impl BrokerError {
             BrokerError::Tls(_) => return true,
             BrokerError::ConnectTimeout { .. }
             | BrokerError::CallTimeout { .. }
-            | BrokerError::Conflict(_) => return false,
+            | BrokerError::Conflict(_)
+            | BrokerError::AnotherLedger { .. } => return false,
         };
         match source.kind() {
             lapin::ErrorKind::ProtocolError(amqp) => matches!(

@@ -8,7 +8,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde::Serialize;
 
-use super::diagnose::{diagnose_exchange, diagnose_queue};
+use super::diagnose::{current_argument, diagnose_exchange, diagnose_queue};
 use super::{
     BrokerError, Context, TopologyConflict, field_table, open_channel, precondition_failed,
 };
@@ -107,6 +107,8 @@ pub async fn provision(
         "opening a channel to provision the topology".to_owned()
     })
     .await?;
+    // First: an instance refused the chain declares nothing of it.
+    claim_chain(&channel, plan).await?;
     for exchange in &plan.exchanges {
         if let Some(conflict) = declare_exchange(connection, &channel, exchange).await? {
             return Err(conflict.into());
@@ -158,6 +160,39 @@ pub async fn provision(
     })
 }
 
+/// Records on the broker that the chain belongs to the plan's ledger, or
+/// finds that it belongs to another (see [`crate::cascade::ChainOwner`]).
+async fn claim_chain(channel: &Channel, plan: &TopologyPlan) -> Result<(), BrokerError> {
+    let Some(owner) = &plan.owner else {
+        return Ok(());
+    };
+    let Some(marker) = owner.marker_exchange() else {
+        return Ok(());
+    };
+    let declared = channel
+        .exchange_declare(
+            marker.name.as_str().into(),
+            lapin_kind(marker.kind),
+            durable_exchange(),
+            field_table(&marker.arguments),
+        )
+        .await;
+    match declared {
+        Ok(()) => Ok(()),
+        Err(error) => match precondition_failed(&error) {
+            Some(text) => Err(BrokerError::AnotherLedger {
+                marker: marker.name.clone(),
+                ours: owner.ledger.clone().unwrap_or_default(),
+                theirs: current_argument(&text).unwrap_or(text),
+            }),
+            None => Err(BrokerError::Call {
+                context: format!("declaring the chain's ledger marker {:?}", marker.name),
+                source: error,
+            }),
+        },
+    }
+}
+
 /// Deletes every queue and exchange of `plan`, with the messages they hold.
 /// Objects already gone are skipped. For tests, benchmarks and retired chains.
 pub async fn teardown(connection: &Connection, plan: &TopologyPlan) -> Result<(), BrokerError> {
@@ -171,13 +206,14 @@ pub async fn teardown(connection: &Connection, plan: &TopologyPlan) -> Result<()
             .queue_delete(queue.name.as_str().into(), Default::default())
             .await;
     }
-    for exchange in &plan.exchanges {
+    let marker = plan.owner.iter().map(|owner| owner.marker.as_str());
+    for exchange in plan.exchanges.iter().map(|e| e.name.as_str()).chain(marker) {
         let channel = open_channel(connection, || {
             "opening a channel to provision the topology".to_owned()
         })
         .await?;
         let _ = channel
-            .exchange_delete(exchange.name.as_str().into(), Default::default())
+            .exchange_delete(exchange.into(), Default::default())
             .await;
     }
     Ok(())

@@ -36,6 +36,11 @@ pub fn release_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.release")
 }
 
+/// The exchange that names the ledger a chain belongs to (see [`ChainOwner`]).
+pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.ledger")
+}
+
 /// The alternate exchange of the business exchange.
 pub fn unroutable_exchange_name(business_exchange: &str) -> String {
     format!("{business_exchange}.unroutable")
@@ -129,6 +134,53 @@ pub struct TopologyPlan {
     pub exchanges: Vec<ExchangeSpec>,
     pub queues: Vec<QueueSpec>,
     pub bindings: Vec<BindingSpec>,
+    /// With the release stage: the ledger the chain belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<ChainOwner>,
+}
+
+impl TopologyPlan {
+    /// The plan as an instance whose ledger is `ledger` declares it: it
+    /// claims the chain for that ledger, or finds it is another's.
+    pub fn owned_by(mut self, ledger: &str) -> TopologyPlan {
+        if let Some(owner) = &mut self.owner {
+            owner.ledger = Some(ledger.to_owned());
+        }
+        self
+    }
+}
+
+/// A chain with the release stage belongs to one ledger: the stage delivers
+/// or drops each due task by what the ledger says of it (cancelled, moved,
+/// delivered), so a delayline with another ledger consuming the same release
+/// queue would deliver tasks its ledger never heard of, cancelled ones
+/// included. The broker records the owner beside the chain, where every
+/// replica sees it: an exchange nothing is published to, whose
+/// `alternate-exchange` argument is the ledger's identity. That is the one
+/// exchange argument RabbitMQ compares when an exchange is declared again, so
+/// the broker itself decides, atomically, which ledger declared it first; a
+/// declaration with another identity is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChainOwner {
+    pub marker: String,
+    /// The ledger of the instance declaring the plan; `None` (provisioning
+    /// from the command line, which opens no ledger) claims nothing.
+    pub ledger: Option<String>,
+}
+
+impl ChainOwner {
+    /// The marker exchange to declare, when there is a ledger to claim for.
+    pub fn marker_exchange(&self) -> Option<ExchangeSpec> {
+        let ledger = self.ledger.as_ref()?;
+        Some(ExchangeSpec {
+            name: self.marker.clone(),
+            kind: ExchangeKind::Fanout,
+            arguments: Arguments::from([(
+                "alternate-exchange".to_owned(),
+                ArgValue::Str(ledger.clone()),
+            )]),
+        })
+    }
 }
 
 impl Cascade {
@@ -150,6 +202,11 @@ impl Cascade {
 
     pub fn poison_queue(&self) -> String {
         poison_queue_name(self.prefix(), self.version())
+    }
+
+    /// The exchange that records which ledger this chain belongs to.
+    pub fn ledger_marker(&self) -> String {
+        ledger_marker_name(self.prefix(), self.version())
     }
 
     /// The release stage's queue, and its exchange of the same name.
@@ -308,6 +365,10 @@ impl Cascade {
             exchanges,
             queues,
             bindings,
+            owner: self.release_stage().then(|| ChainOwner {
+                marker: self.ledger_marker(),
+                ledger: None,
+            }),
         }
     }
 }

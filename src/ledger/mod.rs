@@ -143,7 +143,14 @@ impl Location {
     /// For logs and errors: never the password.
     pub fn describe(&self) -> String {
         match self {
-            Location::Sqlite(path) => format!("sqlite://{}", path.display()),
+            // Absolute: a relative path (the default `data/delayline.db`)
+            // depends on the directory delayline was started from.
+            Location::Sqlite(path) => format!(
+                "sqlite://{}",
+                std::path::absolute(path)
+                    .unwrap_or_else(|_| path.clone())
+                    .display()
+            ),
             Location::Postgres(url) => crate::broker::redact_uri(url),
         }
     }
@@ -160,6 +167,8 @@ pub(crate) enum Pool {
 pub struct Ledger {
     pool: Pool,
     target: Arc<str>,
+    /// Made once per ledger (migration 0006): which ledger a chain belongs to.
+    identity: Arc<str>,
     writes: writer::Handle,
     pending: Arc<PendingCount>,
     max_pending: u64,
@@ -294,6 +303,7 @@ pub async fn open(
     let pool = open_pool(&location, settings.max_connections).await?;
     let target = location.describe();
     migrate(&pool, &target).await?;
+    let identity = read_identity(&pool).await?;
     let pending = Arc::new(PendingCount::default());
     let ledger = Ledger {
         writes: writer::spawn(
@@ -305,6 +315,7 @@ pub async fn open(
         ),
         pool,
         target: target.into(),
+        identity: identity.into(),
         pending,
         max_pending: settings.max_pending,
         closing: CancellationToken::new(),
@@ -312,6 +323,13 @@ pub async fn open(
     ledger.pending_tasks().await?;
     tokio::spawn(ledger.clone().recount_until_closed());
     Ok(Some(ledger))
+}
+
+/// The ledger's identity, made by its migration.
+async fn read_identity(pool: &Pool) -> Result<String, LedgerError> {
+    const IDENTITY: &str = "SELECT id FROM ledger_identity";
+    let read = on_pool!(pool, p => sqlx::query_scalar::<_, String>(IDENTITY).fetch_one(p).await);
+    read.context("reading the ledger's identity")
 }
 
 /// A client's waiting tasks. Both counts read an index alone
@@ -381,6 +399,11 @@ pub(crate) fn db_ms(ms: u64) -> i64 {
 impl Ledger {
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The ledger's identity, the same for every replica that shares it.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Records `task` as pending, leased to the caller until

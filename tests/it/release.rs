@@ -258,6 +258,46 @@ async fn two_replicas_sharing_a_postgresql_ledger_deliver_each_task_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ledger_on_the_chain_is_refused_at_start_and_a_cancel_still_holds() {
+    let settings = default_settings(6);
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.orders").await;
+    let cancelled = post_task(&app, "orders", 2_500).await;
+    assert_eq!(delete(&app, &id_of(&cancelled)).await.0, 200);
+
+    // A new user's mistake: a second `delayline serve` started from another
+    // directory, so with a fresh ledger, on the same chain.
+    let mut other = settings.clone();
+    let other_dir = std::env::temp_dir().join(format!("{}-other-ledger", settings.cascade.prefix));
+    other.store.data_dir = other_dir.display().to_string();
+    let mut serve = delayline_command(&other, &["serve"]);
+    serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+    let output = tokio::time::timeout(Duration::from_secs(60), serve.output())
+        .await
+        .expect("the second instance stops by itself")
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&other_dir);
+    let text = String::from_utf8_lossy(&output.stderr).to_string()
+        + &String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("the chain belongs to another ledger"), "{text}");
+    assert!(text.contains(&app.cascade.ledger_marker()), "{text}");
+    assert!(text.contains("PostgreSQL"), "it says how to share: {text}");
+
+    // The first instance's ledger still decides: the cancelled task never comes.
+    assert!(consumer.next(Duration::from_secs(5)).await.is_none());
+    eventually("the cancelled task's due time has passed", async || {
+        let (_, task) = app.get(&format!("/v1/tasks/{}", id_of(&cancelled))).await;
+        task["state"] == "cancelled"
+    })
+    .await;
+    assert_eq!(
+        sample(&app.scrape().await, "delayline_release_unknown_total"),
+        Some(0.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn due_tasks_wait_while_the_service_is_stopped_and_arrive_when_it_is_back() {
     let mut app = TestApp::spawn(default_settings(6)).await;
     let mut consumer = TestConsumer::bind(&mut app, "#.later").await;

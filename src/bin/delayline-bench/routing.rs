@@ -58,6 +58,7 @@ fn plan(cascade: &Cascade) -> TopologyPlan {
             to_plain(name("digits"), cascade.digit_pattern(ENTRY_LEVEL, true)),
             to_plain(name("digits"), cascade.digit_pattern(ENTRY_LEVEL, false)),
         ],
+        owner: None,
     }
 }
 

@@ -158,6 +158,7 @@ impl Cleanup {
                 exchanges: Vec::new(),
                 queues: Vec::new(),
                 bindings: Vec::new(),
+                owner: None,
             },
             queues: Vec::new(),
             ledger_of: None,
