@@ -171,7 +171,73 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     let _ = crate::broker::content_header_frame_size(&properties);
 }
 
+/// Every parser of a request body, as one function: whether it took the body.
+fn body_parsers() -> [(&'static str, fn(&[u8]) -> Result<(), TaskError>); 4] {
+    [
+        ("task", |b| Task::parse(b, &cascade(), now()).map(drop)),
+        ("batch", |b| crate::task::parse_batch(b).map(drop)),
+        ("reschedule", |b| crate::task::parse_new_delay(b, now()).map(drop)),
+        ("cancel", |b| crate::http::lifecycle::parse_cancel(b).map(drop)),
+    ]
+}
+
+/// A body each parser takes, before mutation.
+fn valid_body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(br#"{"destination":"x.y","delay_ms":100000,"payload":1}"#.to_vec()),
+        Just(br#"{"tasks":[{"destination":"a","delay_ms":5}]}"#.to_vec()),
+        Just(br#"{"delay_ms":100}"#.to_vec()),
+        Just(br#"{"ids":["t1","t2"]}"#.to_vec()),
+    ]
+}
+
+/// A valid body with bytes added after it, before it, inside it, or cut:
+/// where a parser that stops at the end of the first value would differ
+/// from one that reads the whole body.
+fn mutated_body() -> impl Strategy<Value = Vec<u8>> {
+    let tail = prop_oneof![
+        Just(b" xyz".to_vec()),
+        Just(b"}}".to_vec()),
+        Just(b"]".to_vec()),
+        Just(b" {}".to_vec()),
+        Just(b",".to_vec()),
+        Just(b"\n\t ".to_vec()),
+        Just(b"\0".to_vec()),
+        prop::collection::vec(any::<u8>(), 1..8),
+    ];
+    (valid_body(), tail, any::<prop::sample::Index>(), 0..4u8).prop_map(
+        |(mut body, extra, at, how)| {
+            let at = at.index(body.len() + 1);
+            match how {
+                0 => body.extend_from_slice(&extra),
+                1 => drop(body.splice(0..0, extra)),
+                2 => drop(body.splice(at..at, extra)),
+                _ => body.truncate(at),
+            };
+            body
+        },
+    )
+}
+
 proptest! {
+    /// The oracle for what is JSON at all is `serde_json::from_slice`: no
+    /// body parser takes a body it refuses (trailing bytes included).
+    #[test]
+    fn every_body_parser_takes_only_what_serde_json_takes(body in mutated_body()) {
+        let is_json = serde_json::from_slice::<Value>(&body).is_ok();
+        for (name, parse) in body_parsers() {
+            match parse(&body) {
+                Ok(()) => prop_assert!(
+                    is_json,
+                    "the {} parser took {:?}, which is not JSON",
+                    name,
+                    String::from_utf8_lossy(&body)
+                ),
+                Err(error) => refused_with_a_code(&error),
+            }
+        }
+    }
+
     #[test]
     fn the_task_parser_takes_any_bytes(body in prop::collection::vec(any::<u8>(), 0..512)) {
         match Task::parse(&body, &cascade(), now()) {

@@ -218,6 +218,27 @@ pub enum TaskError {
     InvalidId(String),
 }
 
+/// Deserialises the whole of `body` as `T`, saying where a misfit is. As
+/// with `serde_json::from_slice`, the value must be all there is: anything
+/// but white space after it (`{…} xyz`, `{…}}}`) is malformed JSON, not
+/// ignored. Every request body goes through here.
+pub(crate) fn deserialize_whole<'de, T: Deserialize<'de>>(
+    body: &'de [u8],
+) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer)?;
+    deserializer
+        .end()
+        .map_err(|e| serde_path_to_error::Error::new(serde_path_to_error::Track::new().path(), e))?;
+    Ok(value)
+}
+
+/// The body of `POST /v1/tasks/batch`, its tasks not yet parsed.
+pub fn parse_batch(body: &[u8]) -> Result<BatchRequest<'_>, TaskError> {
+    require_object(body, "", "a batch: {\"tasks\": [task, …]}")?;
+    deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, ""))
+}
+
 /// A body must be a JSON object; serde would also take an array for a struct.
 pub(crate) fn require_object(body: &[u8], at: &str, what: &str) -> Result<(), TaskError> {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
@@ -430,9 +451,8 @@ impl Task {
         at: &str,
     ) -> Result<Task, TaskError> {
         require_object(body, at, "a task: {\"destination\": …, \"delay_ms\": …}")?;
-        let mut deserializer = serde_json::Deserializer::from_slice(body);
-        let request: TaskRequest = serde_path_to_error::deserialize(&mut deserializer)
-            .map_err(|e| TaskError::from_shape(&e, at))?;
+        let request: TaskRequest =
+            deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, at))?;
         request.validate(cascade, now).map_err(|error| error.at(at))
     }
 
@@ -575,9 +595,8 @@ pub struct NewDelay {
 /// of a task can change.
 pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskError> {
     require_object(body, "", "a new due time: {\"delay_ms\": …}")?;
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request: RescheduleRequest =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        deserialize_whole(body).map_err(|error| {
             let unknown = error.inner().to_string().starts_with("unknown field");
             if unknown && error.path().iter().count() == 1 {
                 TaskError::InvalidRequest(format!(

@@ -18,7 +18,9 @@ use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
 use crate::auth::{Caller, Permission};
 use crate::ledger::{Cancel, ChangeKey, Reschedule, StoredTask};
 use crate::scheduler::ChangeError;
-use crate::task::{TaskError, TaskState, fingerprint, parse_new_delay, require_object};
+use crate::task::{
+    TaskError, TaskState, deserialize_whole, fingerprint, parse_new_delay, require_object,
+};
 
 fn not_found(id: &str) -> ApiError {
     ApiError::new(
@@ -90,8 +92,27 @@ pub async fn cancel_task(
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CancelRequest {
-    ids: Vec<String>,
+pub(crate) struct CancelRequest {
+    pub(crate) ids: Vec<String>,
+}
+
+/// The body of `POST /v1/tasks/cancel`.
+pub(crate) fn parse_cancel(body: &[u8]) -> Result<CancelRequest, TaskError> {
+    require_object(body, "", "{\"ids\": [task id, …]}")?;
+    deserialize_whole(body).map_err(|e| {
+        if !matches!(e.inner().classify(), serde_json::error::Category::Data) {
+            return TaskError::from_json(e.inner());
+        }
+        TaskError::InvalidRequest(format!(
+            "/{}: {}; expected {{\"ids\": [task id, …]}}",
+            e.path(),
+            e.inner()
+                .to_string()
+                .split(" at line ")
+                .next()
+                .unwrap_or("")
+        ))
+    })
 }
 
 /// One id's outcome in a batch cancel: `task` when cancelled, `error` otherwise.
@@ -120,20 +141,7 @@ pub async fn cancel_batch(
     JsonBody(body): JsonBody,
 ) -> Result<Json<CancelResponse>, ApiError> {
     require(&caller, Permission::Cancel)?;
-    require_object(&body, "", "{\"ids\": [task id, …]}")?;
-    let mut deserializer = serde_json::Deserializer::from_slice(&body);
-    let request: CancelRequest =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-            let at = e.path().to_string();
-            ApiError::from(TaskError::InvalidRequest(format!(
-                "/{at}: {}; expected {{\"ids\": [task id, …]}}",
-                e.inner()
-                    .to_string()
-                    .split(" at line ")
-                    .next()
-                    .unwrap_or("")
-            )))
-        })?;
+    let request = parse_cancel(&body)?;
     if request.ids.len() > state.batch_limit {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -13,7 +13,7 @@ mod extract;
 mod fallback;
 mod health;
 mod inspect;
-mod lifecycle;
+pub(crate) mod lifecycle;
 pub mod limits;
 pub mod openapi;
 mod scrape;

@@ -19,7 +19,7 @@ use super::extract::JsonBody;
 use crate::auth::{Caller, Permission};
 use crate::cascade::MAX_NAME_BYTES;
 use crate::scheduler::{Idempotency, Submitted};
-use crate::task::{BatchRequest, Task, TaskAccepted, TaskError, fingerprint, require_object};
+use crate::task::{Task, TaskAccepted, fingerprint, parse_batch};
 
 /// Names a request so that its retries are answered, not scheduled again.
 pub(super) const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -222,10 +222,7 @@ pub async fn create_batch(
              each one idempotent on its own",
         ));
     }
-    require_object(&body, "", "a batch: {\"tasks\": [task, …]}")?;
-    let mut deserializer = serde_json::Deserializer::from_slice(&body);
-    let batch: BatchRequest = serde_path_to_error::deserialize(&mut deserializer)
-        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "")))?;
+    let batch = parse_batch(&body)?;
     if batch.tasks.len() > state.batch_limit {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -421,6 +421,45 @@ async fn a_move_whose_publish_fails_leaves_the_new_revision_pending() {
     );
 }
 
+/// The regression of issue 24: a body is one JSON value and nothing after it.
+#[tokio::test]
+async fn a_body_with_anything_after_its_json_value_is_refused_on_every_route() {
+    let harness = with_release_stage(ScriptedBroker::ready()).await;
+    let posted = harness
+        .post("/v1/tasks", r#"{"destination":"d","delay":"100s"}"#, None)
+        .await;
+    let id = posted.body["id"].as_str().unwrap().to_owned();
+    let published = harness.broker.published();
+    let task = r#"{"destination":"x.y","delay_ms":100000,"payload":1}"#;
+    let batch = r#"{"tasks":[{"destination":"x.y","delay_ms":100000}]}"#;
+    let cancel = format!(r#"{{"ids":["{id}"]}}"#);
+    for trailer in [" xyz", "}}", " {}", ","] {
+        for (method, path, body) in [
+            ("POST", "/v1/tasks".to_owned(), task.to_owned()),
+            ("POST", "/v1/tasks/batch".to_owned(), batch.to_owned()),
+            ("POST", "/v1/tasks/cancel".to_owned(), cancel.clone()),
+            ("PATCH", format!("/v1/tasks/{id}"), r#"{"delay_ms":5000}"#.to_owned()),
+        ] {
+            let answer = harness
+                .call(
+                    Request::builder()
+                        .method(method)
+                        .uri(&path)
+                        .header("content-type", "application/json")
+                        .body(Body::from(format!("{body}{trailer}")))
+                        .unwrap(),
+                )
+                .await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path} {body}{trailer}");
+            assert_eq!(answer.code(), "malformed_json", "{path}: {}", answer.text);
+        }
+    }
+    assert_eq!(harness.broker.published(), published, "nothing refused is published");
+    let seen = harness.get(&format!("/v1/tasks/{id}")).await;
+    assert_eq!(seen.body["state"], "scheduled", "{}", seen.text);
+    assert_eq!(seen.body["revision"], 1, "{}", seen.text);
+}
+
 #[tokio::test]
 async fn a_batch_cancel_answers_each_id_on_its_own() {
     let harness = with_release_stage(ScriptedBroker::ready()).await;
