@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::serve::{ConnectionLimits, serve};
+use crate::http::serve::{ConnectionLimits, https_config, serve};
 use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -68,16 +68,9 @@ pub async fn run(
         settings.has_ledger(),
     )?);
     let tls = match &settings.http.tls {
-        tls if tls.enabled() => Some(
-            RustlsConfig::from_pem_file(&tls.cert_file, &tls.key_file)
-                .await
-                .map_err(|error| {
-                    ServiceError::Tls(format!(
-                        "reading http.tls.cert_file {:?} and key_file {:?}: {error}",
-                        tls.cert_file, tls.key_file
-                    ))
-                })?,
-        ),
+        tls if tls.enabled() => Some(RustlsConfig::from_config(
+            https_config(&tls.cert_file, &tls.key_file).map_err(ServiceError::Tls)?,
+        )),
         _ => None,
     };
     let metrics_listener = match settings.metrics.bind.as_str() {
@@ -299,11 +292,11 @@ async fn reload_on_hangup(
                 }
             }
             if let Some((config, files)) = &tls {
-                match config
-                    .reload_from_pem_file(&files.cert_file, &files.key_file)
-                    .await
-                {
-                    Ok(()) => info!(cert_file = %files.cert_file, "SIGHUP: certificate reloaded"),
+                match https_config(&files.cert_file, &files.key_file) {
+                    Ok(reloaded) => {
+                        config.reload_from_config(reloaded);
+                        info!(cert_file = %files.cert_file, "SIGHUP: certificate reloaded")
+                    }
                     Err(error) => error!(
                         %error,
                         "SIGHUP: certificate NOT reloaded; the previous one stays"

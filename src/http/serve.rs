@@ -31,6 +31,34 @@ use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
 
+/// The API's TLS settings from its PEM files (the certificate chain, then the
+/// private key). ALPN offers HTTP/1.1 alone, the one protocol served: a
+/// client told HTTP/2 is there (curl's default) would speak it to an HTTP/1.1
+/// server and fail.
+pub fn https_config(
+    cert_file: &str,
+    key_file: &str,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|error| format!("reading http.tls.cert_file {cert_file:?}: {error}"))?;
+    if chain.is_empty() {
+        return Err(format!("http.tls.cert_file {cert_file:?} holds no certificate"));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|error| format!("reading http.tls.key_file {key_file:?}: {error}"))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|error| {
+            format!("http.tls.cert_file {cert_file:?} and key_file {key_file:?}: {error}")
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// What one client may hold of the listener.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {

@@ -64,6 +64,21 @@ async fn post(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// `curl --cacert CA https://localhost:PORT/healthz`, with curl's defaults
+/// (which prefer HTTP/2), answers 200.
+fn curl_https_healthz(ca: &TestCa, port: u16) {
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "--fail", "--cacert", &ca.ca_file()])
+        .arg(format!("https://localhost:{port}/healthz"))
+        .output()
+        .expect("curl runs");
+    assert!(
+        output.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() {
     let mut settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
@@ -138,6 +153,9 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
         String::from_utf8_lossy(&probe.stdout),
         String::from_utf8_lossy(&probe.stderr)
     );
+    // curl as it comes offers HTTP/2 first (ALPN): the server offers only
+    // the HTTP/1.1 it serves, so the default client works.
+    curl_https_healthz(&first_ca, port);
     // Plain HTTP on the HTTPS port gets no API.
     let plain = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/readyz"))
@@ -254,6 +272,8 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
             .status(),
         200
     );
+    // A reloaded certificate keeps offering HTTP/1.1 alone.
+    curl_https_healthz(&second_ca, port);
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.cancel();
     for handle in load {
