@@ -117,3 +117,28 @@ assert_no_test_objects_left() {
   fi
   echo "ci: the tests left nothing on the broker"
 }
+
+# The OpenAPI linter (Redocly CLI, from npm), pinned like schemathesis, in a
+# folder of its own outside the checkout.
+REDOCLY_VERSION=2.77.0
+REDOCLY_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/delayline-ci/redocly-$REDOCLY_VERSION"
+ensure_openapi_linter() {
+  if [ -x "$REDOCLY_DIR/node_modules/.bin/redocly" ]; then
+    return 0
+  fi
+  echo "ci: installing @redocly/cli $REDOCLY_VERSION"
+  mkdir -p "$REDOCLY_DIR"
+  (cd "$REDOCLY_DIR" && npm install --no-audit --no-fund --loglevel=error "@redocly/cli@$REDOCLY_VERSION" >/dev/null)
+}
+
+# Lints the OpenAPI document the binary serves at /openapi.json.
+lint_openapi() {
+  local document
+  document="$(mktemp --suffix=.json)"
+  cargo run --locked --quiet -- openapi >"$document"
+  NO_UPDATE_NOTIFIER=1 REDOCLY_TELEMETRY=off "$REDOCLY_DIR/node_modules/.bin/redocly" lint \
+    --config .ci/redocly.yaml --format=summary "$document" 2>&1 | grep -v '[║╔╚]'
+  local status=${PIPESTATUS[0]}
+  rm -f "$document"
+  return "$status"
+}

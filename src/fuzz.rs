@@ -171,13 +171,20 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     let _ = crate::broker::content_header_frame_size(&properties);
 }
 
-/// Every parser of a request body, as one function: whether it took the body.
-fn body_parsers() -> [(&'static str, fn(&[u8]) -> Result<(), TaskError>); 4] {
+/// A request body parser, reduced to whether it took the body.
+type BodyParser = fn(&[u8]) -> Result<(), TaskError>;
+
+/// Every parser of a request body, by name.
+fn body_parsers() -> [(&'static str, BodyParser); 4] {
     [
         ("task", |b| Task::parse(b, &cascade(), now()).map(drop)),
         ("batch", |b| crate::task::parse_batch(b).map(drop)),
-        ("reschedule", |b| crate::task::parse_new_delay(b, now()).map(drop)),
-        ("cancel", |b| crate::http::lifecycle::parse_cancel(b).map(drop)),
+        ("reschedule", |b| {
+            crate::task::parse_new_delay(b, now()).map(drop)
+        }),
+        ("cancel", |b| {
+            crate::http::lifecycle::parse_cancel(b).map(drop)
+        }),
     ]
 }
 

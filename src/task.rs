@@ -105,7 +105,7 @@ pub struct BatchRequest<'a> {
 /// A caller-supplied header value; AMQP tables carry each as its own type.
 /// Stored in the ledger as plain JSON, which the untagged form reads back
 /// into the same variants (an integer stays an integer).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum FieldValue {
     Str(String),
@@ -113,6 +113,27 @@ pub enum FieldValue {
     Float(f64),
     Bool(bool),
 }
+
+/// Written by hand: the derived `oneOf` of string, integer, number and
+/// boolean lets an integer match two branches, which a strict client reads
+/// as invalid. Each JSON value matches exactly one of these.
+impl utoipa::PartialSchema for FieldValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .description(Some(
+                "A header value: a string (AMQP long string), a number (an integer that \
+                 fits 64 bits becomes a signed 64-bit integer, any other number a double) \
+                 or a boolean.",
+            ))
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .item(ObjectBuilder::new().schema_type(Type::Number))
+            .item(ObjectBuilder::new().schema_type(Type::Boolean))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for FieldValue {}
 
 /// A valid task, ready to publish.
 #[derive(Clone, Debug, PartialEq)]
@@ -227,9 +248,9 @@ pub(crate) fn deserialize_whole<'de, T: Deserialize<'de>>(
 ) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut deserializer)?;
-    deserializer
-        .end()
-        .map_err(|e| serde_path_to_error::Error::new(serde_path_to_error::Track::new().path(), e))?;
+    deserializer.end().map_err(|e| {
+        serde_path_to_error::Error::new(serde_path_to_error::Track::new().path(), e)
+    })?;
     Ok(value)
 }
 
@@ -595,19 +616,18 @@ pub struct NewDelay {
 /// of a task can change.
 pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskError> {
     require_object(body, "", "a new due time: {\"delay_ms\": …}")?;
-    let request: RescheduleRequest =
-        deserialize_whole(body).map_err(|error| {
-            let unknown = error.inner().to_string().starts_with("unknown field");
-            if unknown && error.path().iter().count() == 1 {
-                TaskError::InvalidRequest(format!(
-                    "/{}: only a task's due time can change: give exactly one of delay_ms, \
+    let request: RescheduleRequest = deserialize_whole(body).map_err(|error| {
+        let unknown = error.inner().to_string().starts_with("unknown field");
+        if unknown && error.path().iter().count() == 1 {
+            TaskError::InvalidRequest(format!(
+                "/{}: only a task's due time can change: give exactly one of delay_ms, \
                      delay or deliver_at",
-                    error.path()
-                ))
-            } else {
-                TaskError::from_shape(&error, "")
-            }
-        })?;
+                error.path()
+            ))
+        } else {
+            TaskError::from_shape(&error, "")
+        }
+    })?;
     let delay = requested_delay(
         &request.delay_ms,
         &request.delay,

@@ -55,8 +55,8 @@ use super::management::ManagementApi;
 use super::provision::declare_queue;
 use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
-    Cascade, MAX_LEVELS, destination_of, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
-    release_queue_name, unroutable_queue_name,
+    Cascade, MAX_LEVELS, destination_of, ledger_marker_name, level_exchange_name, level_queue_name,
+    poison_queue_name, release_queue_name, unroutable_queue_name,
 };
 use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, epoch_ms};
 
@@ -343,8 +343,7 @@ pub async fn migrate_topology(
             }
             if has_release_stage {
                 delete_exchange(connection, &old_release).await?;
-                delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version))
-                    .await?;
+                delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
             }
             mover.report.removed = true;
             let _ = mover.publish.close(200, "migrated".into()).await;

@@ -111,11 +111,7 @@ pub fn admit(state: &AppState, client: &Client, tasks: u64) -> Result<(), ApiErr
     let throttled = client
         .take(u32::try_from(tasks).unwrap_or(u32::MAX))
         .and_then(|()| state.auth.usage.reserve(client, tasks));
-    throttled.map_err(|throttled| {
-        let error = throttle_error(&client.name, throttled);
-        state.metrics.client_throttled(&client.name, error.code);
-        error
-    })
+    throttled.map_err(|throttled| throttle_error(&client.name, throttled))
 }
 
 fn throttle_error(client: &str, throttled: Throttled) -> ApiError {

@@ -5,7 +5,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 
 use super::error::ApiError;
-use super::limits::BodyReadTimeout;
+use super::limits::BodyLimits;
 
 /// A request body that must be JSON, read whole within the body limit.
 pub struct JsonBody(pub Bytes);
@@ -40,22 +40,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 format!("JSON is UTF-8; the body says charset={charset}: send it as UTF-8"),
             ));
         }
-        let deadline = request.extensions().get::<BodyReadTimeout>().copied();
+        let limits = request.extensions().get::<BodyLimits>().copied();
         let reading = Bytes::from_request(request, state);
-        let read = match deadline {
-            Some(BodyReadTimeout(limit)) => {
-                tokio::time::timeout(limit, reading).await.map_err(|_| {
-                    ApiError::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "body_timeout",
-                        format!(
-                            "the request body did not arrive whole within \
+        let read = match limits.map(|l| l.read_timeout) {
+            Some(limit) => tokio::time::timeout(limit, reading).await.map_err(|_| {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!(
+                        "the request body did not arrive whole within \
                              http.body_read_timeout_ms ({} ms)",
-                            limit.as_millis()
-                        ),
-                    )
-                })?
-            }
+                        limit.as_millis()
+                    ),
+                )
+            })?,
             None => reading.await,
         };
         let bytes = read.map_err(|rejection| {
@@ -63,7 +61,15 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "payload_too_large",
-                    "the request body is larger than http.body_limit_bytes allows",
+                    match limits {
+                        Some(limits) => format!(
+                            "the request body is larger than the {} bytes http.body_limit_bytes \
+                             allows",
+                            limits.max_bytes
+                        ),
+                        None => "the request body is larger than http.body_limit_bytes allows"
+                            .to_owned(),
+                    },
                 )
             } else {
                 ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())

@@ -15,7 +15,7 @@ struct Status {
     status: &'static str,
 }
 
-#[utoipa::path(get, path = "/healthz", tag = "operations",
+#[utoipa::path(get, summary = "Liveness: the process serves HTTP", path = "/healthz", tag = "operations",
     responses((status = 200, description = "the process serves HTTP", body = Status)))]
 pub async fn healthz() -> impl IntoResponse {
     Json(Status { status: "ok" })
@@ -23,7 +23,7 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// 200 with what the service runs on when a task posted now would be
 /// accepted; 503 with why not otherwise.
-#[utoipa::path(get, path = "/readyz", tag = "operations",
+#[utoipa::path(get, summary = "Readiness: whether a task posted now would be accepted", path = "/readyz", tag = "operations",
     responses((status = 200, description = "a task posted now would be accepted", body = Readiness)))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     Ok(Json(state.scheduler.readiness().await?))

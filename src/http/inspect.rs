@@ -86,7 +86,7 @@ impl From<StoredTask> for TaskView {
     }
 }
 
-#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+#[utoipa::path(get, summary = "A task as the ledger knows it", path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
     responses((status = 200, description = "the task as the ledger knows it", body = TaskView)))]
 pub async fn get_task(
     State(state): State<AppState>,
@@ -169,7 +169,7 @@ impl ListQuery {
 }
 
 /// Tasks in due order, a page at a time.
-#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+#[utoipa::path(get, summary = "List tasks in due order, a page at a time", path = "/v1/tasks", tag = "tasks",
     params(
         ("destination" = Option<String>, Query, description = "only this destination"),
         ("state" = Option<crate::task::TaskState>, Query, description = "only this state"),

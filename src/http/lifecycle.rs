@@ -74,7 +74,7 @@ fn cancel_answer(id: &str, outcome: Cancel) -> Result<TaskView, ApiError> {
 }
 
 /// Cancels a task that is not yet due; repeating it answers the same.
-#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+#[utoipa::path(delete, summary = "Cancel a task", path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
     responses((status = 200, description = "cancelled (again): it is never delivered", body = crate::http::inspect::TaskView)))]
 pub async fn cancel_task(
     State(state): State<AppState>,
@@ -132,7 +132,7 @@ pub struct CancelResponse {
 }
 
 /// Cancels many tasks in one ledger transaction, each on its own merits.
-#[utoipa::path(post, path = "/v1/tasks/cancel", tag = "tasks",
+#[utoipa::path(post, summary = "Cancel many tasks", path = "/v1/tasks/cancel", tag = "tasks",
     request_body = CancelRequest,
     responses((status = 200, description = "one result per id, in order", body = CancelResponse)))]
 pub async fn cancel_batch(
@@ -181,7 +181,7 @@ pub async fn cancel_batch(
 }
 
 /// Moves a task that is not yet due to a new due time (a new revision).
-#[utoipa::path(patch, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
+#[utoipa::path(patch, summary = "Move a task to a new due time", path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "the task id")),
     request_body = crate::task::RescheduleRequest,
     responses((status = 200, description = "moved: a new revision and due time", body = crate::http::inspect::TaskView)))]
 pub async fn reschedule_task(

@@ -24,9 +24,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::AppState;
 use super::error::ApiError;
 
-/// How long a request's body may take to arrive; the body extractor reads it.
+/// How long a request's body may take to arrive, and how large it may be;
+/// the body extractor reads them.
 #[derive(Clone, Copy, Debug)]
-pub struct BodyReadTimeout(pub Duration);
+pub struct BodyLimits {
+    pub read_timeout: Duration,
+    pub max_bytes: usize,
+}
 
 /// Tasks being taken in (parsed, recorded, published) at once.
 #[derive(Clone, Debug)]
@@ -81,9 +85,10 @@ pub async fn deadlines(
     next: Next,
 ) -> Response {
     let limits = state.limits;
-    request
-        .extensions_mut()
-        .insert(BodyReadTimeout(limits.body_read_timeout));
+    request.extensions_mut().insert(BodyLimits {
+        read_timeout: limits.body_read_timeout,
+        max_bytes: limits.body_max_bytes,
+    });
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
@@ -107,5 +112,6 @@ pub async fn deadlines(
 #[derive(Clone, Copy, Debug)]
 pub struct RequestLimits {
     pub body_read_timeout: Duration,
+    pub body_max_bytes: usize,
     pub request_timeout: Duration,
 }

@@ -5,7 +5,8 @@
 //! moving them), `topology`, `health` (the
 //! probes), `scrape` (`/metrics`); `auth` is the gate in front of all but the
 //! probes, `extract` the JSON body extractor, `error` the error shape,
-//! `fallback` what no route serves.
+//! `fallback` what no route serves; `serve` the accept loop, with `wire`
+//! turning hyper's bare refusals of unparseable requests into JSON.
 
 mod auth;
 mod error;
@@ -20,6 +21,7 @@ mod scrape;
 pub mod serve;
 mod tasks;
 mod topology;
+mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -70,6 +72,7 @@ impl AppState {
             auth,
             limits: limits::RequestLimits {
                 body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
+                body_max_bytes: http.body_limit_bytes,
                 request_timeout: Duration::from_millis(http.request_timeout_ms),
             },
             intake: limits::Intake::new(http.max_tasks_in_flight),

@@ -13,6 +13,7 @@ use super::error::{ErrorBody, ErrorEnvelope};
 
 /// Every error code the API answers, with its status.
 pub const ERROR_CODES: &[(u16, &str)] = &[
+    (400, "bad_request"),
     (400, "malformed_json"),
     (400, "invalid_idempotency_key"),
     (400, "unreadable_body"),
@@ -31,6 +32,7 @@ pub const ERROR_CODES: &[(u16, &str)] = &[
     (409, "task_failed"),
     (409, "payload_not_kept"),
     (413, "payload_too_large"),
+    (414, "uri_too_long"),
     (415, "unsupported_media_type"),
     (422, "invalid_request"),
     (422, "invalid_destination"),
@@ -42,6 +44,7 @@ pub const ERROR_CODES: &[(u16, &str)] = &[
     (422, "invalid_id"),
     (422, "batch_too_large"),
     (429, "rate_limited"),
+    (431, "request_headers_too_large"),
     (429, "quota_exceeded"),
     (500, "internal"),
     (501, "ledger_disabled"),
@@ -58,6 +61,7 @@ pub const ERROR_CODES: &[(u16, &str)] = &[
     (503, "broker_unroutable"),
     (503, "not_ready"),
     (503, "broker_misconfigured"),
+    (505, "http_version_not_supported"),
 ];
 
 #[derive(OpenApi)]
@@ -99,6 +103,8 @@ struct ApiDoc;
 /// The description as served at `GET /openapi.json`.
 pub fn document() -> Value {
     let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    // Relative: the API is wherever this document was fetched from.
+    document["servers"] = json!([{"url": "/", "description": "this delayline"}]);
     let codes: Vec<&str> = ERROR_CODES.iter().map(|(_, code)| *code).collect();
     document["components"]["schemas"]["ErrorBody"]["properties"]["code"]["enum"] = json!(codes);
     document["components"]["securitySchemes"] = json!({
@@ -124,13 +130,16 @@ pub fn document() -> Value {
 
 /// The statuses a route can answer besides its own success, by what it does.
 fn error_statuses(path: &str, method: &str) -> Vec<u16> {
+    // Requests the HTTP layer cannot read, on any route.
+    let unreadable = [400, 414, 431, 505];
     if path == "/healthz" {
-        return vec![500];
+        return [500].into_iter().chain(unreadable).collect();
     }
     if path == "/readyz" {
-        return vec![500, 503];
+        return [500, 503].into_iter().chain(unreadable).collect();
     }
     let mut statuses = vec![401, 403, 500, 503];
+    statuses.extend(unreadable);
     if method == "post" || method == "patch" {
         statuses.extend([400, 408, 413, 415, 422]);
     }
@@ -180,9 +189,13 @@ fn add_error_responses(path: &str, method: &str, operation: &mut Value) {
         }
         operation["responses"][status.to_string()] = response;
     }
-    if path != "/healthz" && path != "/readyz" {
-        operation["security"] = json!([{"bearer": []}, {}]);
-    }
+    // The probes are open whatever the configuration (an orchestrator has
+    // no token): an empty requirement says so.
+    operation["security"] = if path == "/healthz" || path == "/readyz" {
+        json!([{}])
+    } else {
+        json!([{"bearer": []}, {}])
+    };
 }
 
 #[cfg(test)]

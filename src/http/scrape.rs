@@ -10,7 +10,7 @@ use super::error::ApiError;
 use crate::auth::{Caller, Permission};
 
 /// Prometheus scrape. Values that live elsewhere are read now, not mirrored.
-#[utoipa::path(get, path = "/metrics", tag = "operations",
+#[utoipa::path(get, summary = "Prometheus scrape", path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", content_type = "application/openmetrics-text", body = String)))]
 pub async fn metrics(State(state): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
     require(&caller, Permission::Metrics)?;

@@ -35,17 +35,16 @@ use crate::metrics::Metrics;
 /// private key). ALPN offers HTTP/1.1 alone, the one protocol served: a
 /// client told HTTP/2 is there (curl's default) would speak it to an HTTP/1.1
 /// server and fail.
-pub fn https_config(
-    cert_file: &str,
-    key_file: &str,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+pub fn https_config(cert_file: &str, key_file: &str) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain = CertificateDer::pem_file_iter(cert_file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|error| format!("reading http.tls.cert_file {cert_file:?}: {error}"))?;
     if chain.is_empty() {
-        return Err(format!("http.tls.cert_file {cert_file:?} holds no certificate"));
+        return Err(format!(
+            "http.tls.cert_file {cert_file:?} holds no certificate"
+        ));
     }
     let key = PrivateKeyDer::from_pem_file(key_file)
         .map_err(|error| format!("reading http.tls.key_file {key_file:?}: {error}"))?;
@@ -172,7 +171,8 @@ impl Connection {
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout);
-        let connection = builder.serve_connection(TokioIo::new(io), self.service);
+        let io = TokioIo::new(super::wire::JsonRefusals::new(io));
+        let connection = builder.serve_connection(io, self.service);
         tokio::pin!(connection);
         tokio::select! {
             served = connection.as_mut() => {

@@ -79,6 +79,37 @@ fn admit_tasks(state: &AppState, caller: &Caller, tasks: u64) -> Result<(), ApiE
     }
 }
 
+/// Takes `tasks` from the caller's rate and quota, and says how many it
+/// took. A request whose every valid task (of `parsed`) repeats one
+/// accepted before (a client's retry after a lost answer) takes nothing and
+/// is let through even at the client's limits: it schedules nothing, and its
+/// answer is the one the client lost. The ledger is asked only then.
+async fn admit_unless_replays(
+    state: &AppState,
+    caller: &Caller,
+    tasks: u64,
+    parsed: &[Result<(Task, Idempotency), ApiError>],
+) -> Result<u64, ApiError> {
+    let Err(throttled) = admit_tasks(state, caller, tasks) else {
+        return Ok(tasks);
+    };
+    let mut valid = parsed.iter().flatten().peekable();
+    let mut all_replays = valid.peek().is_some();
+    for (task, idempotency) in valid {
+        if !state.scheduler.is_replay(task, idempotency).await? {
+            all_replays = false;
+            break;
+        }
+    }
+    if all_replays {
+        return Ok(0);
+    }
+    if let Some(client) = caller.client_name() {
+        state.metrics.client_throttled(client, throttled.code);
+    }
+    Err(throttled)
+}
+
 /// Gives back the quota `reserved` tasks took beyond the `accepted` ones
 /// (refused, or replays of tasks already counted), and counts the accepted.
 fn settle(state: &AppState, caller: &Caller, reserved: u64, accepted: u64) {
@@ -130,7 +161,7 @@ async fn submit(
         })
 }
 
-#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+#[utoipa::path(post, summary = "Schedule a task", path = "/v1/tasks", tag = "tasks",
     request_body = crate::task::TaskRequest,
     params(("Idempotency-Key" = Option<String>, Header,
             description = "1 to 255 visible ASCII bytes: a repeat of the request is answered, not scheduled again")),
@@ -146,9 +177,7 @@ pub async fn create_task(
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Submit)?;
     let _intake = state.intake.admit(1)?;
-    admit_tasks(&state, &caller, 1)?;
-    let submitted = async {
-        let task = parse_for(&state, &caller, &body, SystemTime::now(), "")?;
+    let parsed = parse_for(&state, &caller, &body, SystemTime::now(), "").and_then(|task| {
         let idempotency = idempotency(
             &caller,
             headers.get(IDEMPOTENCY_KEY),
@@ -156,11 +185,16 @@ pub async fn create_task(
             &task,
             state.scheduler.has_ledger(),
         )?;
-        submit(&state, &task, idempotency).await
-    }
-    .await;
+        Ok((task, idempotency))
+    });
+    // Even an invalid task takes from the rate: refusing it costs work too.
+    let reserved = admit_unless_replays(&state, &caller, 1, std::slice::from_ref(&parsed)).await?;
+    let submitted = match parsed {
+        Ok((task, idempotency)) => submit(&state, &task, idempotency).await,
+        Err(error) => Err(error),
+    };
     let accepted = submitted.as_ref().is_ok_and(|s| !s.replayed);
-    settle(&state, &caller, 1, u64::from(accepted));
+    settle(&state, &caller, reserved, u64::from(accepted));
     let submitted = submitted?;
     let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
     if submitted.replayed {
@@ -204,7 +238,7 @@ impl BatchItem {
 /// share commits and their confirms are pipelined, so a batch costs about
 /// one round trip of each, not one per task. A task's client `id` is its
 /// idempotency key.
-#[utoipa::path(post, path = "/v1/tasks/batch", tag = "tasks",
+#[utoipa::path(post, summary = "Schedule many tasks in one request", path = "/v1/tasks/batch", tag = "tasks",
     request_body = crate::task::BatchRequest,
     responses((status = 200, description = "one result per task, in order", body = BatchResponse)))]
 pub async fn create_batch(
@@ -250,9 +284,9 @@ pub async fn create_batch(
         .collect();
     // The rate and quota are taken for the whole batch or not at all: a 429
     // means that nothing in it was taken.
-    let valid = parsed.iter().filter(|item| item.is_ok()).count() as u64;
-    let _intake = state.intake.admit(valid as usize)?;
-    admit_tasks(&state, &caller, valid)?;
+    let valid = parsed.iter().filter(|item| item.is_ok()).count();
+    let _intake = state.intake.admit(valid)?;
+    let reserved = admit_unless_replays(&state, &caller, valid as u64, &parsed).await?;
     // A client id repeated within the batch names one task: the repeat gets
     // the first's answer (as a replay), or a conflict if its body differs.
     let mut first_with_id: HashMap<&str, usize> = HashMap::new();
@@ -288,7 +322,7 @@ pub async fn create_batch(
         .flatten()
         .filter(|outcome| outcome.as_ref().is_ok_and(|s| !s.replayed))
         .count() as u64;
-    settle(&state, &caller, valid, accepted);
+    settle(&state, &caller, reserved, accepted);
     let results = (0..parsed.len())
         .map(|index| {
             let outcome = match (repeats[index], &outcomes[index]) {

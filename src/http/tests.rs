@@ -438,7 +438,11 @@ async fn a_body_with_anything_after_its_json_value_is_refused_on_every_route() {
             ("POST", "/v1/tasks".to_owned(), task.to_owned()),
             ("POST", "/v1/tasks/batch".to_owned(), batch.to_owned()),
             ("POST", "/v1/tasks/cancel".to_owned(), cancel.clone()),
-            ("PATCH", format!("/v1/tasks/{id}"), r#"{"delay_ms":5000}"#.to_owned()),
+            (
+                "PATCH",
+                format!("/v1/tasks/{id}"),
+                r#"{"delay_ms":5000}"#.to_owned(),
+            ),
         ] {
             let answer = harness
                 .call(
@@ -450,11 +454,19 @@ async fn a_body_with_anything_after_its_json_value_is_refused_on_every_route() {
                         .unwrap(),
                 )
                 .await;
-            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path} {body}{trailer}");
+            assert_eq!(
+                answer.status,
+                StatusCode::BAD_REQUEST,
+                "{path} {body}{trailer}"
+            );
             assert_eq!(answer.code(), "malformed_json", "{path}: {}", answer.text);
         }
     }
-    assert_eq!(harness.broker.published(), published, "nothing refused is published");
+    assert_eq!(
+        harness.broker.published(),
+        published,
+        "nothing refused is published"
+    );
     let seen = harness.get(&format!("/v1/tasks/{id}")).await;
     assert_eq!(seen.body["state"], "scheduled", "{}", seen.text);
     assert_eq!(seen.body["revision"], 1, "{}", seen.text);
@@ -807,6 +819,7 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
         let code = serve[at + 11..].split('\\').next().unwrap();
         codes.insert(code.to_owned());
     }
+    codes.extend(literal_after(&read("src/http/wire.rs"), "StatusCode::"));
     codes.extend(arms(&read("src/http/error.rs")));
     codes.extend(arms(&read("src/http/lifecycle.rs")));
     let task = read("src/task.rs");
@@ -1298,6 +1311,74 @@ mod access {
         ] {
             assert!(scrape.contains(line), "{line} in\n{scrape}");
         }
+    }
+
+    /// A client's retry after a lost answer is answered as the original was,
+    /// also at its quota or rate: it schedules nothing, so it takes neither.
+    #[tokio::test]
+    async fn a_retry_of_an_accepted_task_is_answered_again_at_the_clients_limits() {
+        let harness = harness().await;
+        let keyed = r#"{"destination":"quota","delay":"100s"}"#;
+        let first = harness
+            .send("POST", "/v1/tasks", Some(keyed), Some("quota"), Some("k-1"))
+            .await;
+        assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.text);
+        let with_id = r#"{"destination":"quota","delay":"100s","id":"retried-id"}"#;
+        let second = harness
+            .send("POST", "/v1/tasks", Some(with_id), Some("quota"), None)
+            .await;
+        assert_eq!(second.status, StatusCode::ACCEPTED, "{}", second.text);
+        assert_eq!(
+            harness.submit("quota", "quota").await.code(),
+            "quota_exceeded"
+        );
+
+        let again = harness
+            .send("POST", "/v1/tasks", Some(keyed), Some("quota"), Some("k-1"))
+            .await;
+        assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.text);
+        assert_eq!(again.headers["idempotent-replayed"], "true");
+        assert_eq!(again.body["id"], first.body["id"]);
+        let again = harness
+            .send("POST", "/v1/tasks", Some(with_id), Some("quota"), None)
+            .await;
+        assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.text);
+        let batch = format!(r#"{{"tasks":[{with_id}]}}"#);
+        let again = harness
+            .send("POST", "/v1/tasks/batch", Some(&batch), Some("quota"), None)
+            .await;
+        assert_eq!(again.body["results"][0]["status"], 202, "{}", again.text);
+        assert_eq!(again.body["results"][0]["replayed"], true, "{}", again.text);
+        // A batch with one new task among the retries is still over the quota.
+        let mixed = format!(
+            r#"{{"tasks":[{with_id},{{"destination":"quota","delay":"100s","id":"new"}}]}}"#
+        );
+        let refused = harness
+            .send("POST", "/v1/tasks/batch", Some(&mixed), Some("quota"), None)
+            .await;
+        assert_eq!(refused.code(), "quota_exceeded");
+        assert_eq!(
+            harness.broker.published(),
+            2,
+            "the retries published nothing"
+        );
+
+        // The same at the rate limit (burst 2).
+        let limited = r#"{"destination":"limited","delay":"100s","id":"limited-1"}"#;
+        for _ in 0..2 {
+            let answer = harness
+                .send("POST", "/v1/tasks", Some(limited), Some("limited"), None)
+                .await;
+            assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.text);
+        }
+        let answer = harness
+            .send("POST", "/v1/tasks", Some(limited), Some("limited"), None)
+            .await;
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{}", answer.text);
+        assert_eq!(
+            harness.submit("limited", "limited").await.code(),
+            "rate_limited"
+        );
     }
 }
 

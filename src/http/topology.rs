@@ -72,7 +72,7 @@ pub struct TopologyQuery {
 }
 
 /// With `?destination=`, `binding_key` is the exact key for that destination.
-#[utoipa::path(get, path = "/v1/topology", tag = "operations",
+#[utoipa::path(get, summary = "The cascade and the binding key for a destination", path = "/v1/topology", tag = "operations",
     params(("destination" = Option<String>, Query, description = "gives the exact binding key for it")),
     responses((status = 200, description = "the cascade's objects", body = TopologyView)))]
 pub async fn topology(

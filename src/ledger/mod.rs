@@ -495,6 +495,30 @@ impl Ledger {
         row.map(Row::decode).transpose()
     }
 
+    /// Whether a request for task `id` (under `key`, when it has one) with
+    /// `fingerprint` repeats one the ledger accepted before, as
+    /// [`Ledger::admit`] would judge it; read-only.
+    pub async fn is_replay(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        fingerprint: &str,
+    ) -> Result<bool, LedgerError> {
+        const BY_KEY: &str = "SELECT idempotency_key, fingerprint FROM tasks \
+             WHERE idempotency_key = $1";
+        const BY_ID: &str = "SELECT idempotency_key, fingerprint FROM tasks WHERE id = $1";
+        let (sql, name) = match key {
+            Some(key) => (BY_KEY, key),
+            None => (BY_ID, id),
+        };
+        let held: Option<(Option<String>, Option<String>)> = on_pool!(&self.pool, p =>
+            sqlx::query_as(sql).bind(name).fetch_optional(p).await)
+        .context("looking for an earlier request")?;
+        Ok(held.is_some_and(|(held_key, held_fingerprint)| {
+            held_key.as_deref() == key && held_fingerprint.as_deref() == Some(fingerprint)
+        }))
+    }
+
     /// How many of `client`'s tasks are waiting (not yet due, and neither
     /// cancelled nor failed): what its quota counts.
     pub async fn waiting_tasks(&self, client: &str, now_ms: u64) -> Result<u64, LedgerError> {

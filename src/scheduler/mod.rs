@@ -368,6 +368,25 @@ impl Scheduler {
         self.changeable()?.reschedule(id, delay, key, owner).await
     }
 
+    /// Whether submitting `task` under `idempotency` would repeat a request
+    /// accepted before (and so schedule nothing). Without a ledger, or
+    /// without a key or client id, nothing is recognised as a repeat.
+    pub async fn is_replay(
+        &self,
+        task: &Task,
+        idempotency: &Idempotency,
+    ) -> Result<bool, InspectError> {
+        let (Mode::Ledger(bookkeeper), Some(fingerprint)) =
+            (&self.inner.mode, &idempotency.fingerprint)
+        else {
+            return Ok(false);
+        };
+        Ok(bookkeeper
+            .ledger()
+            .is_replay(&task.id, idempotency.key.as_deref(), fingerprint)
+            .await?)
+    }
+
     /// One task as the ledger knows it.
     pub async fn task(&self, id: &str) -> Result<Option<StoredTask>, InspectError> {
         Ok(self.ledger()?.get(id).await?)

@@ -9,6 +9,16 @@ use crate::common::{
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
 
+/// Sends `request` as it is and reads everything until the server closes.
+async fn raw_exchange(address: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_request_gets_its_code_and_publishes_nothing() {
     let mut settings = test_settings(4, 10, QueueType::Classic);
@@ -140,6 +150,21 @@ async fn every_bad_request_gets_its_code_and_publishes_nothing() {
             404,
             "not_found",
         ),
+        // One JSON value and nothing after it.
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"x.y","delay_ms":100,"payload":1} xyz"#.into(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "/v1/tasks",
+            "application/json",
+            r#"{"destination":"x.y","delay_ms":100,"payload":1}}}"#.into(),
+            400,
+            "malformed_json",
+        ),
     ];
     for (path, content_type, body, status, code) in &cases {
         let response = app
@@ -168,6 +193,48 @@ async fn every_bad_request_gets_its_code_and_publishes_nothing() {
     assert_eq!(response.status(), 405);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "method_not_allowed");
+    let too_large = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .header("content-type", "application/json")
+        .body("x".repeat(5000))
+        .send()
+        .await
+        .unwrap();
+    let error: Value = too_large.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("4096 bytes"),
+        "the 413 states the limit: {error}"
+    );
+
+    // What the HTTP layer refuses before any route is JSON too.
+    let address = app.base.trim_start_matches("http://").to_owned();
+    let long_uri = format!("/v1/tasks/{}", "a".repeat(70_000));
+    for (request, status, code) in [
+        (
+            "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n".to_owned(),
+            400,
+            "bad_request",
+        ),
+        (
+            format!("GET {long_uri} HTTP/1.1\r\nHost: x\r\n\r\n"),
+            414,
+            "uri_too_long",
+        ),
+    ] {
+        let answer = raw_exchange(&address, request.as_bytes()).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{answer:.200}"
+        );
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let error: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(error["error"]["code"], code, "{error}");
+    }
 
     // Nothing reached the broker: no level queue, the unroutable queue nor a catch-all consumer.
     assert!(everything.next(Duration::from_millis(300)).await.is_none());

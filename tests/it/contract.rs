@@ -116,3 +116,89 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     child.kill().await.unwrap();
     let _ = std::fs::remove_dir_all(workdir);
 }
+
+/// Runs `validate_schema.py` on `instances` (schema name, body) against
+/// `document`: the errors it found, empty when every body matches.
+fn schema_errors(document: &serde_json::Value, instances: &[(&str, serde_json::Value)]) -> String {
+    use std::io::Write;
+    let input = serde_json::json!({
+        "document": document,
+        "instances": instances
+            .iter()
+            .map(|(schema, instance)| serde_json::json!({"schema": schema, "instance": instance}))
+            .collect::<Vec<_>>(),
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/validate_schema.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        report.contains("bodies checked"),
+        "the validator ran: {report}"
+    );
+    if output.status.success() {
+        String::new()
+    } else {
+        report
+    }
+}
+
+/// Headers of every kind, in a request and in the answers that carry them
+/// back, match the document under a validator that enforces `oneOf` (an
+/// integer header once matched two branches, which strict generated
+/// clients refuse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_with_headers_of_every_kind_match_the_document_strictly() {
+    use crate::common::TestApp;
+    use serde_json::json;
+    let settings = with_ledger(test_settings(12, 100, QueueType::Quorum), Backend::Sqlite);
+    let app = TestApp::spawn(settings).await;
+    let (_, document) = app.get("/openapi.json").await;
+    let headers = json!({
+        "text": "x", "integer": 42, "negative": -7, "large": 9007199254740993u64,
+        "fraction": 1.5, "exponent": 1e300, "yes": true, "no": false
+    });
+    let request = json!({"destination": "kinds.a", "delay": "60s", "headers": headers});
+    let (status, accepted) = app.post("/v1/tasks", &request).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    let (_, view) = app.get(&format!("/v1/tasks/{id}")).await;
+    assert_eq!(view["headers"]["integer"], 42, "{view}");
+    let (_, page) = app.get("/v1/tasks?destination=kinds.a").await;
+    let batch = json!({"tasks": [request.clone(), {"destination": "kinds.b", "delay": "-1s"}]});
+    let (_, batch_answer) = app.post("/v1/tasks/batch", &batch).await;
+    let (_, moved) = app
+        .patch(&format!("/v1/tasks/{id}"), &json!({"delay": "90s"}))
+        .await;
+    let instances = [
+        ("TaskRequest", request),
+        ("TaskAccepted", accepted),
+        ("TaskView", view.clone()),
+        ("TaskPage", page),
+        ("BatchRequest", batch),
+        ("BatchResponse", batch_answer),
+        ("TaskView", moved),
+    ];
+    let errors = schema_errors(&document, &instances);
+    assert!(errors.is_empty(), "{errors}");
+
+    // The validator would have caught the old schema: with its four
+    // overlapping branches, the integer header matches two.
+    let mut derived = document.clone();
+    derived["components"]["schemas"]["FieldValue"] = json!({"oneOf": [
+        {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+    ]});
+    let errors = schema_errors(&derived, &[("TaskView", view)]);
+    assert!(errors.contains("integer"), "{errors}");
+}

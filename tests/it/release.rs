@@ -271,7 +271,10 @@ async fn a_second_ledger_on_the_chain_is_refused_at_start_and_a_cancel_still_hol
     let other_dir = std::env::temp_dir().join(format!("{}-other-ledger", settings.cascade.prefix));
     other.store.data_dir = other_dir.display().to_string();
     let mut serve = delayline_command(&other, &["serve"]);
-    serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+    serve.env(
+        "DELAYLINE__HTTP__BIND",
+        format!("127.0.0.1:{}", free_port()),
+    );
     let output = tokio::time::timeout(Duration::from_secs(60), serve.output())
         .await
         .expect("the second instance stops by itself")
@@ -280,7 +283,10 @@ async fn a_second_ledger_on_the_chain_is_refused_at_start_and_a_cancel_still_hol
     let text = String::from_utf8_lossy(&output.stderr).to_string()
         + &String::from_utf8_lossy(&output.stdout);
     assert!(!output.status.success(), "{text}");
-    assert!(text.contains("the chain belongs to another ledger"), "{text}");
+    assert!(
+        text.contains("the chain belongs to another ledger"),
+        "{text}"
+    );
     assert!(text.contains(&app.cascade.ledger_marker()), "{text}");
     assert!(text.contains("PostgreSQL"), "it says how to share: {text}");
 
