@@ -435,6 +435,19 @@ impl Settings {
                 "amqp.uri must name at least one broker".into(),
             ));
         }
+        for (index, uri) in self.amqp.uris().iter().enumerate() {
+            // Said now: retrying a URI that cannot parse would only log the
+            // same warning forever while the service claims to be ready.
+            if let Err(error) = uri.parse::<lapin::uri::AMQPUri>() {
+                return Err(ConfigError::Invalid(format!(
+                    "amqp.uri: address {} of {} is not an AMQP URI ({error}); write \
+                     amqp://user:password@host:5672/vhost (or amqps://…), several separated \
+                     by commas",
+                    index + 1,
+                    self.amqp.uris().len()
+                )));
+            }
+        }
         if self.amqp.connect_timeout_ms == 0 {
             return Err(ConfigError::Invalid(
                 "amqp.connect_timeout_ms must be at least 1".into(),
@@ -485,6 +498,35 @@ mod tests {
     use std::io::Write;
 
     use super::*;
+
+    #[test]
+    fn a_broker_uri_that_cannot_parse_is_refused_at_start_without_its_password() {
+        for (uri, said) in [
+            ("ampq://guest:s3cret@localhost:5672/%2f", "Invalid AMQP scheme: ampq"),
+            ("not a uri", "address 1 of 1"),
+            ("amqp://localhost:5672/%2f, amqp://h:notaport/", "address 2 of 2"),
+        ] {
+            let settings = Settings {
+                amqp: AmqpSettings {
+                    uri: uri.into(),
+                    ..AmqpSettings::default()
+                },
+                ..Settings::default()
+            };
+            let error = settings.check().unwrap_err().to_string();
+            assert!(error.contains(said), "{uri}: {error}");
+            assert!(error.contains("amqp://user:password@host"), "{error}");
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+        let cluster = Settings {
+            amqp: AmqpSettings {
+                uri: "amqp://a:5672/%2f,amqps://u:p@b:5671/v".into(),
+                ..AmqpSettings::default()
+            },
+            ..Settings::default()
+        };
+        cluster.check().unwrap();
+    }
 
     #[test]
     fn file_overrides_defaults_and_unknown_keys_are_errors() {

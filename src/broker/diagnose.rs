@@ -261,14 +261,47 @@ pub(crate) async fn diagnose_queue(
     TopologyConflict {
         kind: "queue",
         name: queue.name.clone(),
+        advice: queue_advice(&queue.name, &differences),
         differences,
-        advice: format!(
+    }
+}
+
+/// What to do about a queue that differs: when the difference is where level
+/// 0 leads (the release stage, or the business exchange), the release stage
+/// is what differs, and the advice says so rather than list the settings.
+fn queue_advice(queue: &str, differences: &[Difference]) -> String {
+    const NEVER_DELETE: &str = "Never delete it by hand: that loses the messages it holds.";
+    let release = queue
+        .strip_suffix(".level00.wait")
+        .map(|chain| format!("{chain}.release"));
+    let release_stage = |value: &str| {
+        release
+            .as_deref()
+            .is_some_and(|release| value.trim_matches('"') == release)
+    };
+    let dead_letter = differences
+        .iter()
+        .find(|d| d.field == "x-dead-letter-exchange");
+    match dead_letter {
+        Some(d) if release_stage(&d.existing) => format!(
+            "The chain was built with the release stage, and this delayline runs without it \
+             (store.url = \"none\", or cascade.release_stage = false). Start it with the \
+             ledger the chain was built with (the release stage is on by default with a \
+             ledger), or move the chain off the stage: raise cascade.version and run \
+             `delayline migrate-topology --from <this version>`. {NEVER_DELETE}"
+        ),
+        Some(d) if release_stage(&d.wanted) => format!(
+            "The chain was built without the release stage, and this delayline has it on (the \
+             default with a ledger). Either set cascade.release_stage = false to serve the \
+             chain as it is, or raise cascade.version and run `delayline migrate-topology \
+             --from <this version>`, which moves its messages onto a chain with the stage. \
+             {NEVER_DELETE}"
+        ),
+        _ => format!(
             "RabbitMQ cannot change a queue's arguments in place. Either restore the cascade \
              settings that created it (levels, unit_ms, queue_type), or raise cascade.version \
              and run `delayline migrate-topology --from <this version>`, which moves the \
-             messages of {:?} into the new chain and removes the old one. Never delete it \
-             by hand: that loses the messages it holds.",
-            queue.name
+             messages of {queue:?} into the new chain and removes the old one. {NEVER_DELETE}"
         ),
     }
 }
@@ -378,6 +411,30 @@ pub(crate) async fn diagnose_exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_difference_in_where_level_0_leads_is_said_to_be_the_release_stage() {
+        let leads = |existing: &str, wanted: &str| {
+            vec![Difference {
+                field: "x-dead-letter-exchange".into(),
+                existing: format!("{existing:?}"),
+                wanted: format!("{wanted:?}"),
+            }]
+        };
+        let level0 = "dl.v1.level00.wait";
+        let without = queue_advice(level0, &leads("dl.v1.release", "biz"));
+        assert!(without.contains("built with the release stage"), "{without}");
+        assert!(without.contains("store.url = \"none\""), "{without}");
+        let with = queue_advice(level0, &leads("biz", "dl.v1.release"));
+        assert!(with.contains("built without the release stage"), "{with}");
+        let ttl = vec![Difference {
+            field: "x-message-ttl".into(),
+            existing: "100".into(),
+            wanted: "200".into(),
+        }];
+        let other = queue_advice("dl.v1.level03.wait", &ttl);
+        assert!(other.contains("levels, unit_ms, queue_type"), "{other}");
+    }
 
     #[test]
     fn parses_each_form_of_inequivalent_arg() {

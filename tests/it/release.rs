@@ -518,6 +518,7 @@ async fn an_old_chain_without_the_stage_stops_the_new_default_and_says_why() {
     assert!(log.contains("x-dead-letter-exchange"), "{log}");
     let release = upgraded.cascade().unwrap().release_queue();
     assert!(log.contains(&release), "{log}");
+    assert!(log.contains("built without the release stage"), "{log}");
     // What the runbook says of it: an empty queue left behind.
     assert_eq!(queue_depth(&release).await, 0);
 
@@ -527,4 +528,41 @@ async fn an_old_chain_without_the_stage_stops_the_new_default_and_says_why() {
     let (status, _) = delete(&app, "any").await;
     assert_eq!(status, 501, "cancelling needs the stage");
     app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_with_the_stage_served_without_a_ledger_stops_and_says_it_is_the_stage() {
+    let settings = default_settings(4);
+    let app = TestApp::spawn(settings.clone()).await;
+    let _topology = app.stop_keeping_topology().await;
+    let mut stateless = settings.clone();
+    stateless.store.url = "none".to_owned().into();
+    let mut serve = delayline_command(&stateless, &["serve"]);
+    serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+    let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
+        .await
+        .expect("the service stops by itself")
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{log}");
+    assert!(log.contains("built with the release stage"), "{log}");
+    assert!(log.contains("store.url"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_uri_that_cannot_parse_stops_the_service_at_start() {
+    let mut settings = default_settings(4);
+    for uri in ["ampq://guest:guest@127.0.0.1:5672/%2f", "not a uri"] {
+        settings.amqp.uri = uri.to_owned().into();
+        let mut serve = delayline_command(&settings, &["serve"]);
+        serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+        let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
+            .await
+            .expect("the service stops at once")
+            .unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{uri}: {log}");
+        assert!(log.contains("is not an AMQP URI"), "{uri}: {log}");
+    }
+    let _ = std::fs::remove_dir_all(&settings.store.data_dir);
 }
