@@ -63,45 +63,27 @@ ensure_postgres() {
   return 1
 }
 
-# Tests start RabbitMQ nodes of their own (tests/common/nodes.rs) and delete
-# them when done; a test run that was killed leaves them behind, holding
-# memory and ports. Stops every such node and removes its directory.
-stop_stray_test_nodes() {
+# Tests start RabbitMQ nodes of their own (tests/it/common/nodes.rs) and
+# delete them when done; a test killed midway leaves its nodes behind,
+# holding memory and ports. The nodes of this run are tagged with
+# DLTEST_RUN_ID; at the end, only those are stopped and their directories
+# removed: another run's nodes (a developer's, say) are left alone.
+export DLTEST_RUN_ID="${DLTEST_RUN_ID:-ci$$x}"
+stop_own_test_nodes() {
   local pid node
   for pid in $(pgrep -f beam.smp || true); do
-    node=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^RABBITMQ_NODENAME=\(dltest-.*\)$/\1/p')
+    node=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n "s/^RABBITMQ_NODENAME=\(dltest-$DLTEST_RUN_ID.*\)$/\1/p")
     if [ -n "$node" ]; then
-      echo "ci: stopping stray test node $node"
+      echo "ci: stopping test node $node, left by a test of this run"
       rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
     fi
   done
-  rm -rf "${TMPDIR:-/tmp}"/dltest-node-*
+  rm -rf "${TMPDIR:-/tmp}"/dltest-node-"$DLTEST_RUN_ID"*
 }
 
-# The README's quick start is a Python consumer (pika); a test runs it as written.
-# The contract test runs schemathesis against the running service; the
-# version is pinned so that a new release cannot change what CI checks.
-SCHEMATHESIS_VERSION=4.32.5
-ensure_schemathesis() {
-  if schemathesis --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
-    return 0
-  fi
-  echo "ci: installing schemathesis $SCHEMATHESIS_VERSION"
-  python3 -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION" >/dev/null 2>&1
-  schemathesis --version
-}
-
-ensure_pika() {
-  if python3 -c 'import pika' >/dev/null 2>&1; then
-    return 0
-  fi
-  echo "ci: installing pika"
-  if ! python3 -m pip install -q pika >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pika >/dev/null
-  fi
-  python3 -c 'import pika'
-}
+# Python's packages (pika, schemathesis) are the tests' own business: they
+# make a virtual environment under target/ on first use
+# (tests/it/common/python.rs).
 
 # Tests delete what they declare on the machine's broker (their names start
 # with "dltest-"); anything left afterwards is a test's leak, and fails CI.

@@ -62,7 +62,7 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     std::fs::create_dir_all(&workdir).unwrap();
     let run_in = workdir.clone();
     let run = tokio::task::spawn_blocking(move || {
-        Command::new("schemathesis")
+        Command::new(crate::common::python::tool("schemathesis"))
             .current_dir(run_in)
             .args(["run", &schema, "--checks"])
             .arg(
@@ -75,7 +75,7 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     })
     .await
     .unwrap()
-    .expect("schemathesis runs (pip install schemathesis; .ci/run installs it)");
+    .expect("schemathesis runs");
     let report = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success(),
@@ -129,12 +129,13 @@ fn schema_errors(document: &serde_json::Value, instances: &[(&str, serde_json::V
             .collect::<Vec<_>>(),
     });
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/validate_schema.py");
-    let mut child = Command::new("python3")
+    let mut child = Command::new(crate::common::python::tool("python"))
         .arg(script)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("python3 runs");
+        .expect("python runs");
     child
         .stdin
         .take()

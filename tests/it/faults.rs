@@ -721,3 +721,43 @@ async fn a_consumer_whose_reader_holds_its_windows_consumes_again_after_its_chan
     shutdown.cancel();
     let _ = connection.close(200, "done".into()).await;
 }
+
+/// The whole broker stopped (`rabbitmqctl stop_app`) under a running
+/// service: a node of the test's own, so nobody else's broker stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_accepted_while_rabbitmq_is_stopped_arrive_after_it_restarts() {
+    let node = BrokerNode::start(&NodeOptions::default());
+    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = node.uri().into();
+    settings.amqp.reconnect_max_backoff_ms = 200;
+    settings.amqp.confirm_timeout_ms = 1000;
+    let app = TestApp::spawn(settings).await;
+    // A quorum consumer queue: it outlives the broker's restart.
+    let key = app.cascade.binding_key("outage");
+    let consumer = TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    drop(consumer);
+
+    node.ctl(&["stop_app"]);
+    eventually("the service notices the broker is gone", async || {
+        app.get("/readyz").await.1["broker"] == "disconnected"
+    })
+    .await;
+    let mut accepted = HashSet::new();
+    for n in 0..10u64 {
+        let body = json!({"destination": "outage", "delay_ms": n * 100});
+        let (status, task) = app.post("/v1/tasks", &body).await;
+        assert_eq!(status, 202, "{task}");
+        assert_eq!(task["state"], "pending");
+        accepted.insert(task["id"].as_str().unwrap().to_owned());
+    }
+    let app = app.restart().await;
+    node.ctl(&["start_app"]);
+    node.ctl(&["await_startup"]);
+
+    let queue = format!("{}.consumer", app.cascade.prefix());
+    TestConsumer::existing_on(&node.uri(), &queue)
+        .await
+        .expect_each_once_never_early(accepted, Duration::from_secs(30))
+        .await;
+    app.stop().await.unwrap();
+}

@@ -258,7 +258,7 @@ async fn the_readme_quick_start_runs_as_written() {
     let consumer = readme_block("## Quick start", "python", 0)
         .replace("\"invoices\"", &format!("{queue:?}"))
         .replace("delayline.business", &settings.cascade.business_exchange);
-    let mut python = tokio::process::Command::new("python3")
+    let mut python = tokio::process::Command::new(crate::common::python::tool("python"))
         .arg("-c")
         .arg(&consumer)
         .stdout(Stdio::piped())
@@ -280,7 +280,7 @@ async fn the_readme_quick_start_runs_as_written() {
         python.kill().await.unwrap();
         let output = python.wait_with_output().await.unwrap();
         panic!(
-            "the README's consumer never declared its queue (is pika installed?): {}",
+            "the README's consumer never declared its queue: {}",
             String::from_utf8_lossy(&output.stderr)
         );
     }

@@ -2,8 +2,7 @@
 //! real broker (and PostgreSQL where a test says so). Every test declares
 //! its objects under a prefix of its own and deletes them again (see
 //! [`common`]); tests that start RabbitMQ nodes of their own take turns
-//! ([`common::nodes`]). `tests/broker_restart.rs` is a binary of its own: it
-//! restarts the machine's broker under every other test's feet.
+//! ([`common::nodes`]). No test stops or reconfigures the machine's broker.
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! of everything a test declared, even when it panics.
 
 pub mod nodes;
+pub mod python;
 pub mod tls;
 
 use std::collections::HashSet;
@@ -457,6 +458,11 @@ impl TestConsumer {
         let queue = format!("{}.consumer", cascade.prefix());
         let binding = Some((cascade.business_exchange(), binding_key));
         Self::declare(uri, &queue, binding, queue_type).await
+    }
+
+    /// Consumes a queue that exists already on the broker at `uri`.
+    pub async fn existing_on(uri: &str, queue: &str) -> TestConsumer {
+        Self::declare(uri, queue, None, QueueType::Classic).await
     }
 
     async fn declare(

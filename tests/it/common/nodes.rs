@@ -67,7 +67,14 @@ impl BrokerNode {
 
     /// Starts the node's process without waiting for it.
     fn launch(options: &NodeOptions) -> BrokerNode {
-        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        // A run's tag (DLTEST_RUN_ID, set by .ci/run) lets it stop exactly
+        // the nodes it started, should a test be killed before its cleanup.
+        let run_tag: String = std::env::var("DLTEST_RUN_ID")
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let id = format!("{run_tag}{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         let name = format!("dltest-{id}@localhost");
         let dir = std::env::temp_dir().join(format!("dltest-node-{id}"));
         let port = free_port();
