@@ -311,6 +311,30 @@ async fn the_readme_quick_start_runs_as_written() {
         .unwrap()
         .unwrap();
     assert_eq!(printed, format!("task {id} arrived: {{'invoice': 42}}"));
+    // A payload that is not JSON does not stop the consumer: shown as it came,
+    // and the next task arrives too.
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    for body in [
+        json!({"destination": "billing.invoice", "delay": "0s", "payload_base64": "/3Jhdw=="}),
+        json!({"destination": "billing.invoice", "delay": "0s", "payload": {"invoice": 44}}),
+    ] {
+        let answer = http
+            .post(format!("{base}/v1/tasks"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 202);
+    }
+    for expected in ["arrived: b'\\xffraw'", "arrived: {'invoice': 44}"] {
+        let printed = tokio::time::timeout(Duration::from_secs(15), lines.next_line())
+            .await
+            .expect("the consumer printed nothing")
+            .unwrap()
+            .unwrap_or_default();
+        assert!(printed.ends_with(expected), "{printed}");
+    }
     // As step 3 says: seen delivered, and when.
     let base = format!("http://127.0.0.1:{port}");
     crate::common::eventually("the task is seen delivered", async || {

@@ -499,8 +499,17 @@ async fn the_readmes_token_example_runs_as_written() {
     let _cleanup = Cleanup::for_settings(&settings);
     let port = free_port();
     let dir = TestCa::new("readme");
-    let block = crate::lifecycle::readme_block("## Security", "sh", 0)
-        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let block = crate::lifecycle::readme_block("## Security", "sh", 0);
+    // It keeps clear of the quick start's service: another port, chain and ledger.
+    for own in ["127.0.0.1:8081", "PREFIX=tokens-example", "DATA_DIR=tokens-example-data"] {
+        assert!(block.contains(own), "{own}: {block}");
+    }
+    // Only the names the test must not share are substituted.
+    let block = block
+        .replace("127.0.0.1:8081", &format!("127.0.0.1:{port}"))
+        .replace("localhost:8081", &format!("127.0.0.1:{port}"))
+        .replace("tokens-example-data", &settings.store.data_dir)
+        .replace("tokens-example", &settings.cascade.prefix);
     // The service the block starts is stopped once the block has run.
     let script = format!("{block}\nkill $!\nwait $!\n");
     let binary_dir = std::path::Path::new(env!("CARGO_BIN_EXE_delayline"))
