@@ -65,6 +65,13 @@ pub enum Command {
         #[arg(long, default_value = "/readyz")]
         path: String,
     },
+    /// Make a running delayline read its clients file and certificate again
+    /// (SIGHUP), for images that have no `kill`: in a container its process
+    /// is PID 1, the default.
+    Reload {
+        #[arg(long, default_value_t = 1)]
+        pid: i32,
+    },
     /// Print the API's OpenAPI 3.1 description (as served at /openapi.json).
     Openapi,
     /// API clients' tokens.
@@ -137,6 +144,22 @@ fn create_token(new: NewToken) -> anyhow::Result<()> {
     match new.append_to.as_deref() {
         None => print!("{token}\n\n{text}"),
         Some(path) => {
+            // The file must still read, with every client, once the entry is
+            // in: a service would keep its old clients on a reload otherwise.
+            let existing = match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+            };
+            let clients = crate::auth::parse_clients_file(&format!("{existing}\n{text}"), path)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{e}; nothing was appended (a `clients = []` line cannot be followed by \
+                         [[clients]] entries: remove it)"
+                    )
+                })?;
+            crate::auth::ClientSet::build(&clients, None)
+                .map_err(|e| anyhow::anyhow!("{e}; nothing was appended"))?;
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -223,6 +246,13 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
             service::run(settings, cascade, listener, shutdown_signal()).await?;
+        }
+        Command::Reload { pid } => {
+            let process = rustix::process::Pid::from_raw(pid)
+                .ok_or_else(|| anyhow::anyhow!("--pid {pid} is not a process id"))?;
+            rustix::process::kill_process(process, rustix::process::Signal::HUP)
+                .map_err(|error| anyhow::anyhow!("sending SIGHUP to process {pid}: {error}"))?;
+            println!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
         }
         Command::Openapi => {
             println!(
@@ -554,6 +584,38 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_appended_only_where_the_file_still_reads_with_every_client() {
+        let dir = std::env::temp_dir().join(format!("dl-token-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let new = |name: &str, file: &std::path::Path| NewToken {
+            name: name.to_owned(),
+            destinations: vec!["#".to_owned()],
+            permissions: vec!["submit".to_owned()],
+            rate_per_second: None,
+            burst: None,
+            max_scheduled: None,
+            append_to: Some(file.to_owned()),
+        };
+        let fresh = dir.join("fresh.toml");
+        create_token(new("a", &fresh)).unwrap();
+        create_token(new("b", &fresh)).unwrap();
+        let read =
+            crate::auth::parse_clients_file(&std::fs::read_to_string(&fresh).unwrap(), &fresh);
+        assert_eq!(read.unwrap().len(), 2);
+        // The same name twice would not load: refused, nothing written.
+        let before = std::fs::read_to_string(&fresh).unwrap();
+        assert!(create_token(new("a", &fresh)).is_err());
+        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), before);
+        // An inline empty list cannot take [[clients]] entries after it.
+        let inline = dir.join("inline.toml");
+        std::fs::write(&inline, "clients = []\n").unwrap();
+        let error = create_token(new("a", &inline)).unwrap_err().to_string();
+        assert!(error.contains("clients = []"), "{error}");
+        assert_eq!(std::fs::read_to_string(&inline).unwrap(), "clients = []\n");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn from_is_a_version_or_a_settings_file() {

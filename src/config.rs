@@ -502,9 +502,15 @@ mod tests {
     #[test]
     fn a_broker_uri_that_cannot_parse_is_refused_at_start_without_its_password() {
         for (uri, said) in [
-            ("ampq://guest:s3cret@localhost:5672/%2f", "Invalid AMQP scheme: ampq"),
+            (
+                "ampq://guest:s3cret@localhost:5672/%2f",
+                "Invalid AMQP scheme: ampq",
+            ),
             ("not a uri", "address 1 of 1"),
-            ("amqp://localhost:5672/%2f, amqp://h:notaport/", "address 2 of 2"),
+            (
+                "amqp://localhost:5672/%2f, amqp://h:notaport/",
+                "address 2 of 2",
+            ),
         ] {
             let settings = Settings {
                 amqp: AmqpSettings {

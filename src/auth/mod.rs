@@ -324,16 +324,23 @@ struct ClientsFile {
 }
 
 fn read_clients_file(path: &Path) -> Result<Vec<ClientSettings>, AuthError> {
-    let error = |reason: String| AuthError::File {
+    let text = std::fs::read_to_string(path).map_err(|e| AuthError::File {
         path: path.display().to_string(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        reason: e.to_string(),
+    })?;
+    parse_clients_file(&text, path)
+}
+
+/// The clients of a clients file's `text` (read from `path`, for errors).
+pub fn parse_clients_file(text: &str, path: &Path) -> Result<Vec<ClientSettings>, AuthError> {
     let file: ClientsFile = config::Config::builder()
-        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+        .add_source(config::File::from_str(text, config::FileFormat::Toml))
         .build()
         .and_then(|c| c.try_deserialize())
-        .map_err(|e| error(e.to_string()))?;
+        .map_err(|e| AuthError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
     Ok(file.clients)
 }
 

@@ -423,7 +423,10 @@ mod tests {
         };
         let level0 = "dl.v1.level00.wait";
         let without = queue_advice(level0, &leads("dl.v1.release", "biz"));
-        assert!(without.contains("built with the release stage"), "{without}");
+        assert!(
+            without.contains("built with the release stage"),
+            "{without}"
+        );
         assert!(without.contains("store.url = \"none\""), "{without}");
         let with = queue_advice(level0, &leads("biz", "dl.v1.release"));
         assert!(with.contains("built without the release stage"), "{with}");

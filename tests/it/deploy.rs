@@ -137,11 +137,114 @@ impl Drop for Ledger {
     }
 }
 
+/// What a deployment file documents doing once delayline runs, done here as
+/// far as a machine without a container engine or cluster can.
+struct Documented {
+    /// `delayline token create ARGS`, whose entry goes to the clients file
+    /// (a copy) and whose token is printed.
+    token_create: Vec<String>,
+    /// How the file is read again: SIGHUP from outside (`docker compose kill
+    /// -s HUP`, `systemctl reload`), or `delayline ARGS --pid <pid>`.
+    reload: Option<Vec<String>>,
+    /// A shell command that posts a task with `$TOKEN`, to `localhost:8080`;
+    /// `None`: a plain POST with the token.
+    request: Option<String>,
+}
+
+/// The words of the shell command in `text` that starts with `start`, up to
+/// the end of its (continued) line or a closing `)`: quotes removed.
+fn shell_words_after(text: &str, start: &str) -> Vec<String> {
+    let joined = text
+        .lines()
+        .map(|line| line.trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("\\ ", " ");
+    let rest = joined
+        .split_once(start)
+        .unwrap_or_else(|| panic!("no {start:?} in {text}"))
+        .1;
+    let rest = rest.split(')').next().unwrap_or(rest);
+    rest.split_whitespace()
+        .map(|word| word.trim_matches('\'').trim_matches('"').to_owned())
+        .take_while(|word| !word.is_empty())
+        .collect()
+}
+
+/// Does what `documented` says on the running `service` (started by
+/// `command`, listening on `port`): adds a client, reloads, and posts a task
+/// with its token (202); with a metrics listener, scrapes it without one.
+async fn follow_documented_steps(
+    what: &str,
+    documented: &Documented,
+    command: impl Fn(&[String]) -> tokio::process::Command,
+    service: &tokio::process::Child,
+    port: u16,
+    metrics_port: Option<u16>,
+) {
+    let created = command(&documented.token_create).output().await.unwrap();
+    assert!(
+        created.status.success(),
+        "{what}: token create: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let token = String::from_utf8_lossy(&created.stdout).trim().to_owned();
+    assert!(token.starts_with("dlt_"), "{what}: printed {token:?}");
+    let pid = service.id().unwrap().to_string();
+    match &documented.reload {
+        None => crate::common::hang_up(service),
+        Some(args) => {
+            let mut args = args.clone();
+            args.extend(["--pid".to_owned(), pid]);
+            let reloaded = command(&args).output().await.unwrap();
+            assert!(reloaded.status.success(), "{what}: {reloaded:?}");
+        }
+    }
+    let request = documented.request.clone().unwrap_or_else(|| {
+        "curl -s -X POST localhost:8080/v1/tasks -H \"Authorization: Bearer $TOKEN\" \
+         -H 'content-type: application/json' -d '{\"destination\": \"d\", \"delay\": \"1s\"}'"
+            .to_owned()
+    });
+    let request = request.replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let request = format!("{request} -s -o /dev/null -w '%{{http_code}}'");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answered = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&request)
+            .env("TOKEN", &token)
+            .output()
+            .await
+            .unwrap();
+        let status = String::from_utf8_lossy(&answered.stdout).into_owned();
+        if status == "202" {
+            break;
+        }
+        // 401 until the reload has read the new client.
+        assert!(
+            status == "401" && tokio::time::Instant::now() < deadline,
+            "{what}: the documented request answered {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(metrics_port) = metrics_port {
+        let scrape = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .await
+            .unwrap();
+        assert_eq!(scrape.status(), 200, "{what}: the scraper has no token");
+    }
+}
+
 /// Runs the binary as `launch` says, with only the documented substitutions
 /// and `files` (paths inside the image) mapped to repository files; waits
 /// until `delayline probe` (the health check) passes and the broker is
 /// connected, then stops it with SIGTERM and expects a clean exit.
-async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)]) {
+async fn runs_as_deployed(
+    what: &str,
+    launch: Launch,
+    files: &[(&str, PathBuf)],
+    documented: Option<Documented>,
+) {
     let vhost = Vhost::create();
     let ledger = Ledger::create();
     let port = free_port();
@@ -170,14 +273,31 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
         "127.0.0.1"
     };
     env.insert("DELAYLINE__HTTP__BIND".into(), format!("{host}:{port}"));
+    // A metrics listener's port is mapped like the API's.
+    let metrics_port = env.contains_key("DELAYLINE__METRICS__BIND").then(free_port);
+    if let Some(metrics_port) = metrics_port {
+        env.insert(
+            "DELAYLINE__METRICS__BIND".into(),
+            format!("{host}:{metrics_port}"),
+        );
+    }
     // Otherwise the binary would use its default URI, outside the test's vhost.
     assert!(
         env.contains_key("DELAYLINE__AMQP__URI"),
         "{what} gives no AMQP URI"
     );
     let mut args = launch.args;
+    let mut documented = documented;
+    let mut step_args: Vec<&mut String> = documented
+        .iter_mut()
+        .flat_map(|d| d.token_create.iter_mut())
+        .collect();
     for (inside, outside) in files {
-        for value in env.values_mut().chain(args.iter_mut()) {
+        for value in env
+            .values_mut()
+            .chain(args.iter_mut())
+            .chain(step_args.iter_mut().map(|v| &mut **v))
+        {
             if value == inside {
                 *value = outside.display().to_string();
             }
@@ -230,6 +350,9 @@ async fn runs_as_deployed(what: &str, launch: Launch, files: &[(&str, PathBuf)])
             .await
             .unwrap();
         assert_eq!(refused.status(), 401, "{what}: tokens are required");
+    }
+    if let Some(documented) = &documented {
+        follow_documented_steps(what, documented, command, &service, port, metrics_port).await;
     }
 
     terminate(&service);
@@ -298,15 +421,18 @@ fn compose_launch(file: &Value, service: &str) -> Launch {
 
 /// The delayline service of a compose file runs: the image's configuration
 /// file is the repository's example, which the Dockerfile copies there.
-async fn compose_service_runs(what: &str, compose: &Value) {
+async fn compose_service_runs(what: &str, compose: &Value, documented: Option<Documented>) {
     let image_config = (
         "/etc/delayline/delayline.toml",
         repo("deploy/delayline.example.toml"),
     );
-    let clients = (
-        "/etc/delayline-clients/clients.toml",
-        repo("deploy/clients.toml"),
-    );
+    // A copy: the documented steps append a client to it.
+    let dir = tempdir("compose");
+    let clients_copy = dir.join("clients.toml");
+    std::fs::copy(repo("deploy/clients.toml"), &clients_copy).unwrap();
+    let clients = ("/etc/delayline-clients/clients.toml", clients_copy.clone());
+    // Where the documented `token create` writes: deploy/ mounted at /out.
+    let appended = ("/out/clients.toml", clients_copy);
     assert!(
         compose["services"]["delayline"]["volumes"]
             .as_sequence()
@@ -318,9 +444,42 @@ async fn compose_service_runs(what: &str, compose: &Value) {
     runs_as_deployed(
         what,
         compose_launch(compose, "delayline"),
-        &[image_config, clients],
+        &[image_config, clients, appended],
+        documented,
     )
     .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The steps compose.yaml's first lines document: a client added with
+/// `token create` (in the image: the binary here), SIGHUP, then the request.
+fn compose_documented_steps() -> Documented {
+    let text = read("deploy/compose.yaml");
+    let header: String = text
+        .lines()
+        .take_while(|line| line.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(header.contains("docker compose -f deploy/compose.yaml kill -s HUP delayline"));
+    let mut token_create = vec!["token".to_owned(), "create".to_owned()];
+    token_create.extend(shell_words_after(&header, "delayline token create"));
+    let curl = header
+        .split("   curl ")
+        .nth(1)
+        .expect("a curl step")
+        .split("\n#   docker")
+        .next()
+        .unwrap()
+        .lines()
+        .map(|line| line.trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("\\ ", " ");
+    Documented {
+        token_create,
+        reload: None,
+        request: Some(format!("curl {curl}")),
+    }
 }
 
 fn assert_healthy_dependencies(file: &Value, service: &str, on: &[&str]) {
@@ -356,7 +515,7 @@ async fn compose_starts_rabbitmq_postgres_delayline_and_a_consumer() {
     );
     assert!(read("deploy/Dockerfile").contains("/usr/local/bin/delayline-example-consumer"));
 
-    compose_service_runs("compose.yaml", &compose).await;
+    compose_service_runs("compose.yaml", &compose, Some(compose_documented_steps())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,7 +585,7 @@ async fn the_cluster_example_gives_delayline_every_node_of_three() {
         "quorum"
     );
 
-    compose_service_runs("compose.cluster.yaml", &compose).await;
+    compose_service_runs("compose.cluster.yaml", &compose, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,6 +713,30 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
         str_of(&secret, &["stringData", "clients.toml"]),
     )
     .unwrap();
+    // The scrape annotations name the metrics listener, open without a token.
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    let metrics_bind = launch.env["DELAYLINE__METRICS__BIND"].clone();
+    assert_eq!(
+        metrics_bind.rsplit(':').next(),
+        Some(str_of(annotations, &["prometheus.io/port"]))
+    );
+    // The Secret's documented reload, for an image without `kill`.
+    let secret_text = read("deploy/k8s/secret.yaml");
+    assert!(secret_text.contains("kubectl exec deploy/delayline -- delayline reload"));
+    let documented = Documented {
+        token_create: ["token", "create", "--name", "ops", "--destination", "#"]
+            .into_iter()
+            .chain([
+                "--permission",
+                "submit",
+                "--append-to",
+                clients_path.as_str(),
+            ])
+            .map(str::to_owned)
+            .collect(),
+        reload: Some(vec!["reload".to_owned()]),
+        request: None,
+    };
     runs_as_deployed(
         "deploy/k8s",
         launch,
@@ -561,6 +744,7 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
             (config_path.as_str(), config_file.clone()),
             (clients_path.as_str(), clients_file),
         ],
+        Some(documented),
     )
     .await;
     let _ = std::fs::remove_dir_all(dir);
@@ -633,6 +817,6 @@ async fn the_systemd_unit_verifies_and_runs_with_its_environment_file() {
         let value = value.replace("%S", &dir.display().to_string());
         launch.env.insert(key.to_owned(), value);
     }
-    runs_as_deployed("systemd", launch, &installed[1..2]).await;
+    runs_as_deployed("systemd", launch, &installed[1..2], None).await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -538,7 +538,10 @@ async fn a_chain_with_the_stage_served_without_a_ledger_stops_and_says_it_is_the
     let mut stateless = settings.clone();
     stateless.store.url = "none".to_owned().into();
     let mut serve = delayline_command(&stateless, &["serve"]);
-    serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+    serve.env(
+        "DELAYLINE__HTTP__BIND",
+        format!("127.0.0.1:{}", free_port()),
+    );
     let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
         .await
         .expect("the service stops by itself")
@@ -555,7 +558,10 @@ async fn a_broker_uri_that_cannot_parse_stops_the_service_at_start() {
     for uri in ["ampq://guest:guest@127.0.0.1:5672/%2f", "not a uri"] {
         settings.amqp.uri = uri.to_owned().into();
         let mut serve = delayline_command(&settings, &["serve"]);
-        serve.env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{}", free_port()));
+        serve.env(
+            "DELAYLINE__HTTP__BIND",
+            format!("127.0.0.1:{}", free_port()),
+        );
         let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
             .await
             .expect("the service stops at once")

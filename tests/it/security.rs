@@ -38,17 +38,6 @@ async fn create_token(settings: &delayline::config::Settings, file: &str, args: 
     token
 }
 
-fn hup(child: &tokio::process::Child) {
-    let pid = child.id().expect("running").to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 async fn post(
     http: &reqwest::Client,
     base: &str,
@@ -250,7 +239,7 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     let renewed = second_ca.issue("api", "localhost", &["localhost", "127.0.0.1"]);
     std::fs::copy(&renewed.cert_file, &leaf.cert_file).unwrap();
     std::fs::copy(&renewed.key_file, &leaf.key_file).unwrap();
-    hup(&child);
+    crate::common::hang_up(&child);
     let deadline = Instant::now() + Duration::from_secs(10);
     let (status, body) = loop {
         let answer = post(&both, &base, Some(&orders), &task("orders.a")).await;
@@ -501,7 +490,11 @@ async fn the_readmes_token_example_runs_as_written() {
     let dir = TestCa::new("readme");
     let block = crate::lifecycle::readme_block("## Security", "sh", 0);
     // It keeps clear of the quick start's service: another port, chain and ledger.
-    for own in ["127.0.0.1:8081", "PREFIX=tokens-example", "DATA_DIR=tokens-example-data"] {
+    for own in [
+        "127.0.0.1:8081",
+        "PREFIX=tokens-example",
+        "DATA_DIR=tokens-example-data",
+    ] {
         assert!(block.contains(own), "{own}: {block}");
     }
     // Only the names the test must not share are substituted.

@@ -647,6 +647,13 @@ pub fn connections_named(name: &str, field: &str) -> Vec<String> {
 }
 
 /// SIGTERM, as systemd, Kubernetes and docker send it.
+/// SIGHUP, as `kill -HUP`, `systemctl reload` or `docker compose kill -s HUP` send it.
+pub fn hang_up(child: &tokio::process::Child) {
+    let pid = child.id().expect("running").to_string();
+    let status = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(status.success());
+}
+
 pub fn terminate(child: &tokio::process::Child) {
     let pid = child.id().expect("running");
     let status = Command::new("kill")

@@ -74,7 +74,10 @@ impl BrokerNode {
             .chars()
             .filter(|c| c.is_ascii_alphanumeric())
             .collect();
-        let id = format!("{run_tag}{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let id = format!(
+            "{run_tag}{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..10]
+        );
         let name = format!("dltest-{id}@localhost");
         let dir = std::env::temp_dir().join(format!("dltest-node-{id}"));
         let port = free_port();
