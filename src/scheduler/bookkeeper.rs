@@ -495,7 +495,9 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         client_id: false,
         destination: stored.destination.clone(),
         route,
-        accepted_at_ms: stored.created_at_ms,
+        // When this revision was accepted: a moved task's delay counts from
+        // its move, so `x-delay-ms` is the delay it was moved by.
+        accepted_at_ms: stored.deliver_at_ms.saturating_sub(stored.delay_ms),
         deliver_at_ms: stored.deliver_at_ms,
         payload: payload.to_vec(),
         content_type: stored.content_type.clone(),
@@ -592,6 +594,15 @@ mod tests {
             task.headers,
             [("h".to_owned(), crate::task::FieldValue::Int(7))]
         );
+        // A moved task: its revision's delay, counted from the move.
+        let moved = StoredTask {
+            deliver_at_ms: 60_000,
+            delay_ms: 5_000,
+            ..stored.clone()
+        };
+        let task = reroute(&moved, &cascade(), 55_100).unwrap();
+        assert_eq!(task.granted_delay_ms(), 5_000, "the move's delay");
+        assert_eq!(task.route.delay_ms, 4_900);
         // Overdue: straight to the business exchange.
         let task = reroute(&stored, &cascade(), 11_005).unwrap();
         assert_eq!(task.route.delay_ms, 0);

@@ -154,6 +154,9 @@ async fn a_task_moved_earlier_or_later_arrives_once_at_its_new_time_never_early(
         assert!(message.received_at_ms >= due[&id], "{id} early");
         assert_eq!(message.header_i64(REVISION_HEADER), Some(2));
     }
+    // x-delay-ms is the delay each was moved by, not counted from its first acceptance.
+    let delays: Vec<Option<i64>> = arrived.iter().map(|m| m.header_i64("x-delay-ms")).collect();
+    assert_eq!(delays, [Some(1_000), Some(2_500)]);
     let scrape = app.scrape().await;
     assert_eq!(
         sample(&scrape, "delayline_release_dropped_total{reason=\"stale\"}"),
