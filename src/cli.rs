@@ -410,6 +410,17 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
+            // Counted delivered before they go: a copy unroutable again then
+            // marks its task `unroutable` once more, after this commit.
+            if cascade.release_stage()
+                && let Some(ledger) = open_ledger(&settings).await?
+            {
+                let counted = ledger.requeue_unroutable().await?;
+                ledger.close().await;
+                if counted > 0 {
+                    println!("{counted} unroutable tasks in the ledger count as delivered again");
+                }
+            }
             let amqp = &settings.amqp;
             let (requeued, left) =
                 on_broker(amqp, "delayline requeue-unroutable", async |connection| {

@@ -163,6 +163,8 @@ pub struct Task {
 ///   to cancel or move;
 /// - `delivered`: confirmed by the business exchange (release stage only;
 ///   without it a task stays `scheduled`);
+/// - `unroutable`: released, but no queue was bound for its routing key: it
+///   waits in the unroutable queue (release stage only);
 /// - `cancelled`: withdrawn; it is never delivered;
 /// - `failed`: the broker can never take it (quarantined, with the reason in
 ///   `last_error`).
@@ -173,16 +175,18 @@ pub enum TaskState {
     Scheduled,
     Releasing,
     Delivered,
+    Unroutable,
     Cancelled,
     Failed,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 6] = [
+    pub const ALL: [TaskState; 7] = [
         TaskState::Pending,
         TaskState::Scheduled,
         TaskState::Releasing,
         TaskState::Delivered,
+        TaskState::Unroutable,
         TaskState::Cancelled,
         TaskState::Failed,
     ];
@@ -193,6 +197,7 @@ impl TaskState {
             TaskState::Scheduled => "scheduled",
             TaskState::Releasing => "releasing",
             TaskState::Delivered => "delivered",
+            TaskState::Unroutable => "unroutable",
             TaskState::Cancelled => "cancelled",
             TaskState::Failed => "failed",
         }

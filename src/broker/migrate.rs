@@ -56,7 +56,7 @@ use super::provision::declare_queue;
 use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
     Cascade, MAX_LEVELS, destination_of, ledger_marker_name, level_exchange_name, level_queue_name,
-    poison_queue_name, release_queue_name, unroutable_queue_name,
+    poison_queue_name, release_queue_name, unroutable_queue_name, unroutable_seen_queue_name,
 };
 use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, epoch_ms};
 
@@ -344,6 +344,10 @@ pub async fn migrate_topology(
             if has_release_stage {
                 delete_exchange(connection, &old_release).await?;
                 delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
+                // Notices that a released task was unroutable: the parked
+                // message itself moved with the unroutable queue.
+                let notices = unroutable_seen_queue_name(&old.prefix, old.version);
+                delete_notices(connection, &notices).await?;
             }
             mover.report.removed = true;
             let _ = mover.publish.close(200, "migrated".into()).await;
@@ -497,6 +501,21 @@ async fn delete_exchange(connection: &Connection, exchange: &str) -> Result<(), 
         .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
         .await
         .context(|| format!("deleting the old exchange {exchange:?}"))?;
+    let _ = channel.close(200, "deleted".into()).await;
+    Ok(())
+}
+
+/// Deletes a queue of notices, whatever it holds.
+async fn delete_notices(connection: &Connection, queue: &str) -> Result<(), BrokerError> {
+    if queue_state(connection, queue).await?.is_none() {
+        return Ok(());
+    }
+    let channel = open_channel(connection, || format!("opening a channel to delete {queue:?}"))
+        .await?;
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+        .context(|| format!("deleting the old queue {queue:?}"))?;
     let _ = channel.close(200, "deleted".into()).await;
     Ok(())
 }

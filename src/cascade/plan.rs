@@ -41,6 +41,14 @@ pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.ledger")
 }
 
+/// A second queue behind the unroutable exchange, with the release stage:
+/// each copy of an unroutable message in it tells delayline that the task it
+/// released reached no queue (the alternate exchange takes the message, so
+/// the publisher is told nothing).
+pub fn unroutable_seen_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.unroutable-seen")
+}
+
 /// The alternate exchange of the business exchange.
 pub fn unroutable_exchange_name(business_exchange: &str) -> String {
     format!("{business_exchange}.unroutable")
@@ -204,6 +212,11 @@ impl Cascade {
         poison_queue_name(self.prefix(), self.version())
     }
 
+    /// Where the release stage learns that a task it released was unroutable.
+    pub fn unroutable_seen_queue(&self) -> String {
+        unroutable_seen_queue_name(self.prefix(), self.version())
+    }
+
     /// The exchange that records which ledger this chain belongs to.
     pub fn ledger_marker(&self) -> String {
         ledger_marker_name(self.prefix(), self.version())
@@ -326,6 +339,13 @@ impl Cascade {
             bindings.push(BindingSpec {
                 source: release.clone(),
                 target: BindingTarget::Queue(release),
+                routing_key: String::new(),
+            });
+            let seen = self.unroutable_seen_queue();
+            queues.push(self.plain_queue(seen.clone()));
+            bindings.push(BindingSpec {
+                source: self.unroutable_exchange(),
+                target: BindingTarget::Queue(seen),
                 routing_key: String::new(),
             });
         }

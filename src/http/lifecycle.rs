@@ -33,7 +33,7 @@ fn not_found(id: &str) -> ApiError {
 /// Why a task that exists cannot be changed, in the state it is in.
 fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
     let code = match task.state {
-        TaskState::Releasing | TaskState::Delivered => "too_late",
+        TaskState::Releasing | TaskState::Delivered | TaskState::Unroutable => "too_late",
         TaskState::Cancelled => "task_cancelled",
         TaskState::Failed => "task_failed",
         // A changeable task is never answered this way.
@@ -42,6 +42,9 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
     let why = match task.state {
         TaskState::Releasing => "it is due and being delivered",
         TaskState::Delivered => "it was delivered",
+        TaskState::Unroutable => {
+            "it was released, and waits in the unroutable queue (no queue is bound for it)"
+        }
         TaskState::Cancelled => "it was cancelled",
         TaskState::Failed => "it failed and is never delivered",
         TaskState::Pending | TaskState::Scheduled => "it changed meanwhile; retry",

@@ -325,6 +325,47 @@ impl Ledger {
             .collect())
     }
 
+    /// Tasks the release stage released whose message reached no queue (the
+    /// business exchange's alternate exchange took it): each `(id,
+    /// revision)` still releasing or delivered in that revision becomes
+    /// `unroutable`, delivered at `at_ms` unless marked before. Returns how
+    /// many changed. Rare, so a statement each rather than a group.
+    pub async fn mark_unroutable(
+        &self,
+        released: &[(String, u64)],
+        at_ms: u64,
+    ) -> Result<u64, LedgerError> {
+        const SQL: &str = "UPDATE tasks SET state = 'unroutable', \
+             delivered_at_ms = COALESCE(delivered_at_ms, $3) \
+             WHERE id = $1 AND revision = $2 AND state IN ('releasing', 'delivered')";
+        let mut marked = 0;
+        for (id, revision) in released {
+            let done = on_pool!(&self.pool, p => sqlx::query(SQL)
+                .bind(id)
+                .bind(db_ms(*revision))
+                .bind(db_ms(at_ms))
+                .execute(p)
+                .await
+                .map(|done| done.rows_affected()))
+            .context("marking released tasks unroutable")?;
+            marked += done;
+        }
+        Ok(marked)
+    }
+
+    /// Before `requeue-unroutable` sends the unroutable queue's messages to
+    /// the business exchange again: their tasks count as delivered, until a
+    /// copy that is unroutable again marks its task so once more (which can
+    /// only come after this commit). Returns how many.
+    pub async fn requeue_unroutable(&self) -> Result<u64, LedgerError> {
+        const SQL: &str = "UPDATE tasks SET state = 'delivered' WHERE state = 'unroutable'";
+        on_pool!(&self.pool, p => sqlx::query(SQL)
+            .execute(p)
+            .await
+            .map(|done| done.rows_affected()))
+        .context("counting unroutable tasks as delivered again")
+    }
+
     /// The tasks the release stage delivered, confirmed by the business
     /// exchange at `at_ms` (group-committed with the request path's writes).
     pub async fn mark_delivered(&self, ids: Vec<String>, at_ms: u64) -> Result<(), LedgerError> {

@@ -100,6 +100,7 @@ pub struct Metrics {
     pub tasks_rescheduled: Counter,
     pub release_dropped: Family<ReasonLabel, Counter>,
     pub release_unknown: Counter,
+    pub tasks_unroutable: Counter,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
     pub queue_depth_polled: Gauge<f64, AtomicU64>,
     pub auth_refused: Family<ReasonLabel, Counter>,
@@ -286,6 +287,13 @@ impl Metrics {
              (pruned, or another ledger's): never dropped",
             release_unknown.clone(),
         );
+        let tasks_unroutable = Counter::default();
+        registry.register(
+            "tasks_unroutable",
+            "Released tasks that no queue was bound for: they wait in the unroutable queue \
+             (state unroutable) until requeue-unroutable",
+            tasks_unroutable.clone(),
+        );
         let queue_depth_polled = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "queue_depth_polled_timestamp_seconds",
@@ -364,6 +372,7 @@ impl Metrics {
             tasks_rescheduled,
             release_dropped,
             release_unknown,
+            tasks_unroutable,
             queue_depth_polled,
         }
     }

@@ -229,6 +229,9 @@ impl Bookkeeper {
                 cascade: self.cascade.clone(),
                 metrics: self.metrics.clone(),
             };
+            tasks.push(tokio::spawn(
+                releaser.clone().watch_unroutable(shutdown.clone()),
+            ));
             tasks.push(tokio::spawn(releaser.run(shutdown)));
         }
         tasks

@@ -43,6 +43,8 @@ pub const RELEASE_WINDOW: u16 = 256;
 /// confirms, another is claimed. With the window, this bounds the due
 /// messages a replica holds unacknowledged.
 pub const RELEASE_WINDOWS: u16 = 4;
+/// Notices of unroutable tasks taken at once.
+const NOTICE_WINDOW: u16 = 64;
 /// After a window some of whose messages could not be published, the wait
 /// before the next, so that a missing business exchange or a blocked broker
 /// is not hammered.
@@ -170,6 +172,55 @@ impl Releaser {
                 }
             })
             .await;
+    }
+
+    /// Marks `unroutable` each task whose released copy reached no queue, as
+    /// the notices in the chain's unroutable-seen queue say, until
+    /// `shutdown`. A notice is acknowledged once the ledger has it.
+    pub async fn watch_unroutable(self, shutdown: CancellationToken) {
+        let limits = ConsumeLimits {
+            window: NOTICE_WINDOW,
+            windows: 1,
+        };
+        let mut windows =
+            self.broker
+                .consume(self.cascade.unroutable_seen_queue(), limits, shutdown.clone());
+        while let Some(window) = windows.recv().await {
+            let released: Vec<(String, u64)> = window
+                .messages
+                .iter()
+                .filter_map(|message| identity(&message.properties))
+                .collect();
+            let at_ms = epoch_ms(SystemTime::now());
+            let settle = match self.ledger.mark_unroutable(&released, at_ms).await {
+                Ok(marked) => {
+                    self.metrics.tasks_unroutable.inc_by(marked);
+                    if marked > 0 {
+                        warn!(
+                            tasks = marked,
+                            queue = self.cascade.unroutable_queue(),
+                            "released tasks reached no queue (none bound for their routing key): \
+                             they wait in the unroutable queue; bind one, then run \
+                             delayline requeue-unroutable"
+                        );
+                    }
+                    Settle::Ack
+                }
+                Err(error) => {
+                    warn!(%error, "cannot mark unroutable tasks in the ledger; retrying");
+                    Settle::Requeue
+                }
+            };
+            let retry = settle == Settle::Requeue;
+            let count = window.messages.len();
+            window.settle(vec![settle; count]);
+            if retry {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+                }
+            }
+        }
     }
 
     /// One window: how to settle each of its messages.

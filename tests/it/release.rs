@@ -575,3 +575,47 @@ async fn a_broker_uri_that_cannot_parse_stops_the_service_at_start() {
     }
     let _ = std::fs::remove_dir_all(&settings.store.data_dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() {
+    let settings = default_settings(6);
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let parked = post_task(&app, "nobody.home", 300).await;
+    let id = id_of(&parked);
+    eventually("the task is seen unroutable", async || {
+        app.get(&format!("/v1/tasks/{id}")).await.1["state"] == "unroutable"
+    })
+    .await;
+    let (_, seen) = app.get(&format!("/v1/tasks/{id}")).await;
+    assert!(seen["delivered_at"].is_string(), "{seen}");
+    assert_eq!(
+        sample(&app.scrape().await, "delayline_tasks_unroutable_total"),
+        Some(1.0)
+    );
+    let (_, listed) = app.get("/v1/tasks?state=unroutable").await;
+    assert_eq!(listed["tasks"][0]["id"], id.as_str(), "{listed}");
+    assert_eq!(queue_depth(&app.cascade.unroutable_queue()).await, 1);
+    // A task that reached a queue stays delivered.
+    let mut consumer = TestConsumer::bind(&mut app, "#.bound").await;
+    let bound = post_task(&app, "bound", 0).await;
+    assert!(consumer.next(Duration::from_secs(10)).await.is_some());
+    eventually("the bound task is seen delivered", async || {
+        app.get(&format!("/v1/tasks/{}", id_of(&bound))).await.1["state"] == "delivered"
+    })
+    .await;
+
+    // The runbook's remedy: bind, then requeue; it is delivered and seen so.
+    let mut late = TestConsumer::bind(&mut app, "#.nobody.home").await;
+    let (ok, output) = run_delayline(&settings, &["requeue-unroutable"]).await;
+    assert!(ok, "{output}");
+    assert!(output.contains("1 unroutable tasks in the ledger count as delivered"), "{output}");
+    let message = late.next(Duration::from_secs(10)).await.expect("requeued");
+    assert_eq!(message.message_id(), id);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, seen) = app.get(&format!("/v1/tasks/{id}")).await;
+    assert_eq!(seen["state"], "delivered", "{seen}");
+    assert_eq!(
+        sample(&app.scrape().await, "delayline_tasks_unroutable_total"),
+        Some(1.0)
+    );
+}
