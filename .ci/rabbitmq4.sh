@@ -66,6 +66,7 @@ ensure_rabbitmq4() {
   if ! rmq4_port_open "$RABBITMQ4_PORT"; then
     echo "ci: starting RabbitMQ 4 node $RABBITMQ4_NODE on 127.0.0.1:$RABBITMQ4_PORT"
     rmq4 rabbitmq-server -detached >/dev/null 2>&1 || true
+    RABBITMQ4_STARTED_HERE=1
   fi
   for _ in $(seq 1 120); do
     if rmq4_port_open "$RABBITMQ4_PORT" && rmq4_ctl await_startup >/dev/null 2>&1; then
@@ -77,6 +78,22 @@ ensure_rabbitmq4() {
   done
   echo "ci: RabbitMQ 4 did not come up on 127.0.0.1:$RABBITMQ4_PORT" >&2
   return 1
+}
+
+# The environment that points the integration tests at this node.
+rabbitmq4_test_env() {
+  export DLTEST_AMQP_URI="amqp://guest:guest@127.0.0.1:$RABBITMQ4_PORT/%2f"
+  export DLTEST_RABBITMQCTL="chroot $RABBITMQ4_ROOT rabbitmqctl -n $RABBITMQ4_NODE"
+  export DLTEST_MANAGEMENT_URL="http://guest:guest@127.0.0.1:$RABBITMQ4_MANAGEMENT_PORT"
+}
+
+# Stops the node if this shell started it (a node that was running before
+# is someone else's, and is left alone).
+stop_rabbitmq4_if_started() {
+  if [ "${RABBITMQ4_STARTED_HERE:-}" = 1 ]; then
+    echo "ci: stopping RabbitMQ 4 node $RABBITMQ4_NODE"
+    stop_rabbitmq4
+  fi
 }
 
 stop_rabbitmq4() {

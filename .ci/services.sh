@@ -85,42 +85,28 @@ stop_own_test_nodes() {
 # make a virtual environment under target/ on first use
 # (tests/it/common/python.rs).
 
-# Tests delete what they declare on the machine's broker (their names start
-# with "dltest-"); anything left afterwards is a test's leak, and fails CI.
+# Tests delete what they declare on the broker (their names start with
+# "dltest-"); anything left afterwards is a test's leak, and fails CI.
+# RABBITMQCTL: the command for the broker to look at (default: the machine's).
 assert_no_test_objects_left() {
-  local left
-  left=$( (rabbitmqctl -q list_queues name; rabbitmqctl -q list_exchanges name; rabbitmqctl -q list_users) \
-    | grep -c '^dltest-' || true)
-  if [ "$left" != "0" ]; then
-    echo "ci: tests left $left queues, exchanges or users named dltest-* on the broker:" >&2
-    (rabbitmqctl -q list_queues name; rabbitmqctl -q list_exchanges name; rabbitmqctl -q list_users) \
-      | grep '^dltest-' | head -20 >&2
+  local ctl=(${RABBITMQCTL:-rabbitmqctl}) left
+  left=$( ("${ctl[@]}" -q list_queues name; "${ctl[@]}" -q list_exchanges name; "${ctl[@]}" -q list_users) \
+    | grep '^dltest-' || true)
+  if [ -n "$left" ]; then
+    echo "ci: tests left $(echo "$left" | wc -l) queues, exchanges or users named dltest-* on the broker:" >&2
+    echo "$left" | head -20 >&2
     return 1
   fi
   echo "ci: the tests left nothing on the broker"
 }
 
-# The OpenAPI linter (Redocly CLI, from npm), pinned like schemathesis, in a
-# folder of its own outside the checkout.
-REDOCLY_VERSION=2.77.0
-REDOCLY_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/delayline-ci/redocly-$REDOCLY_VERSION"
-ensure_openapi_linter() {
-  if [ -x "$REDOCLY_DIR/node_modules/.bin/redocly" ]; then
-    return 0
+# Whether a broker runs the management plugin, for the log: the suite runs
+# against one broker with it and one without.
+management_plugin_state() {
+  local ctl=(${RABBITMQCTL:-rabbitmqctl})
+  if "${ctl[@]}" -q status 2>/dev/null | grep -q rabbitmq_management; then
+    echo "with the management plugin"
+  else
+    echo "without the management plugin"
   fi
-  echo "ci: installing @redocly/cli $REDOCLY_VERSION"
-  mkdir -p "$REDOCLY_DIR"
-  (cd "$REDOCLY_DIR" && npm install --no-audit --no-fund --loglevel=error "@redocly/cli@$REDOCLY_VERSION" >/dev/null)
-}
-
-# Lints the OpenAPI document the binary serves at /openapi.json.
-lint_openapi() {
-  local document
-  document="$(mktemp --suffix=.json)"
-  cargo run --locked --quiet -- openapi >"$document"
-  NO_UPDATE_NOTIFIER=1 REDOCLY_TELEMETRY=off "$REDOCLY_DIR/node_modules/.bin/redocly" lint \
-    --config .ci/redocly.yaml --format=summary "$document" 2>&1 | grep -v '[║╔╚]'
-  local status=${PIPESTATUS[0]}
-  rm -f "$document"
-  return "$status"
 }

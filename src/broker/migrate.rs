@@ -510,8 +510,10 @@ async fn delete_notices(connection: &Connection, queue: &str) -> Result<(), Brok
     if queue_state(connection, queue).await?.is_none() {
         return Ok(());
     }
-    let channel = open_channel(connection, || format!("opening a channel to delete {queue:?}"))
-        .await?;
+    let channel = open_channel(connection, || {
+        format!("opening a channel to delete {queue:?}")
+    })
+    .await?;
     channel
         .queue_delete(queue.into(), QueueDeleteOptions::default())
         .await

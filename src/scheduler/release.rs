@@ -182,9 +182,11 @@ impl Releaser {
             window: NOTICE_WINDOW,
             windows: 1,
         };
-        let mut windows =
-            self.broker
-                .consume(self.cascade.unroutable_seen_queue(), limits, shutdown.clone());
+        let mut windows = self.broker.consume(
+            self.cascade.unroutable_seen_queue(),
+            limits,
+            shutdown.clone(),
+        );
         while let Some(window) = windows.recv().await {
             let released: Vec<(String, u64)> = window
                 .messages

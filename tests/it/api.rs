@@ -402,7 +402,7 @@ async fn a_nack_is_a_503_and_nothing_unconfirmed_is_reported_accepted() {
     // Cap level 2's queue at one message: with reject-publish overflow the broker nacks the next.
     let policy = format!("{}-full", app.cascade.prefix());
     let pattern = format!("^{}$", regex_escape(&app.cascade.level_queue(2)));
-    let set = std::process::Command::new("rabbitmqctl")
+    let set = crate::common::rabbitmqctl_command()
         .args([
             "-q",
             "set_policy",
@@ -431,7 +431,7 @@ async fn a_nack_is_a_503_and_nothing_unconfirmed_is_reported_accepted() {
         );
     }
     let accepted = statuses.iter().filter(|s| **s == 202).count() as u32;
-    let _ = std::process::Command::new("rabbitmqctl")
+    let _ = crate::common::rabbitmqctl_command()
         .args(["-q", "clear_policy", &policy])
         .status();
     assert!(accepted >= 1);
@@ -612,7 +612,7 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
 }
 
 async fn delete_queue(queue: &str) {
-    let connection = delayline::broker::connect(crate::common::AMQP_URI, "delayline test")
+    let connection = delayline::broker::connect(crate::common::amqp_uri(), "delayline test")
         .await
         .unwrap();
     let channel = connection.create_channel().await.unwrap();

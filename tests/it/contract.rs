@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{
-    AMQP_URI, Backend, Cleanup, TestConsumer, free_port, sample, spawn_binary, test_settings,
+    Backend, Cleanup, TestConsumer, amqp_uri, free_port, sample, spawn_binary, test_settings,
     wait_connected_at, with_ledger,
 };
 use delayline::broker::connect;
@@ -40,7 +40,7 @@ async fn schemathesis_finds_nothing_and_only_accepted_tasks_are_published() {
     let queue = format!("{}.consumer.{}", cascade.prefix(), cleanup.queues.len());
     let mut published =
         TestConsumer::bind_to(&mut cleanup, &cascade, &cascade.due_exchange(), "#").await;
-    let connection = connect(AMQP_URI, "delayline test binder").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test binder").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     for level in 0..cascade.levels() {
         channel

@@ -96,13 +96,17 @@ impl Vhost {
     }
 
     fn uri(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:5672/{}", self.0)
+        format!(
+            "amqp://guest:guest@{}/{}",
+            crate::common::broker_address(),
+            self.0
+        )
     }
 }
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = crate::common::rabbitmqctl_command()
             .args(["-q", "delete_vhost", &self.0])
             .status();
     }

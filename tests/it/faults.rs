@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::nodes::{BrokerNode, NodeOptions, within};
 use crate::common::{
-    AMQP_URI, Backend, Cleanup, TestApp, TestConsumer, TestUser, close_connections_named,
+    Backend, Cleanup, TestApp, TestConsumer, TestUser, amqp_uri, close_connections_named,
     connections_named, eventually, queue_depth, rabbitmqctl_json, sample, steady_load,
     test_settings, with_ledger,
 };
@@ -579,7 +579,7 @@ async fn a_wrong_password_is_not_ready_and_says_why_until_it_is_fixed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_vhost_is_a_misconfiguration_and_an_outage_is_not() {
     let mut settings = with_ledger(test_settings(4, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = format!("{}-missing-vhost", crate::common::AMQP_URI).into();
+    settings.amqp.uri = format!("{}-missing-vhost", crate::common::amqp_uri()).into();
     settings.amqp.misconfiguration_grace_ms = 500;
     let app = TestApp::start(settings.clone()).await;
     let refused = readyz_becomes(&app, 503).await;
@@ -639,7 +639,7 @@ async fn a_consumer_whose_reader_holds_its_windows_consumes_again_after_its_chan
     let mut cleanup = Cleanup::for_cascade(&cascade);
     let queue = format!("{}.held", cascade.prefix());
     cleanup.queues.push(queue.clone());
-    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     channel
         .queue_declare(

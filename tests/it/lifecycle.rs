@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::{
-    AMQP_URI, Backend, Cleanup, TestConsumer, TestUser, free_port, serve_command, spawn_binary,
+    Backend, Cleanup, TestConsumer, TestUser, amqp_uri, free_port, serve_command, spawn_binary,
     terminate, test_settings, wait_ready_at, with_ledger,
 };
 use delayline::broker::{connect, provision, queue_state};
@@ -88,7 +88,9 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
     let cascade = settings.cascade().unwrap();
     let mut cleanup = Cleanup::for_settings(&settings);
     // The consumer's queue needs the business exchange before the service made it.
-    let admin = connect(AMQP_URI, "delayline test provision").await.unwrap();
+    let admin = connect(amqp_uri(), "delayline test provision")
+        .await
+        .unwrap();
     provision(&admin, &cascade.plan()).await.unwrap();
     let exchange = cascade.business_exchange().to_owned();
     let key = cascade.binding_key("crash");
@@ -267,7 +269,7 @@ async fn the_readme_quick_start_runs_as_written() {
         .spawn()
         .expect("python3 runs");
     // The queue is bound once it exists.
-    let probe = connect(AMQP_URI, "delayline test readme").await.unwrap();
+    let probe = connect(amqp_uri(), "delayline test readme").await.unwrap();
     let bound = async {
         while queue_state(&probe, &queue).await.unwrap().is_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;

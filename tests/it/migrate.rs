@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::common::{
-    AMQP_URI, Backend, Cleanup, TestApp, TestConsumer, close_connections_named, eventually,
+    Backend, Cleanup, TestApp, TestConsumer, amqp_uri, close_connections_named, eventually,
     queue_depth, run_delayline, sample, test_settings, with_ledger,
 };
 use delayline::broker::{
@@ -57,7 +57,7 @@ async fn park_one(app: &TestApp) {
 }
 
 async fn old_chain_is_gone(old: &Cascade) {
-    let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test probe").await.unwrap();
     for level in 0..old.levels() {
         assert!(
             queue_state(&connection, &old.level_queue(level))
@@ -124,7 +124,7 @@ async fn tasks_in_flight_move(source: QueueType) {
     .await;
 
     // A message without x-deliver-at-ms, published by something else.
-    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     let stray_key = "1.0.0.0.0.0.moved";
     channel
@@ -239,7 +239,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     // unacknowledged messages return to the old queues, confirmed ones are
     // already in the new chain.
     let crashing = "delayline test migrate crash";
-    let connection = connect(AMQP_URI, crashing).await.unwrap();
+    let connection = connect(amqp_uri(), crashing).await.unwrap();
     provision(&connection, &new.plan()).await.unwrap();
     let migration = {
         let new = new.clone();
@@ -255,7 +255,7 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     // Dropping lapin's connection closes it; if it has not yet, the broker does.
     close_connections_named(crashing);
 
-    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
     let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None)
         .await
         .unwrap();
@@ -335,7 +335,7 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
     park_one(&old_app).await;
     let _old_topology = old_app.stop_keeping_topology().await;
 
-    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
     let report = migrate_topology(&connection, &OldChain::from_settings(&old), &new, None)
         .await
         .unwrap();
@@ -367,7 +367,7 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
         assert_eq!((status, &accepted["state"]), (202, &json!("scheduled")));
     }
     let _old_topology = old_app.stop_keeping_topology().await;
-    let connection = connect(AMQP_URI, "delayline test migrate").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
     let waiting = async || {
         let mut ready = 0;
         for level in 0..8 {

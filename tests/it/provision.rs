@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use crate::common::{AMQP_URI, Cleanup, TestApp, queue_depth, rabbitmqctl_json, test_settings};
+use crate::common::{Cleanup, TestApp, amqp_uri, queue_depth, rabbitmqctl_json, test_settings};
 use delayline::broker::{BrokerError, Status, check, connect, provision, queue_state};
 use delayline::cascade::{ArgValue, BindingTarget, QueueType};
 use delayline::service::ServiceError;
@@ -35,7 +35,7 @@ async fn the_broker_holds_exactly_the_plan() {
         let cascade = test_settings(5, 100, queue_type).cascade().unwrap();
         let _cleanup = Cleanup::for_cascade(&cascade);
         let plan = cascade.plan();
-        let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+        let connection = connect(amqp_uri(), "delayline test").await.unwrap();
         let report = provision(&connection, &plan).await.unwrap();
         assert_eq!(
             (report.exchanges, report.queues, report.bindings),
@@ -135,7 +135,7 @@ async fn the_broker_holds_exactly_the_plan() {
 async fn provisioning_twice_changes_nothing() {
     let cascade = test_settings(4, 10, QueueType::Quorum).cascade().unwrap();
     let _cleanup = Cleanup::for_cascade(&cascade);
-    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test").await.unwrap();
     let first = provision(&connection, &cascade.plan()).await.unwrap();
 
     // A parked message must survive re-provisioning.
@@ -167,7 +167,7 @@ async fn a_conflicting_queue_is_explained_in_full_and_stops_the_service() {
     let cascade = settings.cascade().unwrap();
     let _cleanup = Cleanup::for_cascade(&cascade);
     // Someone declared level 2 by hand: classic, another TTL, no dead-lettering.
-    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     let mut arguments = FieldTable::default();
     arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(999));
@@ -229,7 +229,7 @@ async fn a_conflicting_queue_is_explained_in_full_and_stops_the_service() {
 async fn a_conflicting_business_exchange_is_explained() {
     let cascade = test_settings(2, 100, QueueType::Classic).cascade().unwrap();
     let _cleanup = Cleanup::for_cascade(&cascade);
-    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     channel
         .exchange_declare(
@@ -284,8 +284,13 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
     );
     assert!(route.contains("delay_ms        10000"), "{route}");
     let plan = run(&["provision", "--dry-run"]);
-    // Four levels, the unroutable queue and, with the default ledger, the release stage.
-    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 6);
+    // Four levels, the unroutable queue and, with the default ledger, the
+    // release stage and its notices of unroutable tasks.
+    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 7);
+    assert!(
+        plan.contains("queue    delayline.v1.unroutable-seen durable"),
+        "{plan}"
+    );
     assert!(
         plan.contains("queue    delayline.v1.release durable"),
         "{plan}"
@@ -317,7 +322,7 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     let mut settings = test_settings(3, 50, QueueType::Classic);
     let v1 = settings.cascade().unwrap();
     let _cleanup = Cleanup::for_cascade(&v1);
-    let connection = connect(AMQP_URI, "delayline test").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test").await.unwrap();
     provision(&connection, &v1.plan()).await.unwrap();
 
     let report = check(&connection, &v1).await.unwrap();

@@ -349,7 +349,7 @@ async fn after_sigkill_while_releasing_every_task_arrives_and_duplicates_only_th
     wait_ready_at(&http, &base).await;
     eventually("the business exchange is declared", async || {
         delayline::broker::exchange_exists(
-            &delayline::broker::connect(crate::common::AMQP_URI, "probe")
+            &delayline::broker::connect(crate::common::amqp_uri(), "probe")
                 .await
                 .unwrap(),
             cascade.business_exchange(),
@@ -608,7 +608,10 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
     let mut late = TestConsumer::bind(&mut app, "#.nobody.home").await;
     let (ok, output) = run_delayline(&settings, &["requeue-unroutable"]).await;
     assert!(ok, "{output}");
-    assert!(output.contains("1 unroutable tasks in the ledger count as delivered"), "{output}");
+    assert!(
+        output.contains("1 unroutable tasks in the ledger count as delivered"),
+        "{output}"
+    );
     let message = late.next(Duration::from_secs(10)).await.expect("requeued");
     assert_eq!(message.message_id(), id);
     tokio::time::sleep(Duration::from_millis(500)).await;

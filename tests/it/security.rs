@@ -75,7 +75,12 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
     let user = TestUser::create();
     let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
     rabbitmqctl(&["change_password", &user.0, &password]);
-    settings.amqp.uri = format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.0).into();
+    settings.amqp.uri = format!(
+        "amqp://{}:{password}@{}/%2f",
+        user.0,
+        crate::common::broker_address()
+    )
+    .into();
     settings.metrics.management_url = "none".into();
     let mut cleanup = Cleanup::for_settings(&settings);
     let cascade = settings.cascade().unwrap();

@@ -7,6 +7,7 @@ pub mod tls;
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use delayline::broker::{connect, queue_state, teardown};
@@ -25,15 +26,43 @@ use tokio::process::Child;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub const AMQP_URI: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// Where the machine's broker listens, as it appears in a URI.
-const MACHINE_BROKER_ADDRESS: &str = "@127.0.0.1:5672/";
+/// The broker the tests share: the machine's, or the one `DLTEST_AMQP_URI`
+/// names (CI runs the suite against RabbitMQ 4 as well as 3.10). With it,
+/// `DLTEST_RABBITMQCTL` is the command that controls that broker and
+/// `DLTEST_MANAGEMENT_URL` its management API.
+pub fn amqp_uri() -> &'static str {
+    static URI: OnceLock<String> = OnceLock::new();
+    URI.get_or_init(|| {
+        std::env::var("DLTEST_AMQP_URI")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    })
+}
+
+/// `host:port` of the shared broker.
+pub fn broker_address() -> &'static str {
+    let uri = amqp_uri();
+    let after_user = uri.rsplit_once('@').map_or(uri, |(_, rest)| rest);
+    after_user.split('/').next().unwrap_or(after_user)
+}
+
+/// `rabbitmqctl` for the shared broker (`DLTEST_RABBITMQCTL`, words split on
+/// white space: for RabbitMQ 4 in its folder, `chroot DIR rabbitmqctl -n NODE`).
+pub fn rabbitmqctl_command() -> Command {
+    let line = std::env::var("DLTEST_RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".to_owned());
+    let mut words = line.split_whitespace();
+    let mut command = Command::new(words.next().unwrap_or("rabbitmqctl"));
+    command.args(words);
+    command
+}
 
 /// Settings for one test: its own prefix and business exchange, small levels and units.
 pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settings {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let mut settings = Settings::default();
-    settings.amqp.uri = AMQP_URI.to_owned().into();
+    settings.amqp.uri = amqp_uri().to_owned().into();
+    if let Ok(management) = std::env::var("DLTEST_MANAGEMENT_URL") {
+        settings.metrics.management_url = management.into();
+    }
     settings.cascade.levels = levels;
     settings.cascade.unit_ms = unit_ms;
     settings.cascade.queue_type = queue_type;
@@ -148,7 +177,7 @@ impl Cleanup {
             plan: cascade.plan(),
             queues: Vec::new(),
             ledger_of: None,
-            uris: vec![AMQP_URI.to_owned()],
+            uris: vec![amqp_uri().to_owned()],
         }
     }
 
@@ -163,7 +192,7 @@ impl Cleanup {
             },
             queues: Vec::new(),
             ledger_of: None,
-            uris: vec![AMQP_URI.to_owned()],
+            uris: vec![amqp_uri().to_owned()],
         }
     }
 
@@ -186,7 +215,7 @@ impl Drop for Cleanup {
         let own_nodes = !self
             .uris
             .iter()
-            .any(|uri| uri.contains(MACHINE_BROKER_ADDRESS));
+            .any(|uri| uri.contains(&format!("@{}/", broker_address())));
         if own_nodes || (self.plan.exchanges.is_empty() && self.queues.is_empty()) {
             return;
         }
@@ -199,7 +228,7 @@ impl Drop for Cleanup {
                 .build()
                 .expect("cleanup runtime");
             runtime.block_on(async move {
-                let connection = connect(AMQP_URI, "delayline test cleanup")
+                let connection = connect(amqp_uri(), "delayline test cleanup")
                     .await
                     .expect("cleanup connection");
                 for queue in queues {
@@ -434,7 +463,7 @@ impl TestConsumer {
         let queue = format!("{}.consumer.{}", cascade.prefix(), cleanup.queues.len());
         cleanup.queues.push(queue.clone());
         Self::declare(
-            AMQP_URI,
+            amqp_uri(),
             &queue,
             Some((exchange, binding_key)),
             QueueType::Classic,
@@ -444,7 +473,7 @@ impl TestConsumer {
 
     /// Consumes an existing queue (such as the unroutable one).
     pub async fn existing(queue: &str) -> TestConsumer {
-        Self::declare(AMQP_URI, queue, None, QueueType::Classic).await
+        Self::declare(amqp_uri(), queue, None, QueueType::Classic).await
     }
 
     /// A durable queue of `queue_type` on the broker at `uri` (a node of the
@@ -593,7 +622,7 @@ impl Drop for TestConsumer {
 
 /// Messages waiting in `queue`, by a passive declare.
 pub async fn queue_depth(queue: &str) -> u32 {
-    let connection = connect(AMQP_URI, "delayline test probe").await.unwrap();
+    let connection = connect(amqp_uri(), "delayline test probe").await.unwrap();
     let state = queue_state(&connection, queue).await.unwrap();
     let _ = connection.close(200, "probed".into()).await;
     state
@@ -603,7 +632,7 @@ pub async fn queue_depth(queue: &str) -> u32 {
 
 /// Runs `rabbitmqctl` with JSON output and parses it.
 pub fn rabbitmqctl_json(args: &[&str]) -> Value {
-    let output = Command::new("rabbitmqctl")
+    let output = rabbitmqctl_command()
         .args(args)
         .args(["-q", "--formatter", "json"])
         .output()
@@ -620,7 +649,7 @@ pub fn rabbitmqctl_json(args: &[&str]) -> Value {
 pub fn close_connections_named(name: &str) -> usize {
     let pids = connections_named(name, "pid");
     for pid in &pids {
-        let status = Command::new("rabbitmqctl")
+        let status = rabbitmqctl_command()
             .args(["-q", "close_connection", pid, "test closes the connection"])
             .status()
             .unwrap();
@@ -633,7 +662,7 @@ pub fn close_connections_named(name: &str) -> usize {
 /// whose client named it `name`. The plain format prints pids as
 /// close_connection takes them; JSON does not.
 pub fn connections_named(name: &str, field: &str) -> Vec<String> {
-    let output = Command::new("rabbitmqctl")
+    let output = rabbitmqctl_command()
         .args(["-q", "list_connections", field, "client_properties"])
         .output()
         .expect("rabbitmqctl runs");
@@ -664,7 +693,7 @@ pub fn terminate(child: &tokio::process::Child) {
 }
 
 pub fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
+    let status = rabbitmqctl_command()
         .arg("-q")
         .args(args)
         .status()
@@ -689,7 +718,7 @@ impl TestUser {
     }
 
     pub fn uri(&self) -> String {
-        format!("amqp://{}:secret@127.0.0.1:5672/%2f", self.0)
+        format!("amqp://{}:secret@{}/%2f", self.0, broker_address())
     }
 
     pub fn grant(&self) {
@@ -703,7 +732,7 @@ impl TestUser {
 
 impl Drop for TestUser {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
+        let _ = rabbitmqctl_command()
             .args(["-q", "delete_user", &self.0])
             .status();
     }
