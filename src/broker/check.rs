@@ -167,11 +167,11 @@ async fn check_queue(
             messages: None,
         });
     };
-    let channel = open_channel(connection, || {
+    let mut channel = open_channel(connection, || {
         format!("opening a channel to check queue {:?}", queue.name)
     })
     .await?;
-    let status = match declare_queue(connection, &channel, queue).await? {
+    let status = match declare_queue(connection, &mut channel, queue).await? {
         None => {
             let _ = channel.close(200, "checked".into()).await;
             Status::Matches

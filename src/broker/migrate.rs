@@ -249,8 +249,9 @@ pub async fn migrate_topology(
     }
     provision(connection, &new.plan()).await?;
     let poison = new.plain_queue(new.poison_queue());
-    let channel = open_channel(connection, || "opening a channel to migrate".to_owned()).await?;
-    if let Some(conflict) = declare_queue(connection, &channel, &poison).await? {
+    let mut channel =
+        open_channel(connection, || "opening a channel to migrate".to_owned()).await?;
+    if let Some(conflict) = declare_queue(connection, &mut channel, &poison).await? {
         return Err(BrokerError::from(conflict).into());
     }
     channel

@@ -7,6 +7,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde::Serialize;
+use tracing::warn;
 
 use super::diagnose::{current_argument, diagnose_exchange, diagnose_queue};
 use super::{
@@ -71,24 +72,61 @@ pub(crate) async fn declare_exchange(
 }
 
 /// Declares `queue` as the plan has it; a conflict as for [`declare_exchange`].
+/// A queue an older delayline made with its `legacy_arguments` is taken as
+/// it is, with a warning; `channel` is then a new one (the broker closed the
+/// first on the mismatch).
 pub(crate) async fn declare_queue(
     connection: &Connection,
-    channel: &Channel,
+    channel: &mut Channel,
     queue: &QueueSpec,
 ) -> Result<Option<TopologyConflict>, BrokerError> {
+    let text = match try_declare_queue(channel, &queue.name, &queue.arguments).await? {
+        None => return Ok(None),
+        Some(text) => text,
+    };
+    if let Some(legacy) = &queue.legacy_arguments {
+        *channel = open_channel(connection, || {
+            "opening a channel to provision the topology".to_owned()
+        })
+        .await?;
+        if try_declare_queue(channel, &queue.name, legacy)
+            .await?
+            .is_none()
+        {
+            warn!(
+                queue = queue.name,
+                "this queue was made by an older delayline: as a quorum queue it has \
+                 RabbitMQ's default delivery limit (20 on RabbitMQ 4, which drops a message \
+                 returned more often, as a consumer that crashes while holding it returns it); \
+                 raise cascade.version and run `delayline migrate-topology --from <this \
+                 version>` to move the chain onto queues without one"
+            );
+            return Ok(None);
+        }
+        *channel = open_channel(connection, || {
+            "opening a channel to provision the topology".to_owned()
+        })
+        .await?;
+    }
+    Ok(Some(diagnose_queue(connection, queue, text).await))
+}
+
+/// Declares a durable queue: `None` when the broker took it, the broker's
+/// text when it holds the queue with other settings (the channel is then closed).
+async fn try_declare_queue(
+    channel: &Channel,
+    name: &str,
+    arguments: &crate::cascade::Arguments,
+) -> Result<Option<String>, BrokerError> {
     let declared = channel
-        .queue_declare(
-            queue.name.as_str().into(),
-            durable_queue(),
-            field_table(&queue.arguments),
-        )
+        .queue_declare(name.into(), durable_queue(), field_table(arguments))
         .await;
     match declared {
         Ok(_) => Ok(None),
         Err(error) => match precondition_failed(&error) {
-            Some(text) => Ok(Some(diagnose_queue(connection, queue, text).await)),
+            Some(text) => Ok(Some(text)),
             None => Err(BrokerError::Call {
-                context: format!("declaring queue {:?}", queue.name),
+                context: format!("declaring queue {name:?}"),
                 source: error,
             }),
         },
@@ -103,7 +141,7 @@ pub async fn provision(
     connection: &Connection,
     plan: &TopologyPlan,
 ) -> Result<ProvisionReport, BrokerError> {
-    let channel = open_channel(connection, || {
+    let mut channel = open_channel(connection, || {
         "opening a channel to provision the topology".to_owned()
     })
     .await?;
@@ -115,7 +153,7 @@ pub async fn provision(
         }
     }
     for queue in &plan.queues {
-        if let Some(conflict) = declare_queue(connection, &channel, queue).await? {
+        if let Some(conflict) = declare_queue(connection, &mut channel, queue).await? {
             return Err(conflict.into());
         }
     }

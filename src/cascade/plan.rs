@@ -36,6 +36,15 @@ pub fn release_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.release")
 }
 
+/// The delivery limit of the quorum queues delayline consumes: none, in
+/// effect. RabbitMQ 4 gives a quorum queue a limit of 20 when none is set,
+/// and drops a message returned more often than that (a consumer's channel
+/// or connection closing while it holds the message counts): a delayline
+/// that crashed 20 times while tasks were due would lose them. `-1` means
+/// "no limit" only from RabbitMQ 4.0 on (3.x drops a message at its first
+/// return), so the largest 32-bit value instead, which both read alike.
+pub const NO_DELIVERY_LIMIT: i64 = i32::MAX as i64;
+
 /// The exchange that names the ledger a chain belongs to (see [`ChainOwner`]).
 pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.ledger")
@@ -104,6 +113,12 @@ pub struct ExchangeSpec {
 pub struct QueueSpec {
     pub name: String,
     pub arguments: Arguments,
+    /// The arguments an older delayline declared this queue with, which a
+    /// queue that exists already may still have: RabbitMQ cannot change
+    /// them in place, so such a queue is used as it is, with a warning,
+    /// until `migrate-topology` moves the chain to a new version.
+    #[serde(skip)]
+    pub legacy_arguments: Option<Arguments>,
 }
 
 impl QueueSpec {
@@ -237,12 +252,25 @@ impl Cascade {
         }
     }
 
-    /// The arguments of every queue of this chain besides the TTL and
-    /// dead-letter target: the poison queue, declared by `migrate-topology`, has these.
+    /// A queue of this chain that messages wait in without a TTL or a
+    /// dead-letter target, and that delayline consumes: the release queue,
+    /// the unroutable queue and its notices, the poison queue. As a quorum
+    /// queue it has no delivery limit ([`NO_DELIVERY_LIMIT`]), and no
+    /// dead-letter strategy (with nowhere to dead-letter to, RabbitMQ 4 logs
+    /// a warning about one every few seconds).
     pub fn plain_queue(&self, name: String) -> QueueSpec {
+        let mut arguments = Arguments::new();
+        let mut legacy_arguments = None;
+        if self.queue_type() == QueueType::Quorum {
+            arguments.insert("x-queue-type".into(), ArgValue::Str("quorum".into()));
+            arguments.insert("x-delivery-limit".into(), ArgValue::Int(NO_DELIVERY_LIMIT));
+            // What delayline declared before: a level queue's arguments.
+            legacy_arguments = Some(self.queue_arguments());
+        }
         QueueSpec {
             name,
-            arguments: self.queue_arguments(),
+            arguments,
+            legacy_arguments,
         }
     }
 
@@ -369,6 +397,7 @@ impl Cascade {
             queues.push(QueueSpec {
                 name: queue.clone(),
                 arguments,
+                legacy_arguments: None,
             });
             bindings.push(BindingSpec {
                 source: exchange.clone(),
@@ -397,6 +426,60 @@ impl Cascade {
 mod tests {
     use super::*;
     use crate::cascade::CascadeSettings;
+
+    #[test]
+    fn the_queues_delayline_consumes_have_no_delivery_limit_and_no_dead_letter_strategy() {
+        let cascade = CascadeSettings {
+            release_stage: Some(true),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        let plan = cascade.plan();
+        let consumed = [
+            cascade.release_queue(),
+            cascade.unroutable_queue(),
+            cascade.unroutable_seen_queue(),
+        ];
+        for name in &consumed {
+            let queue = plan.queues.iter().find(|q| &q.name == name).unwrap();
+            assert_eq!(
+                queue.arguments.get("x-delivery-limit"),
+                Some(&ArgValue::Int(NO_DELIVERY_LIMIT)),
+                "{name}"
+            );
+            assert!(
+                !queue.arguments.contains_key("x-dead-letter-strategy"),
+                "{name}"
+            );
+            // What older chains have: taken as they are, with a warning.
+            let legacy = queue.legacy_arguments.as_ref().unwrap();
+            assert_eq!(
+                legacy.get("x-dead-letter-strategy"),
+                Some(&ArgValue::Str("at-least-once".into()))
+            );
+        }
+        // Level queues dead-letter at least once, and are not consumed.
+        for level in 0..cascade.levels() {
+            let queue = plan
+                .queues
+                .iter()
+                .find(|q| q.name == cascade.level_queue(level))
+                .unwrap();
+            assert!(!queue.arguments.contains_key("x-delivery-limit"));
+            assert!(queue.arguments.contains_key("x-dead-letter-strategy"));
+            assert!(queue.legacy_arguments.is_none());
+        }
+        // Classic queues know no delivery limit.
+        let classic = CascadeSettings {
+            queue_type: QueueType::Classic,
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        let queue = classic.plain_queue(classic.release_queue());
+        assert!(queue.arguments.is_empty() && queue.legacy_arguments.is_none());
+    }
 
     #[test]
     fn four_levels_of_one_second() {

@@ -228,6 +228,7 @@ impl Bookkeeper {
                 ledger: self.ledger.clone(),
                 cascade: self.cascade.clone(),
                 metrics: self.metrics.clone(),
+                in_flight: Default::default(),
             };
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),

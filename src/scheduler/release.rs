@@ -69,6 +69,11 @@ pub enum Verdict {
     DropStale,
     /// The task was already delivered in this revision: a second copy.
     DropDuplicate,
+    /// A copy of a task this replica is releasing right now (the broker gave
+    /// it back when a channel died after the first copy was published, before
+    /// it was recorded): back to the queue, to be judged once the first is
+    /// recorded (then as a duplicate), not published twice.
+    Wait,
 }
 
 impl Verdict {
@@ -77,7 +82,7 @@ impl Verdict {
             Verdict::DropCancelled => Some("cancelled"),
             Verdict::DropStale => Some("stale"),
             Verdict::DropDuplicate => Some("duplicate"),
-            Verdict::Deliver | Verdict::Forward => None,
+            Verdict::Deliver | Verdict::Forward | Verdict::Wait => None,
         }
     }
 }
@@ -144,6 +149,61 @@ pub(super) struct Releaser {
     pub ledger: Ledger,
     pub cascade: Arc<Cascade>,
     pub metrics: Arc<Metrics>,
+    pub in_flight: InFlight,
+}
+
+/// The tasks (id and revision) this replica is releasing: claimed, and not
+/// yet recorded delivered or given back.
+#[derive(Clone, Default)]
+pub(super) struct InFlight(Arc<std::sync::Mutex<HashSet<(String, u64)>>>);
+
+impl InFlight {
+    /// Enters each identity not in flight yet; the guard says which were
+    /// entered, and takes them out again when dropped.
+    fn enter(&self, identities: &[Option<(String, u64)>]) -> Entered<'_> {
+        let mut set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new = identities
+            .iter()
+            .map(|identity| identity.as_ref().is_none_or(|i| set.insert(i.clone())))
+            .collect();
+        Entered {
+            in_flight: self,
+            identities: identities.to_vec(),
+            new,
+        }
+    }
+}
+
+/// A window's identities while it is released (see [`InFlight::enter`]).
+struct Entered<'a> {
+    in_flight: &'a InFlight,
+    identities: Vec<Option<(String, u64)>>,
+    /// Per identity: entered by this window (or none to enter).
+    new: Vec<bool>,
+}
+
+impl Entered<'_> {
+    fn new(&self) -> &[bool] {
+        &self.new
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut set = self
+            .in_flight
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (identity, new) in self.identities.iter().zip(&self.new) {
+            if let (Some(identity), true) = (identity, new) {
+                set.remove(identity);
+            }
+        }
+    }
 }
 
 impl Releaser {
@@ -232,7 +292,13 @@ impl Releaser {
         }
         let identities: Vec<Option<(String, u64)>> =
             messages.iter().map(|m| identity(&m.properties)).collect();
-        let due: Vec<(String, u64)> = identities.iter().flatten().cloned().collect();
+        let entered = self.in_flight.enter(&identities);
+        let due: Vec<(String, u64)> = identities
+            .iter()
+            .zip(entered.new())
+            .filter(|(_, new)| **new)
+            .filter_map(|(identity, _)| identity.clone())
+            .collect();
         let findings = match self.ledger.claim_release(due).await {
             Ok(findings) => findings,
             Err(error) => {
@@ -245,8 +311,10 @@ impl Releaser {
         let mut seen = HashSet::new();
         let verdicts: Vec<Verdict> = identities
             .iter()
-            .map(|identity| match identity {
+            .zip(entered.new())
+            .map(|(identity, new)| match identity {
                 None => Verdict::Forward,
+                Some(_) if !new => Verdict::Wait,
                 Some((id, revision)) => {
                     let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
                     if verdict == Verdict::Deliver && !seen.insert(id.as_str()) {

@@ -485,15 +485,17 @@ async fn a_deleted_level_exchange_is_a_503_then_the_service_heals_itself() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
-    let mut settings = with_ledger(test_settings(8, 10, QueueType::Classic), Backend::Sqlite);
+    let mut settings = with_ledger(test_settings(12, 10, QueueType::Classic), Backend::Sqlite);
     settings.metrics.queue_poll_ms = 100;
     let app = TestApp::spawn(settings).await;
 
-    // 200 units: the first digit set is level 7's, where it waits 1.28 s.
+    // 3000 units: the first digit set is level 11's, where it waits 20.48 s,
+    // long enough to be seen there also through the management API, whose
+    // counts lag by up to its statistics interval (5 s).
     let (status, _) = app
         .post(
             "/v1/tasks",
-            &json!({"destination": "waits", "delay_ms": 2000}),
+            &json!({"destination": "waits", "delay_ms": 30_000}),
         )
         .await;
     assert_eq!(status, 202);
@@ -540,10 +542,10 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
             app.cascade.level_queue(level)
         )
     };
-    let level7 = level_series(7);
+    let level11 = level_series(11);
     eventually("the depths to be polled", async || {
         let scrape = app.scrape().await;
-        sample(&scrape, &level7) == Some(1.0)
+        sample(&scrape, &level11) == Some(1.0)
             && sample(&scrape, "delayline_unroutable_queue_messages") == Some(3.0)
     })
     .await;
@@ -578,7 +580,7 @@ async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     expect("delayline_release_queue_messages", 0.0);
     expect("delayline_broker_connected", 1.0);
     expect("delayline_ledger_pending_tasks", 0.0);
-    for level in 0..7 {
+    for level in 0..11 {
         expect(&level_series(level), 0.0);
     }
     let groups = sample(&scrape, "delayline_ledger_commit_group_size_count").unwrap();

@@ -252,14 +252,17 @@ async fn the_readme_quick_start_runs_as_written() {
     let mut cleanup = Cleanup::for_settings(&settings);
     let port = free_port();
     let child = spawn_binary(&settings, port);
-    wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    // As step 1 takes a moment: the exchanges are declared once connected.
+    crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
+        .await;
 
     // Only the names the test must not share, and the port, are substituted.
     let queue = format!("{}.invoices", settings.cascade.prefix);
     cleanup.queues.push(queue.clone());
     let consumer = readme_block("## Quick start", "python", 0)
         .replace("\"invoices\"", &format!("{queue:?}"))
-        .replace("delayline.business", &settings.cascade.business_exchange);
+        .replace("delayline.business", &settings.cascade.business_exchange)
+        .replace("amqp://guest:guest@127.0.0.1:5672/%2f", amqp_uri());
     let mut python = tokio::process::Command::new(crate::common::python::tool("python"))
         .arg("-c")
         .arg(&consumer)

@@ -294,6 +294,7 @@ async fn unroutable_tasks_reach_their_consumer_once_it_is_bound() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"))
         // The command's former name still works.
         .arg("requeue-parked")
+        .env("DELAYLINE__AMQP__URI", amqp_uri())
         .env("DELAYLINE__CASCADE__PREFIX", app.cascade.prefix())
         .env(
             "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::common::{
     Backend, Cleanup, TestApp, TestConsumer, delayline_command, eventually, free_port, queue_depth,
-    run_delayline, sample, spawn_binary, test_settings, wait_ready_at, with_ledger,
+    run_delayline, sample, serve_command, spawn_binary, test_settings, wait_ready_at, with_ledger,
 };
 
 /// The default configuration on a chain of its own: quorum, SQLite, 100 ms
@@ -621,4 +621,153 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
         sample(&app.scrape().await, "delayline_tasks_unroutable_total"),
         Some(1.0)
     );
+}
+
+/// Holds the SQLite ledger's write lock until dropped: the release stage's
+/// claims wait (up to the busy timeout), so due tasks stay delivered to it
+/// and unacknowledged, as while a slow or stuck replica works on them.
+struct LedgerWritesHeld(sqlx::SqliteConnection);
+
+impl LedgerWritesHeld {
+    async fn hold(settings: &Settings) -> Self {
+        use sqlx::{ConnectOptions, Executor};
+        let mut connection = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(format!("{}/delayline.db", settings.store.data_dir))
+            .connect()
+            .await
+            .unwrap();
+        connection.execute("BEGIN IMMEDIATE").await.unwrap();
+        LedgerWritesHeld(connection)
+    }
+
+    async fn release(mut self) {
+        use sqlx::{Connection, Executor};
+        self.0.execute("ROLLBACK").await.unwrap();
+        self.0.close().await.unwrap();
+    }
+}
+
+/// Until every due task is out of the release queue's ready count: taken by
+/// the release stage, and held there unacknowledged.
+async fn wait_taken_by_the_release_stage(release: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while queue_depth(release).await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never consumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Due tasks held by a delayline that is killed, 25 times in a row: each
+/// kill returns them to the queue, which RabbitMQ 4 counts as a delivery and
+/// drops past its default limit of 20. None may be lost, none come early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_tasks_held_through_25_kills_in_a_row_all_arrive_never_early() {
+    let settings = default_settings(6);
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.crashloop").await;
+    let mut ids = HashSet::new();
+    for _ in 0..50 {
+        ids.insert(id_of(&post_task(&app, "crashloop", 300).await));
+    }
+    let cleanup = app.stop_keeping_topology().await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let release = settings.cascade().unwrap().release_queue();
+    assert!(
+        queue_depth(&release).await > 0,
+        "due while no delayline runs"
+    );
+
+    let held = LedgerWritesHeld::hold(&settings).await;
+    for _ in 0..25 {
+        let mut child = serve_command(&settings, free_port()).spawn().unwrap();
+        wait_taken_by_the_release_stage(&release).await;
+        child.kill().await.unwrap();
+        let _ = child.wait().await;
+        // Back in the queue once the broker sees the connection gone.
+        eventually("the held tasks return to the queue", async || {
+            queue_depth(&release).await > 0
+        })
+        .await;
+    }
+    held.release().await;
+    let app = TestApp::resume(settings, cleanup).await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(30))
+        .await;
+    app.stop().await.unwrap();
+}
+
+/// The same with the release stage's connection closed by the broker 25
+/// times while it holds due tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_tasks_held_through_25_closed_connections_all_arrive_never_early() {
+    let settings = default_settings(6);
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.flapping").await;
+    let mut ids = HashSet::new();
+    for _ in 0..50 {
+        ids.insert(id_of(&post_task(&app, "flapping", 300).await));
+    }
+    let release = app.cascade.release_queue();
+    let held = LedgerWritesHeld::hold(&settings).await;
+    let connection = format!("delayline {}", app.cascade.prefix());
+    for _ in 0..25 {
+        wait_taken_by_the_release_stage(&release).await;
+        assert_eq!(crate::common::close_connections_named(&connection), 1);
+        eventually("the held tasks return to the queue", async || {
+            queue_depth(&release).await > 0
+        })
+        .await;
+    }
+    held.release().await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(30))
+        .await;
+    app.stop().await.unwrap();
+}
+
+/// A chain an older delayline made (its release and unroutable queues with a
+/// level queue's arguments, RabbitMQ's default delivery limit) is served as
+/// it is, with a warning to migrate, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_made_by_an_older_delayline_is_served_as_it_is() {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::{AMQPValue, FieldTable};
+    let settings = default_settings(4);
+    let cascade = settings.cascade().unwrap();
+    let _cleanup = Cleanup::for_settings(&settings);
+    let connection = delayline::broker::connect(crate::common::amqp_uri(), "delayline test old")
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let mut old = FieldTable::default();
+    for (key, value) in [
+        ("x-queue-type", "quorum"),
+        ("x-dead-letter-strategy", "at-least-once"),
+        ("x-overflow", "reject-publish"),
+    ] {
+        old.insert(key.into(), AMQPValue::LongString(value.into()));
+    }
+    for queue in [cascade.release_queue(), cascade.unroutable_queue()] {
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.as_str().into(), durable, old.clone())
+            .await
+            .unwrap();
+    }
+    let _ = connection.close(200, "declared".into()).await;
+
+    let mut app = TestApp::start_sharing(settings).await;
+    app.wait_ready().await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.old").await;
+    let task = post_task(&app, "old", 200).await;
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("delivered");
+    assert_eq!(message.message_id(), id_of(&task));
+    app.stop().await.unwrap();
 }
