@@ -186,7 +186,8 @@ struct Entered<'a> {
 }
 
 impl Entered<'_> {
-    fn new(&self) -> &[bool] {
+    /// Per identity of the window: whether this window entered it.
+    fn entered(&self) -> &[bool] {
         &self.new
     }
 }
@@ -295,7 +296,7 @@ impl Releaser {
         let entered = self.in_flight.enter(&identities);
         let due: Vec<(String, u64)> = identities
             .iter()
-            .zip(entered.new())
+            .zip(entered.entered())
             .filter(|(_, new)| **new)
             .filter_map(|(identity, _)| identity.clone())
             .collect();
@@ -311,7 +312,7 @@ impl Releaser {
         let mut seen = HashSet::new();
         let verdicts: Vec<Verdict> = identities
             .iter()
-            .zip(entered.new())
+            .zip(entered.entered())
             .map(|(identity, new)| match identity {
                 None => Verdict::Forward,
                 Some(_) if !new => Verdict::Wait,
