@@ -72,7 +72,7 @@ export DLTEST_RUN_ID="${DLTEST_RUN_ID:-ci$$x}"
 stop_own_test_nodes() {
   local pid node
   for pid in $(pgrep -f beam.smp || true); do
-    node=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n "s/^RABBITMQ_NODENAME=\(dltest-$DLTEST_RUN_ID.*\)$/\1/p")
+    node=$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/environ" | sed -n "s/^RABBITMQ_NODENAME=\(dltest-$DLTEST_RUN_ID.*\)$/\1/p")
     if [ -n "$node" ]; then
       echo "ci: stopping test node $node, left by a test of this run"
       rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
@@ -109,4 +109,31 @@ management_plugin_state() {
   else
     echo "without the management plugin"
   fi
+}
+
+# The OpenAPI linter (Redocly CLI, from npm), pinned like the Python tools, in
+# a folder of its own outside the checkout.
+REDOCLY_VERSION=2.77.0
+REDOCLY_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/delayline-ci/redocly-$REDOCLY_VERSION"
+ensure_openapi_linter() {
+  if [ -x "$REDOCLY_DIR/node_modules/.bin/redocly" ]; then
+    return 0
+  fi
+  echo "ci: installing @redocly/cli $REDOCLY_VERSION"
+  mkdir -p "$REDOCLY_DIR"
+  (cd "$REDOCLY_DIR" && npm install --no-audit --no-fund --loglevel=error "@redocly/cli@$REDOCLY_VERSION" >/dev/null)
+}
+
+# Lints the OpenAPI document the binary serves at /openapi.json.
+lint_openapi() {
+  local document status
+  document="$(mktemp --suffix=.json)"
+  cargo run --locked --quiet -- openapi >"$document"
+  set +e
+  NO_UPDATE_NOTIFIER=1 REDOCLY_TELEMETRY=off "$REDOCLY_DIR/node_modules/.bin/redocly" lint \
+    --config .ci/redocly.yaml --format=summary "$document" 2>&1 | grep -v '[║╔╚]'
+  status=${PIPESTATUS[0]}
+  set -e
+  rm -f "$document"
+  return "$status"
 }

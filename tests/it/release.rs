@@ -698,7 +698,7 @@ async fn due_tasks_held_through_25_kills_in_a_row_all_arrive_never_early() {
 }
 
 /// The same with the release stage's connection closed by the broker 25
-/// times while it holds due tasks.
+/// times while it holds due tasks: every task arrives, none early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn due_tasks_held_through_25_closed_connections_all_arrive_never_early() {
     let settings = default_settings(6);
@@ -720,9 +720,13 @@ async fn due_tasks_held_through_25_closed_connections_all_arrive_never_early() {
         .await;
     }
     held.release().await;
-    consumer
-        .expect_each_once_never_early(ids, Duration::from_secs(30))
+    // At least once: a release whose connection closed between the publish
+    // and its confirm may have reached the business exchange, and is
+    // published again (README, "Guarantees").
+    let duplicates = consumer
+        .expect_each_never_early(ids, Duration::from_secs(30))
         .await;
+    eprintln!("{duplicates} tasks arrived twice");
     app.stop().await.unwrap();
 }
 

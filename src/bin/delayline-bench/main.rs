@@ -108,7 +108,7 @@ fn machine() -> Machine {
                 .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_default();
-    let rabbitmq = std::process::Command::new("rabbitmqctl")
+    let rabbitmq = sut::rabbitmqctl_command()
         .args(["-q", "version"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())

@@ -279,9 +279,20 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// `rabbitmqctl` for the broker under test: `RABBITMQCTL` (words split on
+/// white space, e.g. `chroot DIR rabbitmqctl -n NODE` for the RabbitMQ 4
+/// that `.ci/rabbitmq4.sh` runs), else the machine's.
+pub fn rabbitmqctl_command() -> std::process::Command {
+    let line = std::env::var("RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".to_owned());
+    let mut words = line.split_whitespace();
+    let mut command = std::process::Command::new(words.next().unwrap_or("rabbitmqctl"));
+    command.args(words);
+    command
+}
+
 /// `rabbitmqctl <args> --formatter json`, parsed.
 pub fn rabbitmqctl_json(args: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let out = std::process::Command::new("rabbitmqctl")
+    let out = rabbitmqctl_command()
         .args(args)
         .args(["--formatter", "json"])
         .output()
