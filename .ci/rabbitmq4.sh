@@ -85,6 +85,8 @@ rabbitmq4_test_env() {
   export DLTEST_AMQP_URI="amqp://guest:guest@127.0.0.1:$RABBITMQ4_PORT/%2f"
   export DLTEST_RABBITMQCTL="chroot $RABBITMQ4_ROOT rabbitmqctl -n $RABBITMQ4_NODE"
   export DLTEST_MANAGEMENT_URL="http://guest:guest@127.0.0.1:$RABBITMQ4_MANAGEMENT_PORT"
+  # Tests that start nodes of their own start them from this folder too.
+  export DLTEST_RABBITMQ_ROOT="$RABBITMQ4_ROOT"
 }
 
 # Stops the node if this shell started it (a node that was running before

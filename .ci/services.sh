@@ -79,6 +79,10 @@ stop_own_test_nodes() {
     fi
   done
   rm -rf "${TMPDIR:-/tmp}"/dltest-node-"$DLTEST_RUN_ID"*
+  # Nodes from the RabbitMQ 4 folder keep their directories under its /tmp.
+  if [ -n "${RABBITMQ4_ROOT:-}" ]; then
+    rm -rf "$RABBITMQ4_ROOT"/tmp/dltest-node-"$DLTEST_RUN_ID"*
+  fi
 }
 
 # Python's packages (pika, schemathesis) are the tests' own business: they

@@ -44,6 +44,27 @@ fn own_nodes_turn() -> MutexGuard<'static, ()> {
     OWN_NODES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Where test nodes come from: the machine's RabbitMQ, or the folder
+/// `DLTEST_RABBITMQ_ROOT` names (RabbitMQ 4, installed by
+/// `.ci/rabbitmq4.sh`), whose programs run through `chroot` and see the
+/// node's directory below the folder's `/tmp`.
+fn rabbitmq_root() -> Option<PathBuf> {
+    std::env::var_os("DLTEST_RABBITMQ_ROOT").map(PathBuf::from)
+}
+
+/// A RabbitMQ program (`rabbitmq-server`, `rabbitmqctl`, `sh`), in the folder
+/// when there is one.
+fn rabbitmq_program(program: &str) -> Command {
+    match rabbitmq_root() {
+        None => Command::new(program),
+        Some(root) => {
+            let mut command = Command::new("chroot");
+            command.arg(root).arg(program);
+            command
+        }
+    }
+}
+
 pub struct BrokerNode {
     /// The Erlang node name, e.g. `dltest-1a2b3c@localhost`.
     pub name: String,
@@ -51,6 +72,8 @@ pub struct BrokerNode {
     pub management_port: Option<u16>,
     pub tls_port: Option<u16>,
     dir: PathBuf,
+    /// `dir` as the node's programs see it.
+    inside: PathBuf,
     /// A node started on its own holds the turn; a cluster's nodes share the cluster's.
     turn: Option<MutexGuard<'static, ()>>,
 }
@@ -79,7 +102,17 @@ impl BrokerNode {
             &uuid::Uuid::new_v4().simple().to_string()[..10]
         );
         let name = format!("dltest-{id}@localhost");
-        let dir = std::env::temp_dir().join(format!("dltest-node-{id}"));
+        // `inside` is how the node's programs see `dir`.
+        let (dir, inside) = match rabbitmq_root() {
+            None => {
+                let dir = std::env::temp_dir().join(format!("dltest-node-{id}"));
+                (dir.clone(), dir)
+            }
+            Some(root) => {
+                let inside = PathBuf::from(format!("/tmp/dltest-node-{id}"));
+                (root.join(inside.strip_prefix("/").unwrap()), inside)
+            }
+        };
         let port = free_port();
         let management_port = options.management.then(free_port);
         std::fs::create_dir_all(dir.join("mnesia")).unwrap();
@@ -90,12 +123,11 @@ impl BrokerNode {
         if let (Some(tls), Some(tls_port)) = (&options.tls, tls_port) {
             // The node reads its files as the rabbitmq user: copies in its directory.
             let copy = |from: &str, leaf: &str| {
-                let to = dir.join(leaf);
-                std::fs::copy(from, &to).unwrap();
-                to.display().to_string()
+                std::fs::copy(from, dir.join(leaf)).unwrap();
+                inside.join(leaf).display().to_string()
             };
-            let ca = dir.join("ca.pem");
-            std::fs::write(&ca, &tls.ca_pem).unwrap();
+            std::fs::write(dir.join("ca.pem"), &tls.ca_pem).unwrap();
+            let ca = inside.join("ca.pem");
             config.push_str(&format!(
                 "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
                  ssl_options.cacertfile = {}\n\
@@ -136,9 +168,19 @@ impl BrokerNode {
             None => "[].".to_owned(),
         };
         std::fs::write(dir.join("advanced.config"), advanced).unwrap();
-        run("chown", &["-R", "rabbitmq:rabbitmq", dir.to_str().unwrap()]);
-        let path = |leaf: &str| dir.join(leaf).display().to_string();
-        let status = Command::new("rabbitmq-server")
+        // The rabbitmq user of wherever the node runs.
+        let status = rabbitmq_program("chown")
+            .args(["-R", "rabbitmq:rabbitmq", inside.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "chown {inside:?}");
+        let path = |leaf: &str| inside.join(leaf).display().to_string();
+        let mut server = match rabbitmq_root() {
+            None => Command::new("rabbitmq-server"),
+            // chroot passes the environment on.
+            Some(_) => rabbitmq_program("rabbitmq-server"),
+        };
+        let status = server
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &name)
             .env("RABBITMQ_NODE_PORT", port.to_string())
@@ -158,12 +200,13 @@ impl BrokerNode {
             management_port,
             tls_port,
             dir,
+            inside,
             turn: None,
         }
     }
 
     fn wait_started(&self) {
-        let pid_file = self.dir.join("pid").display().to_string();
+        let pid_file = self.inside.join("pid").display().to_string();
         self.ctl(&["wait", &pid_file, "--timeout", "120"]);
     }
 
@@ -184,7 +227,7 @@ impl BrokerNode {
     }
 
     pub fn try_ctl(&self, args: &[&str]) -> Output {
-        Command::new("rabbitmqctl")
+        rabbitmq_program("rabbitmqctl")
             .args(["-q", "-n", &self.name])
             .args(args)
             .output()
@@ -248,8 +291,11 @@ impl BrokerNode {
             env!("CARGO_MANIFEST_DIR"),
             "/deploy/rabbitmq/release-stranded-level.sh"
         );
-        let output = Command::new("sh")
-            .arg(script)
+        // The script runs where the node's rabbitmqctl is: a copy in its directory.
+        std::fs::copy(script, self.dir.join("release-stranded-level.sh")).unwrap();
+        let copy = self.inside.join("release-stranded-level.sh");
+        let output = rabbitmq_program("sh")
+            .arg(copy)
             .arg(queue)
             .env("RABBITMQCTL_OPTS", format!("-n {}", self.name))
             .output()
@@ -466,11 +512,6 @@ pub async fn drain(
     {}
     drained.lateness.sort_unstable();
     drained
-}
-
-fn run(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().unwrap();
-    assert!(status.success(), "{program} {args:?} failed");
 }
 
 /// Polls `check` every 100 ms until it holds or `limit` passes; returns whether it held.
