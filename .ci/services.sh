@@ -72,7 +72,9 @@ export DLTEST_RUN_ID="${DLTEST_RUN_ID:-ci$$x}"
 stop_own_test_nodes() {
   local pid node
   for pid in $(pgrep -f beam.smp || true); do
-    node=$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/environ" | sed -n "s/^RABBITMQ_NODENAME=\(dltest-$DLTEST_RUN_ID.*\)$/\1/p")
+    # A process may be gone by now: no environment to read, nothing to stop.
+    node=$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/environ" \
+      | sed -n "s/^RABBITMQ_NODENAME=\(dltest-$DLTEST_RUN_ID.*\)$/\1/p") || continue
     if [ -n "$node" ]; then
       echo "ci: stopping test node $node, left by a test of this run"
       rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
