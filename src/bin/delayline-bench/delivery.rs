@@ -35,7 +35,11 @@ async fn consume(
     channel
         .queue_declare(
             queue.as_str().into(),
-            QueueDeclareOptions::default(),
+            // Durable: RabbitMQ 4 deprecates transient non-exclusive queues.
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
             FieldTable::default(),
         )
         .await?;

@@ -504,13 +504,17 @@ impl TestConsumer {
         let channel = connection.create_channel().await.unwrap();
         if let Some((exchange, key)) = binding {
             let mut arguments = FieldTable::default();
-            let mut options = QueueDeclareOptions::default();
+            // Durable: RabbitMQ 4 deprecates transient queues that are not
+            // exclusive (and later releases refuse them).
+            let options = QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            };
             if queue_type == QueueType::Quorum {
                 arguments.insert(
                     "x-queue-type".into(),
                     lapin::types::AMQPValue::LongString("quorum".into()),
                 );
-                options.durable = true;
             }
             channel
                 .queue_declare(queue.into(), options, arguments)
