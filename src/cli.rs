@@ -431,7 +431,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 .await?;
             println!(
                 "republished {requeued} unroutable messages to {}; {left} are still in {} \
-                 (still unroutable)",
+                 (still unroutable, as the broker counts them now)",
                 cascade.business_exchange(),
                 cascade.unroutable_queue()
             );

@@ -312,10 +312,15 @@ async fn unroutable_tasks_reach_their_consumer_once_it_is_bound() {
         stdout.contains("republished 2 unroutable messages"),
         "{stdout}"
     );
-    assert!(stdout.contains("1 are still in"), "{stdout}");
+    // The command counts what the broker counts at once: RabbitMQ 4 may not
+    // count the copy parked again yet, so the queue itself is what settles it.
+    assert!(stdout.contains(" are still in"), "{stdout}");
     let received = consumer.next(Duration::from_secs(5)).await.unwrap();
     assert!(received.routing_key.ends_with(".late.binder"));
-    assert_eq!(queue_depth(&unroutable).await, 1);
+    crate::common::eventually("the one nobody binds to be parked again", async || {
+        queue_depth(&unroutable).await == 1
+    })
+    .await;
     app.stop().await.unwrap();
 }
 

@@ -35,6 +35,23 @@ async fn post_task(app: &TestApp, destination: &str, delay_ms: u64) -> Value {
     accepted
 }
 
+/// `delayline serve` as an operator runs it, expected to stop by itself
+/// (refusing to start): its exit code and what it printed.
+async fn serve_until_it_stops(settings: &Settings) -> (Option<i32>, String) {
+    let mut serve = delayline_command(settings, &["serve"]);
+    serve.env(
+        "DELAYLINE__HTTP__BIND",
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let output = tokio::time::timeout(Duration::from_secs(60), serve.output())
+        .await
+        .expect("the service stops by itself")
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    (output.status.code(), printed)
+}
+
 async fn delete(app: &TestApp, id: &str) -> (u16, Value) {
     app.delete(&format!("/v1/tasks/{id}")).await
 }
@@ -273,19 +290,9 @@ async fn a_second_ledger_on_the_chain_is_refused_at_start_and_a_cancel_still_hol
     let mut other = settings.clone();
     let other_dir = std::env::temp_dir().join(format!("{}-other-ledger", settings.cascade.prefix));
     other.store.data_dir = other_dir.display().to_string();
-    let mut serve = delayline_command(&other, &["serve"]);
-    serve.env(
-        "DELAYLINE__HTTP__BIND",
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let output = tokio::time::timeout(Duration::from_secs(60), serve.output())
-        .await
-        .expect("the second instance stops by itself")
-        .unwrap();
+    let (code, text) = serve_until_it_stops(&other).await;
     let _ = std::fs::remove_dir_all(&other_dir);
-    let text = String::from_utf8_lossy(&output.stderr).to_string()
-        + &String::from_utf8_lossy(&output.stdout);
-    assert!(!output.status.success(), "{text}");
+    assert_ne!(code, Some(0), "{text}");
     assert!(
         text.contains("the chain belongs to another ledger"),
         "{text}"
@@ -505,17 +512,8 @@ async fn an_old_chain_without_the_stage_stops_the_new_default_and_says_why() {
     // The failed start declares what comes before the conflict: the release
     // exchange and queue among them.
     let _upgraded = Cleanup::for_cascade(&upgraded.cascade().unwrap());
-    let mut serve = delayline_command(&upgraded, &["serve"]);
-    serve.env(
-        "DELAYLINE__HTTP__BIND",
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
-        .await
-        .expect("the service stops by itself")
-        .unwrap();
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{log}");
+    let (code, log) = serve_until_it_stops(&upgraded).await;
+    assert_eq!(code, Some(1), "{log}");
     let level0 = upgraded.cascade().unwrap().level_queue(0);
     assert!(log.contains(&level0), "{log}");
     assert!(log.contains("x-dead-letter-exchange"), "{log}");
@@ -540,17 +538,8 @@ async fn a_chain_with_the_stage_served_without_a_ledger_stops_and_says_it_is_the
     let _topology = app.stop_keeping_topology().await;
     let mut stateless = settings.clone();
     stateless.store.url = "none".to_owned().into();
-    let mut serve = delayline_command(&stateless, &["serve"]);
-    serve.env(
-        "DELAYLINE__HTTP__BIND",
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
-        .await
-        .expect("the service stops by itself")
-        .unwrap();
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{log}");
+    let (code, log) = serve_until_it_stops(&stateless).await;
+    assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("built with the release stage"), "{log}");
     assert!(log.contains("store.url"), "{log}");
 }
@@ -560,17 +549,8 @@ async fn a_broker_uri_that_cannot_parse_stops_the_service_at_start() {
     let mut settings = default_settings(4);
     for uri in ["ampq://guest:guest@127.0.0.1:5672/%2f", "not a uri"] {
         settings.amqp.uri = uri.to_owned().into();
-        let mut serve = delayline_command(&settings, &["serve"]);
-        serve.env(
-            "DELAYLINE__HTTP__BIND",
-            format!("127.0.0.1:{}", free_port()),
-        );
-        let output = tokio::time::timeout(Duration::from_secs(30), serve.output())
-            .await
-            .expect("the service stops at once")
-            .unwrap();
-        let log = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{uri}: {log}");
+        let (code, log) = serve_until_it_stops(&settings).await;
+        assert_ne!(code, Some(0), "{uri}: {log}");
         assert!(log.contains("is not an AMQP URI"), "{uri}: {log}");
     }
     let _ = std::fs::remove_dir_all(&settings.store.data_dir);
