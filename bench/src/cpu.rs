@@ -4,8 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::load::Throughput;
-
 /// CPU time (user + system) process `pid` has used so far, in ms.
 pub fn process_cpu_ms(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -18,7 +16,7 @@ pub fn process_cpu_ms(pid: u32) -> Option<f64> {
 
 /// The broker's OS process, from `rabbitmqctl status`.
 pub fn broker_pid() -> Option<u32> {
-    let status = crate::sut::rabbitmqctl_json(&["status"]).ok()?;
+    let status = crate::rabbitmqctl::rabbitmqctl_json(&["status"]).ok()?;
     status["pid"]
         .as_u64()
         .or_else(|| status["pid"].as_str()?.parse().ok())
@@ -76,18 +74,18 @@ impl Meter {
         }
     }
 
-    /// Attributes the CPU used since [`Meter::start`] to `measured`'s tasks.
-    pub fn finish(self, measured: &mut Throughput) {
-        let tasks = measured.tasks.max(1) as f64;
+    /// The CPU used since [`Meter::start`], per task of `tasks`.
+    pub fn finish(self, tasks: u64) -> CpuPerTask {
+        let tasks = tasks.max(1) as f64;
         let per_task = |since: Option<(u32, f64)>| {
             let (pid, before) = since?;
             Some((process_cpu_ms(pid)? - before) * 1000.0 / tasks)
         };
-        measured.cpu = CpuPerTask {
+        CpuPerTask {
             broker_us: per_task(self.broker),
             service_us: per_task(self.service),
             database_us: Some((database_cpu_ms() - self.database) * 1000.0 / tasks),
             load_generator_us: per_task(self.own.map(|ms| (std::process::id(), ms))),
-        };
+        }
     }
 }

@@ -98,7 +98,7 @@ pub async fn split(
         };
         let mut step =
             load::raw_amqp(uri, cascade, target, channels, 1024, seconds, progress).await?;
-        meter.finish(&mut step);
+        step.cpu = meter.finish(step.tasks);
         measured.push(step);
         for queue in [&plain, &level_args] {
             channel
@@ -118,7 +118,7 @@ pub async fn split(
         progress,
     )
     .await?;
-    meter.finish(&mut entry);
+    entry.cpu = meter.finish(entry.tasks);
     entry.path = format!("routing: {}", entry.path);
     measured.push(entry);
     teardown(&connection, &plan).await?;

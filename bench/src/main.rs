@@ -12,6 +12,7 @@ mod cpu;
 mod delivery;
 mod load;
 mod plot;
+mod rabbitmqctl;
 mod routing;
 mod sut;
 
@@ -23,9 +24,9 @@ use delayline::cascade::QueueType;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use delivery::{Drain, Precision};
+use delivery::{Delays, Drain, Precision};
 use load::Throughput;
-use sut::{ServiceUnderTest, Store};
+use sut::{ServiceUnderTest, Setup, Store};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -108,7 +109,7 @@ fn machine() -> Machine {
                 .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
         })
         .unwrap_or_default();
-    let rabbitmq = sut::rabbitmqctl_command()
+    let rabbitmq = rabbitmqctl::rabbitmqctl_command()
         .args(["-q", "version"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
@@ -197,7 +198,7 @@ async fn main() -> anyhow::Result<()> {
                             &progress,
                         )
                         .await?;
-                        meter.finish(&mut raw);
+                        raw.cpu = meter.finish(raw.tasks);
                         let best = results
                             .raw_ceiling_tasks_per_sec
                             .unwrap_or(0.0)
@@ -217,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
                         &progress,
                     )
                     .await?;
-                    meter.finish(&mut plain);
+                    plain.cpu = meter.finish(plain.tasks);
                     results.ingest.push(plain);
                     reference.purge().await?;
                 }
@@ -261,30 +262,26 @@ async fn main() -> anyhow::Result<()> {
         };
         for (unit_ms, min_delay, max_delay) in scenarios {
             let levels = if unit_ms >= 1000 { 20 } else { 24 };
-            let mut sut = ServiceUnderTest::spawn(
-                &args.amqp_uri,
+            let setup = Setup {
                 levels,
                 unit_ms,
-                QueueType::Quorum,
-                args.channels,
-                &Store::None,
-                false,
-                false,
-            )
-            .await?;
+                queue_type: QueueType::Quorum,
+                store: Store::None,
+                release_stage: false,
+                auth: false,
+            };
+            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             for (label, tasks) in [("low", low), ("high", high)] {
                 let progress = bar(&format!("precision {unit_ms} ms {label}"));
                 let label = format!("{unit_ms}ms-{label}");
-                let precision = delivery::precision(
-                    &mut sut,
-                    &args.amqp_uri,
-                    &label,
+                let delays = Delays {
                     tasks,
-                    min_delay,
-                    max_delay,
-                    &progress,
-                )
-                .await?;
+                    min_ms: min_delay,
+                    max_ms: max_delay,
+                };
+                let precision =
+                    delivery::precision(&mut sut, &args.amqp_uri, &label, delays, &progress)
+                        .await?;
                 progress.finish_and_clear();
                 results.precision.push(precision);
             }
@@ -298,33 +295,28 @@ async fn main() -> anyhow::Result<()> {
             (100, 5_100)
         };
         for release_stage in [false, true] {
-            let mut sut = ServiceUnderTest::spawn(
-                &args.amqp_uri,
-                24,
-                10,
-                QueueType::Quorum,
-                args.channels,
-                &Store::Sqlite,
+            let setup = Setup {
+                levels: 24,
+                unit_ms: 10,
+                queue_type: QueueType::Quorum,
+                store: Store::Sqlite,
                 release_stage,
-                false,
-            )
-            .await?;
+                auth: false,
+            };
+            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             let label = if release_stage {
                 "10ms-release"
             } else {
                 "10ms-sqlite"
             };
             let progress = bar(&format!("precision {label}"));
-            let precision = delivery::precision(
-                &mut sut,
-                &args.amqp_uri,
-                label,
-                low,
-                min_delay,
-                max_delay,
-                &progress,
-            )
-            .await?;
+            let delays = Delays {
+                tasks: low,
+                min_ms: min_delay,
+                max_ms: max_delay,
+            };
+            let precision =
+                delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
             progress.finish_and_clear();
             results.precision.push(precision);
             sut.stop().await?;
@@ -341,17 +333,15 @@ async fn main() -> anyhow::Result<()> {
             (QueueType::Quorum, Store::Sqlite, false),
             (QueueType::Quorum, Store::Sqlite, true),
         ] {
-            let mut sut = ServiceUnderTest::spawn(
-                &args.amqp_uri,
-                16,
-                10,
+            let setup = Setup {
+                levels: 16,
+                unit_ms: 10,
                 queue_type,
-                args.channels,
-                &store,
+                store: store.clone(),
                 release_stage,
-                false,
-            )
-            .await?;
+                auth: false,
+            };
+            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             let label = format!(
                 "{}{}{}",
                 queue_type.as_str(),
@@ -461,32 +451,16 @@ async fn backlog_phase(
     };
     let progress = bar("backlog");
     let empty = format!("{}empty", plot::BACKLOG_LABEL);
-    precision.push(
-        delivery::precision(
-            &mut sut,
-            &args.amqp_uri,
-            &empty,
-            probes,
-            min_delay,
-            max_delay,
-            &progress,
-        )
-        .await?,
-    );
+    let delays = Delays {
+        tasks: probes,
+        min_ms: min_delay,
+        max_ms: max_delay,
+    };
+    precision.push(delivery::precision(&mut sut, &args.amqp_uri, &empty, delays, &progress).await?);
     let mut measured = backlog::load_and_inspect(&sut, broker_before, tasks, &progress).await?;
     let loaded = format!("{}loaded", plot::BACKLOG_LABEL);
-    precision.push(
-        delivery::precision(
-            &mut sut,
-            &args.amqp_uri,
-            &loaded,
-            probes,
-            min_delay,
-            max_delay,
-            &progress,
-        )
-        .await?,
-    );
+    precision
+        .push(delivery::precision(&mut sut, &args.amqp_uri, &loaded, delays, &progress).await?);
     progress.set_message("backlog: deleting it");
     let started = std::time::Instant::now();
     sut.stop().await?;
@@ -540,7 +514,7 @@ async fn ingest_over_http(
             progress,
         )
         .await?;
-        meter.finish(&mut measured);
+        measured.cpu = meter.finish(measured.tasks);
         results.ingest.push(measured);
     }
     let measured = &results.ingest[first..];

@@ -19,7 +19,8 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::delivery::quantile;
-use crate::sut::{ServiceUnderTest, rabbitmqctl_json};
+use crate::rabbitmqctl::rabbitmqctl_json;
+use crate::sut::ServiceUnderTest;
 
 /// Tasks per batch request while the backlog is ingested.
 const BATCH: u64 = 500;

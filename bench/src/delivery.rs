@@ -121,18 +121,29 @@ struct Submitted {
     deliver_at_us: i64,
 }
 
-/// POSTs `tasks` tasks with delays spread uniformly (to the microsecond's
-/// millisecond, so most are not whole units) over `min_delay..max_delay`.
-#[allow(clippy::too_many_arguments)]
+/// How many tasks a precision run submits, and the span of their delays.
+#[derive(Clone, Copy, Debug)]
+pub struct Delays {
+    pub tasks: usize,
+    pub min_ms: u64,
+    pub max_ms: u64,
+}
+
+/// POSTs `delays.tasks` tasks with delays spread uniformly (to the
+/// microsecond's millisecond, so most are not whole units) over
+/// `delays.min_ms..delays.max_ms`.
 pub async fn precision(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
     label: &str,
-    tasks: usize,
-    min_delay_ms: u64,
-    max_delay_ms: u64,
+    delays: Delays,
     progress: &ProgressBar,
 ) -> anyhow::Result<Precision> {
+    let Delays {
+        tasks,
+        min_ms: min_delay_ms,
+        max_ms: max_delay_ms,
+    } = delays;
     let destination = format!("precision-{label}");
     let mut arrivals = consume(sut, &destination, amqp_uri).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;

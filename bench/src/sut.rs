@@ -60,25 +60,52 @@ fn service_binary() -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()?.with_file_name("delayline");
     if !path.exists() {
         bail!(
-            "{} not found: build it next to the benchmark with `cargo build --release --bins`",
+            "{} not found: build it next to the benchmark with `cargo build --release --workspace --bins`",
             path.display()
         );
     }
     Ok(path)
 }
 
+/// What a service under test is started with, beside the broker's address
+/// and its publishing channels.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub levels: u32,
+    pub unit_ms: u64,
+    pub queue_type: QueueType,
+    pub store: Store,
+    pub release_stage: bool,
+    /// Tokens on: one client that may submit anywhere.
+    pub auth: bool,
+}
+
+impl Setup {
+    /// The product's default cascade with `store`, the release stage on
+    /// exactly when there is a ledger (as by default), no tokens.
+    pub fn default_with(store: Store) -> Setup {
+        let default = CascadeSettings::default();
+        Setup {
+            levels: default.levels,
+            unit_ms: default.unit_ms,
+            queue_type: default.queue_type,
+            release_stage: store != Store::None,
+            store,
+            auth: false,
+        }
+    }
+}
+
 impl ServiceUnderTest {
-    #[allow(clippy::too_many_arguments)]
-    pub async fn spawn(
-        amqp_uri: &str,
-        levels: u32,
-        unit_ms: u64,
-        queue_type: QueueType,
-        channels: usize,
-        store: &Store,
-        release_stage: bool,
-        auth: bool,
-    ) -> anyhow::Result<Self> {
+    pub async fn spawn(amqp_uri: &str, channels: usize, setup: &Setup) -> anyhow::Result<Self> {
+        let Setup {
+            levels,
+            unit_ms,
+            queue_type,
+            ref store,
+            release_stage,
+            auth,
+        } = *setup;
         if release_stage && *store == Store::None {
             bail!("the release stage needs a ledger");
         }
@@ -189,19 +216,11 @@ impl ServiceUnderTest {
         store: &Store,
         auth: bool,
     ) -> anyhow::Result<Self> {
-        let default = CascadeSettings::default();
-        let release_stage = *store != Store::None;
-        Self::spawn(
-            amqp_uri,
-            default.levels,
-            default.unit_ms,
-            default.queue_type,
-            channels,
-            store,
-            release_stage,
+        let setup = Setup {
             auth,
-        )
-        .await
+            ..Setup::default_with(store.clone())
+        };
+        Self::spawn(amqp_uri, channels, &setup).await
     }
 
     /// A queue deleted with the topology at the end.
@@ -277,31 +296,4 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// `rabbitmqctl` for the broker under test: `RABBITMQCTL` (words split on
-/// white space, e.g. `chroot DIR rabbitmqctl -n NODE` for the RabbitMQ 4
-/// that `.ci/rabbitmq4.sh` runs), else the machine's.
-pub fn rabbitmqctl_command() -> std::process::Command {
-    let line = std::env::var("RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".to_owned());
-    let mut words = line.split_whitespace();
-    let mut command = std::process::Command::new(words.next().unwrap_or("rabbitmqctl"));
-    command.args(words);
-    command
-}
-
-/// `rabbitmqctl <args> --formatter json`, parsed.
-pub fn rabbitmqctl_json(args: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let out = rabbitmqctl_command()
-        .args(args)
-        .args(["--formatter", "json"])
-        .output()
-        .context("running rabbitmqctl")?;
-    if !out.status.success() {
-        bail!(
-            "rabbitmqctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("reading rabbitmqctl's JSON")
 }
