@@ -2,18 +2,18 @@
 //! `migrate-topology --from`, `requeue-unroutable`, `migrate`, `probe`, `route`,
 //! `token create`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lapin::Connection;
 
-use crate::broker::{
-    ManagementApi, OldChain, Survey, check, connect_any, migrate_topology, provision, queue_state,
-    requeue_unroutable, survey,
-};
+use crate::broker::{OldChain, Survey};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
-use crate::config::{AmqpSettings, Settings};
+use crate::config::Settings;
+use crate::message::DELIVER_AT_HEADER;
+use crate::operations::migrate::{self, DryRun, Migrated};
+use crate::operations::unroutable::{self, Requeued};
+use crate::operations::{provision, token};
 use crate::service::{self, shutdown_signal};
 
 #[derive(Debug, Parser)]
@@ -123,94 +123,17 @@ pub struct NewToken {
     append_to: Option<PathBuf>,
 }
 
-/// `token create`: a new token, and the entry that names it by its hash.
-/// The entry is checked as the service would check it before anything is
-/// printed.
-fn create_token(new: NewToken) -> anyhow::Result<()> {
-    use std::io::Write;
-
-    let token = crate::auth::token::generate();
-    let entry = crate::config::ClientSettings {
-        name: new.name,
-        token_sha256: crate::config::TokenHashes::One(crate::auth::token::hash_hex(&token)),
-        destinations: new.destinations,
-        permissions: new.permissions,
-        rate_per_second: new.rate_per_second,
-        burst: new.burst,
-        max_scheduled: new.max_scheduled,
-    };
-    crate::auth::ClientSet::build(std::slice::from_ref(&entry), None)?;
-    let text = client_entry_toml(&entry);
-    match new.append_to.as_deref() {
-        None => print!("{token}\n\n{text}"),
-        Some(path) => {
-            // The file must still read, with every client, once the entry is
-            // in: a service would keep its old clients on a reload otherwise.
-            let existing = match std::fs::read_to_string(path) {
-                Ok(text) => text,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
-            };
-            let clients = crate::auth::parse_clients_file(&format!("{existing}\n{text}"), path)
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "{e}; nothing was appended (a `clients = []` line cannot be followed by \
-                         [[clients]] entries: remove it)"
-                    )
-                })?;
-            crate::auth::ClientSet::build(&clients, None)
-                .map_err(|e| anyhow::anyhow!("{e}; nothing was appended"))?;
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
-            write!(file, "\n{text}")
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-            println!("{token}");
+impl From<NewToken> for token::NewClient {
+    fn from(new: NewToken) -> Self {
+        token::NewClient {
+            name: new.name,
+            destinations: new.destinations,
+            permissions: new.permissions,
+            rate_per_second: new.rate_per_second,
+            burst: new.burst,
+            max_scheduled: new.max_scheduled,
         }
     }
-    Ok(())
-}
-
-/// One `[[clients]]` table, as the clients file holds it.
-fn client_entry_toml(entry: &crate::config::ClientSettings) -> String {
-    let list = |items: &[String]| {
-        let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
-        format!("[{}]", quoted.join(", "))
-    };
-    let mut text = format!(
-        "[[clients]]\nname = {:?}\ntoken_sha256 = {:?}\ndestinations = {}\npermissions = {}\n",
-        entry.name,
-        entry
-            .token_sha256
-            .as_slice()
-            .first()
-            .cloned()
-            .unwrap_or_default(),
-        list(&entry.destinations),
-        list(&entry.permissions),
-    );
-    if let Some(rate) = entry.rate_per_second {
-        text.push_str(&format!("rate_per_second = {rate}\n"));
-    }
-    if let Some(burst) = entry.burst {
-        text.push_str(&format!("burst = {burst}\n"));
-    }
-    if let Some(max) = entry.max_scheduled {
-        text.push_str(&format!("max_scheduled = {max}\n"));
-    }
-    text
-}
-
-/// The chain `--from` names: a version number, or a settings file.
-fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
-    if let Ok(version) = from.parse::<u32>() {
-        return Ok(OldChain::version_of(new, version));
-    }
-    let (_, old) =
-        Settings::load(Some(Path::new(from))).map_err(|e| anyhow::anyhow!("--from {from}: {e}"))?;
-    Ok(OldChain::from_settings(&old))
 }
 
 pub fn main() -> ExitCode {
@@ -262,139 +185,24 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
         Command::Token {
             action: TokenCommand::Create(new),
-        } => create_token(new)?,
+        } => {
+            let append_to = new.append_to.clone();
+            let created = token::create_token(new.into(), append_to.as_deref())?;
+            match append_to {
+                None => print!("{}\n\n{}", created.token, created.entry),
+                Some(_) => println!("{}", created.token),
+            }
+        }
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
-            let amqp = &settings.amqp;
-            let report = on_broker(amqp, "delayline provision --check", async |connection| {
-                Ok(check(connection, &cascade).await?)
-            })
-            .await?;
+            let report = provision::check(&settings.amqp, &cascade).await?;
             print!("{report}");
             if report.problems() > 0 {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::MigrateTopology {
-            from,
-            dry_run: true,
-        } => {
-            let old = old_chain(&from, &cascade)?;
-            let found = on_broker(
-                &settings.amqp,
-                "delayline migrate-topology --dry-run",
-                async |connection| Ok(survey(connection, &old).await?),
-            )
-            .await?;
-            print!("{}", describe_survey(&found, &old, &cascade));
-            let Some(ledger) = open_ledger(&settings).await? else {
-                println!(
-                    "no ledger (store.url = \"none\"): which tasks the new chain cannot hold shows \
-                     only when they are moved"
-                );
-                return Ok(ExitCode::SUCCESS);
-            };
-            let beyond = beyond_the_chain(&ledger, &cascade).await;
-            ledger.close().await;
-            let beyond = beyond?;
-            println!(
-                "ledger: {} waiting tasks are due later than {} from now, the most {}.v{} holds: \
-                 they would go to {}",
-                beyond.len(),
-                humantime::format_duration(std::time::Duration::from_millis(
-                    cascade.max_delay_ms()
-                )),
-                cascade.prefix(),
-                cascade.version(),
-                cascade.poison_queue()
-            );
-            for (id, deliver_at) in beyond.iter().take(20) {
-                println!("  {id}  due {deliver_at}");
-            }
-            if beyond.len() > 20 {
-                println!(
-                    "  … and {} more (GET /v1/tasks?cursor=… lists them all)",
-                    beyond.len() - 20
-                );
-            }
-            println!(
-                "a message the ledger does not know is judged when it moves: one without \
-                 x-deliver-at-ms, or with a routing key of another chain, is poisoned too"
-            );
-        }
-        Command::MigrateTopology {
-            from,
-            dry_run: false,
-        } => {
-            let mut old = old_chain(&from, &cascade)?;
-            // Copies of cancelled tasks and older revisions of moved ones
-            // stay behind: the new chain may have no release stage to drop them.
-            if let Some(ledger) = open_ledger(&settings).await? {
-                let superseded = ledger.superseded().await;
-                ledger.close().await;
-                old.superseded = crate::broker::Superseded(superseded?);
-            }
-            let amqp = &settings.amqp;
-            // It alone counts what a quorum queue holds; without it, ready messages are counted.
-            let management = amqp.uris().first().and_then(|uri| {
-                ManagementApi::new(uri, settings.metrics.management_url.expose())
-                    .map_err(|error| eprintln!("delayline: {error}; counting ready messages only"))
-                    .ok()
-                    .flatten()
-            });
-            let report = on_broker(amqp, "delayline migrate-topology", async |connection| {
-                Ok(migrate_topology(connection, &old, &cascade, management.as_ref()).await?)
-            })
-            .await?;
-            println!(
-                "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
-                 delivered, {} unroutable messages moved, {} poisoned (in {}), {} copies of \
-                 cancelled or moved tasks dropped; the old chain is deleted",
-                old.prefix,
-                old.version,
-                report.levels,
-                cascade.prefix(),
-                cascade.version(),
-                report.rescheduled,
-                report.overdue,
-                report.unroutable,
-                report.poisoned,
-                cascade.poison_queue(),
-                report.superseded,
-            );
-            for (queue, check) in &report.deleted {
-                println!("deleted {queue}: unbound, drained, then {check}");
-            }
-            if !report.poisoned_tasks.is_empty()
-                && let Some(ledger) = open_ledger(&settings).await?
-            {
-                for (id, reason) in &report.poisoned_tasks {
-                    let why = format!(
-                        "moved to {} by migrate-topology, not delivered: {reason}",
-                        cascade.poison_queue()
-                    );
-                    ledger.mark_failed(id.clone(), None, why).await?;
-                    println!("poisoned task {id}: {reason} (failed in the ledger)");
-                }
-                ledger.close().await;
-            }
-            if report.levels != cascade.levels() && report.levels > 0 {
-                println!(
-                    "the number of levels changed from {} to {}: routing keys now have {} digits, \
-                     so consumers bind with {:?}",
-                    report.levels,
-                    cascade.levels(),
-                    cascade.levels(),
-                    cascade.binding_key("<destination>")
-                );
-            }
-        }
         Command::Provision { .. } => {
-            let amqp = &settings.amqp;
-            let report = on_broker(amqp, "delayline provision", async |connection| {
-                Ok(provision(connection, &cascade.plan()).await?)
-            })
-            .await?;
+            let report = provision::provision(&settings.amqp, &cascade).await?;
             println!(
                 "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
                 report.exchanges,
@@ -405,53 +213,140 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 cascade.queue_type().as_str()
             );
         }
+        Command::MigrateTopology {
+            from,
+            dry_run: true,
+        } => {
+            let found = migrate::dry_run(&settings, &cascade, &from).await?;
+            print!("{}", describe_dry_run(&found, &cascade));
+        }
+        Command::MigrateTopology {
+            from,
+            dry_run: false,
+        } => {
+            let migrated = migrate::migrate(&settings, &cascade, &from).await?;
+            if let Some(why) = &migrated.management_unavailable {
+                eprintln!("delayline: {why}; counting ready messages only");
+            }
+            print!("{}", describe_migration(&migrated, &cascade));
+        }
         Command::Migrate => match crate::ledger::migrate_only(&settings.store).await? {
             Some(target) => println!("ledger {target}: schema up to date"),
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
-            // Counted delivered before they go: a copy unroutable again then
-            // marks its task `unroutable` once more, after this commit.
-            if cascade.release_stage()
-                && let Some(ledger) = open_ledger(&settings).await?
-            {
-                let counted = ledger.requeue_unroutable().await?;
-                ledger.close().await;
-                if counted > 0 {
-                    println!("{counted} unroutable tasks in the ledger count as delivered again");
-                }
-            }
-            let amqp = &settings.amqp;
-            let (requeued, left) =
-                on_broker(amqp, "delayline requeue-unroutable", async |connection| {
-                    let requeued = requeue_unroutable(connection, &cascade).await?;
-                    let left = queue_state(connection, &cascade.unroutable_queue()).await?;
-                    Ok((requeued, left.map_or(0, |q| q.messages)))
-                })
-                .await?;
-            println!(
-                "republished {requeued} unroutable messages to {}; {left} are still in {} \
-                 (still unroutable, as the broker counts them now)",
-                cascade.business_exchange(),
-                cascade.unroutable_queue()
-            );
+            let done = unroutable::requeue_unroutable(&settings, &cascade).await?;
+            print!("{}", describe_requeue(&done, &cascade));
         }
-        Command::Probe { path } => {
-            let (status, body) = if settings.http.tls.enabled() {
-                crate::probe::probe_https(&settings.http.bind, &path).await?
-            } else {
-                crate::probe::probe(&settings.http.bind, &path).await?
-            };
-            println!("{status} {body}");
-            if status != 200 {
-                return Ok(ExitCode::FAILURE);
-            }
-        }
+        Command::Probe { path } => return probe(&settings, &path).await,
         Command::Route { delay, destination } => {
             print!("{}", describe_route(&cascade, delay, &destination)?)
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// GETs `path` of the running service; success on a 200.
+async fn probe(settings: &Settings, path: &str) -> anyhow::Result<ExitCode> {
+    let (status, body) = if settings.http.tls.enabled() {
+        crate::probe::probe_https(&settings.http.bind, path).await?
+    } else {
+        crate::probe::probe(&settings.http.bind, path).await?
+    };
+    println!("{status} {body}");
+    Ok(if status == 200 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {
+    let mut text = String::new();
+    if done.counted_delivered > 0 {
+        text += &format!(
+            "{} unroutable tasks in the ledger count as delivered again\n",
+            done.counted_delivered
+        );
+    }
+    text += &format!(
+        "republished {} unroutable messages to {}; {} are still in {} \
+         (still unroutable, as the broker counts them now)\n",
+        done.republished,
+        cascade.business_exchange(),
+        done.still_unroutable,
+        cascade.unroutable_queue()
+    );
+    text
+}
+
+fn describe_dry_run(found: &DryRun, new: &Cascade) -> String {
+    let mut text = describe_survey(&found.survey, &found.old, new);
+    let Some(beyond) = &found.beyond else {
+        text += "no ledger (store.url = \"none\"): which tasks the new chain cannot hold shows \
+                 only when they are moved\n";
+        return text;
+    };
+    text += &format!(
+        "ledger: {} waiting tasks are due later than {} from now, the most {}.v{} holds: \
+         they would go to {}\n",
+        beyond.len(),
+        humantime::format_duration(std::time::Duration::from_millis(new.max_delay_ms())),
+        new.prefix(),
+        new.version(),
+        new.poison_queue()
+    );
+    for (id, deliver_at) in beyond.iter().take(20) {
+        text += &format!("  {id}  due {deliver_at}\n");
+    }
+    if beyond.len() > 20 {
+        text += &format!(
+            "  … and {} more (GET /v1/tasks?cursor=… lists them all)\n",
+            beyond.len() - 20
+        );
+    }
+    text += &format!(
+        "a message the ledger does not know is judged when it moves: one without \
+         {DELIVER_AT_HEADER}, or with a routing key of another chain, is poisoned too\n"
+    );
+    text
+}
+
+fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
+    let Migrated { old, report, .. } = migrated;
+    let mut text = format!(
+        "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
+         delivered, {} unroutable messages moved, {} poisoned (in {}), {} copies of \
+         cancelled or moved tasks dropped; the old chain is deleted\n",
+        old.prefix,
+        old.version,
+        report.levels,
+        new.prefix(),
+        new.version(),
+        report.rescheduled,
+        report.overdue,
+        report.unroutable,
+        report.poisoned,
+        new.poison_queue(),
+        report.superseded,
+    );
+    for (queue, check) in &report.deleted {
+        text += &format!("deleted {queue}: unbound, drained, then {check}\n");
+    }
+    for (id, reason) in &migrated.failed {
+        text += &format!("poisoned task {id}: {reason} (failed in the ledger)\n");
+    }
+    if report.levels != new.levels() && report.levels > 0 {
+        text += &format!(
+            "the number of levels changed from {} to {}: routing keys now have {} digits, \
+             so consumers bind with {:?}\n",
+            report.levels,
+            new.levels(),
+            new.levels(),
+            new.binding_key("<destination>")
+        );
+    }
+    text
 }
 
 /// The error and its causes, each said once: most of our errors already
@@ -469,46 +364,6 @@ fn without_repeats(error: &anyhow::Error) -> String {
         text.push_str(&cause);
     }
     text
-}
-
-/// The ledger of `settings`, for a command; None without one.
-async fn open_ledger(settings: &Settings) -> anyhow::Result<Option<crate::ledger::Ledger>> {
-    // A command's commits are not observed.
-    let commit_group_size = prometheus_client::metrics::histogram::Histogram::new([1.0]);
-    let release_stage = settings.cascade()?.release_stage();
-    Ok(crate::ledger::open(&settings.store, release_stage, commit_group_size).await?)
-}
-
-/// Not yet delivered tasks due later than `cascade` can hold from now: (id, due).
-async fn beyond_the_chain(
-    ledger: &crate::ledger::Ledger,
-    cascade: &Cascade,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
-    let mut filter = crate::ledger::TaskFilter {
-        after: Some(crate::ledger::Cursor {
-            deliver_at_ms: now_ms + cascade.max_delay_ms(),
-            id: String::new(),
-        }),
-        limit: 1000,
-        ..crate::ledger::TaskFilter::default()
-    };
-    let mut beyond = Vec::new();
-    loop {
-        let page = ledger.list(&filter).await?;
-        let Some(last) = page.last() else {
-            return Ok(beyond);
-        };
-        filter.after = Some(crate::ledger::Cursor {
-            deliver_at_ms: last.deliver_at_ms,
-            id: last.id.clone(),
-        });
-        beyond.extend(
-            page.iter()
-                .filter(|r| r.state != crate::task::TaskState::Failed)
-                .map(|r| (r.id.clone(), crate::task::format_epoch_ms(r.deliver_at_ms))),
-        );
-    }
 }
 
 fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
@@ -532,20 +387,6 @@ fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
         text.push_str(&format!("  {queue}: {messages}\n"));
     }
     text
-}
-
-/// Runs `work` on a connection of its own, closed whatever the outcome.
-async fn on_broker<T>(
-    amqp: &AmqpSettings,
-    name: &str,
-    work: impl AsyncFnOnce(&Connection) -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
-    let timeout = std::time::Duration::from_millis(amqp.connect_timeout_ms);
-    let tls = crate::broker::BrokerTls::from_settings(&amqp.tls)?;
-    let connection = connect_any(&amqp.uris(), name, timeout, &tls).await?;
-    let outcome = work(&connection).await;
-    let _ = connection.close(200, "done".into()).await;
-    outcome
 }
 
 fn describe_route(
@@ -590,56 +431,4 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
         out += &format!("binding  {} -> {target} key={}\n", b.source, b.routing_key);
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_token_is_appended_only_where_the_file_still_reads_with_every_client() {
-        let dir = std::env::temp_dir().join(format!("dl-token-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let new = |name: &str, file: &std::path::Path| NewToken {
-            name: name.to_owned(),
-            destinations: vec!["#".to_owned()],
-            permissions: vec!["submit".to_owned()],
-            rate_per_second: None,
-            burst: None,
-            max_scheduled: None,
-            append_to: Some(file.to_owned()),
-        };
-        let fresh = dir.join("fresh.toml");
-        create_token(new("a", &fresh)).unwrap();
-        create_token(new("b", &fresh)).unwrap();
-        let read =
-            crate::auth::parse_clients_file(&std::fs::read_to_string(&fresh).unwrap(), &fresh);
-        assert_eq!(read.unwrap().len(), 2);
-        // The same name twice would not load: refused, nothing written.
-        let before = std::fs::read_to_string(&fresh).unwrap();
-        assert!(create_token(new("a", &fresh)).is_err());
-        assert_eq!(std::fs::read_to_string(&fresh).unwrap(), before);
-        // An inline empty list cannot take [[clients]] entries after it.
-        let inline = dir.join("inline.toml");
-        std::fs::write(&inline, "clients = []\n").unwrap();
-        let error = create_token(new("a", &inline)).unwrap_err().to_string();
-        assert!(error.contains("clients = []"), "{error}");
-        assert_eq!(std::fs::read_to_string(&inline).unwrap(), "clients = []\n");
-        let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn from_is_a_version_or_a_settings_file() {
-        let new = Settings::default().cascade().unwrap();
-        let by_version = old_chain("3", &new).unwrap();
-        assert_eq!(by_version, OldChain::version_of(&new, 3));
-        assert_eq!(by_version.levels, None);
-
-        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/delayline.example.toml");
-        let by_file = old_chain(example, &new).unwrap();
-        assert_eq!((by_file.version, by_file.levels), (1, Some(32)));
-
-        let missing = old_chain("no-such.toml", &new).unwrap_err().to_string();
-        assert!(missing.contains("--from no-such.toml"), "{missing}");
-    }
 }

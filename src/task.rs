@@ -13,25 +13,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::cascade::{Cascade, MAX_NAME_BYTES, Route, RouteError};
-
-/// Headers delayline sets itself, and those the broker manages while dead-lettering.
-pub const DELAY_HEADER: &str = "x-delay-ms";
-pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
-/// The task's revision the message was published with: the release stage
-/// drops a copy older than the ledger's (the task was moved since).
-pub const REVISION_HEADER: &str = "x-delayline-revision";
-const BROKER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-last-death"];
-
-/// A header RabbitMQ adds while dead-lettering (`x-death`, `x-first-death-*`,
-/// `x-last-death-*`).
-pub fn is_dead_letter_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
-}
-/// RabbitMQ's sender-selected distribution headers: it routes copies by
-/// them, and refuses a message whose value is not an array (closing the
-/// publishing channel), so they are never passed through.
-const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
+use crate::message::is_reserved_header;
 
 /// The JSON body of `POST /v1/tasks`, as received.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -150,7 +132,7 @@ pub struct Task {
     pub payload: Vec<u8>,
     pub content_type: String,
     pub headers: Vec<(String, FieldValue)>,
-    /// 1, plus one per reschedule (see [`REVISION_HEADER`]).
+    /// 1, plus one per reschedule (see [`crate::message::REVISION_HEADER`]).
     pub revision: u64,
     /// The API client that submitted it, when tokens are required.
     pub client: Option<String>,
@@ -726,13 +708,7 @@ fn validate_headers(
                     "/headers: header names must be 1 to {MAX_NAME_BYTES} bytes"
                 )));
             }
-            let lower = name.to_ascii_lowercase();
-            if lower == DELAY_HEADER
-                || lower == DELIVER_AT_HEADER
-                || lower == REVISION_HEADER
-                || BROKER_HEADER_PREFIXES.iter().any(|p| lower.starts_with(p))
-                || ROUTING_HEADERS.contains(&name.as_str())
-            {
+            if is_reserved_header(&name) {
                 return Err(TaskError::InvalidHeader(format!(
                     "{}: reserved for delayline or the broker",
                     header_pointer(&name)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use delayline::broker::connect;
 use delayline::cascade::Cascade;
-use delayline::scheduler::task_properties;
+use delayline::message::properties_of;
 use delayline::task::Task;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
@@ -165,7 +165,7 @@ pub async fn raw_amqp(
         (0..1024)
             .map(|n| {
                 let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
-                let properties = task_properties(&task);
+                let properties = properties_of(&task);
                 let (exchange, key) = match target {
                     RawTarget::Cascade => (task.route.entry_exchange, task.route.routing_key),
                     RawTarget::PlainQueue(queue) => (String::new(), queue.to_owned()),

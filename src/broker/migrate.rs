@@ -3,8 +3,9 @@
 //!
 //! The new chain is provisioned beside the old one. Every message waiting in
 //! an old level queue is consumed, routed afresh by what remains until its
-//! `x-deliver-at-ms` (rounded up to the new unit, so never early), published
-//! into the new chain with confirms, and acknowledged only after the confirm.
+//! due time ([`crate::message::deliver_at_ms`], rounded up to the new unit,
+//! so never early), published into the new chain with confirms, and
+//! acknowledged only after the confirm.
 //! A crash at any point leaves each message either still in the old queue
 //! (unacknowledged messages return to it) or already in the new chain, or, if
 //! the crash fell between confirm and ack, in both: at worst a duplicate,
@@ -45,7 +46,7 @@ use lapin::options::{
     ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable as Arguments;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tracing::info;
 
@@ -55,15 +56,12 @@ use super::management::ManagementApi;
 use super::provision::declare_queue;
 use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
-    Cascade, MAX_LEVELS, destination_of, ledger_marker_name, level_exchange_name, level_queue_name,
-    poison_queue_name, release_queue_name, unroutable_queue_name, unroutable_seen_queue_name,
+    Cascade, MAX_LEVELS, destination_of, digit_pattern, ledger_marker_name, level_exchange_name,
+    level_queue_name, poison_queue_name, release_queue_name, unroutable_queue_name,
+    unroutable_seen_queue_name,
 };
-use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, epoch_ms};
-
-/// A poisoned message's routing key before it was moved.
-pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
-/// Why a message was poisoned.
-pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";
+use crate::message;
+use crate::task::epoch_ms;
 
 /// Messages taken, published and confirmed together.
 const WINDOW: u16 = 256;
@@ -74,17 +72,6 @@ const MAX_PASSES: u32 = 20;
 /// After a queue's last drain, how long messages that expired meanwhile get
 /// to finish dead-lettering (milliseconds, unless the broker's worker stalls).
 const SETTLE: Duration = Duration::from_secs(1);
-/// Headers the broker adds on dead-lettering; they describe the old chain.
-const DEATH_HEADERS: [&str; 7] = [
-    "x-death",
-    "x-first-death-exchange",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-last-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-];
-
 /// The chain being retired.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OldChain {
@@ -93,32 +80,13 @@ pub struct OldChain {
     pub business_exchange: String,
     /// Known when the old settings are given; otherwise read off the broker.
     pub levels: Option<u32>,
-    /// Messages of it that must not move on (see [`Superseded`]).
-    pub superseded: Superseded,
 }
 
-/// Messages no longer to be delivered, by task id (the AMQP `message_id`):
-/// those whose revision (header `x-delayline-revision`, 1 without it) is
-/// below the one given. A cancelled task's is `u64::MAX`. Filled from the
-/// ledger, so that a chain moved off the release stage (which drops such
-/// copies when they fall due) does not deliver them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Superseded(pub std::collections::HashMap<String, u64>);
-
-impl Superseded {
-    fn drops(&self, properties: &BasicProperties) -> bool {
-        let Some(id) = properties.message_id() else {
-            return false;
-        };
-        let Some(&keep_from) = self.0.get(id.as_str()) else {
-            return false;
-        };
-        let revision = header_i64(properties, REVISION_HEADER)
-            .and_then(|r| u64::try_from(r).ok())
-            .unwrap_or(1);
-        revision < keep_from
-    }
-}
+/// Whether a task's copy waiting in the old chain is still to be delivered,
+/// from its properties (its task id and revision). The migration asks it of
+/// every message of an old level or release queue and drops the copy when
+/// the answer is no; the operator's layer answers it from the ledger.
+pub type StillWanted<'a> = &'a (dyn Fn(&BasicProperties) -> bool + Sync);
 
 impl OldChain {
     /// The version before `new`'s, with the same names otherwise.
@@ -128,7 +96,6 @@ impl OldChain {
             version,
             business_exchange: new.business_exchange().to_owned(),
             levels: None,
-            superseded: Superseded::default(),
         }
     }
 
@@ -138,7 +105,6 @@ impl OldChain {
             version: old.version(),
             business_exchange: old.business_exchange().to_owned(),
             levels: Some(old.levels()),
-            superseded: Superseded::default(),
         }
     }
 }
@@ -227,18 +193,20 @@ pub(super) enum Kind {
 
 pub(super) struct Mover<'a> {
     pub(super) new: &'a Cascade,
-    pub(super) superseded: Option<&'a Superseded>,
+    pub(super) still_wanted: Option<StillWanted<'a>>,
     pub(super) publish: Channel,
     pub(super) report: MigrationReport,
 }
 
-/// Moves everything out of `old` into `new` and removes `old`. `management`
-/// is the broker's management API, when it may answer: it is what can count
-/// a quorum queue's held messages before the queue is deleted.
+/// Moves everything out of `old` into `new` and removes `old`, dropping the
+/// copies of tasks not `still_wanted`. `management` is the broker's
+/// management API, when it may answer: it is what can count a quorum queue's
+/// held messages before the queue is deleted.
 pub async fn migrate_topology(
     connection: &Connection,
     old: &OldChain,
     new: &Cascade,
+    still_wanted: StillWanted<'_>,
     management: Option<&ManagementApi>,
 ) -> Result<MigrationReport, MigrateError> {
     if old.prefix == new.prefix() && old.version == new.version() {
@@ -275,7 +243,7 @@ pub async fn migrate_topology(
 
     let mut mover = Mover {
         new,
-        superseded: Some(&old.superseded),
+        still_wanted: Some(still_wanted),
         publish: channel,
         report: MigrationReport {
             levels,
@@ -295,11 +263,9 @@ pub async fn migrate_topology(
     let bindings: Vec<(String, String)> = (0..levels)
         .rev()
         .map(|level| {
-            let mut pattern = "*.".repeat((levels - 1 - level) as usize);
-            pattern.push_str("1.#");
             (
                 level_exchange_name(&old.prefix, old.version, level),
-                pattern,
+                digit_pattern(levels, level, true),
             )
         })
         .collect();
@@ -523,39 +489,6 @@ async fn delete_notices(connection: &Connection, queue: &str) -> Result<(), Brok
     Ok(())
 }
 
-fn header_i64(properties: &BasicProperties, name: &str) -> Option<i64> {
-    let value = properties.headers().as_ref()?.inner().get(name)?;
-    match value {
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
-        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-/// The properties as they were, without the old chain's dead-letter history,
-/// plus `extra` headers.
-fn moved_properties(properties: &BasicProperties, extra: &[(&str, String)]) -> BasicProperties {
-    let mut headers = FieldTable::default();
-    if let Some(old) = properties.headers() {
-        for (key, value) in old.inner() {
-            if !DEATH_HEADERS.contains(&key.as_str()) {
-                headers.insert(key.clone(), value.clone());
-            }
-        }
-    }
-    for (key, value) in extra {
-        headers.insert(
-            ShortString::from(*key),
-            AMQPValue::LongString(LongString::from(value.as_str())),
-        );
-    }
-    properties.clone().with_headers(headers)
-}
-
 impl Mover<'_> {
     /// Deletes each old queue that exists, top level first, once it is shown
     /// empty (see the module's documentation). False when one was not: it
@@ -607,7 +540,7 @@ impl Mover<'_> {
         let key = delivery.routing_key.as_str();
         match kind {
             Kind::Level { levels } => {
-                let deliver_at = header_i64(&delivery.properties, DELIVER_AT_HEADER);
+                let deliver_at = message::deliver_at_ms(&delivery.properties);
                 let now_ms = epoch_ms(SystemTime::now());
                 match self.new.reschedule(key, *levels, deliver_at, now_ms) {
                     Ok(route) => {
@@ -616,7 +549,7 @@ impl Mover<'_> {
                         } else {
                             self.report.rescheduled += 1;
                         }
-                        let properties = moved_properties(&delivery.properties, &[]);
+                        let properties = message::republished(&delivery.properties);
                         (route.entry_exchange, route.routing_key, properties)
                     }
                     Err(reason) => {
@@ -626,13 +559,8 @@ impl Mover<'_> {
                                 .poisoned_tasks
                                 .push((id.to_string(), reason.to_string()));
                         }
-                        let properties = moved_properties(
-                            &delivery.properties,
-                            &[
-                                (ROUTING_KEY_HEADER, key.to_owned()),
-                                (POISON_REASON_HEADER, reason.to_string()),
-                            ],
-                        );
+                        let properties =
+                            message::poisoned(&delivery.properties, key, &reason.to_string());
                         (String::new(), self.new.poison_queue(), properties)
                     }
                 }
@@ -763,8 +691,8 @@ impl Mover<'_> {
         for delivery in window {
             if matches!(kind, Kind::Level { .. })
                 && self
-                    .superseded
-                    .is_some_and(|s| s.drops(&delivery.properties))
+                    .still_wanted
+                    .is_some_and(|wanted| !wanted(&delivery.properties))
             {
                 self.report.superseded += 1;
                 continue;

@@ -29,8 +29,8 @@ pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};
 pub use migrate::{
-    EmptinessCheck, MigrateError, MigrationReport, OldChain, POISON_REASON_HEADER,
-    ROUTING_KEY_HEADER, Superseded, Survey, migrate_topology, survey,
+    EmptinessCheck, MigrateError, MigrationReport, OldChain, StillWanted, Survey, migrate_topology,
+    survey,
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{

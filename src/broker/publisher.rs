@@ -50,6 +50,7 @@ use super::{
 };
 use crate::cascade::{Cascade, TopologyPlan};
 use crate::config::AmqpSettings;
+pub use crate::message::Message;
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the supervisor double-checks a connection that reported no error.
@@ -167,16 +168,6 @@ impl PublishError {
             PublishError::Unconfirmed { .. } | PublishError::Timeout(_)
         )
     }
-}
-
-/// A message ready to publish: owned, because the publish outlives its caller
-/// when the broker is slow to confirm.
-#[derive(Clone, Debug)]
-pub struct Message {
-    pub exchange: String,
-    pub routing_key: String,
-    pub payload: Vec<u8>,
-    pub properties: BasicProperties,
 }
 
 /// A publish that outlived the confirm timeout. The broker may still take it

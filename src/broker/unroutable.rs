@@ -30,7 +30,7 @@ pub async fn requeue_unroutable(
         .await
         .context(|| "enabling publisher confirms".to_owned())?;
     let mut mover = Mover {
-        superseded: None,
+        still_wanted: None,
         new: cascade,
         publish: channel,
         report: MigrationReport::default(),

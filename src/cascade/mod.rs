@@ -15,9 +15,9 @@ mod sim;
 
 pub use plan::{
     ArgValue, Arguments, BindingSpec, BindingTarget, ChainOwner, ExchangeKind, ExchangeSpec,
-    NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan, ledger_marker_name, level_exchange_name,
-    level_queue_name, poison_queue_name, release_queue_name, unroutable_exchange_name,
-    unroutable_queue_name, unroutable_seen_queue_name,
+    NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan, digit_pattern, ledger_marker_name,
+    level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
+    unroutable_exchange_name, unroutable_queue_name, unroutable_seen_queue_name,
 };
 pub use reschedule::{Unschedulable, destination_of};
 pub use route::{Route, RouteError, validate_destination};

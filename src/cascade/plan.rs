@@ -25,6 +25,15 @@ pub fn level_queue_name(prefix: &str, version: u32, level: u32) -> String {
     format!("{prefix}.v{version}.level{level:02}.wait")
 }
 
+/// The binding key at level `level` of a chain of `levels` levels that
+/// matches a routing key whose digit `level` is `digit`: the digits above
+/// it are wildcards, the destination is `#`.
+pub fn digit_pattern(levels: u32, level: u32, digit: bool) -> String {
+    let mut pattern = "*.".repeat((levels - 1 - level) as usize);
+    pattern.push_str(if digit { "1.#" } else { "0.#" });
+    pattern
+}
+
 /// Where `migrate-topology` parks messages it cannot reschedule.
 pub fn poison_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.poison")
@@ -309,9 +318,7 @@ impl Cascade {
 
     /// The binding key at level `level` that matches a routing key whose digit `level` is `digit`.
     pub fn digit_pattern(&self, level: u32, digit: bool) -> String {
-        let mut pattern = "*.".repeat((self.levels() - 1 - level) as usize);
-        pattern.push_str(if digit { "1.#" } else { "0.#" });
-        pattern
+        digit_pattern(self.levels(), level, digit)
     }
 
     fn queue_arguments(&self) -> Arguments {

@@ -1,9 +1,10 @@
 //! Moving a waiting message from one chain to another, as pure logic.
 //!
 //! A message inside a level queue carries its whole routing key (L digits,
-//! then the destination) and the `x-deliver-at-ms` header set when it was
-//! accepted. That is enough to route it afresh in another chain by what
-//! remains of its delay, rounded up to the new unit: never early.
+//! then the destination) and the due time set when it was accepted
+//! ([`crate::message::DELIVER_AT_HEADER`]). That is enough to route it afresh
+//! in another chain by what remains of its delay, rounded up to the new
+//! unit: never early.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use super::settings::Cascade;
 /// Why a message cannot be rescheduled; it goes to the poison queue.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unschedulable {
-    #[error("no x-deliver-at-ms header")]
+    #[error("no {} header", crate::message::DELIVER_AT_HEADER)]
     NoDeliverAt,
     #[error("routing key {0:?} does not start with {1} binary digits and a destination")]
     MalformedKey(String, u32),
@@ -42,13 +43,12 @@ impl Cascade {
         &self,
         routing_key: &str,
         old_levels: u32,
-        deliver_at_ms: Option<i64>,
+        deliver_at_ms: Option<u64>,
         now_ms: u64,
     ) -> Result<Route, Unschedulable> {
         let deliver_at_ms = deliver_at_ms.ok_or(Unschedulable::NoDeliverAt)?;
         let destination = destination_of(routing_key, old_levels)
             .ok_or_else(|| Unschedulable::MalformedKey(routing_key.to_owned(), old_levels))?;
-        let deliver_at_ms = u64::try_from(deliver_at_ms).unwrap_or(0);
         let remaining = Duration::from_millis(deliver_at_ms.saturating_sub(now_ms));
         Ok(self.route(remaining, destination)?)
     }
@@ -121,7 +121,7 @@ mod tests {
                 .map(|l| (old_digits >> l & 1).to_string())
                 .collect();
             let key = format!("{}.{destination}", digits.join("."));
-            let deliver_at = now_ms as i64 + remaining_ms;
+            let deliver_at = (now_ms as i64 + remaining_ms).max(0) as u64;
             match new.reschedule(&key, old_levels, Some(deliver_at), now_ms) {
                 Ok(route) => {
                     let wanted = remaining_ms.max(0) as u64;

@@ -276,7 +276,7 @@ impl Harness {
     fn published_revision(&self, index: usize) -> Option<i64> {
         let published = self.broker.published.lock().unwrap();
         let headers = published.get(index)?.properties.headers().clone()?;
-        match headers.inner().get(crate::task::REVISION_HEADER)? {
+        match headers.inner().get(crate::message::REVISION_HEADER)? {
             lapin::types::AMQPValue::LongLongInt(revision) => Some(*revision),
             _ => None,
         }

@@ -30,12 +30,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
-use super::publish::{Publish, message_of};
+use super::publish::Publish;
 use super::release::Releaser;
 use super::{ChangeError, Idempotency, SubmitError, Submitted};
 use crate::broker::{LateConfirm, Message, PublishError, Published};
 use crate::cascade::Cascade;
 use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
+use crate::message;
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskState, epoch_ms};
 
@@ -198,7 +199,7 @@ impl Bookkeeper {
         };
         self.metrics.tasks_rescheduled.inc();
         if let Some(task) = self.reroute(&moved).await {
-            self.publish_recorded(&task, message_of(&task), now_ms)
+            self.publish_recorded(&task, message::of_task(&task), now_ms)
                 .await;
         }
         let after = self.ledger.get(id).await?.unwrap_or(moved);
@@ -278,7 +279,7 @@ impl Bookkeeper {
             claimed.iter().partition(|stored| stored.publish_alone);
         let together = join_all(together.iter().map(|stored| async {
             let outcome = match self.reroute(stored).await {
-                Some(task) => self.broker.publish_bounded(message_of(&task)).await,
+                Some(task) => self.broker.publish_bounded(message::of_task(&task)).await,
                 None => return false,
             };
             self.record_forwarded(stored, outcome).await
@@ -288,7 +289,7 @@ impl Bookkeeper {
             let mut published = 0;
             for stored in &alone {
                 if let Some(task) = self.reroute(stored).await {
-                    let outcome = isolated.publish(message_of(&task)).await;
+                    let outcome = isolated.publish(message::of_task(&task)).await;
                     let outcome = outcome.map(|()| Published::Confirmed);
                     published += usize::from(self.record_forwarded(stored, outcome).await);
                 }
@@ -500,7 +501,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         destination: stored.destination.clone(),
         route,
         // When this revision was accepted: a moved task's delay counts from
-        // its move, so `x-delay-ms` is the delay it was moved by.
+        // its move, so the delay header is the delay it was moved by.
         accepted_at_ms: stored.deliver_at_ms.saturating_sub(stored.delay_ms),
         deliver_at_ms: stored.deliver_at_ms,
         payload: payload.to_vec(),

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub use bookkeeper::MAX_REFUSALS;
-pub use publish::{Publish, PublishAlone, message_of, task_properties};
+pub use publish::{Publish, PublishAlone};
 pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
 
 use crate::broker::{PublishError, Published};
@@ -234,7 +234,7 @@ impl Scheduler {
         idempotency: Idempotency,
     ) -> Result<Submitted, SubmitError> {
         // Built once: checked now, before anything is recorded, then published.
-        let message = message_of(task);
+        let message = crate::message::of_task(task);
         self.inner
             .broker
             .check_fits(&message)

@@ -25,17 +25,17 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable};
+
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::publish::Publish;
-use crate::broker::{ConsumeLimits, Inbound, Message, PublishError, Published, Settle};
+use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::Cascade;
 use crate::ledger::{Finding, Ledger};
+use crate::message::{self, Message};
 use crate::metrics::Metrics;
-use crate::task::{DELIVER_AT_HEADER, REVISION_HEADER, TaskState, epoch_ms, is_dead_letter_header};
+use crate::task::{TaskState, epoch_ms};
 
 /// Most due messages released together (one ledger claim, one commit).
 pub const RELEASE_WINDOW: u16 = 256;
@@ -106,40 +106,6 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
         // A revision newer than the ledger's, or a state the claim should
         // have taken: nothing proves it must not be delivered.
         Finding::Found { .. } => Verdict::Forward,
-    }
-}
-
-/// The task id and revision a due message carries. A message without a
-/// revision header was published before revisions existed: revision 1.
-fn identity(properties: &BasicProperties) -> Option<(String, u64)> {
-    let id = properties.message_id().as_ref()?.to_string();
-    let revision = header_u64(properties, REVISION_HEADER).unwrap_or(1);
-    Some((id, revision))
-}
-
-/// The properties without what RabbitMQ added on the way down the cascade:
-/// those headers name delayline's level queues, say nothing about the task,
-/// and took the room the frame kept for them, which the new publish would
-/// otherwise count against the task's own headers.
-fn without_dead_letter_headers(properties: &BasicProperties) -> BasicProperties {
-    let Some(headers) = properties.headers() else {
-        return properties.clone();
-    };
-    let mut kept = FieldTable::default();
-    for (name, value) in headers.inner() {
-        if !is_dead_letter_header(name.as_str()) {
-            kept.insert(name.clone(), value.clone());
-        }
-    }
-    properties.clone().with_headers(kept)
-}
-
-fn header_u64(properties: &BasicProperties, name: &str) -> Option<u64> {
-    match properties.headers().as_ref()?.inner().get(name)? {
-        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
-        AMQPValue::LongInt(v) => u64::try_from(*v).ok(),
-        AMQPValue::LongUInt(v) => Some(u64::from(*v)),
-        _ => None,
     }
 }
 
@@ -252,7 +218,7 @@ impl Releaser {
             let released: Vec<(String, u64)> = window
                 .messages
                 .iter()
-                .filter_map(|message| identity(&message.properties))
+                .filter_map(|message| message::identity(&message.properties))
                 .collect();
             let at_ms = epoch_ms(SystemTime::now());
             let settle = match self.ledger.mark_unroutable(&released, at_ms).await {
@@ -291,8 +257,10 @@ impl Releaser {
         if !self.broker.status().ready {
             return vec![Settle::Requeue; messages.len()];
         }
-        let identities: Vec<Option<(String, u64)>> =
-            messages.iter().map(|m| identity(&m.properties)).collect();
+        let identities: Vec<Option<(String, u64)>> = messages
+            .iter()
+            .map(|m| message::identity(&m.properties))
+            .collect();
         let entered = self.in_flight.enter(&identities);
         let due: Vec<(String, u64)> = identities
             .iter()
@@ -388,7 +356,7 @@ impl Releaser {
             exchange: self.cascade.business_exchange().to_owned(),
             routing_key: message.routing_key.clone(),
             payload: message.payload.clone(),
-            properties: without_dead_letter_headers(&message.properties),
+            properties: message::republished(&message.properties),
         };
         match self.broker.publish_bounded(message).await? {
             Published::Confirmed => Ok(()),
@@ -399,7 +367,7 @@ impl Releaser {
     }
 
     fn observe_delivery(&self, message: &Inbound, verdict: Verdict, delivered_at_ms: u64) {
-        let deliver_at_ms = header_u64(&message.properties, DELIVER_AT_HEADER);
+        let deliver_at_ms = message::deliver_at_ms(&message.properties);
         let lateness_ms = deliver_at_ms.map(|at| delivered_at_ms.saturating_sub(at));
         if let Some(lateness_ms) = lateness_ms {
             self.metrics
@@ -445,46 +413,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn the_released_copy_leaves_the_dead_lettering_history_behind() {
-        let mut headers = FieldTable::default();
-        headers.insert("x-death".into(), AMQPValue::LongString("levels".into()));
-        headers.insert(
-            "x-first-death-queue".into(),
-            AMQPValue::LongString("q".into()),
-        );
-        headers.insert(
-            "X-Last-Death-Reason".into(),
-            AMQPValue::LongString("expired".into()),
-        );
-        headers.insert("mine".into(), AMQPValue::LongLongInt(1));
-        headers.insert(REVISION_HEADER.into(), AMQPValue::LongLongInt(2));
-        let properties = BasicProperties::default()
-            .with_message_id("t".into())
-            .with_headers(headers);
-        let released = without_dead_letter_headers(&properties);
-        let names: Vec<&str> = released
-            .headers()
-            .as_ref()
-            .unwrap()
-            .inner()
-            .keys()
-            .map(|k| k.as_str())
-            .collect();
-        assert_eq!(names, ["mine", REVISION_HEADER]);
-        assert_eq!(released.message_id(), properties.message_id());
-    }
-
-    #[test]
-    fn a_message_without_a_revision_is_revision_one() {
-        let mut headers = lapin::types::FieldTable::default();
-        let properties = BasicProperties::default().with_message_id("t".into());
-        assert_eq!(identity(&properties), Some(("t".to_owned(), 1)));
-        headers.insert(REVISION_HEADER.into(), AMQPValue::LongLongInt(4));
-        let properties = properties.with_headers(headers);
-        assert_eq!(identity(&properties), Some(("t".to_owned(), 4)));
-        assert_eq!(identity(&BasicProperties::default()), None);
     }
 }

@@ -11,11 +11,11 @@ use crate::common::{
     queue_depth, run_delayline, sample, test_settings, with_ledger,
 };
 use delayline::broker::{
-    MigrationReport, OldChain, POISON_REASON_HEADER, ROUTING_KEY_HEADER, connect, exchange_exists,
-    migrate_topology, provision, queue_state,
+    MigrationReport, OldChain, connect, exchange_exists, migrate_topology, provision, queue_state,
 };
 use delayline::cascade::{Cascade, QueueType};
 use delayline::config::Settings;
+use delayline::message::{POISON_REASON_HEADER, ROUTING_KEY_HEADER};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::AMQPValue;
@@ -188,9 +188,15 @@ async fn tasks_in_flight_move(source: QueueType) {
         output.contains(": 0 rescheduled, 0 already due"),
         "{output}"
     );
-    let again = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None)
-        .await
-        .unwrap();
+    let again = migrate_topology(
+        &connection,
+        &OldChain::version_of(&new, 1),
+        &new,
+        &|_| true,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         again,
         MigrationReport {
@@ -244,7 +250,14 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     let migration = {
         let new = new.clone();
         tokio::spawn(async move {
-            migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None).await
+            migrate_topology(
+                &connection,
+                &OldChain::version_of(&new, 1),
+                &new,
+                &|_| true,
+                None,
+            )
+            .await
         })
     };
     eventually("half of the old chain to be moved", async || {
@@ -256,9 +269,15 @@ async fn a_migration_cut_off_midway_loses_nothing_when_run_again() {
     close_connections_named(crashing);
 
     let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
-    let report = migrate_topology(&connection, &OldChain::version_of(&new, 1), &new, None)
-        .await
-        .unwrap();
+    let report = migrate_topology(
+        &connection,
+        &OldChain::version_of(&new, 1),
+        &new,
+        &|_| true,
+        None,
+    )
+    .await
+    .unwrap();
     assert!(report.removed);
     old_chain_is_gone(&old).await;
     let duplicates = consumer
@@ -342,9 +361,15 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
     let _old_topology = old_app.stop_keeping_topology().await;
 
     let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
-    let report = migrate_topology(&connection, &OldChain::from_settings(&old), &new, None)
-        .await
-        .unwrap();
+    let report = migrate_topology(
+        &connection,
+        &OldChain::from_settings(&old),
+        &new,
+        &|_| true,
+        None,
+    )
+    .await
+    .unwrap();
     assert!(report.removed);
     assert_eq!((report.levels, report.unroutable), (4, 0));
     consumer

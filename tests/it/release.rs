@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use delayline::cascade::QueueType;
 use delayline::config::Settings;
-use delayline::task::{REVISION_HEADER, epoch_ms, parse_epoch_ms};
+use delayline::message::REVISION_HEADER;
+use delayline::task::{epoch_ms, parse_epoch_ms};
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 

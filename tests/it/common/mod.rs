@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime};
 use delayline::broker::{connect, queue_state, teardown};
 use delayline::cascade::{Cascade, QueueType, TopologyPlan};
 use delayline::config::Settings;
+use delayline::message::DELIVER_AT_HEADER;
 use delayline::service::{self, ServiceError};
-use delayline::task::{DELIVER_AT_HEADER, epoch_ms};
+use delayline::task::epoch_ms;
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,

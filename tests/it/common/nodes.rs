@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use delayline::task::DELIVER_AT_HEADER;
+use delayline::message::DELIVER_AT_HEADER;
 
 use super::{TestConsumer, free_port};
 

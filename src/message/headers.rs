@@ -1,0 +1,44 @@
+//! The names of the headers delayline writes and reads, and which names a
+//! task may not set. A leaf: task validation reads it without depending on
+//! how messages are built.
+
+/// The delay granted, in milliseconds (the request rounded up to the unit).
+pub const DELAY_HEADER: &str = "x-delay-ms";
+/// Epoch milliseconds before which the message is never delivered.
+pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
+/// The task's revision the message was published with: the release stage
+/// drops a copy older than the ledger's (the task was moved since).
+pub const REVISION_HEADER: &str = "x-delayline-revision";
+/// A poisoned message's routing key before it was moved.
+pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
+/// Why a message was poisoned.
+pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";
+
+/// What RabbitMQ adds while dead-lettering: `x-death`, `x-first-death-*`,
+/// `x-last-death-*`. They name delayline's own queues and say nothing about
+/// the task.
+const DEAD_LETTER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-last-death"];
+
+/// RabbitMQ's sender-selected distribution headers: it routes copies by
+/// them, and refuses a message whose value is not an array (closing the
+/// publishing channel), so they are never passed through.
+const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
+
+/// A header RabbitMQ adds while dead-lettering (case as the broker may spell it).
+pub fn is_dead_letter_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    DEAD_LETTER_HEADER_PREFIXES
+        .iter()
+        .any(|prefix| lower.starts_with(prefix))
+}
+
+/// A header a task may not set: delayline's own, the broker's dead-letter
+/// history, and the broker's routing headers.
+pub fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == DELAY_HEADER
+        || lower == DELIVER_AT_HEADER
+        || lower == REVISION_HEADER
+        || is_dead_letter_header(name)
+        || ROUTING_HEADERS.contains(&name)
+}
