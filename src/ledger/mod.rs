@@ -12,11 +12,22 @@
 //!
 //! Writes on the request path, and the release stage's claims and
 //! deliveries, go through [`writer`]: one transaction for everything that
-//! arrived while the previous one committed (group commit). Cancels and
-//! moves ([`lifecycle`]) are single conditional updates of their own.
+//! arrived while the previous one committed (group commit), run in steps by
+//! [`transaction`] ([`admit`] new tasks, [`claim`] due ones, mark the rest).
+//! Cancels and moves ([`change`]) are single conditional updates of their
+//! own; [`release`] records what the release stage and the operator's
+//! commands learn about due tasks. Every statement's text is in [`sql`].
+//!
+//! Dependencies between these files run one way: `writer` → `admit`,
+//! `claim` → `transaction` → `sql` → `record`; `change` and `release` use
+//! `sql` and the [`Ledger`] handle defined here.
 
+mod admit;
+mod claim;
 mod cursor;
 mod record;
+mod sql;
+mod transaction;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -35,10 +46,11 @@ use sqlx::{ConnectOptions, Connection};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+pub use admit::Admission;
+pub use change::{Cancel, ChangeKey, Move, Reschedule};
+pub use claim::Finding;
 pub use cursor::{Cursor, CursorError};
-pub use lifecycle::{Cancel, ChangeKey, Finding, Move, Reschedule};
-pub use record::StoredTask;
-pub use writer::{Admission, Retry};
+pub use record::{Retry, StoredTask};
 
 use record::{Row, decode_all};
 
@@ -65,8 +77,9 @@ macro_rules! on_pool {
     };
 }
 
-// After `on_pool!`, which it uses.
-mod lifecycle;
+// After `on_pool!`, which they use.
+mod change;
+mod release;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

@@ -223,3 +223,14 @@ impl Row {
 pub(super) fn decode_all(rows: Vec<Row>) -> Result<Vec<StoredTask>, LedgerError> {
     rows.into_iter().map(Row::decode).collect()
 }
+/// A failed publish, recorded so the forwarder retries the task later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// The forwarder takes the task from then on.
+    pub retry_at_ms: u64,
+    pub error: String,
+    /// From now on, publish the task only alone.
+    pub publish_alone: bool,
+    /// The broker refused it while it was alone: one more refusal.
+    pub refused: bool,
+}

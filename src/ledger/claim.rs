@@ -1,0 +1,84 @@
+//! The release stage's claim, a step of a group's transaction: a due task
+//! in the revision its message carries becomes `releasing`, conditioned on
+//! the state it comes from (neither `cancelled` nor `delivered`), so that a
+//! cancel committed first wins. What it finds is a [`Finding`] per message.
+
+use std::collections::{HashMap, HashSet};
+
+use super::sql::statement_sized_chunks;
+use super::transaction::Tx;
+use super::{LedgerError, db_ms};
+use crate::task::TaskState;
+
+/// What the ledger says of a message that reached the release stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// The task was due in this revision and is now `releasing`: deliver it.
+    Claimed,
+    /// The ledger does not know the task (pruned, or another ledger's).
+    Absent,
+    /// The task is known, but in this state and revision: not claimed.
+    Found { state: TaskState, revision: u64 },
+}
+
+/// Takes each `(id, revision)` due at the release stage: a task that is
+/// neither cancelled nor delivered, in the message's revision, becomes
+/// `releasing` (from `pending` first, to count those). The findings follow
+/// the order of `due`; also returns how many were pending.
+pub(super) async fn claim(
+    tx: &mut Tx,
+    due: &[(String, u64)],
+) -> Result<(Vec<Finding>, u64), LedgerError> {
+    let pairs: Vec<(&str, i64)> = due
+        .iter()
+        .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
+        .collect();
+    let mut claimed: HashSet<String> = HashSet::with_capacity(pairs.len());
+    let mut were_pending = 0u64;
+    for (from, pending) in [
+        ("state = 'pending'", true),
+        ("state IN ('scheduled', 'releasing', 'failed')", false),
+    ] {
+        let open: Vec<(&str, i64)> = pairs
+            .iter()
+            .copied()
+            .filter(|(id, _)| !claimed.contains(*id))
+            .collect();
+        for chunk in statement_sized_chunks(&open) {
+            let ids = tx.claim(from, chunk).await?;
+            if pending {
+                were_pending += ids.len() as u64;
+            }
+            claimed.extend(ids);
+        }
+    }
+    let rest: Vec<&str> = pairs
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !claimed.contains(*id))
+        .collect();
+    let mut found: HashMap<String, (TaskState, u64)> = HashMap::new();
+    for chunk in statement_sized_chunks(&rest) {
+        for (id, state, revision) in tx.states(chunk).await? {
+            let state = TaskState::parse(&state).ok_or_else(|| LedgerError::Corrupt {
+                id: id.clone(),
+                reason: format!("unknown state {state:?}"),
+            })?;
+            found.insert(id, (state, u64::try_from(revision).unwrap_or(0)));
+        }
+    }
+    let findings = due
+        .iter()
+        .map(|(id, _)| {
+            if claimed.contains(id) {
+                Finding::Claimed
+            } else {
+                match found.get(id) {
+                    Some(&(state, revision)) => Finding::Found { state, revision },
+                    None => Finding::Absent,
+                }
+            }
+        })
+        .collect();
+    Ok((findings, were_pending))
+}

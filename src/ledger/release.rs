@@ -1,0 +1,88 @@
+//! What the release stage and the operator's commands record about due
+//! tasks: claims (group-committed, see [`super::claim`]), deliveries,
+//! unroutable releases and their requeue, and which copies a migration must
+//! not deliver.
+
+use std::collections::HashMap;
+
+use super::claim::Finding;
+use super::sql;
+use super::{Ledger, LedgerError, QueryContext, db_ms};
+use crate::task::TaskState;
+
+impl Ledger {
+    /// Takes each `(id, revision)` due at the release stage: a task that
+    /// is neither cancelled nor delivered, in the revision its message
+    /// carries, becomes `releasing`. Group-committed with the request path's
+    /// writes (several windows of due tasks, and the deliveries of earlier
+    /// ones, share one commit). The findings follow the order of `due`.
+    pub async fn claim_release(
+        &self,
+        due: Vec<(String, u64)>,
+    ) -> Result<Vec<Finding>, LedgerError> {
+        self.writes.claim(due).await
+    }
+
+    /// For each task whose older copies must not be delivered, the lowest
+    /// revision still to deliver: a moved task's current one, `u64::MAX` for
+    /// a cancelled task (for `migrate-topology`).
+    pub async fn superseded(&self) -> Result<HashMap<String, u64>, LedgerError> {
+        let rows: Vec<(String, String, i64)> =
+            on_pool!(&self.pool, p => sqlx::query_as(sql::SUPERSEDED).fetch_all(p).await)
+                .context("reading cancelled and moved tasks")?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, state, revision)| {
+                let keep_from = if state == TaskState::Cancelled.as_str() {
+                    u64::MAX
+                } else {
+                    u64::try_from(revision).unwrap_or(1)
+                };
+                (id, keep_from)
+            })
+            .collect())
+    }
+
+    /// Tasks the release stage released whose message reached no queue (the
+    /// business exchange's alternate exchange took it): each `(id,
+    /// revision)` still releasing or delivered in that revision becomes
+    /// `unroutable`, delivered at `at_ms` unless marked before. Returns how
+    /// many changed. Rare, so a statement each rather than a group.
+    pub async fn mark_unroutable(
+        &self,
+        released: &[(String, u64)],
+        at_ms: u64,
+    ) -> Result<u64, LedgerError> {
+        let mut marked = 0;
+        for (id, revision) in released {
+            let done = on_pool!(&self.pool, p => sqlx::query(sql::MARK_UNROUTABLE)
+                .bind(id)
+                .bind(db_ms(*revision))
+                .bind(db_ms(at_ms))
+                .execute(p)
+                .await
+                .map(|done| done.rows_affected()))
+            .context("marking released tasks unroutable")?;
+            marked += done;
+        }
+        Ok(marked)
+    }
+
+    /// Before `requeue-unroutable` sends the unroutable queue's messages to
+    /// the business exchange again: their tasks count as delivered, until a
+    /// copy that is unroutable again marks its task so once more (which can
+    /// only come after this commit). Returns how many.
+    pub async fn requeue_unroutable(&self) -> Result<u64, LedgerError> {
+        on_pool!(&self.pool, p => sqlx::query(sql::REQUEUE_UNROUTABLE)
+            .execute(p)
+            .await
+            .map(|done| done.rows_affected()))
+        .context("counting unroutable tasks as delivered again")
+    }
+
+    /// The tasks the release stage delivered, confirmed by the business
+    /// exchange at `at_ms` (group-committed with the request path's writes).
+    pub async fn mark_delivered(&self, ids: Vec<String>, at_ms: u64) -> Result<(), LedgerError> {
+        self.writes.delivered(ids, at_ms).await
+    }
+}

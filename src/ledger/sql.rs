@@ -1,0 +1,425 @@
+//! The ledger's SQL text, every statement in one place. Both backends are
+//! built the same text: `$N` placeholders, nothing either dialect lacks;
+//! SQLite gets it through [`for_sqlite`]. Pure string building, checked
+//! without a database (and, for the statements by id, against SQLite's
+//! query plans). Statements over many ids come in a few fixed sizes
+//! ([`statement_sized_chunks`]).
+
+use std::borrow::Cow;
+
+use super::record::{COLUMNS, INSERT_COLUMNS};
+
+/// The statement SQLite is given: `$N` placeholders that appear once
+/// each, in order, become anonymous `?`.
+///
+/// Why: sqlx finds the argument of each numbered parameter by its name,
+/// and SQLite looks a name up by walking a list of all of them, so
+/// binding a 64-row insert (over a thousand parameters) took quadratic
+/// time, about a tenth of the service's CPU under load. Anonymous
+/// parameters have no name to look up. A statement that repeats a
+/// number, or numbers out of order, keeps its `$N`: sqlx numbers
+/// anonymous parameters apart from numbered ones, so one statement must
+/// not mix the two.
+pub fn for_sqlite(sql: &str) -> Cow<'_, str> {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let (mut expected, mut copied, mut at) = (1usize, 0, 0);
+    while at < bytes.len() {
+        if bytes[at] != b'$' {
+            at += 1;
+            continue;
+        }
+        let digits = bytes[at + 1..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        let number = sql[at + 1..at + 1 + digits].parse::<usize>().ok();
+        if number != Some(expected) {
+            return Cow::Borrowed(sql);
+        }
+        out.push_str(&sql[copied..at]);
+        out.push('?');
+        expected += 1;
+        at += 1 + digits;
+        copied = at;
+    }
+    if expected == 1 {
+        return Cow::Borrowed(sql);
+    }
+    out.push_str(&sql[copied..]);
+    Cow::Owned(out)
+}
+
+/// `$first, $first+1, …` for `count` parameters.
+pub fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Inserts `rows` new rows (every column of [`INSERT_COLUMNS`], in
+/// order, row after row) and returns the ids it inserted; a row whose id
+/// or idempotency key is taken is skipped, not an error.
+pub fn insert(rows: usize) -> String {
+    let width = INSERT_COLUMNS.len();
+    let values = (0..rows)
+        .map(|row| format!("({})", placeholders(1 + row * width, width)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "INSERT INTO tasks ({}) VALUES {values} ON CONFLICT DO NOTHING RETURNING id",
+        INSERT_COLUMNS.join(", ")
+    )
+}
+
+/// `((id = $first AND revision = $first+1) OR …)` for `pairs` pairs.
+/// Not `(id, revision) IN (VALUES …)`: SQLite scans the whole table for
+/// that, where each term of the OR is a primary-key lookup.
+pub fn id_revision_pairs(first: usize, pairs: usize) -> String {
+    let terms = (0..pairs)
+        .map(|pair| {
+            let id = first + 2 * pair;
+            format!("(id = ${id} AND revision = ${})", id + 1)
+        })
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    format!("({terms})")
+}
+
+/// Keeps the first `$copy` bytes of the payload (none when `$copy` is 0);
+/// SQLite's `substr` and PostgreSQL's on `bytea` both count bytes.
+fn trimmed_payload(copy: usize) -> String {
+    format!("payload = CASE WHEN ${copy} = 0 THEN NULL ELSE substr(payload, 1, ${copy}) END")
+}
+
+/// Marks pending tasks scheduled at `$1`, each only in the revision
+/// given (a task moved since waits for its new copy's confirm); with
+/// `trim`, keeps `$2` bytes of the payload. The `(id, revision)` pairs
+/// are `$3…`.
+pub fn mark_published(pairs: usize, trim: bool) -> String {
+    let payload = if trim {
+        format!(", {}", trimmed_payload(2))
+    } else {
+        // $2 is bound either way, so that the parameters keep their numbers.
+        ", payload = CASE WHEN $2 < 0 THEN NULL ELSE payload END".to_owned()
+    };
+    format!(
+        "UPDATE tasks SET state = 'scheduled', last_error = NULL, published_at_ms = $1{payload} \
+         WHERE state = 'pending' AND {}",
+        id_revision_pairs(3, pairs)
+    )
+}
+
+/// Marks releasing tasks delivered at `$1`, keeping `$2` bytes of the
+/// payload; the ids are `$3…`. A task the release stage claimed while
+/// still pending (its confirm not yet recorded) carries the error of an
+/// earlier attempt: delivered, it has none.
+pub fn mark_delivered(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1, last_error = NULL, {} \
+         WHERE state = 'releasing' AND id IN ({})",
+        trimmed_payload(2),
+        placeholders(3, ids)
+    )
+}
+
+pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
+     publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
+     refusals = refusals + $4 \
+     WHERE id = $5 AND revision = $6 AND state = 'pending'";
+
+/// Quarantines a task (in revision `$3`, or any when NULL), first if
+/// pending (the count of pending tasks changes), else if scheduled (a
+/// migration set its message aside).
+pub const FAIL_PENDING: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
+     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'pending'";
+pub const FAIL_SCHEDULED: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
+     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled'";
+
+/// Claims `(id, revision)` pairs (`$1…`) of tasks matching `from`: `releasing`.
+pub fn claim(from: &str, pairs: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id",
+        id_revision_pairs(1, pairs)
+    )
+}
+
+/// The state and revision of `ids` tasks (`$1…`).
+pub fn states(ids: usize) -> String {
+    format!(
+        "SELECT id, state, revision FROM tasks WHERE id IN ({})",
+        placeholders(1, ids)
+    )
+}
+
+pub fn holder_by_key() -> String {
+    format!("SELECT {COLUMNS} FROM tasks WHERE idempotency_key = $1")
+}
+
+pub fn holder_by_id() -> String {
+    format!("SELECT {COLUMNS} FROM tasks WHERE id = $1")
+}
+
+/// Largest rows per statement. Statements come in a few fixed sizes (this and
+/// the powers of two below it) so that each is prepared once and then reused
+/// from the statement cache, instead of one new statement per group size.
+/// 64 rows of 18 parameters stay far below both backends' limits.
+const CHUNK: usize = 64;
+// Both backends cap a statement's parameters; SQLite's default is 32,766.
+const _: () = assert!(CHUNK * INSERT_COLUMNS.len() < 32_766);
+
+pub fn statement_sized_chunks<T>(items: &[T]) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let mut rest = items;
+    while !rest.is_empty() {
+        let size = if rest.len() >= CHUNK {
+            CHUNK
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
+/// With `scoped`, only the tasks of the client `$3` are touched.
+pub fn cancel(ids: usize, scoped: bool) -> String {
+    let (owner, first_id) = if scoped {
+        (" AND client = $3", 4)
+    } else {
+        ("", 3)
+    };
+    format!(
+        "UPDATE tasks SET state = 'cancelled', cancelled_at_ms = $1 \
+         WHERE state = $2{owner} AND id IN ({}) RETURNING {COLUMNS}",
+        placeholders(first_id, ids)
+    )
+}
+
+pub fn select(ids: usize) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM tasks WHERE id IN ({})",
+        placeholders(1, ids)
+    )
+}
+
+/// A new revision, pending and leased, only from `$6` and only while the
+/// whole payload is kept (the new copy is built from it).
+pub const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
+     routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
+     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0 \
+     WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes \
+     AND ($7 IS NULL OR client = $7)";
+
+pub const RECORD_CHANGE: &str = "INSERT INTO task_changes (idempotency_key, task_id, fingerprint, \
+     created_at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING idempotency_key";
+
+pub const FIND_CHANGE: &str =
+    "SELECT task_id, fingerprint FROM task_changes WHERE idempotency_key = $1";
+
+/// Statements of `superseded`, `mark_unroutable` and `requeue_unroutable`.
+pub const SUPERSEDED: &str =
+    "SELECT id, state, revision FROM tasks WHERE state = 'cancelled' OR revision > 1";
+pub const MARK_UNROUTABLE: &str = "UPDATE tasks SET state = 'unroutable', \
+     delivered_at_ms = COALESCE(delivered_at_ms, $3) \
+     WHERE id = $1 AND revision = $2 AND state IN ('releasing', 'delivered')";
+pub const REQUEUE_UNROUTABLE: &str =
+    "UPDATE tasks SET state = 'delivered' WHERE state = 'unroutable'";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_come_in_few_sizes_and_keep_every_item_in_order() {
+        for n in 0..=300 {
+            let items: Vec<usize> = (0..n).collect();
+            let chunks = statement_sized_chunks(&items);
+            assert!(
+                chunks
+                    .iter()
+                    .all(|c| c.len().is_power_of_two() && c.len() <= CHUNK)
+            );
+            assert_eq!(chunks.concat(), items);
+            assert!(chunks.len() <= n / CHUNK + CHUNK.ilog2() as usize + 1);
+        }
+    }
+
+    /// The `$N` placeholders of `sql`, in order of appearance.
+    fn parameters(sql: &str) -> Vec<usize> {
+        sql.split('$')
+            .skip(1)
+            .map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().expect("a number after $")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_insert_numbers_every_column_of_every_row_once_and_in_order() {
+        for rows in [1, 2, 7, CHUNK] {
+            let sql = insert(rows);
+            let width = INSERT_COLUMNS.len();
+            assert_eq!(
+                parameters(&sql),
+                (1..=rows * width).collect::<Vec<_>>(),
+                "{sql}"
+            );
+            assert_eq!(sql.matches('(').count(), rows + 1, "{sql}");
+            assert!(sql.starts_with("INSERT INTO tasks (id, idempotency_key, "));
+            assert!(sql.ends_with(" ON CONFLICT DO NOTHING RETURNING id"));
+        }
+    }
+
+    #[test]
+    fn marking_scheduled_binds_time_and_copy_size_then_each_id_with_its_revision() {
+        for trim in [true, false] {
+            let sql = mark_published(3, trim);
+            let mut found = parameters(&sql);
+            found.dedup();
+            assert_eq!(found, [1, 2, 3, 4, 5, 6, 7, 8], "{sql}");
+            assert!(
+                sql.ends_with(
+                    "WHERE state = 'pending' AND ((id = $3 AND revision = $4) OR \
+                     (id = $5 AND revision = $6) OR (id = $7 AND revision = $8))"
+                ),
+                "{sql}"
+            );
+            assert_eq!(sql.contains("substr"), trim);
+        }
+    }
+
+    #[test]
+    fn marking_delivered_binds_time_and_copy_size_then_the_ids() {
+        let sql = mark_delivered(2);
+        let mut found = parameters(&sql);
+        found.dedup();
+        assert_eq!(found, [1, 2, 3, 4], "{sql}");
+        assert!(sql.contains("last_error = NULL"), "{sql}");
+        assert!(sql.ends_with("WHERE state = 'releasing' AND id IN ($3, $4)"));
+    }
+
+    #[test]
+    fn a_claim_binds_each_id_with_its_revision() {
+        let sql = claim("state = 'pending'", 2);
+        assert_eq!(parameters(&sql), [1, 2, 3, 4]);
+        assert_eq!(
+            sql,
+            "UPDATE tasks SET state = 'releasing' WHERE state = 'pending' AND \
+             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) RETURNING id"
+        );
+        assert_eq!(parameters(&states(3)), [1, 2, 3]);
+    }
+
+    /// Every statement that names tasks by id finds them by the primary key,
+    /// on the default backend, however large the ledger: the query plan of
+    /// each, on a migrated SQLite ledger, searches and never scans `tasks`.
+    #[tokio::test]
+    async fn statements_by_id_use_the_primary_key_on_sqlite() {
+        let pool = super::super::migrated_sqlite().await;
+        let statements = [
+            mark_published(3, true),
+            mark_published(3, false),
+            mark_delivered(3),
+            claim("state = 'pending'", 3),
+            claim("state IN ('scheduled', 'releasing', 'failed')", 3),
+            states(3),
+            SCHEDULE_RETRY.to_owned(),
+            FAIL_PENDING.to_owned(),
+            holder_by_id(),
+        ];
+        for statement in statements {
+            let count = parameters(&statement).into_iter().max().unwrap_or(0);
+            let plan = super::super::query_plan(&pool, &statement, count).await;
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+                "{statement}\n{plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX sqlite_autoindex_tasks_1")
+                        || step.contains("USING PRIMARY KEY")),
+                "{statement}\n{plan:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn sqlite_gets_anonymous_placeholders_only_where_they_bind_the_same() {
+        let insert = insert(3);
+        let anonymous = for_sqlite(&insert);
+        assert!(!anonymous.contains('$'), "{anonymous}");
+        assert_eq!(
+            anonymous.matches('?').count(),
+            3 * INSERT_COLUMNS.len(),
+            "{anonymous}"
+        );
+        assert_eq!(anonymous.replace('?', ""), strip_numbers(&insert));
+        assert!(!for_sqlite(&mark_published(2, false)).contains('$'));
+        assert!(!for_sqlite(&states(5)).contains('$'));
+        // $2 twice, or $3 before $2: the numbers stay.
+        for kept in [
+            mark_published(2, true),
+            mark_delivered(2),
+            "SELECT $1, $3, $2".to_owned(),
+            "SELECT $2".to_owned(),
+            "SELECT 1".to_owned(),
+            FAIL_PENDING.to_owned(),
+        ] {
+            assert_eq!(for_sqlite(&kept), kept);
+        }
+    }
+
+    /// `sql` without the digits of its `$N`, and without the `$`.
+    fn strip_numbers(sql: &str) -> String {
+        let mut out = String::new();
+        let mut in_number = false;
+        for c in sql.chars() {
+            if c == '$' {
+                in_number = true;
+            } else if !(in_number && c.is_ascii_digit()) {
+                in_number = false;
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Whatever text lies between in-order placeholders is kept as it is,
+        /// and every placeholder becomes one `?`.
+        #[test]
+        fn anonymous_placeholders_keep_the_text_around_them(
+            between in proptest::collection::vec("[a-z ,()=']{0,8}", 1..40),
+        ) {
+            let numbered: String = between
+                .iter()
+                .enumerate()
+                .map(|(n, text)| format!("{text}${}", n + 1))
+                .collect();
+            let anonymous = for_sqlite(&numbered);
+            let expected: String = between.iter().map(|text| format!("{text}?")).collect();
+            proptest::prop_assert_eq!(anonymous.as_ref(), expected.as_str());
+        }
+    }
+
+    #[test]
+    fn fixed_statements_number_their_parameters_from_one() {
+        for (sql, count) in [
+            (SCHEDULE_RETRY.to_owned(), 6),
+            (FAIL_PENDING.to_owned(), 3),
+            (FAIL_SCHEDULED.to_owned(), 3),
+            (holder_by_key(), 1),
+            (holder_by_id(), 1),
+        ] {
+            let mut found = parameters(&sql);
+            found.sort_unstable();
+            found.dedup();
+            assert_eq!(found, (1..=count).collect::<Vec<_>>(), "{sql}");
+        }
+    }
+}
