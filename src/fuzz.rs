@@ -183,7 +183,7 @@ fn body_parsers() -> [(&'static str, BodyParser); 4] {
             crate::task::parse_new_delay(b, now()).map(drop)
         }),
         ("cancel", |b| {
-            crate::http::lifecycle::parse_cancel(b).map(drop)
+            crate::http::changes::parse_cancel(b).map(drop)
         }),
     ]
 }

@@ -1,14 +1,18 @@
-//! Runs the whole service: broker supervisor plus HTTP listener, and stops
-//! them in the order that loses nothing. Each component is built here from
-//! its own section of the settings.
+//! Runs the whole service in three visible stages: [`Components::build`]
+//! makes each component from its own section of the settings (refusing
+//! before anything runs what could never work), [`Components::start`] runs
+//! them, and [`Running::stop`] stops them in [`STOP_ORDER`], the order that
+//! loses nothing.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::http::serve::{ConnectionLimits, https_config, serve};
 use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -17,7 +21,7 @@ use crate::broker::{BrokerError, BrokerTls, Publisher, PublisherOptions};
 use crate::cascade::Cascade;
 use crate::config::Settings;
 use crate::http::{AppState, MetricsRoute, metrics_router, router};
-use crate::ledger::{self, LedgerError};
+use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
 use crate::scheduler::{Scheduler, SchedulerSettings};
 
@@ -48,53 +52,320 @@ pub enum ServiceError {
 /// The ledger is opened and migrated first: without it nothing could be
 /// promised. The listener then answers at once; until the broker is connected
 /// and the topology provisioned, tasks wait in the ledger as pending (or get
-/// 503 without one). On shutdown the listener stops taking requests, in-flight
-/// publishes finish and get their confirms, the forwarder finishes its round,
-/// and only then are the broker connection and the ledger closed. A
-/// conflicting topology stops the service with an error: no amount of
-/// retrying would fix it. The ledger is closed whichever way the service ends.
+/// 503 without one). A conflicting topology stops the service with an error:
+/// no amount of retrying would fix it. However the service ends, it stops in
+/// [`STOP_ORDER`], and the ledger is closed last.
 pub async fn run(
     settings: Settings,
     cascade: Cascade,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServiceError> {
-    let address = listener.local_addr()?;
-    // Refused before anything is opened: an open API on a network, or a
-    // clients file that does not read, must not start serving.
-    let auth = Arc::new(Authenticator::from_settings(
-        &settings.auth,
-        &address.to_string(),
-        settings.has_ledger(),
-    )?);
-    let tls = match &settings.http.tls {
-        tls if tls.enabled() => Some(RustlsConfig::from_config(
-            https_config(&tls.cert_file, &tls.key_file).map_err(ServiceError::Tls)?,
-        )),
-        _ => None,
-    };
-    let metrics_listener = match settings.metrics.bind.as_str() {
-        "" => None,
-        bind => {
-            Some(
-                TcpListener::bind(bind)
-                    .await
-                    .map_err(|source| ServiceError::MetricsBind {
+    let components = Components::build(&settings, cascade, listener.local_addr()?).await?;
+    let (mut running, api) = components.start(&settings, shutdown)?;
+    let outcome = running.serve_until_stopped(listener, api).await;
+    outcome.and(running.stop().await)
+}
+
+/// The steps of stopping a running service, each begun once the one before
+/// it has finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The listeners stop taking requests; those in progress finish, so
+    /// every publish they started has its confirm or its pending row.
+    Listeners,
+    /// The forwarder finishes its round, the release stage its window, the
+    /// pollers their tick.
+    Background,
+    /// Only now the broker connection closes: nothing publishes any more.
+    Broker,
+    /// Closing the connection decided every late confirm: record them.
+    LateConfirms,
+    /// Last, so that everything above could still write.
+    Ledger,
+}
+
+/// The order a running service stops in (see [`Stop`]).
+pub const STOP_ORDER: [Stop; 5] = [
+    Stop::Listeners,
+    Stop::Background,
+    Stop::Broker,
+    Stop::LateConfirms,
+    Stop::Ledger,
+];
+
+/// What the service runs, built from its settings, before anything runs.
+struct Components {
+    address: SocketAddr,
+    auth: Arc<Authenticator>,
+    tls: Option<RustlsConfig>,
+    metrics_listener: Option<TcpListener>,
+    broker_tls: BrokerTls,
+    cascade: Arc<Cascade>,
+    metrics: Arc<Metrics>,
+    ledger: Option<Ledger>,
+}
+
+impl Components {
+    /// Refuses, before anything is opened, an open API on a network, a
+    /// clients file that does not read, a certificate that does not load;
+    /// then opens the ledger.
+    async fn build(
+        settings: &Settings,
+        cascade: Cascade,
+        address: SocketAddr,
+    ) -> Result<Components, ServiceError> {
+        let auth = Arc::new(Authenticator::from_settings(
+            &settings.auth,
+            &address.to_string(),
+            settings.has_ledger(),
+        )?);
+        let tls = match &settings.http.tls {
+            tls if tls.enabled() => Some(RustlsConfig::from_config(
+                https_config(&tls.cert_file, &tls.key_file).map_err(ServiceError::Tls)?,
+            )),
+            _ => None,
+        };
+        let metrics_listener =
+            match settings.metrics.bind.as_str() {
+                "" => None,
+                bind => Some(TcpListener::bind(bind).await.map_err(|source| {
+                    ServiceError::MetricsBind {
                         bind: bind.to_owned(),
                         source,
-                    })?,
-            )
+                    }
+                })?),
+            };
+        let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
+        let metrics = Arc::new(Metrics::new());
+        let ledger = ledger::open(
+            &settings.store,
+            cascade.release_stage(),
+            metrics.ledger_commit_group.clone(),
+        )
+        .await?;
+        log_chain(&cascade, ledger.as_ref());
+        // After the chain line, which starts every log.
+        log_access(&auth, &address);
+        Ok(Components {
+            address,
+            auth,
+            tls,
+            metrics_listener,
+            broker_tls,
+            cascade: Arc::new(cascade),
+            metrics,
+            ledger,
+        })
+    }
+
+    /// Starts the broker supervisor, the scheduler's background work, the
+    /// pollers, the reloader and the metrics listener; returns them, and the
+    /// API for [`Running::serve_until_stopped`].
+    fn start(
+        self,
+        settings: &Settings,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Running, Api), ServiceError> {
+        let broker_shutdown = CancellationToken::new();
+        let plan = match &self.ledger {
+            Some(ledger) => self.cascade.plan().owned_by(ledger.identity()),
+            None => self.cascade.plan(),
+        };
+        let options = PublisherOptions::from_settings(
+            &settings.amqp,
+            &self.cascade,
+            self.metrics.confirm_latency.clone(),
+            self.broker_tls,
+        );
+        let (publisher, supervisor) = Publisher::start(options, plan, broker_shutdown.clone());
+        let scheduler = Scheduler::new(
+            Arc::new(publisher.clone()),
+            self.ledger,
+            self.cascade.clone(),
+            self.metrics.clone(),
+            SchedulerSettings::from(settings),
+        );
+        let mut running = Running {
+            stop_serving: CancellationToken::new(),
+            background_shutdown: CancellationToken::new(),
+            background: Vec::new(),
+            broker_shutdown,
+            supervisor,
+            scheduler: scheduler.clone(),
+        };
+        running.background = scheduler.spawn_background(running.background_shutdown.clone());
+        if settings.metrics.queue_poll_ms > 0 {
+            running.spawn(poll_queue_depths(
+                publisher,
+                self.cascade,
+                self.metrics.clone(),
+                Duration::from_millis(settings.metrics.queue_poll_ms),
+                settings.metrics.management_url.expose().to_owned(),
+                running.background_shutdown.clone(),
+            ));
         }
-    };
-    let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
-    let cascade = Arc::new(cascade);
-    let metrics = Arc::new(Metrics::new());
-    let ledger = ledger::open(
-        &settings.store,
-        cascade.release_stage(),
-        metrics.ledger_commit_group.clone(),
-    )
-    .await?;
+        if self.auth.tokens_required() && scheduler.has_ledger() {
+            running.spawn(refresh_quotas(
+                self.auth.clone(),
+                scheduler.clone(),
+                self.metrics.clone(),
+                Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
+                running.background_shutdown.clone(),
+            ));
+        }
+        running.spawn(stop_serving_on(
+            shutdown,
+            running.stop_serving.clone(),
+            running.background_shutdown.clone(),
+        ));
+        running.spawn(reload_on_hangup(
+            self.auth.clone(),
+            self.tls
+                .clone()
+                .map(|config| (config, settings.http.tls.clone())),
+            running.background_shutdown.clone(),
+        ));
+        let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth);
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_millis(settings.http.header_read_timeout_ms),
+            max_connections: settings.http.max_connections.max(1),
+            drain: GRACEFUL_DRAIN,
+        };
+        let metrics_route = match &self.metrics_listener {
+            Some(_) => MetricsRoute::Elsewhere,
+            None => MetricsRoute::WithApi,
+        };
+        let app = router(state.clone(), &settings.http, metrics_route);
+        if let Some(listener) = self.metrics_listener {
+            info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
+            // The same accept loop and bounds as the API's: it is open, so a
+            // slow client must not hold it either.
+            running.spawn(serve(
+                listener,
+                metrics_router(state),
+                None,
+                limits,
+                self.metrics.clone(),
+                running.stop_serving.clone(),
+            ));
+        }
+        let api = Api {
+            address: self.address,
+            app,
+            tls: self.tls,
+            limits,
+            metrics: self.metrics,
+        };
+        Ok((running, api))
+    }
+}
+
+/// The API, ready to serve on the listener `run` was given.
+struct Api {
+    address: SocketAddr,
+    app: axum::Router,
+    tls: Option<RustlsConfig>,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+}
+
+/// A running service: what stopping it must stop.
+struct Running {
+    stop_serving: CancellationToken,
+    background_shutdown: CancellationToken,
+    background: Vec<JoinHandle<()>>,
+    broker_shutdown: CancellationToken,
+    supervisor: JoinHandle<Result<(), BrokerError>>,
+    scheduler: Scheduler,
+}
+
+impl Running {
+    fn spawn(&mut self, work: impl Future<Output = ()> + Send + 'static) {
+        self.background.push(tokio::spawn(work));
+    }
+
+    /// Serves the API until shutdown is asked for (its requests drained),
+    /// or until the broker supervisor ends the service.
+    async fn serve_until_stopped(
+        &mut self,
+        listener: TcpListener,
+        api: Api,
+    ) -> Result<(), ServiceError> {
+        info!(address = %api.address, https = api.tls.is_some(), "listening");
+        let stop = self.stop_serving.clone();
+        let served = serve(listener, api.app, api.tls, api.limits, api.metrics, stop);
+        tokio::select! {
+            () = served => Ok(()),
+            supervised = &mut self.supervisor => flatten(supervised),
+        }
+    }
+
+    /// Stops every component in [`STOP_ORDER`]; the broker's own ending, if
+    /// it comes now, is the outcome.
+    async fn stop(mut self) -> Result<(), ServiceError> {
+        let mut stopped = Ok(());
+        for step in STOP_ORDER {
+            match step {
+                Stop::Listeners => {
+                    // Also when the broker side ended the service.
+                    self.stop_serving.cancel();
+                    info!("HTTP requests drained; stopping the forwarder");
+                }
+                Stop::Background => {
+                    self.background_shutdown.cancel();
+                    for task in std::mem::take(&mut self.background) {
+                        let _ = task.await;
+                    }
+                }
+                Stop::Broker => {
+                    if !self.supervisor.is_finished() {
+                        info!("closing the broker connection");
+                        self.broker_shutdown.cancel();
+                        stopped = flatten((&mut self.supervisor).await);
+                    }
+                }
+                Stop::LateConfirms => {
+                    info!("broker connection closed; recording late confirms");
+                    self.scheduler.finish_watchers().await;
+                }
+                Stop::Ledger => {
+                    self.scheduler.close_ledger().await;
+                    info!("ledger closed");
+                }
+            }
+        }
+        stopped
+    }
+}
+
+fn flatten(
+    supervised: Result<Result<(), BrokerError>, tokio::task::JoinError>,
+) -> Result<(), ServiceError> {
+    match supervised {
+        Ok(result) => result.map_err(ServiceError::from),
+        Err(error) => Err(ServiceError::from(error)),
+    }
+}
+
+/// Stops the listeners on `shutdown`, or when the background work ends.
+async fn stop_serving_on(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    stop_serving: CancellationToken,
+    ended: CancellationToken,
+) {
+    tokio::select! {
+        _ = shutdown => {},
+        _ = ended.cancelled() => {},
+    }
+    stop_serving.cancel();
+}
+
+/// How long requests in progress may take to finish once shutdown began.
+const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
+
+/// The line every log starts with: which chain, and where due tasks go.
+fn log_chain(cascade: &Cascade, ledger: Option<&Ledger>) {
     info!(
         business_exchange = cascade.business_exchange(),
         prefix = cascade.prefix(),
@@ -102,9 +373,7 @@ pub async fn run(
         levels = cascade.levels(),
         unit_ms = cascade.unit_ms(),
         queue_type = cascade.queue_type().as_str(),
-        ledger = ledger
-            .as_ref()
-            .map_or("none (store.url = \"none\")", |l| l.target()),
+        ledger = ledger.map_or("none (store.url = \"none\")", |l| l.target()),
         "delayline {}: chain {}.v{}, {} levels of {} ms ({} queues), due tasks to {}",
         env!("CARGO_PKG_VERSION"),
         cascade.prefix(),
@@ -114,134 +383,7 @@ pub async fn run(
         cascade.queue_type().as_str(),
         cascade.business_exchange(),
     );
-    // After the chain line, which starts every log.
-    log_access(&auth, &address);
-    let broker_shutdown = CancellationToken::new();
-    let (publisher, mut supervisor) = Publisher::start(
-        PublisherOptions::from_settings(
-            &settings.amqp,
-            &cascade,
-            metrics.confirm_latency.clone(),
-            broker_tls,
-        ),
-        match &ledger {
-            Some(ledger) => cascade.plan().owned_by(ledger.identity()),
-            None => cascade.plan(),
-        },
-        broker_shutdown.clone(),
-    );
-    let scheduler = Scheduler::new(
-        Arc::new(publisher.clone()),
-        ledger,
-        cascade.clone(),
-        metrics.clone(),
-        SchedulerSettings::from(&settings),
-    );
-    let background_shutdown = CancellationToken::new();
-    let mut background = scheduler.spawn_background(background_shutdown.clone());
-    if settings.metrics.queue_poll_ms > 0 {
-        background.push(tokio::spawn(poll_queue_depths(
-            publisher,
-            cascade,
-            metrics.clone(),
-            Duration::from_millis(settings.metrics.queue_poll_ms),
-            settings.metrics.management_url.expose().to_owned(),
-            background_shutdown.clone(),
-        )));
-    }
-    let state = AppState::new(
-        scheduler.clone(),
-        metrics.clone(),
-        &settings.http,
-        auth.clone(),
-    );
-    let metrics_route = match metrics_listener {
-        Some(_) => MetricsRoute::Elsewhere,
-        None => MetricsRoute::WithApi,
-    };
-    let app = router(state.clone(), &settings.http, metrics_route);
-    if auth.tokens_required() && scheduler.has_ledger() {
-        background.push(tokio::spawn(refresh_quotas(
-            auth.clone(),
-            scheduler.clone(),
-            metrics.clone(),
-            Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
-            background_shutdown.clone(),
-        )));
-    }
-    let stop_serving = CancellationToken::new();
-    background.push(tokio::spawn({
-        let (stop_serving, ended) = (stop_serving.clone(), background_shutdown.clone());
-        async move {
-            tokio::select! {
-                _ = shutdown => {},
-                _ = ended.cancelled() => {},
-            }
-            stop_serving.cancel();
-        }
-    }));
-    background.push(tokio::spawn(reload_on_hangup(
-        auth,
-        tls.clone()
-            .map(|config| (config, settings.http.tls.clone())),
-        background_shutdown.clone(),
-    )));
-    let limits = ConnectionLimits {
-        header_read_timeout: Duration::from_millis(settings.http.header_read_timeout_ms),
-        max_connections: settings.http.max_connections.max(1),
-        drain: GRACEFUL_DRAIN,
-    };
-    if let Some(listener) = metrics_listener {
-        info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
-        // The same accept loop and bounds as the API's: it is open, so a
-        // slow client must not hold it either.
-        background.push(tokio::spawn(serve(
-            listener,
-            metrics_router(state),
-            None,
-            limits,
-            metrics.clone(),
-            stop_serving.clone(),
-        )));
-    }
-    info!(%address, https = tls.is_some(), "listening");
-    let served = async {
-        serve(listener, app, tls, limits, metrics, stop_serving.clone()).await;
-        Ok::<(), ServiceError>(())
-    };
-    let outcome = tokio::select! {
-        served = served => served,
-        supervised = &mut supervisor => match supervised {
-            Ok(result) => result.map_err(ServiceError::from),
-            Err(error) => Err(ServiceError::from(error)),
-        },
-    };
-    info!("HTTP requests drained; stopping the forwarder");
-    // Also when the broker side ended the service: the metrics listener stops.
-    stop_serving.cancel();
-    background_shutdown.cancel();
-    for task in background {
-        let _ = task.await;
-    }
-    let mut stopped = Ok(());
-    if !supervisor.is_finished() {
-        info!("closing the broker connection");
-        broker_shutdown.cancel();
-        stopped = match supervisor.await {
-            Ok(result) => result.map_err(ServiceError::from),
-            Err(error) => Err(ServiceError::from(error)),
-        };
-    }
-    info!("broker connection closed; recording late confirms");
-    // Closing the connection decided every late confirm; record them first.
-    scheduler.finish_watchers().await;
-    scheduler.close_ledger().await;
-    info!("ledger closed");
-    outcome.and(stopped)
 }
-
-/// How long requests in progress may take to finish once shutdown began.
-const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
 
 /// Says at start-up who may use the API.
 fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {
@@ -365,4 +507,22 @@ pub async fn shutdown_signal() {
         _ = terminate => {},
     }
     info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each step may still need what the later ones stop: requests publish
+    /// and write, background work publishes and writes, the broker's close
+    /// decides late confirms, and recording them writes to the ledger.
+    #[test]
+    fn the_service_stops_outside_in_and_closes_the_ledger_last() {
+        let position = |step| STOP_ORDER.iter().position(|s| *s == step).unwrap();
+        assert!(position(Stop::Listeners) < position(Stop::Background));
+        assert!(position(Stop::Background) < position(Stop::Broker));
+        assert!(position(Stop::Broker) < position(Stop::LateConfirms));
+        assert!(position(Stop::LateConfirms) < position(Stop::Ledger));
+        assert_eq!(STOP_ORDER.last(), Some(&Stop::Ledger));
+    }
 }

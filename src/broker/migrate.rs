@@ -215,32 +215,12 @@ pub async fn migrate_topology(
             old.prefix, old.version
         )));
     }
-    provision(connection, &new.plan()).await?;
-    let poison = new.plain_queue(new.poison_queue());
-    let mut channel =
-        open_channel(connection, || "opening a channel to migrate".to_owned()).await?;
-    if let Some(conflict) = declare_queue(connection, &mut channel, &poison).await? {
-        return Err(BrokerError::from(conflict).into());
-    }
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .context(|| "enabling publisher confirms".to_owned())?;
-
+    let channel = prepare_new_chain(connection, new).await?;
     let levels = match old.levels {
         Some(levels) => levels,
         None => old_levels(connection, old).await?,
     };
-    let old_unroutable = unroutable_queue_name(&old.business_exchange, old.version);
-    let old_poison = poison_queue_name(&old.prefix, old.version);
-    // With another prefix but the same version and business exchange, both
-    // chains share one unroutable queue: nothing to move there.
-    let own_unroutable_queue = old_unroutable != new.unroutable_queue();
-    // From now on only the new unroutable queue receives what is unroutable.
-    if own_unroutable_queue && queue_state(connection, &old_unroutable).await?.is_some() {
-        unbind_unroutable_queue(connection, &old_unroutable, &old.business_exchange).await?;
-    }
-
+    let drained = OldQueues::find(connection, old, new, levels).await?;
     let mut mover = Mover {
         new,
         still_wanted: Some(still_wanted),
@@ -250,43 +230,9 @@ pub async fn migrate_topology(
             ..MigrationReport::default()
         },
     };
-    let mut queues: Vec<(String, Kind)> = (0..levels)
-        .rev()
-        .map(|level| {
-            (
-                level_queue_name(&old.prefix, old.version, level),
-                Kind::Level { levels },
-            )
-        })
-        .collect();
-    // Where each level queue is bound: its exchange, for digit 1 of its level.
-    let bindings: Vec<(String, String)> = (0..levels)
-        .rev()
-        .map(|level| {
-            (
-                level_exchange_name(&old.prefix, old.version, level),
-                digit_pattern(levels, level, true),
-            )
-        })
-        .collect();
-    let mut bindings = bindings;
-    // The old release stage, if it had one, holds tasks already due: they
-    // move on as due tasks (to the new chain's release stage or business
-    // exchange), in the order they flow, after level 0.
-    let old_release = release_queue_name(&old.prefix, old.version);
-    let has_release_stage = queue_state(connection, &old_release).await?.is_some();
-    if has_release_stage {
-        queues.push((old_release.clone(), Kind::Level { levels }));
-        bindings.push((old_release.clone(), String::new()));
-    }
-    if own_unroutable_queue {
-        queues.push((old_unroutable, Kind::Unroutable { levels }));
-    }
-    queues.push((old_poison, Kind::Poison));
-
     for pass in 1..=MAX_PASSES {
         let mut moved = 0;
-        for (queue, kind) in &queues {
+        for (queue, kind) in &drained.queues {
             moved += mover.drain(connection, queue, kind, None).await?;
         }
         info!(
@@ -301,21 +247,10 @@ pub async fn migrate_topology(
         );
         if moved == 0
             && mover
-                .remove_drained(connection, &queues, &bindings, management)
+                .remove_drained(connection, &drained.queues, &drained.bindings, management)
                 .await?
         {
-            for level in (0..levels).rev() {
-                let exchange = level_exchange_name(&old.prefix, old.version, level);
-                delete_exchange(connection, &exchange).await?;
-            }
-            if has_release_stage {
-                delete_exchange(connection, &old_release).await?;
-                delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
-                // Notices that a released task was unroutable: the parked
-                // message itself moved with the unroutable queue.
-                let notices = unroutable_seen_queue_name(&old.prefix, old.version);
-                delete_notices(connection, &notices).await?;
-            }
+            delete_old_exchanges(connection, old, levels, drained.has_release_stage).await?;
             mover.report.removed = true;
             let _ = mover.publish.close(200, "migrated".into()).await;
             return Ok(mover.report);
@@ -324,6 +259,113 @@ pub async fn migrate_topology(
     Err(MigrateError::StillFilling {
         chain: format!("{}.v{}", old.prefix, old.version),
     })
+}
+
+/// Provisions the new chain and its poison queue; returns a channel with
+/// publisher confirms to move messages on.
+async fn prepare_new_chain(
+    connection: &Connection,
+    new: &Cascade,
+) -> Result<Channel, MigrateError> {
+    provision(connection, &new.plan()).await?;
+    let poison = new.plain_queue(new.poison_queue());
+    let mut channel =
+        open_channel(connection, || "opening a channel to migrate".to_owned()).await?;
+    if let Some(conflict) = declare_queue(connection, &mut channel, &poison).await? {
+        return Err(BrokerError::from(conflict).into());
+    }
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .context(|| "enabling publisher confirms".to_owned())?;
+    Ok(channel)
+}
+
+/// The old chain's queues, in the order they are drained, and where each
+/// level queue is bound.
+struct OldQueues {
+    queues: Vec<(String, Kind)>,
+    /// The binding of each queue of `queues` at the same index, if any.
+    bindings: Vec<(String, String)>,
+    has_release_stage: bool,
+}
+
+impl OldQueues {
+    async fn find(
+        connection: &Connection,
+        old: &OldChain,
+        new: &Cascade,
+        levels: u32,
+    ) -> Result<OldQueues, MigrateError> {
+        let old_unroutable = unroutable_queue_name(&old.business_exchange, old.version);
+        // With another prefix but the same version and business exchange, both
+        // chains share one unroutable queue: nothing to move there.
+        let own_unroutable_queue = old_unroutable != new.unroutable_queue();
+        // From now on only the new unroutable queue receives what is unroutable.
+        if own_unroutable_queue && queue_state(connection, &old_unroutable).await?.is_some() {
+            unbind_unroutable_queue(connection, &old_unroutable, &old.business_exchange).await?;
+        }
+        let mut queues: Vec<(String, Kind)> = (0..levels)
+            .rev()
+            .map(|level| {
+                (
+                    level_queue_name(&old.prefix, old.version, level),
+                    Kind::Level { levels },
+                )
+            })
+            .collect();
+        // Where each level queue is bound: its exchange, for digit 1 of its level.
+        let mut bindings: Vec<(String, String)> = (0..levels)
+            .rev()
+            .map(|level| {
+                (
+                    level_exchange_name(&old.prefix, old.version, level),
+                    digit_pattern(levels, level, true),
+                )
+            })
+            .collect();
+        // The old release stage, if it had one, holds tasks already due: they
+        // move on as due tasks (to the new chain's release stage or business
+        // exchange), in the order they flow, after level 0.
+        let old_release = release_queue_name(&old.prefix, old.version);
+        let has_release_stage = queue_state(connection, &old_release).await?.is_some();
+        if has_release_stage {
+            queues.push((old_release.clone(), Kind::Level { levels }));
+            bindings.push((old_release, String::new()));
+        }
+        if own_unroutable_queue {
+            queues.push((old_unroutable, Kind::Unroutable { levels }));
+        }
+        queues.push((poison_queue_name(&old.prefix, old.version), Kind::Poison));
+        Ok(OldQueues {
+            queues,
+            bindings,
+            has_release_stage,
+        })
+    }
+}
+
+/// Once the old queues are gone: the old chain's exchanges, top level first.
+async fn delete_old_exchanges(
+    connection: &Connection,
+    old: &OldChain,
+    levels: u32,
+    has_release_stage: bool,
+) -> Result<(), MigrateError> {
+    for level in (0..levels).rev() {
+        let exchange = level_exchange_name(&old.prefix, old.version, level);
+        delete_exchange(connection, &exchange).await?;
+    }
+    if has_release_stage {
+        let old_release = release_queue_name(&old.prefix, old.version);
+        delete_exchange(connection, &old_release).await?;
+        delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
+        // Notices that a released task was unroutable: the parked
+        // message itself moved with the unroutable queue.
+        let notices = unroutable_seen_queue_name(&old.prefix, old.version);
+        delete_notices(connection, &notices).await?;
+    }
+    Ok(())
 }
 
 /// What a migration would find, looked at without taking anything.

@@ -1,7 +1,7 @@
 //! The HTTP API (axum): tasks in, topology and health out.
 //!
 //! One module per resource, each with its own `router()`: `tasks` (taking
-//! tasks in), `inspect` (reading them back), `lifecycle` (cancelling and
+//! tasks in), `inspect` (reading them back), `changes` (cancelling and
 //! moving them), `topology`, `health` (the
 //! probes), `scrape` (`/metrics`); `auth` is the gate in front of all but the
 //! probes, `extract` the JSON body extractor, `error` the error shape,
@@ -9,12 +9,13 @@
 //! turning hyper's bare refusals of unparseable requests into JSON.
 
 mod auth;
+mod batch;
+pub(crate) mod changes;
 mod error;
 mod extract;
 mod fallback;
 mod health;
 mod inspect;
-pub(crate) mod lifecycle;
 pub mod limits;
 pub mod openapi;
 mod scrape;
@@ -33,9 +34,9 @@ use std::time::Duration;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
+pub use changes::{CancelItem, CancelResponse};
 pub use error::{ApiError, ErrorBody, ErrorEnvelope};
 pub use inspect::{TaskPage, TaskView};
-pub use lifecycle::{CancelItem, CancelResponse};
 pub use tasks::{BatchItem, BatchResponse};
 pub use topology::TopologyView;
 
@@ -96,7 +97,7 @@ pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute)
     let mut gated = Router::new()
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())
-        .merge(lifecycle::router())
+        .merge(changes::router())
         .merge(topology::router());
     if metrics_route == MetricsRoute::WithApi {
         gated = gated.merge(scrape::router());

@@ -1,7 +1,6 @@
 //! `POST /v1/tasks` and `POST /v1/tasks/batch`: taking tasks in, with the
 //! idempotency rules, and counting what is refused.
 
-use std::collections::HashMap;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -14,6 +13,7 @@ use tracing::{Instrument, info_span, warn};
 
 use super::AppState;
 use super::auth::{admit, check_destination, require, scoped_fingerprint, scoped_key};
+use super::batch;
 use super::error::{ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
 use crate::auth::{Caller, Permission};
@@ -88,7 +88,7 @@ async fn admit_unless_replays(
     state: &AppState,
     caller: &Caller,
     tasks: u64,
-    parsed: &[Result<(Task, Idempotency), ApiError>],
+    parsed: &[batch::Parsed],
 ) -> Result<u64, ApiError> {
     let Err(throttled) = admit_tasks(state, caller, tasks) else {
         return Ok(tasks);
@@ -256,21 +256,21 @@ pub async fn create_batch(
              each one idempotent on its own",
         ));
     }
-    let batch = parse_batch(&body)?;
-    if batch.tasks.len() > state.batch_limit {
+    let request = parse_batch(&body)?;
+    if request.tasks.len() > state.batch_limit {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "batch_too_large",
             format!(
                 "a batch holds at most {} tasks, got {}",
                 state.batch_limit,
-                batch.tasks.len()
+                request.tasks.len()
             ),
         ));
     }
     let now = SystemTime::now();
     let has_ledger = state.scheduler.has_ledger();
-    let parsed: Vec<Result<(Task, Idempotency), ApiError>> = batch
+    let parsed: Vec<batch::Parsed> = request
         .tasks
         .iter()
         .enumerate()
@@ -289,21 +289,7 @@ pub async fn create_batch(
     let reserved = admit_unless_replays(&state, &caller, valid as u64, &parsed).await?;
     // A client id repeated within the batch names one task: the repeat gets
     // the first's answer (as a replay), or a conflict if its body differs.
-    let mut first_with_id: HashMap<&str, usize> = HashMap::new();
-    let repeats: Vec<Option<usize>> = parsed
-        .iter()
-        .enumerate()
-        .map(|(index, item)| {
-            let (task, _) = item.as_ref().ok().filter(|(task, _)| task.client_id)?;
-            match first_with_id.get(task.id.as_str()) {
-                Some(&first) => Some(first),
-                None => {
-                    first_with_id.insert(&task.id, index);
-                    None
-                }
-            }
-        })
-        .collect();
+    let repeats = batch::earlier_with_same_id(&batch::client_ids(&parsed));
     let outcomes = parsed.iter().zip(&repeats).map(|(item, repeat)| {
         let state = &state;
         async move {
@@ -323,67 +309,22 @@ pub async fn create_batch(
         .filter(|outcome| outcome.as_ref().is_ok_and(|s| !s.replayed))
         .count() as u64;
     settle(&state, &caller, reserved, accepted);
-    let results = (0..parsed.len())
-        .map(|index| {
-            let outcome = match (repeats[index], &outcomes[index]) {
-                (None, Some(outcome)) => outcome.clone(),
-                (Some(first), _) => repeat_of(&parsed, first, index, &outcomes[first]),
-                (None, None) => Err(ApiError::internal(
-                    "a task of the batch was neither submitted nor a repeat",
-                )),
-            };
-            match outcome {
-                Ok(submitted) => BatchItem {
-                    status: StatusCode::ACCEPTED.as_u16(),
-                    task: Some(submitted.accepted),
-                    replayed: submitted.replayed,
-                    error: None,
-                },
-                Err(error) => {
-                    state.metrics.rejected(error.code);
-                    BatchItem::rejected(error)
-                }
+    let results = batch::answers(&parsed, &repeats, &outcomes)
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(submitted) => BatchItem {
+                status: StatusCode::ACCEPTED.as_u16(),
+                task: Some(submitted.accepted),
+                replayed: submitted.replayed,
+                error: None,
+            },
+            Err(error) => {
+                state.metrics.rejected(error.code);
+                BatchItem::rejected(error)
             }
         })
         .collect();
     Ok(Json(BatchResponse { results }))
-}
-
-/// The answer to the task at `index`, which repeats the client id of the
-/// task at `first` in the same batch.
-fn repeat_of(
-    parsed: &[Result<(Task, Idempotency), ApiError>],
-    first: usize,
-    index: usize,
-    first_outcome: &Option<Result<Submitted, ApiError>>,
-) -> Result<Submitted, ApiError> {
-    let fingerprint = |i: usize| {
-        parsed[i]
-            .as_ref()
-            .ok()
-            .and_then(|(_, idempotency)| idempotency.fingerprint.clone())
-    };
-    if fingerprint(first) != fingerprint(index) {
-        let id = parsed[index]
-            .as_ref()
-            .map(|(t, _)| t.id.clone())
-            .unwrap_or_default();
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "idempotency_conflict",
-            format!("task id {id:?} appears earlier in this batch with a different body"),
-        ));
-    }
-    match first_outcome {
-        Some(Ok(submitted)) => Ok(Submitted {
-            accepted: submitted.accepted.clone(),
-            replayed: true,
-        }),
-        Some(Err(error)) => Err(error.clone()),
-        None => Err(ApiError::internal(
-            "a repeated task lost its first occurrence",
-        )),
-    }
 }
 
 /// Counts the rejections of the task routes' error responses; a batch's

@@ -804,7 +804,8 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
         "src/http/auth.rs",
         "src/http/tasks.rs",
         "src/http/inspect.rs",
-        "src/http/lifecycle.rs",
+        "src/http/changes.rs",
+        "src/http/batch.rs",
         "src/http/extract.rs",
         "src/http/fallback.rs",
         "src/http/error.rs",
@@ -821,7 +822,7 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
     }
     codes.extend(literal_after(&read("src/http/wire.rs"), "StatusCode::"));
     codes.extend(arms(&read("src/http/error.rs")));
-    codes.extend(arms(&read("src/http/lifecycle.rs")));
+    codes.extend(arms(&read("src/http/changes.rs")));
     let task = read("src/task.rs");
     let code_fn = task.split("pub fn code(&self)").nth(1).unwrap();
     codes.extend(arms(code_fn.split("\n    }\n").next().unwrap()));
