@@ -170,13 +170,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.http.bind))?;
             service::run(settings, cascade, listener, shutdown_signal()).await?;
         }
-        Command::Reload { pid } => {
-            let process = rustix::process::Pid::from_raw(pid)
-                .ok_or_else(|| anyhow::anyhow!("--pid {pid} is not a process id"))?;
-            rustix::process::kill_process(process, rustix::process::Signal::HUP)
-                .map_err(|error| anyhow::anyhow!("sending SIGHUP to process {pid}: {error}"))?;
-            println!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
-        }
+        Command::Reload { pid } => reload(pid)?,
         Command::Openapi => {
             println!(
                 "{}",
@@ -185,14 +179,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
         Command::Token {
             action: TokenCommand::Create(new),
-        } => {
-            let append_to = new.append_to.clone();
-            let created = token::create_token(new.into(), append_to.as_deref())?;
-            match append_to {
-                None => print!("{}\n\n{}", created.token, created.entry),
-                Some(_) => println!("{}", created.token),
-            }
-        }
+        } => create_token(new)?,
         Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
         Command::Provision { check: true, .. } => {
             let report = provision::check(&settings.amqp, &cascade).await?;
@@ -244,6 +231,27 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a new token, and its clients-file entry unless it was appended.
+fn create_token(new: NewToken) -> anyhow::Result<()> {
+    let append_to = new.append_to.clone();
+    let created = token::create_token(new.into(), append_to.as_deref())?;
+    match append_to {
+        None => print!("{}\n\n{}", created.token, created.entry),
+        Some(_) => println!("{}", created.token),
+    }
+    Ok(())
+}
+
+/// Sends SIGHUP to `pid`, for images that have no `kill`.
+fn reload(pid: i32) -> anyhow::Result<()> {
+    let process = rustix::process::Pid::from_raw(pid)
+        .ok_or_else(|| anyhow::anyhow!("--pid {pid} is not a process id"))?;
+    rustix::process::kill_process(process, rustix::process::Signal::HUP)
+        .map_err(|error| anyhow::anyhow!("sending SIGHUP to process {pid}: {error}"))?;
+    println!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
+    Ok(())
 }
 
 /// GETs `path` of the running service; success on a 200.

@@ -30,7 +30,7 @@
 //!   the ledger before it goes to the business exchange (its verdict per
 //!   message is a pure function); answers readiness and inspection. It turns
 //!   a task into a broker message and sees the broker through the
-//!   [`scheduler::Publish`] trait, which tests replace.
+//!   [`scheduler::Broker`] trait, which tests replace.
 //! - [`ledger`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
 //!   replicas): migrations, group commit (request writes, release claims and
 //!   deliveries share commits), idempotency, cancel and move as single

@@ -163,7 +163,7 @@ impl Components {
     /// pollers, the reloader and the metrics listener; returns them, and the
     /// API for [`Running::serve_until_stopped`].
     fn start(
-        self,
+        mut self,
         settings: &Settings,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(Running, Api), ServiceError> {
@@ -176,12 +176,12 @@ impl Components {
             &settings.amqp,
             &self.cascade,
             self.metrics.confirm_latency.clone(),
-            self.broker_tls,
+            self.broker_tls.clone(),
         );
         let (publisher, supervisor) = Publisher::start(options, plan, broker_shutdown.clone());
         let scheduler = Scheduler::new(
             Arc::new(publisher.clone()),
-            self.ledger,
+            self.ledger.take(),
             self.cascade.clone(),
             self.metrics.clone(),
             SchedulerSettings::from(settings),
@@ -195,25 +195,7 @@ impl Components {
             scheduler: scheduler.clone(),
         };
         running.background = scheduler.spawn_background(running.background_shutdown.clone());
-        if settings.metrics.queue_poll_ms > 0 {
-            running.spawn(poll_queue_depths(
-                publisher,
-                self.cascade,
-                self.metrics.clone(),
-                Duration::from_millis(settings.metrics.queue_poll_ms),
-                settings.metrics.management_url.expose().to_owned(),
-                running.background_shutdown.clone(),
-            ));
-        }
-        if self.auth.tokens_required() && scheduler.has_ledger() {
-            running.spawn(refresh_quotas(
-                self.auth.clone(),
-                scheduler.clone(),
-                self.metrics.clone(),
-                Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
-                running.background_shutdown.clone(),
-            ));
-        }
+        running.spawn_pollers(settings, publisher, &self, &scheduler);
         running.spawn(stop_serving_on(
             shutdown,
             running.stop_serving.clone(),
@@ -283,6 +265,35 @@ struct Running {
 impl Running {
     fn spawn(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         self.background.push(tokio::spawn(work));
+    }
+
+    /// The queue-depth poller and the quota refresher, where configured.
+    fn spawn_pollers(
+        &mut self,
+        settings: &Settings,
+        publisher: Publisher,
+        components: &Components,
+        scheduler: &Scheduler,
+    ) {
+        if settings.metrics.queue_poll_ms > 0 {
+            self.spawn(poll_queue_depths(
+                publisher,
+                components.cascade.clone(),
+                components.metrics.clone(),
+                Duration::from_millis(settings.metrics.queue_poll_ms),
+                settings.metrics.management_url.expose().to_owned(),
+                self.background_shutdown.clone(),
+            ));
+        }
+        if components.auth.tokens_required() && scheduler.has_ledger() {
+            self.spawn(refresh_quotas(
+                components.auth.clone(),
+                scheduler.clone(),
+                components.metrics.clone(),
+                Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
+                self.background_shutdown.clone(),
+            ));
+        }
     }
 
     /// Serves the API until shutdown is asked for (its requests drained),

@@ -217,29 +217,8 @@ impl Client {
                 "it may submit but has no destinations (\"#\" allows every destination)".into(),
             ));
         }
-        let limiter = match (settings.rate_per_second, settings.burst) {
-            (None, None) => None,
-            (None, Some(_)) => return Err(invalid("burst needs rate_per_second".into())),
-            (Some(rate), burst) => {
-                let rate_nz = NonZeroU32::new(rate)
-                    .ok_or_else(|| invalid("rate_per_second must be at least 1".into()))?;
-                let burst = burst.unwrap_or(rate);
-                let burst_nz = NonZeroU32::new(burst)
-                    .ok_or_else(|| invalid("burst must be at least 1".into()))?;
-                let kept = previous
-                    .and_then(|p| p.limiter.clone())
-                    .filter(|l| l.rate_per_second == rate && l.burst == burst);
-                Some(kept.unwrap_or_else(|| {
-                    Arc::new(Limiter {
-                        rate_per_second: rate,
-                        burst,
-                        bucket: RateLimiter::direct(
-                            Quota::per_second(rate_nz).allow_burst(burst_nz),
-                        ),
-                    })
-                }))
-            }
-        };
+        let limiter =
+            Limiter::build(settings, previous).map_err(|reason| invalid(reason.into()))?;
         Ok(Client {
             name: name.clone(),
             token_hashes,
@@ -248,6 +227,33 @@ impl Client {
             limiter,
             max_scheduled: settings.max_scheduled,
         })
+    }
+}
+
+impl Limiter {
+    /// The client's token bucket, if it has a rate; the previous one, with
+    /// what it has counted, when a reload leaves its rate and burst as they were.
+    fn build(
+        settings: &ClientSettings,
+        previous: Option<&Arc<Client>>,
+    ) -> Result<Option<Arc<Limiter>>, &'static str> {
+        let (rate, burst) = match (settings.rate_per_second, settings.burst) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => return Err("burst needs rate_per_second"),
+            (Some(rate), burst) => (rate, burst.unwrap_or(rate)),
+        };
+        let rate_nz = NonZeroU32::new(rate).ok_or("rate_per_second must be at least 1")?;
+        let burst_nz = NonZeroU32::new(burst).ok_or("burst must be at least 1")?;
+        let kept = previous
+            .and_then(|p| p.limiter.clone())
+            .filter(|l| l.rate_per_second == rate && l.burst == burst);
+        Ok(Some(kept.unwrap_or_else(|| {
+            Arc::new(Limiter {
+                rate_per_second: rate,
+                burst,
+                bucket: RateLimiter::direct(Quota::per_second(rate_nz).allow_burst(burst_nz)),
+            })
+        })))
     }
 }
 

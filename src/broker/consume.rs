@@ -80,7 +80,7 @@ impl Publisher {
         queue: String,
         limits: ConsumeLimits,
         shutdown: CancellationToken,
-    ) -> mpsc::Receiver<Window> {
+    ) -> Windows {
         let (windows, receiver) = mpsc::channel(usize::from(limits.windows.max(1)));
         let publisher = self.clone();
         tokio::spawn(async move {
@@ -103,7 +103,25 @@ impl Publisher {
                 }
             }
         });
-        receiver
+        Windows(receiver)
+    }
+}
+
+/// What consuming a queue hands out: its windows, in the order the broker
+/// delivered them, until the consumer stops.
+pub struct Windows(mpsc::Receiver<Window>);
+
+impl Windows {
+    /// The next window; `None` once the consumer has stopped.
+    pub async fn recv(&mut self) -> Option<Window> {
+        self.0.recv().await
+    }
+
+    /// The windows as a stream, for concurrent processing.
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = Window> {
+        futures_util::stream::unfold(self, |mut windows| async {
+            windows.recv().await.map(|window| (window, windows))
+        })
     }
 }
 
@@ -113,13 +131,12 @@ enum Stop {
     Lost,
 }
 
-async fn consume_on(
+/// A channel limited to `limits`' unacknowledged messages, consuming `queue`.
+async fn start_consumer(
     connection: &lapin::Connection,
     queue: &str,
-    limits: ConsumeLimits,
-    windows: &mpsc::Sender<Window>,
-    shutdown: &CancellationToken,
-) -> Result<Stop, super::BrokerError> {
+    limits: &ConsumeLimits,
+) -> Result<(lapin::Channel, lapin::Consumer), super::BrokerError> {
     let channel = bounded(open_channel(connection, || opening(queue)), || {
         opening(queue)
     })
@@ -139,21 +156,38 @@ async fn consume_on(
         BasicConsumeOptions::default(),
         FieldTable::default(),
     );
-    let mut consumer = bounded(consume, consuming).await?.context(consuming)?;
-    // Windows out, in the order they came, settled in that order.
-    let (out, mut settling) =
-        mpsc::unbounded_channel::<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>();
-    let settler = tokio::spawn(async move {
-        while let Some((deliveries, answer)) = settling.recv().await {
-            // Unsettled (the reader stopped): they return to the queue with the channel.
-            let Ok(settles) = answer.await else {
-                return;
-            };
-            if settle(&deliveries, &settles).await.is_err() {
-                return;
-            }
+    let consumer = bounded(consume, consuming).await?.context(consuming)?;
+    Ok((channel, consumer))
+}
+
+/// Settles each window's deliveries once the reader answers, in the order
+/// the windows went out; stops when the reader stops answering.
+async fn settle_in_order(
+    mut settling: mpsc::UnboundedReceiver<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>,
+) {
+    while let Some((deliveries, answer)) = settling.recv().await {
+        // Unsettled (the reader stopped): they return to the queue with the channel.
+        let Ok(settles) = answer.await else {
+            return;
+        };
+        if settle(&deliveries, &settles).await.is_err() {
+            return;
         }
-    });
+    }
+}
+
+async fn consume_on(
+    connection: &lapin::Connection,
+    queue: &str,
+    limits: ConsumeLimits,
+    windows: &mpsc::Sender<Window>,
+    shutdown: &CancellationToken,
+) -> Result<Stop, super::BrokerError> {
+    let (channel, mut consumer) = start_consumer(connection, queue, &limits).await?;
+    // Windows out, in the order they came, settled in that order.
+    let (out, settling) =
+        mpsc::unbounded_channel::<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>();
+    let settler = tokio::spawn(settle_in_order(settling));
     let stop = loop {
         let first = tokio::select! {
             () = shutdown.cancelled() => break Stop::Shutdown,

@@ -333,63 +333,8 @@ pub(crate) async fn diagnose_exchange(
         .as_deref()
         .is_some_and(|t| t.starts_with("cannot redeclare exchange"))
     {
-        // The broker does not say which of type and durability differ: try each.
-        let kinds = [
-            lapin::ExchangeKind::Topic,
-            lapin::ExchangeKind::Fanout,
-            lapin::ExchangeKind::Direct,
-            lapin::ExchangeKind::Headers,
-        ];
-        let candidates: Vec<_> = kinds
-            .into_iter()
-            .flat_map(|kind| [(kind.clone(), true), (kind, false)])
-            .collect();
-        let mut found = None;
-        for (kind, durable) in candidates {
-            let candidate = Guess {
-                kind: Some(kind.clone()),
-                durable,
-                ..guess.clone()
-            };
-            match candidate.declare(connection, &exchange.name).await {
-                Err(Some(t)) if t.starts_with("cannot redeclare exchange") => continue,
-                Err(None) => continue,
-                outcome => {
-                    found = Some((candidate, outcome.err().flatten()));
-                    break;
-                }
-            }
-        }
-        match found {
-            Some((candidate, next)) => {
-                if let Some(kind) = &candidate.kind
-                    && kind_name(kind) != kind_name(&wanted_kind)
-                {
-                    differences.push(Difference {
-                        field: "type".into(),
-                        existing: kind_name(kind),
-                        wanted: kind_name(&wanted_kind),
-                    });
-                }
-                if !candidate.durable {
-                    differences.push(Difference {
-                        field: "durable".into(),
-                        existing: "false".into(),
-                        wanted: "true".into(),
-                    });
-                }
-                guess = candidate;
-                text = next;
-            }
-            None => {
-                differences.push(Difference {
-                    field: "type, durable, auto-delete or internal".into(),
-                    existing: "something else".into(),
-                    wanted: format!("a durable {} exchange", kind_name(&wanted_kind)),
-                });
-                text = None;
-            }
-        }
+        (guess, text) =
+            find_kind_and_durability(connection, exchange, guess, &mut differences).await;
     }
     if let Some(text) = text {
         probe_arguments(connection, &exchange.name, guess, text, &mut differences).await;
@@ -406,6 +351,61 @@ pub(crate) async fn diagnose_exchange(
             exchange.name
         ),
     }
+}
+
+/// The broker does not say which of an exchange's type and durability
+/// differ: each is tried until a declaration passes them. Returns the
+/// guess that passed and the broker's next complaint (about arguments),
+/// and notes the differences found.
+async fn find_kind_and_durability(
+    connection: &Connection,
+    exchange: &ExchangeSpec,
+    guess: Guess,
+    differences: &mut Vec<Difference>,
+) -> (Guess, Option<String>) {
+    let wanted_kind = lapin_kind(exchange.kind);
+    let kinds = [
+        lapin::ExchangeKind::Topic,
+        lapin::ExchangeKind::Fanout,
+        lapin::ExchangeKind::Direct,
+        lapin::ExchangeKind::Headers,
+    ];
+    let candidates = kinds
+        .into_iter()
+        .flat_map(|kind| [(kind.clone(), true), (kind, false)]);
+    for (kind, durable) in candidates {
+        let candidate = Guess {
+            kind: Some(kind.clone()),
+            durable,
+            ..guess.clone()
+        };
+        let next = match candidate.declare(connection, &exchange.name).await {
+            Err(Some(t)) if t.starts_with("cannot redeclare exchange") => continue,
+            Err(None) => continue,
+            outcome => outcome.err().flatten(),
+        };
+        if kind_name(&kind) != kind_name(&wanted_kind) {
+            differences.push(Difference {
+                field: "type".into(),
+                existing: kind_name(&kind),
+                wanted: kind_name(&wanted_kind),
+            });
+        }
+        if !durable {
+            differences.push(Difference {
+                field: "durable".into(),
+                existing: "false".into(),
+                wanted: "true".into(),
+            });
+        }
+        return (candidate, next);
+    }
+    differences.push(Difference {
+        field: "type, durable, auto-delete or internal".into(),
+        existing: "something else".into(),
+        wanted: format!("a durable {} exchange", kind_name(&wanted_kind)),
+    });
+    (guess, None)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
 
 pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
-pub use consume::{ConsumeLimits, Inbound, Settle, Window};
+pub use consume::{ConsumeLimits, Inbound, Settle, Window, Windows};
 pub use diagnose::{Difference, TopologyConflict};
 pub use inspect::{QueueState, exchange_exists, queue_state};
 pub use management::{ManagementApi, ManagementError, QueueCounts};

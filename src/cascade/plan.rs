@@ -339,93 +339,101 @@ impl Cascade {
     pub fn plan(&self) -> TopologyPlan {
         let business = self.business_exchange().to_owned();
         let unroutable = self.unroutable_exchange();
-
-        let mut exchanges = vec![
-            ExchangeSpec {
-                name: unroutable.clone(),
-                kind: ExchangeKind::Fanout,
-                arguments: Arguments::new(),
-            },
-            ExchangeSpec {
-                name: business.clone(),
-                kind: ExchangeKind::Topic,
-                arguments: Arguments::from([(
-                    "alternate-exchange".to_owned(),
-                    ArgValue::Str(unroutable.clone()),
-                )]),
-            },
-        ];
-        let mut queues = vec![self.plain_queue(self.unroutable_queue())];
-        let mut bindings = vec![BindingSpec {
-            source: unroutable,
-            target: BindingTarget::Queue(self.unroutable_queue()),
-            routing_key: String::new(),
-        }];
-        if self.release_stage() {
-            // No TTL and no dead-letter exchange: a due task waits here,
-            // late but never lost, until a delayline releases it.
-            let release = self.release_queue();
-            exchanges.push(ExchangeSpec {
-                name: release.clone(),
-                kind: ExchangeKind::Fanout,
-                arguments: Arguments::new(),
-            });
-            queues.push(self.plain_queue(release.clone()));
-            bindings.push(BindingSpec {
-                source: release.clone(),
-                target: BindingTarget::Queue(release),
+        let mut plan = TopologyPlan {
+            exchanges: vec![
+                ExchangeSpec {
+                    name: unroutable.clone(),
+                    kind: ExchangeKind::Fanout,
+                    arguments: Arguments::new(),
+                },
+                ExchangeSpec {
+                    name: business,
+                    kind: ExchangeKind::Topic,
+                    arguments: Arguments::from([(
+                        "alternate-exchange".to_owned(),
+                        ArgValue::Str(unroutable.clone()),
+                    )]),
+                },
+            ],
+            queues: vec![self.plain_queue(self.unroutable_queue())],
+            bindings: vec![BindingSpec {
+                source: unroutable,
+                target: BindingTarget::Queue(self.unroutable_queue()),
                 routing_key: String::new(),
-            });
-            let seen = self.unroutable_seen_queue();
-            queues.push(self.plain_queue(seen.clone()));
-            bindings.push(BindingSpec {
-                source: self.unroutable_exchange(),
-                target: BindingTarget::Queue(seen),
-                routing_key: String::new(),
-            });
-        }
-
-        for level in (0..self.levels()).rev() {
-            let exchange = self.level_exchange(level);
-            let queue = self.level_queue(level);
-            let next = self.next_exchange(level);
-            exchanges.push(ExchangeSpec {
-                name: exchange.clone(),
-                kind: ExchangeKind::Topic,
-                arguments: Arguments::new(),
-            });
-            let mut arguments = self.queue_arguments();
-            arguments.insert(
-                "x-message-ttl".into(),
-                // Validated against MAX_QUEUE_TTL_MS, far below i64::MAX.
-                ArgValue::Int(self.level_ttl_ms(level) as i64),
-            );
-            arguments.insert("x-dead-letter-exchange".into(), ArgValue::Str(next.clone()));
-            queues.push(QueueSpec {
-                name: queue.clone(),
-                arguments,
-                legacy_arguments: None,
-            });
-            bindings.push(BindingSpec {
-                source: exchange.clone(),
-                target: BindingTarget::Queue(queue),
-                routing_key: self.digit_pattern(level, true),
-            });
-            bindings.push(BindingSpec {
-                source: exchange,
-                target: BindingTarget::Exchange(next),
-                routing_key: self.digit_pattern(level, false),
-            });
-        }
-        TopologyPlan {
-            exchanges,
-            queues,
-            bindings,
+            }],
             owner: self.release_stage().then(|| ChainOwner {
                 marker: self.ledger_marker(),
                 ledger: None,
             }),
+        };
+        if self.release_stage() {
+            self.plan_release_stage(&mut plan);
         }
+        for level in (0..self.levels()).rev() {
+            self.plan_level(&mut plan, level);
+        }
+        plan
+    }
+
+    /// The release queue, fed by its fanout exchange, and the queue that
+    /// hears of released tasks no queue took. No TTL and no dead-letter
+    /// exchange: a due task waits here, late but never lost, until a
+    /// delayline releases it.
+    fn plan_release_stage(&self, plan: &mut TopologyPlan) {
+        let release = self.release_queue();
+        plan.exchanges.push(ExchangeSpec {
+            name: release.clone(),
+            kind: ExchangeKind::Fanout,
+            arguments: Arguments::new(),
+        });
+        plan.queues.push(self.plain_queue(release.clone()));
+        plan.bindings.push(BindingSpec {
+            source: release.clone(),
+            target: BindingTarget::Queue(release),
+            routing_key: String::new(),
+        });
+        let seen = self.unroutable_seen_queue();
+        plan.queues.push(self.plain_queue(seen.clone()));
+        plan.bindings.push(BindingSpec {
+            source: self.unroutable_exchange(),
+            target: BindingTarget::Queue(seen),
+            routing_key: String::new(),
+        });
+    }
+
+    /// Level `level`: its exchange, its queue of one TTL dead-lettering to
+    /// the next exchange, digit 1 into the queue and digit 0 straight on.
+    fn plan_level(&self, plan: &mut TopologyPlan, level: u32) {
+        let exchange = self.level_exchange(level);
+        let queue = self.level_queue(level);
+        let next = self.next_exchange(level);
+        plan.exchanges.push(ExchangeSpec {
+            name: exchange.clone(),
+            kind: ExchangeKind::Topic,
+            arguments: Arguments::new(),
+        });
+        let mut arguments = self.queue_arguments();
+        arguments.insert(
+            "x-message-ttl".into(),
+            // Validated against MAX_QUEUE_TTL_MS, far below i64::MAX.
+            ArgValue::Int(self.level_ttl_ms(level) as i64),
+        );
+        arguments.insert("x-dead-letter-exchange".into(), ArgValue::Str(next.clone()));
+        plan.queues.push(QueueSpec {
+            name: queue.clone(),
+            arguments,
+            legacy_arguments: None,
+        });
+        plan.bindings.push(BindingSpec {
+            source: exchange.clone(),
+            target: BindingTarget::Queue(queue),
+            routing_key: self.digit_pattern(level, true),
+        });
+        plan.bindings.push(BindingSpec {
+            source: exchange,
+            target: BindingTarget::Exchange(next),
+            routing_key: self.digit_pattern(level, false),
+        });
     }
 }
 

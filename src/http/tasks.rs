@@ -234,6 +234,28 @@ impl BatchItem {
     }
 }
 
+/// Each task of a batch parsed on its own, its errors located at
+/// `/tasks/{index}`: one bad task does not refuse the others.
+fn parse_each(
+    state: &AppState,
+    caller: &Caller,
+    tasks: &[&serde_json::value::RawValue],
+) -> Vec<batch::Parsed> {
+    let now = SystemTime::now();
+    let has_ledger = state.scheduler.has_ledger();
+    tasks
+        .iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            let body = raw.get().as_bytes();
+            let at = format!("/tasks/{index}");
+            let task = parse_for(state, caller, body, now, &at)?;
+            let idempotency = idempotency(caller, None, body, &task, has_ledger)?;
+            Ok((task, idempotency))
+        })
+        .collect()
+}
+
 /// Takes every valid task of the batch concurrently: their ledger writes
 /// share commits and their confirms are pipelined, so a batch costs about
 /// one round trip of each, not one per task. A task's client `id` is its
@@ -268,20 +290,7 @@ pub async fn create_batch(
             ),
         ));
     }
-    let now = SystemTime::now();
-    let has_ledger = state.scheduler.has_ledger();
-    let parsed: Vec<batch::Parsed> = request
-        .tasks
-        .iter()
-        .enumerate()
-        .map(|(index, raw)| {
-            let body = raw.get().as_bytes();
-            let at = format!("/tasks/{index}");
-            let task = parse_for(&state, &caller, body, now, &at)?;
-            let idempotency = idempotency(&caller, None, body, &task, has_ledger)?;
-            Ok((task, idempotency))
-        })
-        .collect();
+    let parsed = parse_each(&state, &caller, &request.tasks);
     // The rate and quota are taken for the whole batch or not at all: a 429
     // means that nothing in it was taken.
     let valid = parsed.iter().filter(|item| item.is_ok()).count();

@@ -1,6 +1,6 @@
 //! The router without a broker: validation, error mapping, idempotency and
 //! readiness rules, through `tower::ServiceExt::oneshot` against a scripted
-//! [`Publish`]. What only a broker can show (confirms, delivery, timing) is in
+//! [`Broker`]. What only a broker can show (confirms, delivery, timing) is in
 //! `tests/it`.
 
 use std::collections::VecDeque;
@@ -23,7 +23,7 @@ use crate::cascade::{Cascade, QueueType};
 use crate::config::{HttpSettings, StoreSettings};
 use crate::ledger;
 use crate::metrics::Metrics;
-use crate::scheduler::{Publish, PublishAlone, Scheduler, SchedulerSettings};
+use crate::scheduler::{Broker, PublishAlone, Scheduler, SchedulerSettings};
 
 /// A broker that answers publishes as the test scripted, and keeps what it took.
 #[derive(Default)]
@@ -58,7 +58,7 @@ impl ScriptedBroker {
     }
 }
 
-impl Publish for ScriptedBroker {
+impl Broker for ScriptedBroker {
     fn status(&self) -> BrokerStatus {
         self.status.lock().unwrap().clone()
     }
@@ -94,7 +94,7 @@ impl Publish for ScriptedBroker {
         _queue: String,
         _limits: crate::broker::ConsumeLimits,
         _shutdown: tokio_util::sync::CancellationToken,
-    ) -> tokio::sync::mpsc::Receiver<crate::broker::Window> {
+    ) -> crate::broker::Windows {
         unimplemented!("the release stage does not run in these tests")
     }
 }

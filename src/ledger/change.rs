@@ -85,6 +85,19 @@ macro_rules! in_tx {
     };
 }
 
+/// The task `$id` as the transaction `$tx` sees it, decoded.
+macro_rules! read_task {
+    ($tx:expr, $id:expr) => {{
+        let sql = sql::select(1);
+        let row: Option<Row> = sqlx::query_as(&sql)
+            .bind($id)
+            .fetch_optional(&mut *$tx)
+            .await
+            .context("reading a task")?;
+        row.map(Row::decode).transpose()?
+    }};
+}
+
 impl Ledger {
     /// Cancels each of `ids` that is pending or scheduled, in one
     /// transaction; the outcomes follow the order of `ids`. With `owner`,
@@ -189,13 +202,7 @@ impl Ledger {
                     if task_id != id || fingerprint != key.fingerprint {
                         return Ok(Reschedule::Conflict { task_id });
                     }
-                    let sql = sql::select(1);
-                    let row: Option<Row> = sqlx::query_as(&sql)
-                        .bind(id)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .context("reading a task")?;
-                    return Ok(match row.map(Row::decode).transpose()? {
+                    return Ok(match read_task!(tx, id) {
                         Some(task) if task.within_scope(owner) => Reschedule::Replay(task),
                         _ => Reschedule::NotFound,
                     });
@@ -221,13 +228,7 @@ impl Ledger {
                 }
             }
             let Some((from, task)) = moved else {
-                let sql = sql::select(1);
-                let row: Option<Row> = sqlx::query_as(&sql)
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .context("reading a task")?;
-                return Ok(match row.map(Row::decode).transpose()? {
+                return Ok(match read_task!(tx, id) {
                     None => Reschedule::NotFound,
                     Some(task) if !task.within_scope(owner) => Reschedule::NotFound,
                     Some(task) if task.state.is_changeable() => Reschedule::PayloadNotKept(task),

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
-use super::publish::Publish;
+use super::broker::Broker;
 use super::release::Releaser;
 use super::{ChangeError, Idempotency, SubmitError, Submitted};
 use crate::broker::{LateConfirm, Message, PublishError, Published};
@@ -59,7 +59,7 @@ pub const MAX_REFUSALS: u32 = 3;
 
 #[derive(Clone)]
 pub(super) struct Bookkeeper {
-    broker: Arc<dyn Publish>,
+    broker: Arc<dyn Broker>,
     ledger: Ledger,
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
@@ -70,7 +70,7 @@ pub(super) struct Bookkeeper {
 
 impl Bookkeeper {
     pub fn new(
-        broker: Arc<dyn Publish>,
+        broker: Arc<dyn Broker>,
         ledger: Ledger,
         cascade: Arc<Cascade>,
         metrics: Arc<Metrics>,

@@ -17,10 +17,10 @@
 //! [`Scheduler::readiness`], [`Scheduler::task`], [`Scheduler::tasks`],
 //! [`Scheduler::cancel`], [`Scheduler::reschedule`],
 //! [`Scheduler::refresh_metrics`]) and never reaches the broker or the ledger
-//! itself. The broker is seen through [`Publish`].
+//! itself. The broker is seen through [`Broker`].
 
 mod bookkeeper;
-mod publish;
+mod broker;
 mod release;
 
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub use bookkeeper::MAX_REFUSALS;
-pub use publish::{Publish, PublishAlone};
+pub use broker::{Broker, PublishAlone};
 pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
 
 use crate::broker::{PublishError, Published};
@@ -178,7 +178,7 @@ pub struct Scheduler {
 }
 
 struct Inner {
-    broker: Arc<dyn Publish>,
+    broker: Arc<dyn Broker>,
     mode: Mode,
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
@@ -189,7 +189,7 @@ impl Scheduler {
     /// With `ledger`, tasks are recorded before they are published;
     /// without one, they are only published.
     pub fn new(
-        broker: Arc<dyn Publish>,
+        broker: Arc<dyn Broker>,
         ledger: Option<Ledger>,
         cascade: Arc<Cascade>,
         metrics: Arc<Metrics>,

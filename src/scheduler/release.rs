@@ -29,7 +29,7 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::publish::Publish;
+use super::broker::Broker;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::Cascade;
 use crate::ledger::{Finding, Ledger};
@@ -109,9 +109,38 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
     }
 }
 
+/// The verdict on each message of a window: `identities` as the messages
+/// carry them, whether each entered the release (a copy of a task being
+/// released already waits), and the ledger's findings for those that
+/// entered, in order. A second copy of one task in the window is a duplicate.
+fn window_verdicts(
+    identities: &[Option<(String, u64)>],
+    entered: &[bool],
+    findings: Vec<Finding>,
+) -> Vec<Verdict> {
+    let mut findings = findings.into_iter();
+    let mut seen = HashSet::new();
+    identities
+        .iter()
+        .zip(entered)
+        .map(|(identity, new)| match identity {
+            None => Verdict::Forward,
+            Some(_) if !new => Verdict::Wait,
+            Some((id, revision)) => {
+                let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
+                if verdict == Verdict::Deliver && !seen.insert(id.as_str()) {
+                    Verdict::DropDuplicate
+                } else {
+                    verdict
+                }
+            }
+        })
+        .collect()
+}
+
 #[derive(Clone)]
 pub(super) struct Releaser {
-    pub broker: Arc<dyn Publish>,
+    pub broker: Arc<dyn Broker>,
     pub ledger: Ledger,
     pub cascade: Arc<Cascade>,
     pub metrics: Arc<Metrics>,
@@ -183,10 +212,8 @@ impl Releaser {
         let windows = self
             .broker
             .consume(self.cascade.release_queue(), limits, shutdown.clone());
-        let windows = futures_util::stream::unfold(windows, |mut windows| async {
-            windows.recv().await.map(|window| (window, windows))
-        });
         windows
+            .into_stream()
             .for_each_concurrent(usize::from(RELEASE_WINDOWS), |window| async {
                 let settles = self.release(&window.messages).await;
                 let retry = settles.contains(&Settle::Requeue);
@@ -275,25 +302,7 @@ impl Releaser {
                 return vec![Settle::Requeue; messages.len()];
             }
         };
-        let mut findings = findings.into_iter();
-        // A second copy of one task in the same window is a duplicate.
-        let mut seen = HashSet::new();
-        let verdicts: Vec<Verdict> = identities
-            .iter()
-            .zip(entered.entered())
-            .map(|(identity, new)| match identity {
-                None => Verdict::Forward,
-                Some(_) if !new => Verdict::Wait,
-                Some((id, revision)) => {
-                    let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
-                    if verdict == Verdict::Deliver && !seen.insert(id.as_str()) {
-                        Verdict::DropDuplicate
-                    } else {
-                        verdict
-                    }
-                }
-            })
-            .collect();
+        let verdicts = window_verdicts(&identities, entered.entered(), findings);
         let published = join_all(messages.iter().zip(&verdicts).map(|(message, verdict)| {
             let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
             async move {
@@ -413,5 +422,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_window_forwards_the_unknown_waits_for_copies_in_flight_and_drops_repeats() {
+        let identities = vec![
+            None,
+            Some(("a".to_owned(), 1)),
+            Some(("b".to_owned(), 1)),
+            Some(("a".to_owned(), 1)),
+            Some(("c".to_owned(), 2)),
+        ];
+        let entered = [true, true, false, true, true];
+        let findings = vec![Finding::Claimed, Finding::Claimed, Finding::Absent];
+        assert_eq!(
+            window_verdicts(&identities, &entered, findings),
+            [
+                Verdict::Forward,
+                Verdict::Deliver,
+                Verdict::Wait,
+                Verdict::DropDuplicate,
+                judge(Finding::Absent, 2),
+            ]
+        );
     }
 }

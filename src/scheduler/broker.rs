@@ -1,20 +1,20 @@
 //! The scheduler's view of the broker: a message (built by
-//! [`crate::message`]) is published through [`Publish`], which the broker's
+//! [`crate::message`]) is published, and a queue consumed in windows
+//! ([`Windows`]), through [`Broker`], which the broker's
 //! [`Publisher`] implements and tests may replace (no broker needed to check
 //! validation, error mapping or idempotency over HTTP).
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{
     BrokerStatus, ConsumeLimits, IsolatedPublisher, Message, PublishError, Published, Publisher,
-    Window,
+    Windows,
 };
 
 /// What the scheduler needs from the broker.
-pub trait Publish: Send + Sync + 'static {
+pub trait Broker: Send + Sync + 'static {
     /// Connected or not, blocked or not, and why.
     fn status(&self) -> BrokerStatus;
 
@@ -30,12 +30,8 @@ pub trait Publish: Send + Sync + 'static {
 
     /// `queue`'s messages, a window at a time, until `shutdown` (the
     /// release stage's input).
-    fn consume(
-        &self,
-        queue: String,
-        limits: ConsumeLimits,
-        shutdown: CancellationToken,
-    ) -> mpsc::Receiver<Window>;
+    fn consume(&self, queue: String, limits: ConsumeLimits, shutdown: CancellationToken)
+    -> Windows;
 }
 
 /// Publishes one message at a time where nothing else is published.
@@ -44,7 +40,7 @@ pub trait PublishAlone: Send {
     fn close(&mut self) -> BoxFuture<'_, ()>;
 }
 
-impl Publish for Publisher {
+impl Broker for Publisher {
     fn status(&self) -> BrokerStatus {
         Publisher::status(self)
     }
@@ -66,7 +62,7 @@ impl Publish for Publisher {
         queue: String,
         limits: ConsumeLimits,
         shutdown: CancellationToken,
-    ) -> mpsc::Receiver<Window> {
+    ) -> Windows {
         Publisher::consume(self, queue, limits, shutdown)
     }
 }
