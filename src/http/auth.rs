@@ -4,13 +4,13 @@
 //! the refusals.
 
 use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::auth::{Caller, Client, Permission, Throttled, Unauthenticated};
 
 /// Authenticates every request to the routes it wraps; the probes are not
@@ -48,14 +48,12 @@ fn bearer_token(value: &str) -> Option<&str> {
 fn unauthenticated(reason: &Unauthenticated) -> ApiError {
     if *reason == Unauthenticated::Missing {
         ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
+            ErrorCode::Unauthenticated,
             "this API needs a token: send \"Authorization: Bearer <token>\"",
         )
     } else {
         ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_token",
+            ErrorCode::InvalidToken,
             "the token is not known (mistyped, revoked, or of another deployment)",
         )
     }
@@ -81,8 +79,7 @@ pub fn require(caller: &Caller, permission: Permission) -> Result<(), ApiError> 
     }
     let name = caller.client_name().unwrap_or_default();
     Err(ApiError::new(
-        StatusCode::FORBIDDEN,
-        "forbidden",
+        ErrorCode::Forbidden,
         format!(
             "client {name:?} does not have the {:?} permission this needs",
             permission.as_str()
@@ -94,8 +91,7 @@ pub fn require(caller: &Caller, permission: Permission) -> Result<(), ApiError> 
 pub fn check_destination(caller: &Caller, destination: &str) -> Result<(), ApiError> {
     match caller {
         Caller::Client(client) if !client.may_publish_to(destination) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_destination",
+            ErrorCode::ForbiddenDestination,
             format!(
                 "client {:?} may not publish to {destination:?} (its destinations: {})",
                 client.name,
@@ -117,14 +113,12 @@ pub fn admit(state: &AppState, client: &Client, tasks: u64) -> Result<(), ApiErr
 fn throttle_error(client: &str, throttled: Throttled) -> ApiError {
     match throttled {
         Throttled::Rate { retry_after } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            ErrorCode::RateLimited,
             format!("client {client:?} is over its rate; retry after the Retry-After seconds"),
         )
         .retry_after(retry_after.as_secs_f64().ceil() as u64),
         Throttled::LargerThanBurst { tasks, burst } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            ErrorCode::RateLimited,
             format!(
                 "{tasks} tasks in one request is more than client {client:?}'s burst of \
                  {burst}: send smaller batches"
@@ -134,8 +128,7 @@ fn throttle_error(client: &str, throttled: Throttled) -> ApiError {
             max_scheduled,
             scheduled,
         } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "quota_exceeded",
+            ErrorCode::QuotaExceeded,
             format!(
                 "client {client:?} has {scheduled} tasks waiting, and may have at most \
                  {max_scheduled}: retry once some are delivered or cancelled"

@@ -4,9 +4,7 @@
 
 use std::collections::HashMap;
 
-use axum::http::StatusCode;
-
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::scheduler::{Idempotency, Submitted};
 use crate::task::Task;
 
@@ -85,8 +83,7 @@ fn repeat_of(
             .map(|(t, _)| t.id.clone())
             .unwrap_or_default();
         return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "idempotency_conflict",
+            ErrorCode::IdempotencyConflict,
             format!("task id {id:?} appears earlier in this batch with a different body"),
         ));
     }
@@ -168,11 +165,7 @@ mod tests {
             parsed("x", b"1"),
             parsed("x", b"1"),
             parsed("x", b"2"),
-            Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_delay",
-                "no",
-            )),
+            Err(ApiError::new(ErrorCode::InvalidDelay, "no")),
         ];
         let repeats = earlier_with_same_id(&client_ids(&batch));
         assert_eq!(repeats, [None, Some(0), Some(0), None]);
@@ -181,11 +174,7 @@ mod tests {
             accepted: task.accepted(TaskState::Scheduled),
             replayed: false,
         };
-        let refused = Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_delay",
-            "no",
-        ));
+        let refused = Err(ApiError::new(ErrorCode::InvalidDelay, "no"));
         let outcomes = [Some(Ok(first)), None, None, Some(refused)];
         let answers = answers(&batch, &repeats, &outcomes);
         let codes: Vec<Result<bool, &str>> = answers

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::{require, scoped_fingerprint, scoped_key};
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
 use super::inspect::TaskView;
 use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
@@ -24,8 +24,7 @@ use crate::task::{
 
 fn not_found(id: &str) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "task_not_found",
+        ErrorCode::TaskNotFound,
         format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
     )
 }
@@ -33,11 +32,11 @@ fn not_found(id: &str) -> ApiError {
 /// Why a task that exists cannot be changed, in the state it is in.
 fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
     let code = match task.state {
-        TaskState::Releasing | TaskState::Delivered | TaskState::Unroutable => "too_late",
-        TaskState::Cancelled => "task_cancelled",
-        TaskState::Failed => "task_failed",
+        TaskState::Releasing | TaskState::Delivered | TaskState::Unroutable => ErrorCode::TooLate,
+        TaskState::Cancelled => ErrorCode::TaskCancelled,
+        TaskState::Failed => ErrorCode::TaskFailed,
         // A changeable task is never answered this way.
-        TaskState::Pending | TaskState::Scheduled => "internal",
+        TaskState::Pending | TaskState::Scheduled => ErrorCode::Internal,
     };
     let why = match task.state {
         TaskState::Releasing => "it is due and being delivered",
@@ -50,7 +49,6 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         TaskState::Pending | TaskState::Scheduled => "it changed meanwhile; retry",
     };
     ApiError::new(
-        StatusCode::CONFLICT,
         code,
         format!("task {:?} cannot be {change}: {why}", task.id),
     )
@@ -147,8 +145,7 @@ pub async fn cancel_batch(
     let request = parse_cancel(&body)?;
     if request.ids.len() > state.batch_limit {
         return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "batch_too_large",
+            ErrorCode::BatchTooLarge,
             format!(
                 "a batch holds at most {} ids, got {}",
                 state.batch_limit,
@@ -219,8 +216,7 @@ pub async fn reschedule_task(
         Reschedule::Replay(task) => (task, true),
         Reschedule::Conflict { task_id } => {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "idempotency_conflict",
+                ErrorCode::IdempotencyConflict,
                 format!(
                     "this Idempotency-Key was already used for a different change (of task \
                      {task_id:?})"
@@ -230,8 +226,7 @@ pub async fn reschedule_task(
         Reschedule::Unchangeable(task) => return Err(unchangeable(&task, "moved")),
         Reschedule::PayloadNotKept(task) => {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "payload_not_kept",
+                ErrorCode::PayloadNotKept,
                 format!(
                     "task {:?} cannot be moved: the ledger keeps only part of its payload (it \
                      was published before the release stage kept payloads until delivery); \

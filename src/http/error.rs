@@ -17,6 +17,8 @@ use crate::ledger::LedgerError;
 use crate::scheduler::{ChangeError, InspectError, NotReady, SubmitError};
 use crate::task::TaskError;
 
+pub use super::codes::ErrorCode;
+
 /// Seconds a client should wait before retrying after a broker problem.
 const RETRY_AFTER_SECONDS: &str = "1";
 
@@ -41,10 +43,10 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
-            code,
+            status: code.status(),
+            code: code.as_str(),
             message: message.into(),
             retry_after_seconds: None,
         }
@@ -60,8 +62,7 @@ impl ApiError {
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         error!(%detail, "internal error");
         ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "internal error; the request was not completed (the service's log says why)",
         )
     }
@@ -76,11 +77,17 @@ impl ApiError {
 
 impl From<TaskError> for ApiError {
     fn from(error: TaskError) -> Self {
-        let status = match error {
-            TaskError::MalformedJson(_) => StatusCode::BAD_REQUEST,
-            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        let code = match error {
+            TaskError::MalformedJson(_) => ErrorCode::MalformedJson,
+            TaskError::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            TaskError::InvalidDestination(_) => ErrorCode::InvalidDestination,
+            TaskError::InvalidDelay(_) => ErrorCode::InvalidDelay,
+            TaskError::DelayOutOfRange(_) => ErrorCode::DelayOutOfRange,
+            TaskError::InvalidPayload(_) => ErrorCode::InvalidPayload,
+            TaskError::InvalidHeader(_) => ErrorCode::InvalidHeader,
+            TaskError::InvalidId(_) => ErrorCode::InvalidId,
         };
-        ApiError::new(status, error.code(), error.to_string())
+        ApiError::new(code, error.to_string())
     }
 }
 
@@ -88,21 +95,17 @@ impl From<PublishError> for ApiError {
     fn from(error: PublishError) -> Self {
         let code = match error {
             PublishError::TooLarge { .. } => {
-                return ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "headers_too_large",
-                    error.to_string(),
-                );
+                return ApiError::new(ErrorCode::HeadersTooLarge, error.to_string());
             }
             PublishError::Unavailable(_)
             | PublishError::Broker(_)
-            | PublishError::Unconfirmed { .. } => "broker_unavailable",
-            PublishError::Blocked(_) => "broker_blocked",
-            PublishError::Timeout(_) => "broker_timeout",
-            PublishError::Nacked => "broker_rejected",
-            PublishError::Returned(_) => "broker_unroutable",
+            | PublishError::Unconfirmed { .. } => ErrorCode::BrokerUnavailable,
+            PublishError::Blocked(_) => ErrorCode::BrokerBlocked,
+            PublishError::Timeout(_) => ErrorCode::BrokerTimeout,
+            PublishError::Nacked => ErrorCode::BrokerRejected,
+            PublishError::Returned(_) => ErrorCode::BrokerUnroutable,
         };
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
+        ApiError::new(code, error.to_string())
     }
 }
 
@@ -110,8 +113,7 @@ impl From<LedgerError> for ApiError {
     fn from(error: LedgerError) -> Self {
         error!(%error, "ledger unavailable");
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ledger_unavailable",
+            ErrorCode::LedgerUnavailable,
             "the task ledger cannot be read or written now; retry later (the service's log \
              says why)",
         )
@@ -121,11 +123,9 @@ impl From<LedgerError> for ApiError {
 impl From<InspectError> for ApiError {
     fn from(error: InspectError) -> Self {
         match error {
-            InspectError::LedgerDisabled => ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "ledger_disabled",
-                error.to_string(),
-            ),
+            InspectError::LedgerDisabled => {
+                ApiError::new(ErrorCode::LedgerDisabled, error.to_string())
+            }
             InspectError::Ledger(error) => error.into(),
         }
     }
@@ -134,16 +134,12 @@ impl From<InspectError> for ApiError {
 impl From<ChangeError> for ApiError {
     fn from(error: ChangeError) -> Self {
         match error {
-            ChangeError::LedgerDisabled => ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "ledger_disabled",
-                error.to_string(),
-            ),
-            ChangeError::ReleaseStageOff => ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "release_stage_disabled",
-                error.to_string(),
-            ),
+            ChangeError::LedgerDisabled => {
+                ApiError::new(ErrorCode::LedgerDisabled, error.to_string())
+            }
+            ChangeError::ReleaseStageOff => {
+                ApiError::new(ErrorCode::ReleaseStageDisabled, error.to_string())
+            }
             // The handler says which field; this is the fallback.
             ChangeError::Route(route) => TaskError::from(route).into(),
             ChangeError::Ledger(error) => error.into(),
@@ -154,12 +150,12 @@ impl From<ChangeError> for ApiError {
 impl From<NotReady> for ApiError {
     fn from(error: NotReady) -> Self {
         let code = match error {
-            NotReady::Misconfigured { .. } => "broker_misconfigured",
-            NotReady::Broker(_) => "not_ready",
-            NotReady::LedgerFull { .. } => "ledger_full",
+            NotReady::Misconfigured { .. } => ErrorCode::BrokerMisconfigured,
+            NotReady::Broker(_) => ErrorCode::NotReady,
+            NotReady::LedgerFull { .. } => ErrorCode::LedgerFull,
             NotReady::Ledger(error) => return error.into(),
         };
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, error.to_string())
+        ApiError::new(code, error.to_string())
     }
 }
 
@@ -168,16 +164,12 @@ impl From<SubmitError> for ApiError {
         match error {
             SubmitError::TooLarge(error) | SubmitError::Publish(error) => error.into(),
             SubmitError::Ledger(error) => error.into(),
-            SubmitError::LedgerFull { .. } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger_full",
-                error.to_string(),
-            ),
-            SubmitError::Conflict { .. } => ApiError::new(
-                StatusCode::CONFLICT,
-                "idempotency_conflict",
-                error.to_string(),
-            ),
+            SubmitError::LedgerFull { .. } => {
+                ApiError::new(ErrorCode::LedgerFull, error.to_string())
+            }
+            SubmitError::Conflict { .. } => {
+                ApiError::new(ErrorCode::IdempotencyConflict, error.to_string())
+            }
         }
     }
 }
@@ -185,13 +177,13 @@ impl From<SubmitError> for ApiError {
 /// Carried on every error response so middleware can count rejections by
 /// code, including those of extractors that run before a handler.
 #[derive(Clone, Copy, Debug)]
-pub struct ErrorCode(pub &'static str);
+pub struct AnsweredCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
         let mut response = (status, Json(ErrorEnvelope { error: self.body() })).into_response();
-        response.extensions_mut().insert(ErrorCode(self.code));
+        response.extensions_mut().insert(AnsweredCode(self.code));
         if let Some(seconds) = self.retry_after_seconds {
             response
                 .headers_mut()
@@ -204,7 +196,7 @@ impl IntoResponse for ApiError {
         }
         if status == StatusCode::UNAUTHORIZED {
             // RFC 6750: say which scheme, and whether a token was refused.
-            let challenge = if self.code == "invalid_token" {
+            let challenge = if self.code == ErrorCode::InvalidToken.as_str() {
                 "Bearer realm=\"delayline\", error=\"invalid_token\""
             } else {
                 "Bearer realm=\"delayline\""

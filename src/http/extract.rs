@@ -4,7 +4,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use super::limits::BodyLimits;
 
 /// A request body that must be JSON, read whole within the body limit.
@@ -25,8 +25,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         });
         if !is_json {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 "send the task as JSON with Content-Type: application/json",
             ));
         }
@@ -35,8 +34,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             && charset != mime::UTF_8
         {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 format!("JSON is UTF-8; the body says charset={charset}: send it as UTF-8"),
             ));
         }
@@ -45,8 +43,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         let read = match limits.map(|l| l.read_timeout) {
             Some(limit) => tokio::time::timeout(limit, reading).await.map_err(|_| {
                 ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
+                    ErrorCode::BodyTimeout,
                     format!(
                         "the request body did not arrive whole within \
                              http.body_read_timeout_ms ({} ms)",
@@ -59,8 +56,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         let bytes = read.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
+                    ErrorCode::PayloadTooLarge,
                     match limits {
                         Some(limits) => format!(
                             "the request body is larger than the {} bytes http.body_limit_bytes \
@@ -72,7 +68,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                     },
                 )
             } else {
-                ApiError::new(rejection.status(), "unreadable_body", rejection.body_text())
+                ApiError::new(ErrorCode::UnreadableBody, rejection.body_text())
             }
         })?;
         Ok(JsonBody(bytes))

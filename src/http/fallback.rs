@@ -3,19 +3,17 @@
 
 use std::any::Any;
 
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 
 pub async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
 pub async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "this route does not accept that method",
     )
 }

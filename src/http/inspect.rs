@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::{require, unscoped_key};
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::auth::{Caller, Permission};
 use crate::ledger::{Cursor, StoredTask, TaskFilter};
 use crate::scheduler::InspectError;
@@ -98,8 +97,7 @@ pub async fn get_task(
     let stored = stored.filter(|task| task.within_scope(caller.owner_scope()));
     let stored = stored.ok_or_else(|| {
         ApiError::new(
-            StatusCode::NOT_FOUND,
-            "task_not_found",
+            ErrorCode::TaskNotFound,
             format!("no task {id:?} in the ledger (never accepted, or pruned after retention)"),
         )
     })?;
@@ -128,7 +126,7 @@ pub struct TaskPage {
 }
 
 fn invalid_query(message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+    ApiError::new(ErrorCode::InvalidQuery, message)
 }
 
 impl ListQuery {

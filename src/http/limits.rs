@@ -16,13 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 
 /// How long a request's body may take to arrive, and how large it may be;
 /// the body extractor reads them.
@@ -65,8 +64,7 @@ impl Intake {
             .map(|slots| Admitted { _slots: slots })
             .map_err(|_| {
                 ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "overloaded",
+                    ErrorCode::Overloaded,
                     format!(
                         "{} tasks are being taken in already (http.max_tasks_in_flight); \
                          retry after the Retry-After seconds",
@@ -94,8 +92,7 @@ pub async fn deadlines(
         Err(_) => {
             state.metrics.request_deadline_exceeded.inc();
             ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "deadline_exceeded",
+                ErrorCode::DeadlineExceeded,
                 format!(
                     "no answer within http.request_timeout_ms ({} ms); the request may have \
                      taken effect: retry with the same Idempotency-Key or task id",

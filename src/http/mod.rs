@@ -11,6 +11,7 @@
 mod auth;
 mod batch;
 pub(crate) mod changes;
+pub mod codes;
 mod error;
 mod extract;
 mod fallback;

@@ -2,67 +2,25 @@
 //! types' own annotations (utoipa), so that it moves with the code: a field
 //! added to a request type is in the description by the next build. What
 //! utoipa cannot see (the error responses every route shares, which codes
-//! each status carries, the token scheme) is added here, from
-//! [`ERROR_CODES`], which a test keeps equal to the codes the source answers
-//! and to the README's table.
+//! each status carries, the token scheme) is added here, from the
+//! [`ErrorCode`] enum, which every error answer is made from and which a
+//! test keeps equal to the README's table.
 
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 
+use std::sync::LazyLock;
+
+use super::codes::ErrorCode;
 use super::error::{ErrorBody, ErrorEnvelope};
 
-/// Every error code the API answers, with its status.
-pub const ERROR_CODES: &[(u16, &str)] = &[
-    (400, "bad_request"),
-    (400, "malformed_json"),
-    (400, "invalid_idempotency_key"),
-    (400, "unreadable_body"),
-    (400, "invalid_query"),
-    (401, "unauthenticated"),
-    (401, "invalid_token"),
-    (403, "forbidden"),
-    (403, "forbidden_destination"),
-    (404, "task_not_found"),
-    (404, "not_found"),
-    (405, "method_not_allowed"),
-    (408, "body_timeout"),
-    (409, "idempotency_conflict"),
-    (409, "too_late"),
-    (409, "task_cancelled"),
-    (409, "task_failed"),
-    (409, "payload_not_kept"),
-    (413, "payload_too_large"),
-    (414, "uri_too_long"),
-    (415, "unsupported_media_type"),
-    (422, "invalid_request"),
-    (422, "invalid_destination"),
-    (422, "invalid_delay"),
-    (422, "delay_out_of_range"),
-    (422, "invalid_payload"),
-    (422, "invalid_header"),
-    (422, "headers_too_large"),
-    (422, "invalid_id"),
-    (422, "batch_too_large"),
-    (429, "rate_limited"),
-    (431, "request_headers_too_large"),
-    (429, "quota_exceeded"),
-    (500, "internal"),
-    (501, "ledger_disabled"),
-    (501, "release_stage_disabled"),
-    (503, "overloaded"),
-    (503, "deadline_exceeded"),
-    (503, "too_many_connections"),
-    (503, "ledger_full"),
-    (503, "ledger_unavailable"),
-    (503, "broker_unavailable"),
-    (503, "broker_blocked"),
-    (503, "broker_timeout"),
-    (503, "broker_rejected"),
-    (503, "broker_unroutable"),
-    (503, "not_ready"),
-    (503, "broker_misconfigured"),
-    (505, "http_version_not_supported"),
-];
+/// Every error code the API answers, with its status: [`ErrorCode::ALL`].
+pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
+    ErrorCode::ALL
+        .iter()
+        .map(|code| (code.status().as_u16(), code.as_str()))
+        .collect()
+});
 
 #[derive(OpenApi)]
 #[openapi(
@@ -220,7 +178,7 @@ mod tests {
             assert!(paths.contains_key(path), "{path}");
         }
         let text = document.to_string();
-        for (_, code) in ERROR_CODES {
+        for (_, code) in ERROR_CODES.iter() {
             assert!(text.contains(&format!("`{code}`")), "{code} in no response");
         }
         let request = &document["components"]["schemas"]["TaskRequest"];

@@ -16,6 +16,7 @@
 //! HTTP/1.1 only: every client speaks it, and HTTP/2's own limits (streams
 //! per connection, flow control) would need bounds of their own.
 
+use super::codes::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,13 +70,22 @@ pub struct ConnectionLimits {
 
 /// The answer above the connection cap: the JSON error shape every other
 /// refusal has, whatever the request was (it is not parsed).
-const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
-content-type: application/json\r\n\
-retry-after: 1\r\n\
-connection: close\r\n\
-content-length: 110\r\n\
-\r\n\
-{\"error\":{\"code\":\"too_many_connections\",\"message\":\"the service has http.max_connections open; retry shortly\"}}";
+static TOO_MANY_CONNECTIONS: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+    let code = ErrorCode::TooManyConnections;
+    let body = serde_json::json!({"error": {
+        "code": code.as_str(),
+        "message": "the service has http.max_connections open; retry shortly",
+    }})
+    .to_string();
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        code.status().as_u16(),
+        code.status().canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes()
+});
 
 /// How long a refused connection may take to send its request head, receive
 /// its 503 and close.
@@ -209,7 +219,7 @@ async fn refuse(mut stream: TcpStream) {
             }
             head.extend_from_slice(&buffer[..read]);
         }
-        stream.write_all(TOO_MANY_CONNECTIONS).await?;
+        stream.write_all(&TOO_MANY_CONNECTIONS).await?;
         stream.shutdown().await?;
         while stream.read(&mut buffer).await? > 0 {}
         Ok::<(), std::io::Error>(())
@@ -223,7 +233,7 @@ mod tests {
 
     #[test]
     fn the_refusal_is_a_whole_response_with_the_json_error_shape() {
-        let text = std::str::from_utf8(TOO_MANY_CONNECTIONS).unwrap();
+        let text = std::str::from_utf8(&TOO_MANY_CONNECTIONS).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         let length: usize = head
             .lines()

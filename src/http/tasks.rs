@@ -14,7 +14,7 @@ use tracing::{Instrument, info_span, warn};
 use super::AppState;
 use super::auth::{admit, check_destination, require, scoped_fingerprint, scoped_key};
 use super::batch;
-use super::error::{ApiError, ErrorBody, ErrorCode};
+use super::error::{AnsweredCode, ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
 use crate::auth::{Caller, Permission};
 use crate::cascade::MAX_NAME_BYTES;
@@ -39,8 +39,7 @@ pub(super) fn idempotency_key(header: Option<&HeaderValue>) -> Result<Option<Str
         })
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_idempotency_key",
+                ErrorCode::InvalidIdempotencyKey,
                 format!("Idempotency-Key must be 1 to {MAX_NAME_BYTES} bytes of visible ASCII"),
             )
         })?;
@@ -272,8 +271,7 @@ pub async fn create_batch(
     require(&caller, Permission::Submit)?;
     if headers.contains_key(IDEMPOTENCY_KEY) {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_idempotency_key",
+            ErrorCode::InvalidIdempotencyKey,
             "a batch is not keyed as a whole: give each task an \"id\" instead, which makes \
              each one idempotent on its own",
         ));
@@ -281,8 +279,7 @@ pub async fn create_batch(
     let request = parse_batch(&body)?;
     if request.tasks.len() > state.batch_limit {
         return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "batch_too_large",
+            ErrorCode::BatchTooLarge,
             format!(
                 "a batch holds at most {} tasks, got {}",
                 state.batch_limit,
@@ -344,7 +341,7 @@ pub async fn count_rejections(
     next: axum::middleware::Next,
 ) -> Response {
     let response = next.run(request).await;
-    if let Some(ErrorCode(code)) = response.extensions().get::<ErrorCode>() {
+    if let Some(AnsweredCode(code)) = response.extensions().get::<AnsweredCode>() {
         state.metrics.rejected(code);
     }
     response

@@ -772,65 +772,47 @@ async fn rejections_are_counted_by_code_at_the_scrape() {
     assert!(text.contains("delayline_broker_connected 1"), "{text}");
 }
 
-/// Every code the API can answer, read off the source: the literal after a
-/// `StatusCode::…,` and the arms of the error mappings.
+/// Every code the API can answer: an `ApiError`, and every refusal written
+/// below the router, is made from an [`ErrorCode`].
 fn codes_in_source() -> std::collections::BTreeSet<String> {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let read = |path: &str| std::fs::read_to_string(format!("{root}/{path}")).unwrap();
-    let literal_after = |text: &str, marker: &str| -> Vec<String> {
-        text.match_indices(marker)
-            .filter_map(|(at, _)| {
-                let rest = text[at + marker.len()..].trim_start();
-                let rest = rest.split_once(',').map(|(_, r)| r.trim_start())?;
-                let code = rest.strip_prefix('"')?.split('"').next()?;
-                let is_code =
-                    !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
-                is_code.then(|| code.to_owned())
-            })
-            .collect()
-    };
-    let arms = |text: &str| -> Vec<String> {
-        text.match_indices("=> \"")
-            .filter_map(|(at, _)| {
-                let code = text[at + 4..].split('"').next()?;
-                code.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b == b'_')
-                    .then(|| code.to_owned())
-            })
-            .collect()
-    };
-    let mut codes = std::collections::BTreeSet::new();
-    for file in [
-        "src/http/auth.rs",
-        "src/http/tasks.rs",
-        "src/http/inspect.rs",
-        "src/http/changes.rs",
-        "src/http/batch.rs",
-        "src/http/extract.rs",
-        "src/http/fallback.rs",
-        "src/http/error.rs",
-        "src/http/limits.rs",
-    ] {
-        let text = read(file);
-        codes.extend(literal_after(&text, "StatusCode::"));
+    crate::http::codes::ErrorCode::ALL
+        .iter()
+        .map(|code| code.as_str().to_owned())
+        .collect()
+}
+
+/// The README's table is the enum's, row for row: status, code and when.
+#[test]
+fn the_readmes_error_table_is_the_error_code_enum() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let table = readme.split("### Error codes\n\n").nth(1).unwrap();
+    let table = table.split("\n\n").next().unwrap();
+    assert_eq!(
+        format!("{table}\n"),
+        crate::http::codes::readme_table(),
+        "regenerate the README's table from http::codes::readme_table()"
+    );
+}
+
+/// No source of the HTTP layer spells an error code as a string: each is
+/// made from the enum, so none can be missing from the table or the document.
+#[test]
+fn no_error_code_is_spelled_outside_the_enum() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/src/http");
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name == "codes.rs" || name == "tests.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        for code in crate::http::codes::ErrorCode::ALL {
+            let quoted = format!("\"{}\"", code.as_str());
+            assert!(!text.contains(&quoted), "{name} spells {quoted}");
+        }
     }
-    // The connection cap's answer is written as raw bytes.
-    let serve = read("src/http/serve.rs");
-    for (at, _) in serve.match_indices("\\\"code\\\":\\\"") {
-        let code = serve[at + 11..].split('\\').next().unwrap();
-        codes.insert(code.to_owned());
-    }
-    codes.extend(literal_after(&read("src/http/wire.rs"), "StatusCode::"));
-    codes.extend(arms(&read("src/http/error.rs")));
-    codes.extend(arms(&read("src/http/changes.rs")));
-    let task = read("src/task.rs");
-    let code_fn = task.split("pub fn code(&self)").nth(1).unwrap();
-    codes.extend(arms(code_fn.split("\n    }\n").next().unwrap()));
-    codes.insert("internal".to_owned());
-    // Its status is the body extractor's (400 or 413), not a literal.
-    assert!(read("src/http/extract.rs").contains("\"unreadable_body\""));
-    codes.insert("unreadable_body".to_owned());
-    codes
 }
 
 #[test]
@@ -1430,4 +1412,24 @@ fn the_readme_and_the_openapi_description_agree_on_endpoints_and_error_codes() {
     let answered: BTreeSet<String> = codes_in_source().into_iter().collect();
     let described: BTreeSet<String> = described.into_iter().map(|(_, code)| code).collect();
     assert_eq!(answered, described);
+}
+
+/// A task's own code (what its parser's tests speak of) is the code the API answers.
+#[test]
+fn a_task_errors_code_is_the_one_answered() {
+    use crate::task::TaskError;
+    let text = || "why".to_owned();
+    for error in [
+        TaskError::MalformedJson(text()),
+        TaskError::InvalidRequest(text()),
+        TaskError::InvalidDestination(text()),
+        TaskError::InvalidDelay(text()),
+        TaskError::DelayOutOfRange(text()),
+        TaskError::InvalidPayload(text()),
+        TaskError::InvalidHeader(text()),
+        TaskError::InvalidId(text()),
+    ] {
+        let code = error.code();
+        assert_eq!(super::error::ApiError::from(error).code, code);
+    }
 }

@@ -16,30 +16,26 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use axum::http::StatusCode;
+use super::codes::ErrorCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// What hyper refuses by itself, with the code and the message said instead.
-const REFUSALS: &[(StatusCode, &str, &str)] = &[
+const REFUSALS: &[(ErrorCode, &str)] = &[
     (
-        StatusCode::BAD_REQUEST,
-        "bad_request",
+        ErrorCode::BadRequest,
         "the request is not valid HTTP/1.1: its request line or a header could not be read \
          (a control byte in a header value, say)",
     ),
     (
-        StatusCode::URI_TOO_LONG,
-        "uri_too_long",
+        ErrorCode::UriTooLong,
         "the request's URI is longer than the server reads",
     ),
     (
-        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        "request_headers_too_large",
+        ErrorCode::RequestHeadersTooLarge,
         "the request's head is larger than the server reads",
     ),
     (
-        StatusCode::HTTP_VERSION_NOT_SUPPORTED,
-        "http_version_not_supported",
+        ErrorCode::HttpVersionNotSupported,
         "the server speaks HTTP/1.1 (and HTTP/1.0)",
     ),
 ];
@@ -60,8 +56,12 @@ fn replacement(head: &[u8]) -> Option<Vec<u8>> {
     if !bare {
         return None;
     }
-    let (status, code, message) = REFUSALS.iter().find(|(s, _, _)| s.as_u16() == status)?;
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+    let (code, message) = REFUSALS
+        .iter()
+        .find(|(code, _)| code.status().as_u16() == status)?;
+    let status = code.status();
+    let body =
+        serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string();
     Some(
         format!(
             "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nconnection: close\r\n\
@@ -168,7 +168,8 @@ mod tests {
 
     #[test]
     fn each_bare_refusal_becomes_its_status_with_a_json_body() {
-        for (status, code, _) in REFUSALS {
+        for (code, _) in REFUSALS {
+            let status = code.status();
             let line = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap());
             let json = String::from_utf8(replacement(&hyper_says(&line)).unwrap()).unwrap();
             let (head, body) = json.split_once("\r\n\r\n").unwrap();
@@ -176,7 +177,7 @@ mod tests {
             assert!(head.contains("content-type: application/json"), "{head}");
             assert!(head.contains(&format!("content-length: {}", body.len())));
             let body: serde_json::Value = serde_json::from_str(body).unwrap();
-            assert_eq!(body["error"]["code"], *code);
+            assert_eq!(body["error"]["code"], code.as_str());
         }
     }
 
