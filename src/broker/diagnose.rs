@@ -11,7 +11,7 @@ use std::fmt;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection};
 
-use super::provision::{durable_exchange, durable_queue, lapin_kind};
+use super::options::{durable_exchange, durable_queue, lapin_kind};
 use super::{amqp_value, open_channel, precondition_failed};
 use crate::cascade::{ExchangeSpec, QueueSpec};
 

@@ -13,6 +13,7 @@ mod diagnose;
 mod inspect;
 mod management;
 mod migrate;
+mod options;
 mod provision;
 mod publisher;
 mod unroutable;

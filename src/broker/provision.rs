@@ -1,46 +1,24 @@
 //! Declares the topology plan. Declarations are idempotent on the broker, so
 //! running this at every start, or twice, changes nothing.
 
-use lapin::options::{
-    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
+use lapin::options::{ExchangeBindOptions, QueueBindOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde::Serialize;
 use tracing::warn;
 
 use super::diagnose::{current_argument, diagnose_exchange, diagnose_queue};
+use super::options::{durable_exchange, durable_queue, lapin_kind};
 use super::{
     BrokerError, Context, TopologyConflict, field_table, open_channel, precondition_failed,
 };
-use crate::cascade::{BindingTarget, ExchangeKind, ExchangeSpec, QueueSpec, TopologyPlan};
+use crate::cascade::{BindingTarget, ExchangeSpec, QueueSpec, TopologyPlan};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProvisionReport {
     pub exchanges: usize,
     pub queues: usize,
     pub bindings: usize,
-}
-
-pub(crate) fn lapin_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
-    match kind {
-        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
-        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
-    }
-}
-
-pub(crate) fn durable_exchange() -> ExchangeDeclareOptions {
-    ExchangeDeclareOptions {
-        durable: true,
-        ..ExchangeDeclareOptions::default()
-    }
-}
-
-pub(crate) fn durable_queue() -> QueueDeclareOptions {
-    QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    }
 }
 
 /// Declares `exchange` as the plan has it: a no-op when it exists so, and

@@ -6,6 +6,7 @@
 //! level queue has a single TTL, which keeps FIFO order equal to expiry order:
 //! no message ever waits behind a longer-lived one.
 
+mod names;
 mod plan;
 mod reschedule;
 mod route;
@@ -13,11 +14,14 @@ mod settings;
 #[cfg(test)]
 mod sim;
 
+pub use names::{
+    digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
+    release_queue_name, unroutable_exchange_name, unroutable_queue_name,
+    unroutable_seen_queue_name,
+};
 pub use plan::{
     ArgValue, Arguments, BindingSpec, BindingTarget, ChainOwner, ExchangeKind, ExchangeSpec,
-    NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan, digit_pattern, ledger_marker_name,
-    level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
-    unroutable_exchange_name, unroutable_queue_name, unroutable_seen_queue_name,
+    NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan,
 };
 pub use reschedule::{Unschedulable, destination_of};
 pub use route::{Route, RouteError, validate_destination};

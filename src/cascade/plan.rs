@@ -8,42 +8,12 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::names::{
+    digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
+    release_queue_name, unroutable_exchange_name, unroutable_queue_name,
+    unroutable_seen_queue_name,
+};
 use super::settings::{Cascade, MAX_NAME_BYTES, QueueType};
-
-// Every object whose arguments follow from the settings carries the chain's
-// version in its name: the broker cannot change a queue's arguments, so a
-// new TTL, unit or queue type is a new chain beside the old one, never an
-// edit of it (see `migrate-topology`). The business exchange and the
-// unroutable exchange have no such arguments and keep their names, so
-// consumers' bindings outlive every migration.
-
-pub fn level_exchange_name(prefix: &str, version: u32, level: u32) -> String {
-    format!("{prefix}.v{version}.level{level:02}")
-}
-
-pub fn level_queue_name(prefix: &str, version: u32, level: u32) -> String {
-    format!("{prefix}.v{version}.level{level:02}.wait")
-}
-
-/// The binding key at level `level` of a chain of `levels` levels that
-/// matches a routing key whose digit `level` is `digit`: the digits above
-/// it are wildcards, the destination is `#`.
-pub fn digit_pattern(levels: u32, level: u32, digit: bool) -> String {
-    let mut pattern = "*.".repeat((levels - 1 - level) as usize);
-    pattern.push_str(if digit { "1.#" } else { "0.#" });
-    pattern
-}
-
-/// Where `migrate-topology` parks messages it cannot reschedule.
-pub fn poison_queue_name(prefix: &str, version: u32) -> String {
-    format!("{prefix}.v{version}.poison")
-}
-
-/// The release stage's exchange and queue (one name, two kinds of object):
-/// level 0 dead-letters here when the release stage is on.
-pub fn release_queue_name(prefix: &str, version: u32) -> String {
-    format!("{prefix}.v{version}.release")
-}
 
 /// The delivery limit of the quorum queues delayline consumes: none, in
 /// effect. RabbitMQ 4 gives a quorum queue a limit of 20 when none is set,
@@ -53,28 +23,6 @@ pub fn release_queue_name(prefix: &str, version: u32) -> String {
 /// "no limit" only from RabbitMQ 4.0 on (3.x drops a message at its first
 /// return), so the largest 32-bit value instead, which both read alike.
 pub const NO_DELIVERY_LIMIT: i64 = i32::MAX as i64;
-
-/// The exchange that names the ledger a chain belongs to (see [`ChainOwner`]).
-pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
-    format!("{prefix}.v{version}.ledger")
-}
-
-/// A second queue behind the unroutable exchange, with the release stage:
-/// each copy of an unroutable message in it tells delayline that the task it
-/// released reached no queue (the alternate exchange takes the message, so
-/// the publisher is told nothing).
-pub fn unroutable_seen_queue_name(prefix: &str, version: u32) -> String {
-    format!("{prefix}.v{version}.unroutable-seen")
-}
-
-/// The alternate exchange of the business exchange.
-pub fn unroutable_exchange_name(business_exchange: &str) -> String {
-    format!("{business_exchange}.unroutable")
-}
-
-pub fn unroutable_queue_name(business_exchange: &str, version: u32) -> String {
-    format!("{business_exchange}.unroutable.v{version}")
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

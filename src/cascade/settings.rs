@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::{
+use super::names::{
     level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
     unroutable_exchange_name, unroutable_queue_name,
 };

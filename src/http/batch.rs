@@ -1,6 +1,6 @@
 //! The pure parts of `POST /v1/tasks/batch`: which tasks repeat an earlier
 //! one of the same batch, and each task's answer once the others are
-//! submitted. No I/O: the handler in [`super::tasks`] submits, these decide.
+//! submitted. No I/O: the handler (`create_batch`) submits, these decide.
 
 use std::collections::HashMap;
 

@@ -29,14 +29,8 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Readiness>, Ap
     Ok(Json(state.scheduler.readiness().await?))
 }
 
-/// The API's OpenAPI 3.1 description (open, like the probes: it holds no secret).
-pub async fn openapi_json() -> Json<serde_json::Value> {
-    Json(super::openapi::document())
-}
-
 pub fn router() -> axum::Router<AppState> {
     axum::Router::new()
-        .route("/openapi.json", axum::routing::get(openapi_json))
         .route("/healthz", axum::routing::get(healthz))
         .route("/readyz", axum::routing::get(readyz))
 }

@@ -109,6 +109,7 @@ pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute)
             auth::authenticate,
         ))
         .merge(health::router())
+        .merge(openapi::router())
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

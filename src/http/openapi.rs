@@ -58,6 +58,16 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
 )]
 struct ApiDoc;
 
+/// The API's OpenAPI 3.1 description (open, like the probes: it holds no secret).
+async fn openapi_json() -> axum::Json<Value> {
+    axum::Json(document())
+}
+
+/// `GET /openapi.json`.
+pub fn router() -> axum::Router<super::AppState> {
+    axum::Router::new().route("/openapi.json", axum::routing::get(openapi_json))
+}
+
 /// The description as served at `GET /openapi.json`.
 pub fn document() -> Value {
     let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));

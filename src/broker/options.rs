@@ -1,0 +1,28 @@
+//! How delayline declares what it declares: durable, and the plan's
+//! exchange kinds as lapin names them. A leaf, shared by declaring and by
+//! diagnosing a conflict.
+
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+
+use crate::cascade::ExchangeKind;
+
+pub(crate) fn lapin_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
+    match kind {
+        ExchangeKind::Topic => lapin::ExchangeKind::Topic,
+        ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+    }
+}
+
+pub(crate) fn durable_exchange() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    }
+}
+
+pub(crate) fn durable_queue() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}

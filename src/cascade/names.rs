@@ -1,0 +1,59 @@
+//! The names of a chain's broker objects, and a level's binding pattern. A
+//! leaf: the settings, the plan and the migration all name objects alike.
+
+// Every object whose arguments follow from the settings carries the chain's
+// version in its name: the broker cannot change a queue's arguments, so a
+// new TTL, unit or queue type is a new chain beside the old one, never an
+// edit of it (see `migrate-topology`). The business exchange and the
+// unroutable exchange have no such arguments and keep their names, so
+// consumers' bindings outlive every migration.
+
+pub fn level_exchange_name(prefix: &str, version: u32, level: u32) -> String {
+    format!("{prefix}.v{version}.level{level:02}")
+}
+
+pub fn level_queue_name(prefix: &str, version: u32, level: u32) -> String {
+    format!("{prefix}.v{version}.level{level:02}.wait")
+}
+
+/// The binding key at level `level` of a chain of `levels` levels that
+/// matches a routing key whose digit `level` is `digit`: the digits above
+/// it are wildcards, the destination is `#`.
+pub fn digit_pattern(levels: u32, level: u32, digit: bool) -> String {
+    let mut pattern = "*.".repeat((levels - 1 - level) as usize);
+    pattern.push_str(if digit { "1.#" } else { "0.#" });
+    pattern
+}
+
+/// Where `migrate-topology` parks messages it cannot reschedule.
+pub fn poison_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.poison")
+}
+
+/// The release stage's exchange and queue (one name, two kinds of object):
+/// level 0 dead-letters here when the release stage is on.
+pub fn release_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.release")
+}
+
+/// The exchange that names the ledger a chain belongs to (see [`super::ChainOwner`]).
+pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.ledger")
+}
+
+/// A second queue behind the unroutable exchange, with the release stage:
+/// each copy of an unroutable message in it tells delayline that the task it
+/// released reached no queue (the alternate exchange takes the message, so
+/// the publisher is told nothing).
+pub fn unroutable_seen_queue_name(prefix: &str, version: u32) -> String {
+    format!("{prefix}.v{version}.unroutable-seen")
+}
+
+/// The alternate exchange of the business exchange.
+pub fn unroutable_exchange_name(business_exchange: &str) -> String {
+    format!("{business_exchange}.unroutable")
+}
+
+pub fn unroutable_queue_name(business_exchange: &str, version: u32) -> String {
+    format!("{business_exchange}.unroutable.v{version}")
+}
