@@ -11,47 +11,64 @@
 //!   I/O; proven exhaustively and with property tests.
 //! - [`task`]: a task as submitted over HTTP, validated into what is
 //!   scheduled. Pure as well: the clock is an argument.
+//! - [`message`]: the message format, pure. Every header name delayline
+//!   writes or reads (change the headers here), a task's message built and
+//!   read back (its id, revision, due time, destination), and which of the
+//!   broker's headers a republished message leaves behind.
 //! - [`auth`]: who may do what. Clients (from the configuration and a
 //!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
 //!   destination topic patterns, permissions, rate limits and quotas. No
 //!   HTTP and no broker; the one I/O is reading the clients file.
-//! - [`http`]: the axum API, one module (and router) per resource: tasks in,
-//!   inspection, topology, health, the metrics scrape; the gate in front of
-//!   all but the probes (401/403/429); the JSON extractor and the error
-//!   shape; the OpenAPI description, generated from the handlers' and types'
-//!   annotations; its own accept loop and the bounds on what one client may
-//!   hold (header and body timeouts, a request deadline, a connection cap, an
-//!   intake bound that sheds overload with 503). It knows the scheduler's
-//!   methods, nothing below them.
+//! - [`http`]: the axum API, one module (and router) per resource: tasks in
+//!   (`tasks`, with the batch's pure rules in `batch`), inspection,
+//!   `changes` (cancel and move), topology, health, the metrics scrape; the
+//!   gate in front of all but the probes (401/403/429); the JSON extractor;
+//!   the error shape, every code one variant of `http::codes::ErrorCode`
+//!   with its status and the README's words; the OpenAPI description,
+//!   generated from the handlers' and types' annotations; its own accept
+//!   loop and the bounds on what one client may hold. It knows the
+//!   scheduler's methods, nothing below them.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);
 //!   cancels tasks; runs the release stage, which looks every due task up in
-//!   the ledger before it goes to the business exchange (its verdict per
-//!   message is a pure function); answers readiness and inspection. It turns
-//!   a task into a broker message and sees the broker through the
-//!   [`scheduler::Broker`] trait, which tests replace.
+//!   the ledger before it goes to the business exchange (its verdicts per
+//!   message are pure functions); answers readiness and inspection. It sees
+//!   the broker through the [`scheduler::Broker`] trait (publishing, and
+//!   consuming a queue as [`broker::Windows`]), which tests replace.
 //! - [`ledger`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
-//!   replicas): migrations, group commit (request writes, release claims and
-//!   deliveries share commits), idempotency, cancel and move as single
-//!   conditional updates, inspection queries, and the count of pending
-//!   tasks. Its rows stay inside; it hands out [`ledger::StoredTask`].
+//!   replicas). One operation in one place: the writer task's group commit
+//!   (`writer`), a group's transaction per backend (`transaction`), its
+//!   steps `admit` and `claim` with their result types, cancel and move
+//!   (`change`), what the release stage records (`release`), and the text
+//!   of every statement (`sql`: the SQL of a claim is there). Its rows stay
+//!   inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
 //!   cluster's nodes that answers), declaring the plan (with a full diagnosis
 //!   when the broker holds something else), publishing a message it is given
 //!   (confirms, pipelining, reconnection, bounded waits, isolation of a
-//!   suspect message), over TLS when asked (`amqps`, a CA bundle, a client
-//!   certificate), consuming a queue in windows, reading queue depths,
-//!   migrating a chain, requeueing the unroutable queue. It knows nothing of
-//!   tasks or ledgers.
+//!   suspect message), over TLS when asked, consuming a queue in windows,
+//!   reading queue depths, moving a chain's messages (survey, drain, move,
+//!   delete), requeueing the unroutable queue. It knows nothing of tasks or
+//!   ledgers: what becomes of a task is decided above it.
+//! - [`operations`]: the operator's commands as an application layer
+//!   (provision and check, migrate-topology, requeue-unroutable, token
+//!   create), each coordinating ledger and broker. Where migrate decides
+//!   what to do with a task (its revision, whether it is still wanted):
+//!   `operations::migrate`.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
 //!   depths into it.
-//! - [`service`]: builds each component from its own settings section, runs
-//!   them (HTTP or HTTPS, an optional metrics listener, reloads on SIGHUP),
-//!   and shuts them down in the order that loses nothing.
+//! - [`service`]: three visible stages: builds each component from its own
+//!   settings section, runs them (HTTP or HTTPS, an optional metrics
+//!   listener, reloads on SIGHUP), and stops them in
+//!   [`service::STOP_ORDER`], the order that loses nothing.
 //! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings (validated once;
-//!   secrets never print), logs, the command line, and the health check that
-//!   containers run. `main.rs` only calls [`cli::main`].
+//!   secrets never print), logs, the command line (it parses arguments,
+//!   calls [`operations`] or [`service`], and prints), and the health check
+//!   that containers run. `main.rs` only calls [`cli::main`].
+//!
+//! Files of one folder import one another one way only, and no product
+//! function is longer than a screen: `tests/layout.rs` checks both.
 //!
 //! Tests of the untrusted-input parsers with arbitrary input (property-based
 //! fuzzing) are in `fuzz.rs`, compiled for tests only.
