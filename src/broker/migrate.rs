@@ -499,34 +499,46 @@ async fn unbind(
 }
 
 async fn delete_exchange(connection: &Connection, exchange: &str) -> Result<(), BrokerError> {
-    if !exchange_exists(connection, exchange).await? {
-        return Ok(());
-    }
-    let channel = open_channel(connection, || {
-        format!("opening a channel to delete {exchange:?}")
-    })
-    .await?;
-    channel
-        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
-        .await
-        .context(|| format!("deleting the old exchange {exchange:?}"))?;
-    let _ = channel.close(200, "deleted".into()).await;
-    Ok(())
+    delete_old(connection, OldObject::Exchange(exchange)).await
 }
 
 /// Deletes a queue of notices, whatever it holds.
 async fn delete_notices(connection: &Connection, queue: &str) -> Result<(), BrokerError> {
-    if queue_state(connection, queue).await?.is_none() {
+    delete_old(connection, OldObject::Queue(queue)).await
+}
+
+/// An object of the old chain deleted as it is (not a queue of waiting
+/// messages: those are drained and shown empty first).
+enum OldObject<'a> {
+    Exchange(&'a str),
+    Queue(&'a str),
+}
+
+/// Deletes `object` if it exists, on a channel of its own.
+async fn delete_old(connection: &Connection, object: OldObject<'_>) -> Result<(), BrokerError> {
+    let (name, exists) = match object {
+        OldObject::Exchange(name) => (name, exchange_exists(connection, name).await?),
+        OldObject::Queue(name) => (name, queue_state(connection, name).await?.is_some()),
+    };
+    if !exists {
         return Ok(());
     }
     let channel = open_channel(connection, || {
-        format!("opening a channel to delete {queue:?}")
+        format!("opening a channel to delete {name:?}")
     })
     .await?;
-    channel
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await
-        .context(|| format!("deleting the old queue {queue:?}"))?;
+    let deleted = match object {
+        OldObject::Exchange(_) => {
+            channel
+                .exchange_delete(name.into(), ExchangeDeleteOptions::default())
+                .await
+        }
+        OldObject::Queue(_) => channel
+            .queue_delete(name.into(), QueueDeleteOptions::default())
+            .await
+            .map(drop),
+    };
+    deleted.context(|| format!("deleting the old {name:?}"))?;
     let _ = channel.close(200, "deleted".into()).await;
     Ok(())
 }

@@ -29,6 +29,20 @@ pub(crate) async fn declare_exchange(
     channel: &Channel,
     exchange: &ExchangeSpec,
 ) -> Result<Option<TopologyConflict>, BrokerError> {
+    match try_declare_exchange(channel, exchange, "exchange").await? {
+        None => Ok(None),
+        Some(text) => Ok(Some(diagnose_exchange(connection, exchange, text).await)),
+    }
+}
+
+/// Declares `exchange` (a `what`, for the error's context); `Some` with the
+/// broker's words when it exists otherwise (the broker has then closed
+/// `channel`).
+async fn try_declare_exchange(
+    channel: &Channel,
+    exchange: &ExchangeSpec,
+    what: &str,
+) -> Result<Option<String>, BrokerError> {
     let declared = channel
         .exchange_declare(
             exchange.name.as_str().into(),
@@ -40,9 +54,9 @@ pub(crate) async fn declare_exchange(
     match declared {
         Ok(()) => Ok(None),
         Err(error) => match precondition_failed(&error) {
-            Some(text) => Ok(Some(diagnose_exchange(connection, exchange, text).await)),
+            Some(text) => Ok(Some(text)),
             None => Err(BrokerError::Call {
-                context: format!("declaring exchange {:?}", exchange.name),
+                context: format!("declaring {what} {:?}", exchange.name),
                 source: error,
             }),
         },
@@ -185,27 +199,13 @@ async fn claim_chain(channel: &Channel, plan: &TopologyPlan) -> Result<(), Broke
     let Some(marker) = owner.marker_exchange() else {
         return Ok(());
     };
-    let declared = channel
-        .exchange_declare(
-            marker.name.as_str().into(),
-            lapin_kind(marker.kind),
-            durable_exchange(),
-            field_table(&marker.arguments),
-        )
-        .await;
-    match declared {
-        Ok(()) => Ok(()),
-        Err(error) => match precondition_failed(&error) {
-            Some(text) => Err(BrokerError::AnotherLedger {
-                marker: marker.name.clone(),
-                ours: owner.ledger.clone().unwrap_or_default(),
-                theirs: current_argument(&text).unwrap_or(text),
-            }),
-            None => Err(BrokerError::Call {
-                context: format!("declaring the chain's ledger marker {:?}", marker.name),
-                source: error,
-            }),
-        },
+    match try_declare_exchange(channel, &marker, "the chain's ledger marker").await? {
+        None => Ok(()),
+        Some(text) => Err(BrokerError::AnotherLedger {
+            marker: marker.name.clone(),
+            ours: owner.ledger.clone().unwrap_or_default(),
+            theirs: current_argument(&text).unwrap_or(text),
+        }),
     }
 }
 
