@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::broker::{OldChain, Survey};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::Settings;
+use crate::ingress::plan_with;
 use crate::message::DELIVER_AT_HEADER;
 use crate::operations::migrate::{self, DryRun, Migrated};
 use crate::operations::unroutable::{self, Requeued};
@@ -180,7 +181,10 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Token {
             action: TokenCommand::Create(new),
         } => create_token(new)?,
-        Command::Provision { dry_run: true, .. } => print!("{}", describe_plan(&cascade.plan())),
+        Command::Provision { dry_run: true, .. } => print!(
+            "{}",
+            describe_plan(&plan_with(&cascade, &settings.ingresses(&cascade)?))
+        ),
         Command::Provision { check: true, .. } => {
             let report = provision::check(&settings.amqp, &cascade).await?;
             print!("{report}");
@@ -189,7 +193,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             }
         }
         Command::Provision { .. } => {
-            let report = provision::provision(&settings.amqp, &cascade).await?;
+            let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
+            let report = provision::provision(&settings.amqp, &plan).await?;
             println!(
                 "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
                 report.exchanges,

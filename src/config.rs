@@ -10,6 +10,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::cascade::{Cascade, CascadeSettings, SettingsError};
+use crate::ingress::{Ingress, IngressError, IngressSettings};
 
 /// A setting that may carry a password (a broker or database URI): its
 /// `Debug` never shows it, so settings can be logged whole. Code that needs
@@ -80,6 +81,9 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub log: LogSettings,
     pub auth: AuthSettings,
+    /// AMQP ingresses (`[[ingress]]`): exchanges producers publish delayed
+    /// messages to with the plugin's `x-delay` header.
+    pub ingress: Vec<IngressSettings>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -396,6 +400,8 @@ pub enum ConfigError {
     Cascade(#[from] SettingsError),
     #[error("configuration: {0}")]
     Invalid(String),
+    #[error("configuration: {0}")]
+    Ingress(#[from] IngressError),
 }
 
 pub const ENV_PREFIX: &str = "DELAYLINE";
@@ -421,6 +427,7 @@ impl Settings {
             .try_deserialize()?;
         settings.check()?;
         let cascade = settings.cascade()?;
+        settings.ingresses(&cascade)?;
         Ok((settings, cascade))
     }
 
@@ -482,6 +489,32 @@ impl Settings {
     /// Whether tasks are recorded (`store.url` is not `none`).
     pub fn has_ledger(&self) -> bool {
         self.store.url.expose().trim() != "none"
+    }
+
+    /// The ingresses `[[ingress]]` describes, validated for `cascade`. They
+    /// need the release stage, which restores a message's routing key and
+    /// exchange (and so a ledger).
+    pub fn ingresses(&self, cascade: &Cascade) -> Result<Vec<Ingress>, ConfigError> {
+        if !self.ingress.is_empty() && !cascade.release_stage() {
+            return Err(ConfigError::Invalid(
+                "[[ingress]] needs the release stage (a ledger, and cascade.release_stage not \
+                 false): it delivers each message with the routing key and to the exchange it \
+                 came for"
+                    .into(),
+            ));
+        }
+        let mut ingresses: Vec<Ingress> = Vec::with_capacity(self.ingress.len());
+        for settings in &self.ingress {
+            let ingress = settings.clone().validate(cascade)?;
+            if ingresses.iter().any(|i| i.exchange == ingress.exchange) {
+                return Err(ConfigError::Invalid(format!(
+                    "two [[ingress]] sections for the exchange {:?}",
+                    ingress.exchange
+                )));
+            }
+            ingresses.push(ingress);
+        }
+        Ok(ingresses)
     }
 
     /// The cascade `[cascade]` describes, validated; the release stage, when

@@ -334,6 +334,7 @@ proptest! {
             version: 1,
             business_exchange: "biz".into(),
             release_stage: None,
+            delivery_key: crate::cascade::DeliveryKey::Digits,
         };
         let Ok(cascade) = settings.validate() else {
             return Ok(());

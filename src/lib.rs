@@ -81,6 +81,7 @@ pub mod config;
 #[cfg(test)]
 mod fuzz;
 pub mod http;
+pub mod ingress;
 pub mod ledger;
 pub mod message;
 pub mod metrics;

@@ -21,9 +21,11 @@ use crate::broker::{BrokerError, BrokerTls, Publisher, PublisherOptions};
 use crate::cascade::Cascade;
 use crate::config::Settings;
 use crate::http::{AppState, MetricsRoute, metrics_router, router};
+use crate::cascade::TopologyPlan;
+use crate::ingress::{Ingress, IngressRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
-use crate::scheduler::{Scheduler, SchedulerSettings};
+use crate::scheduler::{Broker, Scheduler, SchedulerSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -44,6 +46,8 @@ pub enum ServiceError {
     },
     #[error("the broker supervisor stopped unexpectedly: {0}")]
     Supervisor(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Serves `cascade` (the one `settings` describe, validated by
@@ -104,6 +108,7 @@ struct Components {
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
     ledger: Option<Ledger>,
+    ingresses: Vec<Ingress>,
 }
 
 impl Components {
@@ -137,6 +142,7 @@ impl Components {
                 })?),
             };
         let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
+        let ingresses = settings.ingresses(&cascade)?;
         let metrics = Arc::new(Metrics::new());
         let ledger = ledger::open(
             &settings.store,
@@ -156,7 +162,18 @@ impl Components {
             cascade: Arc::new(cascade),
             metrics,
             ledger,
+            ingresses,
         })
+    }
+
+    /// What the broker supervisor declares: the chain, with the ingresses'
+    /// objects, claimed for the ledger when there is one.
+    fn plan(&self) -> TopologyPlan {
+        let plan = plan_with(&self.cascade, &self.ingresses);
+        match &self.ledger {
+            Some(ledger) => plan.owned_by(ledger.identity()),
+            None => plan,
+        }
     }
 
     /// Starts the broker supervisor, the scheduler's background work, the
@@ -168,10 +185,7 @@ impl Components {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(Running, Api), ServiceError> {
         let broker_shutdown = CancellationToken::new();
-        let plan = match &self.ledger {
-            Some(ledger) => self.cascade.plan().owned_by(ledger.identity()),
-            None => self.cascade.plan(),
-        };
+        let plan = self.plan();
         let options = PublisherOptions::from_settings(
             &settings.amqp,
             &self.cascade,
@@ -179,8 +193,9 @@ impl Components {
             self.broker_tls.clone(),
         );
         let (publisher, supervisor) = Publisher::start(options, plan, broker_shutdown.clone());
+        let broker: Arc<dyn Broker> = Arc::new(publisher.clone());
         let scheduler = Scheduler::new(
-            Arc::new(publisher.clone()),
+            broker.clone(),
             self.ledger.take(),
             self.cascade.clone(),
             self.metrics.clone(),
@@ -196,6 +211,8 @@ impl Components {
         };
         running.background = scheduler.spawn_background(running.background_shutdown.clone());
         running.spawn_pollers(settings, publisher, &self, &scheduler);
+        let ingresses = std::mem::take(&mut self.ingresses);
+        running.spawn_ingresses(ingresses, &broker, &self, &scheduler);
         running.spawn(stop_serving_on(
             shutdown,
             running.stop_serving.clone(),
@@ -265,6 +282,27 @@ struct Running {
 impl Running {
     fn spawn(&mut self, work: impl Future<Output = ()> + Send + 'static) {
         self.background.push(tokio::spawn(work));
+    }
+
+    /// One consumer per AMQP ingress, stopped with the listeners: no new task
+    /// is taken in while the service drains.
+    fn spawn_ingresses(
+        &mut self,
+        ingresses: Vec<Ingress>,
+        broker: &Arc<dyn Broker>,
+        components: &Components,
+        scheduler: &Scheduler,
+    ) {
+        for ingress in ingresses {
+            let runner = IngressRunner {
+                ingress: Arc::new(ingress),
+                cascade: components.cascade.clone(),
+                scheduler: scheduler.clone(),
+                broker: broker.clone(),
+                metrics: components.metrics.clone(),
+            };
+            self.spawn(runner.run(self.stop_serving.clone()));
+        }
     }
 
     /// The queue-depth poller and the quota refresher, where configured.

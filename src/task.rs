@@ -55,8 +55,10 @@ pub(crate) struct TaskRequest<'a> {
     // Kept raw, so that an integer too large for 64 bits is refused rather
     // than turned into a float.
     /// String, number or boolean values. Reserved: `x-delay-ms`,
-    /// `x-deliver-at-ms`, `x-delayline-revision`, `x-death*`,
-    /// `x-first-death*`, `x-last-death*`, `CC`, `BCC`. With the other
+    /// `x-deliver-at-ms`, `x-delayline-revision`, `x-delayline-exchange`,
+    /// `x-delayline-delivery-key`, `x-delayline-expiration`,
+    /// `x-delayline-user-id`, `x-death*`, `x-first-death*`, `x-last-death*`,
+    /// `CC`, `BCC`. With the other
     /// properties they must fit one AMQP frame (`headers_too_large`).
     #[serde(borrow)]
     #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
@@ -136,6 +138,10 @@ pub struct Task {
     pub revision: u64,
     /// The API client that submitted it, when tokens are required.
     pub client: Option<String>,
+    /// A message taken in over AMQP (an ingress): its properties, delivered
+    /// as they came (see [`crate::message::taken_in`]). `content_type` and
+    /// `headers` are then a copy, for inspection.
+    pub carried: Option<lapin::BasicProperties>,
 }
 
 /// Where an accepted task is:
@@ -518,6 +524,7 @@ impl TaskRequest<'_> {
             headers: validate_headers(self.headers.unwrap_or_default())?,
             revision: 1,
             client: None,
+            carried: None,
         })
     }
 

@@ -10,6 +10,8 @@ pub(crate) fn lapin_kind(kind: ExchangeKind) -> lapin::ExchangeKind {
     match kind {
         ExchangeKind::Topic => lapin::ExchangeKind::Topic,
         ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
+        ExchangeKind::Direct => lapin::ExchangeKind::Direct,
+        ExchangeKind::Headers => lapin::ExchangeKind::Headers,
     }
 }
 

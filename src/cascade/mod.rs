@@ -23,10 +23,10 @@ pub use plan::{
     ArgValue, Arguments, BindingSpec, BindingTarget, ChainOwner, ExchangeKind, ExchangeSpec,
     NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan,
 };
-pub use reschedule::{Unschedulable, destination_of};
-pub use route::{Route, RouteError, validate_destination};
+pub use reschedule::Unschedulable;
+pub use route::{Route, RouteError, destination_of, validate_destination};
 pub use settings::{
-    Cascade, CascadeSettings, MAX_LEVELS, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType,
+    Cascade, CascadeSettings, DeliveryKey, MAX_LEVELS, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType,
     SettingsError, max_levels_for_unit,
 };
 
@@ -41,6 +41,7 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
         version: 1,
         business_exchange: "biz".into(),
         release_stage: None,
+        delivery_key: DeliveryKey::Destination,
     }
     .validate()
     .expect("valid test cascade")

@@ -29,6 +29,8 @@ pub const NO_DELIVERY_LIMIT: i64 = i32::MAX as i64;
 pub enum ExchangeKind {
     Topic,
     Fanout,
+    Direct,
+    Headers,
 }
 
 impl ExchangeKind {
@@ -36,7 +38,16 @@ impl ExchangeKind {
         match self {
             ExchangeKind::Topic => "topic",
             ExchangeKind::Fanout => "fanout",
+            ExchangeKind::Direct => "direct",
+            ExchangeKind::Headers => "headers",
         }
+    }
+
+    /// A kind as RabbitMQ names it.
+    pub fn parse(text: &str) -> Option<ExchangeKind> {
+        [Self::Topic, Self::Fanout, Self::Direct, Self::Headers]
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::route::Route;
+use super::route::{Route, destination_of};
 use super::settings::Cascade;
 
 /// Why a message cannot be rescheduled; it goes to the poison queue.
@@ -20,19 +20,6 @@ pub enum Unschedulable {
     MalformedKey(String, u32),
     #[error("{0}")]
     Route(#[from] super::route::RouteError),
-}
-
-/// The destination of a routing key written by a chain of `levels` levels.
-pub fn destination_of(routing_key: &str, levels: u32) -> Option<&str> {
-    let mut rest = routing_key;
-    for _ in 0..levels {
-        let (digit, tail) = rest.split_once('.')?;
-        if digit != "0" && digit != "1" {
-            return None;
-        }
-        rest = tail;
-    }
-    (!rest.is_empty()).then_some(rest)
 }
 
 impl Cascade {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::settings::{Cascade, MAX_NAME_BYTES};
+use super::settings::{Cascade, DeliveryKey, MAX_NAME_BYTES};
 
 /// Where and how to publish one task so that it reaches the business exchange
 /// after exactly `delay_units` units, with `routing_key` unchanged.
@@ -131,14 +131,46 @@ impl Cascade {
         }
     }
 
-    /// The key a consumer binds its queue to the business exchange with to receive
-    /// exactly one destination: `#.b` would also match a destination `a.b`, whereas
-    /// L `*` words match only the L delay digits.
+    /// The key a consumer binds its queue to the business exchange with to
+    /// receive exactly one destination (or, with a topic pattern, the
+    /// destinations it matches). Delivered with the destination as key: the
+    /// destination itself. With the digits: `#.b` would also match a
+    /// destination `a.b`, whereas L `*` words match only the L delay digits.
     pub fn binding_key(&self, destination: &str) -> String {
-        let mut key = "*.".repeat(self.levels() as usize);
-        key.push_str(destination);
-        key
+        match self.delivery_key() {
+            DeliveryKey::Destination => destination.to_owned(),
+            DeliveryKey::Digits => {
+                let mut key = "*.".repeat(self.levels() as usize);
+                key.push_str(destination);
+                key
+            }
+        }
     }
+
+    /// The routing key a due message, routed through this chain with
+    /// `routing_key`, is delivered with. A key that does not carry this
+    /// chain's digits (a message from elsewhere) is delivered as it is.
+    pub fn delivered_routing_key<'k>(&self, routing_key: &'k str) -> &'k str {
+        match self.delivery_key() {
+            DeliveryKey::Destination => {
+                destination_of(routing_key, self.levels()).unwrap_or(routing_key)
+            }
+            DeliveryKey::Digits => routing_key,
+        }
+    }
+}
+
+/// The destination of a routing key written by a chain of `levels` levels.
+pub fn destination_of(routing_key: &str, levels: u32) -> Option<&str> {
+    let mut rest = routing_key;
+    for _ in 0..levels {
+        let (digit, tail) = rest.split_once('.')?;
+        if digit != "0" && digit != "1" {
+            return None;
+        }
+        rest = tail;
+    }
+    (!rest.is_empty()).then_some(rest)
 }
 
 #[cfg(test)]
@@ -224,7 +256,36 @@ mod tests {
     }
 
     #[test]
-    fn binding_key_has_one_star_per_level() {
+    fn binding_key_has_one_star_per_level_when_delivered_with_the_digits() {
         assert_eq!(cascade(4, 10).binding_key("a.b"), "*.*.*.*.a.b");
+        let released = released(4, DeliveryKey::Digits);
+        assert_eq!(released.binding_key("a.b"), "*.*.*.*.a.b");
+        assert_eq!(released.delivered_routing_key("1.0.0.1.a.b"), "1.0.0.1.a.b");
+    }
+
+    fn released(levels: u32, delivery_key: DeliveryKey) -> Cascade {
+        crate::cascade::CascadeSettings {
+            levels,
+            unit_ms: 10,
+            release_stage: Some(true),
+            delivery_key,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn with_the_release_stage_a_task_is_delivered_with_its_destination() {
+        let chain = released(4, DeliveryKey::Destination);
+        assert_eq!(chain.binding_key("a.b"), "a.b");
+        let route = chain.route(Duration::from_millis(50), "a.b").unwrap();
+        assert_eq!(chain.delivered_routing_key(&route.routing_key), "a.b");
+        // A destination that looks like digits keeps all of its words.
+        let route = chain.route(Duration::from_millis(10), "1.0.x").unwrap();
+        assert_eq!(chain.delivered_routing_key(&route.routing_key), "1.0.x");
+        // Not this chain's key: as it came.
+        assert_eq!(chain.delivered_routing_key("1.0.a"), "1.0.a");
+        assert_eq!(chain.delivered_routing_key("plain"), "plain");
     }
 }

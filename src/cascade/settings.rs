@@ -45,6 +45,44 @@ impl TryFrom<String> for QueueType {
     }
 }
 
+/// The routing key a due task is delivered with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum DeliveryKey {
+    /// The destination itself (`billing.invoice`), as on any topic exchange.
+    /// Needs the release stage, which publishes each due task afresh: the
+    /// broker cannot rewrite a routing key while dead-lettering.
+    #[default]
+    Destination,
+    /// The cascade's key: one binary digit per level, then the destination;
+    /// consumers bind `*.` once per level before it. Always so without the
+    /// release stage.
+    Digits,
+}
+
+impl TryFrom<String> for DeliveryKey {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match text.as_str() {
+            "destination" => Ok(DeliveryKey::Destination),
+            "digits" => Ok(DeliveryKey::Digits),
+            other => Err(format!(
+                "delivery_key must be \"destination\" (the default) or \"digits\", got {other:?}"
+            )),
+        }
+    }
+}
+
+impl DeliveryKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryKey::Destination => "destination",
+            DeliveryKey::Digits => "digits",
+        }
+    }
+}
+
 impl QueueType {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -78,6 +116,13 @@ pub struct CascadeSettings {
     /// the chain's identity: changing it needs a new version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_stage: Option<bool>,
+    /// The routing key of a delivered task: the destination (the default),
+    /// or the cascade's digits before it. Only the release stage can deliver
+    /// with the destination alone; without it the digits stay. Not part of
+    /// the broker's objects: it takes effect when delayline restarts, for
+    /// every task released from then on, and a chain migrated to another
+    /// version is delivered by the new chain's setting.
+    pub delivery_key: DeliveryKey,
 }
 
 impl Default for CascadeSettings {
@@ -90,6 +135,7 @@ impl Default for CascadeSettings {
             version: 1,
             business_exchange: "delayline.business".to_owned(),
             release_stage: None,
+            delivery_key: DeliveryKey::Destination,
         }
     }
 }
@@ -230,6 +276,16 @@ impl Cascade {
     /// consumes, rather than to the business exchange.
     pub fn release_stage(&self) -> bool {
         self.settings.release_stage.unwrap_or(false)
+    }
+
+    /// The routing key a due task is delivered with, in effect: the
+    /// destination needs the release stage.
+    pub fn delivery_key(&self) -> DeliveryKey {
+        if self.release_stage() {
+            self.settings.delivery_key
+        } else {
+            DeliveryKey::Digits
+        }
     }
 
     /// 2^L - 1: every digit of the routing key set.

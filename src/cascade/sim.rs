@@ -107,7 +107,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::cascade::{CascadeSettings, QueueType, RouteError, max_levels_for_unit};
+    use crate::cascade::{
+        CascadeSettings, DeliveryKey, QueueType, RouteError, max_levels_for_unit,
+    };
 
     use crate::cascade::for_tests as cascade;
 
@@ -178,6 +180,7 @@ mod tests {
             (levels, unit_ms) in levels_and_unit(),
             quorum in any::<bool>(),
             release_stage in any::<bool>(),
+            digits in any::<bool>(),
             version in 1u32..1000,
             fraction in 0.0f64..1.1,
             destination in "[a-z0-9_-]{1,8}(\\.[A-Z0-9_-]{1,8}){0,3}",
@@ -186,6 +189,7 @@ mod tests {
             let settings = CascadeSettings {
                 levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: "biz".into(),
                 release_stage: Some(release_stage),
+                delivery_key: if digits { DeliveryKey::Digits } else { DeliveryKey::Destination },
             };
             let fits = max_levels_for_unit(unit_ms).is_some_and(|max| levels <= max);
             let Ok(c) = settings.validate() else {
@@ -204,7 +208,12 @@ mod tests {
                     prop_assert!(effective >= requested, "early");
                     prop_assert!(effective < requested + Duration::from_millis(unit_ms));
                     prop_assert!(route.routing_key.len() <= 255);
-                    prop_assert!(topic_matches(&c.binding_key(&destination), &route.routing_key));
+                    // A consumer's binding matches what is delivered, whichever key.
+                    let delivered = c.delivered_routing_key(&route.routing_key);
+                    prop_assert!(topic_matches(&c.binding_key(&destination), delivered));
+                    if c.delivery_key() == DeliveryKey::Destination {
+                        prop_assert_eq!(delivered, destination.as_str());
+                    }
                     let plan = c.plan();
                     let arrivals = Simulator::new(&plan).publish(&route.entry_exchange, &route.routing_key);
                     // With the release stage, a task arrives in the release
@@ -228,7 +237,8 @@ mod tests {
         ) {
             let c = cascade(levels, 10, QueueType::Classic);
             let route = c.route_units(units.min(c.max_delay_units()), &b);
-            prop_assert_eq!(topic_matches(&c.binding_key(&a), &route.routing_key), a == b);
+            let delivered = c.delivered_routing_key(&route.routing_key);
+            prop_assert_eq!(topic_matches(&c.binding_key(&a), delivered), a == b);
         }
     }
 }

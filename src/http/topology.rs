@@ -35,6 +35,9 @@ pub struct TopologyView {
     /// the stage is on; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub release_queue: Option<String>,
+    /// `destination` (a task is delivered with its destination as routing
+    /// key) or `digits` (the cascade's digits come first).
+    pub delivery_key: String,
     /// The pattern to bind a queue to the business exchange with, for one destination.
     pub binding_key: String,
     pub queues: Vec<LevelView>,
@@ -51,6 +54,7 @@ impl TopologyView {
             max_delay_ms: cascade.max_delay_ms(),
             queue_type: cascade.queue_type().as_str().to_owned(),
             release_queue: cascade.release_stage().then(|| cascade.release_queue()),
+            delivery_key: cascade.delivery_key().as_str().to_owned(),
             binding_key: cascade.binding_key("{destination}"),
             queues: (0..cascade.levels())
                 .rev()

@@ -135,6 +135,7 @@ mod tests {
             attempts: 1,
             last_error: None,
             client: None,
+            properties: None,
             publish_alone: 0,
             refusals: 0,
             revision: 1,

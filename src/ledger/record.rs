@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 
 use super::{LedgerError, db_ms};
+use crate::message;
 use crate::task::{FieldValue, Task, TaskAccepted, TaskState, format_epoch_ms};
 
 /// The columns a new row is inserted with, in the order of [`Row`]'s fields;
 /// the others start at their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 18] = [
+pub(super) const INSERT_COLUMNS: [&str; 19] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -27,13 +28,14 @@ pub(super) const INSERT_COLUMNS: [&str; 18] = [
     "attempts",
     "last_error",
     "client",
+    "properties",
 ];
 
 /// Every column, in the order of [`Row`]'s fields.
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
      delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
      created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
-     client, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
+     client, properties, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
 
 /// One row of `tasks`. Integers are `i64` because that is what both backends
 /// store; [`Row::decode`] turns them into the domain's types.
@@ -58,6 +60,8 @@ pub(super) struct Row {
     pub attempts: i64,
     pub last_error: Option<String>,
     pub client: Option<String>,
+    /// A message taken in over AMQP: its properties, AMQP-encoded.
+    pub properties: Option<Vec<u8>>,
     pub publish_alone: i64,
     pub refusals: i64,
     pub revision: i64,
@@ -90,6 +94,8 @@ pub struct StoredTask {
     pub last_error: Option<String>,
     /// The API client that submitted it (`None` when the API was open).
     pub client: Option<String>,
+    /// A message taken in over AMQP: its properties (see [`Task::carried`]).
+    pub carried: Option<lapin::BasicProperties>,
     /// It went down with its channel or connection once: it is published
     /// only alone from then on (see `crate::broker::IsolatedPublisher`).
     pub publish_alone: bool,
@@ -175,6 +181,7 @@ impl Row {
             attempts: 1,
             last_error: None,
             client: task.client.clone(),
+            properties: task.carried.as_ref().map(message::encode_properties),
             publish_alone: 0,
             refusals: 0,
             revision: db_ms(task.revision),
@@ -193,9 +200,17 @@ impl Row {
             .ok_or_else(|| corrupt(format!("unknown state {:?}", self.state)))?;
         let headers = serde_json::from_str(&self.headers)
             .map_err(|error| corrupt(format!("headers: {error}")))?;
+        let carried = match &self.properties {
+            None => None,
+            Some(bytes) => Some(
+                message::decode_properties(bytes)
+                    .ok_or_else(|| corrupt("message properties do not decode".to_owned()))?,
+            ),
+        };
         Ok(StoredTask {
             state,
             headers,
+            carried,
             delay_ms: ms(self.delay_ms),
             deliver_at_ms: ms(self.deliver_at_ms),
             created_at_ms: ms(self.created_at_ms),

@@ -73,7 +73,8 @@ impl Tx {
                     .bind(r.next_attempt_at_ms)
                     .bind(r.attempts)
                     .bind(&r.last_error)
-                    .bind(&r.client);
+                    .bind(&r.client)
+                    .bind(&r.properties);
             }
             query.fetch_all(&mut **t).await
         })

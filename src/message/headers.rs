@@ -14,6 +14,31 @@ pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
 /// Why a message was poisoned.
 pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";
 
+/// A message taken in over AMQP: the exchange it is delivered to (without
+/// it, the business exchange). Removed on delivery.
+pub const DELIVER_TO_HEADER: &str = "x-delayline-exchange";
+/// A message taken in over AMQP: the routing key it came with, which it is
+/// delivered with. Removed on delivery.
+pub const DELIVERY_KEY_HEADER: &str = "x-delayline-delivery-key";
+/// A message taken in over AMQP: its `expiration` property, held back while
+/// it waits (the broker would expire it inside the cascade) and restored on
+/// delivery. Removed on delivery.
+pub const EXPIRATION_HEADER: &str = "x-delayline-expiration";
+/// A message taken in over AMQP: the `user_id` property it was published
+/// with. RabbitMQ refuses a `user_id` other than the publishing
+/// connection's, so delayline cannot publish it again as a property; it
+/// travels, and is delivered, as this header.
+pub const USER_ID_HEADER: &str = "x-delayline-user-id";
+
+/// delayline's headers of a message taken in over AMQP; a task over HTTP
+/// may not set them.
+const INGRESS_HEADERS: [&str; 4] = [
+    DELIVER_TO_HEADER,
+    DELIVERY_KEY_HEADER,
+    EXPIRATION_HEADER,
+    USER_ID_HEADER,
+];
+
 /// What RabbitMQ adds while dead-lettering: `x-death`, `x-first-death-*`,
 /// `x-last-death-*`. They name delayline's own queues and say nothing about
 /// the task.
@@ -32,13 +57,15 @@ pub fn is_dead_letter_header(name: &str) -> bool {
         .any(|prefix| lower.starts_with(prefix))
 }
 
-/// A header a task may not set: delayline's own, the broker's dead-letter
-/// history, and the broker's routing headers.
+/// A header a task may not set: delayline's own (those of a message taken in
+/// over AMQP too), the broker's dead-letter history, and the broker's
+/// routing headers.
 pub fn is_reserved_header(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     lower == DELAY_HEADER
         || lower == DELIVER_AT_HEADER
         || lower == REVISION_HEADER
+        || INGRESS_HEADERS.contains(&lower.as_str())
         || is_dead_letter_header(name)
         || ROUTING_HEADERS.contains(&name)
 }

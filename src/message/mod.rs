@@ -16,15 +16,18 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-use crate::cascade::destination_of;
+use crate::cascade::{Cascade, destination_of};
 use crate::task::{FieldValue, Task};
 
 mod headers;
+mod plugin;
 
 pub use headers::{
-    DELAY_HEADER, DELIVER_AT_HEADER, POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER,
+    DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
+    POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, USER_ID_HEADER,
     is_dead_letter_header, is_reserved_header,
 };
+pub use plugin::{BadDelay, Due, PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER, due};
 
 /// A message ready to publish: owned, because the publish outlives its caller
 /// when the broker is slow to confirm.
@@ -47,23 +50,194 @@ pub fn of_task(task: &Task) -> Message {
 }
 
 /// A task's message properties, as consumers see them (see the module's
-/// documentation).
+/// documentation). A message taken in over AMQP keeps its own properties;
+/// delayline's headers are added to its headers.
 pub fn properties_of(task: &Task) -> BasicProperties {
     let mut headers = FieldTable::default();
-    for (name, value) in &task.headers {
-        headers.insert(ShortString::from(name.as_str()), amqp_value(value));
+    match &task.carried {
+        // As the client encoded them: `task.headers` is only a copy.
+        Some(carried) => {
+            for (name, value) in carried.headers().iter().flat_map(|h| h.inner()) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+        None => {
+            for (name, value) in &task.headers {
+                headers.insert(ShortString::from(name.as_str()), amqp_value(value));
+            }
+        }
     }
     let as_i64 = |v: u64| AMQPValue::LongLongInt(i64::try_from(v).unwrap_or(i64::MAX));
     headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
     headers.insert(REVISION_HEADER.into(), as_i64(task.revision));
-    BasicProperties::default()
+    let properties = match &task.carried {
+        Some(carried) => carried.clone(),
+        None => BasicProperties::default()
+            .with_content_type(task.content_type.as_str().into())
+            // AMQP timestamps are whole seconds.
+            .with_timestamp(task.accepted_at_ms / 1000),
+    };
+    properties
         .with_message_id(task.id.as_str().into())
-        .with_content_type(task.content_type.as_str().into())
-        // AMQP timestamps are whole seconds.
-        .with_timestamp(task.accepted_at_ms / 1000)
         .with_delivery_mode(2)
         .with_headers(headers)
+}
+
+/// The properties of a message taken in over AMQP, as delayline keeps them
+/// while it waits: delivered to `deliver_to` with the routing key it came
+/// with, its `expiration` held back (restored by [`released`]), its
+/// `user_id` moved to a header (RabbitMQ would refuse it from delayline's
+/// connection), and, as the plugin does, the `x-delay` it asked for turned
+/// negative so that a consumer can tell it was delayed. Persistent.
+pub fn taken_in(
+    properties: &BasicProperties,
+    deliver_to: &str,
+    routing_key: &str,
+    delay: Option<u64>,
+) -> BasicProperties {
+    let kept = set_aside(properties);
+    let mut headers = kept.headers().clone().unwrap_or_default();
+    let text = |value: &str| AMQPValue::LongString(LongString::from(value));
+    headers.insert(DELIVER_TO_HEADER.into(), text(deliver_to));
+    headers.insert(DELIVERY_KEY_HEADER.into(), text(routing_key));
+    if let Some(delay) = delay {
+        let negative = -i64::try_from(delay).unwrap_or(i64::MAX);
+        headers.insert(PLUGIN_DELAY_HEADER.into(), AMQPValue::LongLongInt(negative));
+    }
+    kept.with_delivery_mode(2).with_headers(headers)
+}
+
+/// A message's properties with `expiration` and `user_id` moved into
+/// headers ([`EXPIRATION_HEADER`], [`USER_ID_HEADER`]): what delayline can
+/// publish again without the broker expiring it where it waits, or refusing
+/// a user id other than delayline's.
+pub fn set_aside(properties: &BasicProperties) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    let text = |value: &str| AMQPValue::LongString(LongString::from(value));
+    if let Some(expiration) = properties.expiration() {
+        headers.insert(EXPIRATION_HEADER.into(), text(expiration.as_str()));
+    }
+    if let Some(user_id) = properties.user_id() {
+        headers.insert(USER_ID_HEADER.into(), text(user_id.as_str()));
+    }
+    without_expiration_or_user(properties).with_headers(headers)
+}
+
+/// Every property but `expiration` and `user_id` (lapin can set a property,
+/// not unset one).
+fn without_expiration_or_user(p: &BasicProperties) -> BasicProperties {
+    let mut kept = BasicProperties::default();
+    if let Some(v) = p.content_type() {
+        kept = kept.with_content_type(v.clone());
+    }
+    if let Some(v) = p.content_encoding() {
+        kept = kept.with_content_encoding(v.clone());
+    }
+    if let Some(v) = p.headers() {
+        kept = kept.with_headers(v.clone());
+    }
+    if let Some(v) = p.delivery_mode() {
+        kept = kept.with_delivery_mode(*v);
+    }
+    if let Some(v) = p.priority() {
+        kept = kept.with_priority(*v);
+    }
+    if let Some(v) = p.correlation_id() {
+        kept = kept.with_correlation_id(v.clone());
+    }
+    if let Some(v) = p.reply_to() {
+        kept = kept.with_reply_to(v.clone());
+    }
+    if let Some(v) = p.message_id() {
+        kept = kept.with_message_id(v.clone());
+    }
+    if let Some(v) = p.timestamp() {
+        kept = kept.with_timestamp(*v);
+    }
+    if let Some(v) = p.kind() {
+        kept = kept.with_type(v.clone());
+    }
+    if let Some(v) = p.app_id() {
+        kept = kept.with_app_id(v.clone());
+    }
+    if let Some(v) = p.cluster_id() {
+        kept = kept.with_cluster_id(v.clone());
+    }
+    kept
+}
+
+/// The message the release stage publishes for a due message that came
+/// down `cascade` with `routing_key`: to the exchange it was taken in for
+/// (the business exchange unless it says otherwise), with the routing key
+/// it came with (or the one the chain delivers with), its properties as
+/// they were but for the broker's dead-lettering history and delayline's
+/// routing headers, its held-back `expiration` restored.
+pub fn released(
+    routing_key: &str,
+    payload: Vec<u8>,
+    properties: &BasicProperties,
+    cascade: &Cascade,
+) -> Message {
+    let header = |name: &str| {
+        properties
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(name)
+            .and_then(|value| match value {
+                AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+                _ => None,
+            })
+    };
+    let exchange = header(DELIVER_TO_HEADER);
+    let key = header(DELIVERY_KEY_HEADER);
+    let expiration = header(EXPIRATION_HEADER);
+    let mut kept = without_headers(
+        properties,
+        &[DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER],
+    );
+    if let Some(expiration) = expiration {
+        kept = kept.with_expiration(expiration.as_str().into());
+    }
+    Message {
+        exchange: exchange.unwrap_or_else(|| cascade.business_exchange().to_owned()),
+        routing_key: key.unwrap_or_else(|| cascade.delivered_routing_key(routing_key).to_owned()),
+        payload,
+        properties: kept,
+    }
+}
+
+/// [`republished`], also without the headers named (any case).
+fn without_headers(properties: &BasicProperties, names: &[&str]) -> BasicProperties {
+    let mut kept = republished(properties);
+    if let Some(headers) = kept.headers().clone() {
+        let mut table = FieldTable::default();
+        for (name, value) in headers.inner() {
+            let lower = name.as_str().to_ascii_lowercase();
+            if !names.contains(&lower.as_str()) {
+                table.insert(name.clone(), value.clone());
+            }
+        }
+        kept = kept.with_headers(table);
+    }
+    kept
+}
+
+/// A message's properties as the ledger stores them: AMQP's own encoding
+/// of a content header's properties, which keeps every type a client sent.
+pub fn encode_properties(properties: &BasicProperties) -> Vec<u8> {
+    use amq_protocol::frame::WriteContext;
+    lapin::protocol::basic::gen_properties(properties)(WriteContext::from(Vec::new()))
+        .map(|written| written.write)
+        // Writing into memory cannot fail.
+        .unwrap_or_default()
+}
+
+/// Properties stored by [`encode_properties`]; `None` if they do not decode.
+pub fn decode_properties(bytes: &[u8]) -> Option<BasicProperties> {
+    let (rest, properties) = lapin::protocol::basic::parse_properties(bytes).ok()?;
+    rest.is_empty().then_some(properties)
 }
 
 fn amqp_value(value: &FieldValue) -> AMQPValue {
@@ -261,6 +435,7 @@ mod tests {
                     .collect(),
                 revision,
                 client: None,
+                carried: None,
             };
             (task, levels)
         }

@@ -71,6 +71,16 @@ pub struct ClientCodeLabel {
     pub code: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngressLabel {
+    /// The ingress's exchange.
+    pub ingress: String,
+    /// `accepted`, `replayed` (a message id seen before), or why it was
+    /// refused (`bad_delay`, `delay_too_long`, `routing_key_not_accepted`,
+    /// `invalid_message_id`, `message_id_conflict`, `too_large`).
+    pub outcome: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -106,6 +116,7 @@ pub struct Metrics {
     pub auth_refused: Family<ReasonLabel, Counter>,
     pub client_throttled: Family<ClientCodeLabel, Counter>,
     pub client_accepted: Family<ClientLabel, Counter>,
+    pub ingress_messages: Family<IngressLabel, Counter>,
     pub client_scheduled: Family<ClientLabel, Gauge>,
     pub connections_refused: Counter,
     pub request_deadline_exceeded: Counter,
@@ -319,6 +330,13 @@ impl Metrics {
             "Tasks accepted by client (replays not counted)",
             client_accepted.clone(),
         );
+        let ingress_messages = Family::<IngressLabel, Counter>::default();
+        registry.register(
+            "ingress_messages",
+            "Messages taken from an AMQP ingress, by ingress and outcome (accepted, replayed, \
+             or the reason it was refused)",
+            ingress_messages.clone(),
+        );
         let client_scheduled = Family::<ClientLabel, Gauge>::default();
         registry.register(
             "client_scheduled_tasks",
@@ -344,6 +362,7 @@ impl Metrics {
             auth_refused,
             client_throttled,
             client_accepted,
+            ingress_messages,
             client_scheduled,
             registry,
             tasks_accepted,

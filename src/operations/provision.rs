@@ -3,16 +3,16 @@
 
 use super::{OperationError, on_broker};
 use crate::broker::{self, CheckReport, ProvisionReport};
-use crate::cascade::Cascade;
+use crate::cascade::{Cascade, TopologyPlan};
 use crate::config::AmqpSettings;
 
-/// Declares `cascade`'s plan on the broker.
+/// Declares `plan` (a chain's, with its ingresses) on the broker.
 pub async fn provision(
     amqp: &AmqpSettings,
-    cascade: &Cascade,
+    plan: &TopologyPlan,
 ) -> Result<ProvisionReport, OperationError> {
     on_broker(amqp, "delayline provision", async |connection| {
-        Ok(broker::provision(connection, &cascade.plan()).await?)
+        Ok(broker::provision(connection, plan).await?)
     })
     .await
 }

@@ -509,6 +509,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         headers: stored.headers.clone().into_iter().collect(),
         revision: stored.revision,
         client: stored.client.clone(),
+        carried: stored.carried.clone(),
     })
 }
 
@@ -573,6 +574,7 @@ mod tests {
             attempts: 1,
             last_error: None,
             client: None,
+            carried: None,
             publish_alone: false,
             refusals: 0,
             revision: 3,

@@ -7,8 +7,9 @@
 //!    is neither cancelled nor delivered, in the revision its message carries,
 //!    becomes `releasing` (from then on a cancel is too late);
 //! 2. what is claimed, and what the ledger does not know (pruned, another
-//!    ledger's), is published to the business exchange with the same routing
-//!    key, properties and headers (mandatory, confirmed, pipelined); what is
+//!    ledger's), is published to the business exchange with the destination
+//!    as routing key (or the cascade's whole key, `cascade.delivery_key =
+//!    "digits"`), the same properties and headers (mandatory, confirmed, pipelined); what is
 //!    provably not to be delivered (cancelled, an older revision, a copy of a
 //!    task already delivered) is dropped;
 //! 3. the claimed tasks are marked `delivered` at the confirm's time, then
@@ -33,7 +34,7 @@ use super::broker::Broker;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::Cascade;
 use crate::ledger::{Finding, Ledger};
-use crate::message::{self, Message};
+use crate::message;
 use crate::metrics::Metrics;
 use crate::task::{TaskState, epoch_ms};
 
@@ -358,15 +359,17 @@ impl Releaser {
         settles
     }
 
-    /// To the business exchange, as it was published but for the broker's
-    /// dead-lettering history; a late confirm is awaited.
+    /// To the business exchange (or the exchange an ingress names), as it
+    /// was published but for the broker's dead-lettering history, with the
+    /// routing key it is delivered with ([`message::released`]); a late
+    /// confirm is awaited.
     async fn publish(&self, message: &Inbound) -> Result<(), PublishError> {
-        let message = Message {
-            exchange: self.cascade.business_exchange().to_owned(),
-            routing_key: message.routing_key.clone(),
-            payload: message.payload.clone(),
-            properties: message::republished(&message.properties),
-        };
+        let message = message::released(
+            &message.routing_key,
+            message.payload.clone(),
+            &message.properties,
+            &self.cascade,
+        );
         match self.broker.publish_bounded(message).await? {
             Published::Confirmed => Ok(()),
             Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())

@@ -313,6 +313,8 @@ async fn topology_tells_consumers_how_to_bind() {
     assert_eq!(topology["levels"], 4);
     assert_eq!(topology["max_delay_ms"], 3750);
     assert_eq!(topology["queue_type"], "quorum");
+    // Stateless, so no release stage: the digits stay in front.
+    assert_eq!(topology["delivery_key"], "digits");
     assert_eq!(topology["binding_key"], "*.*.*.*.{destination}");
     let queues = topology["queues"].as_array().unwrap();
     assert_eq!(queues.len(), 4);
@@ -329,6 +331,16 @@ async fn topology_tells_consumers_how_to_bind() {
     let (status, error) = app.get("/v1/topology?destination=a.*").await;
     assert_eq!(status, 422);
     assert_eq!(error["error"]["code"], "invalid_destination");
+    app.stop().await.unwrap();
+
+    // The default (a ledger, so the release stage): the destination itself.
+    let settings = with_ledger(test_settings(4, 250, QueueType::Quorum), Backend::Sqlite);
+    let app = TestApp::spawn(settings).await;
+    let (_, topology) = app.get("/v1/topology").await;
+    assert_eq!(topology["delivery_key"], "destination");
+    assert_eq!(topology["binding_key"], "{destination}");
+    let (_, topology) = app.get("/v1/topology?destination=billing.invoice").await;
+    assert_eq!(topology["binding_key"], "billing.invoice");
     app.stop().await.unwrap();
 }
 

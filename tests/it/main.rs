@@ -13,6 +13,7 @@ mod contract;
 mod delivery;
 mod deploy;
 mod faults;
+mod ingress;
 mod ledger;
 mod lifecycle;
 mod limits;

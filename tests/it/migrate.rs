@@ -335,7 +335,7 @@ async fn unroutable_tasks_reach_their_consumer_once_it_is_bound() {
     // count the copy parked again yet, so the queue itself is what settles it.
     assert!(stdout.contains(" are still in"), "{stdout}");
     let received = consumer.next(Duration::from_secs(5)).await.unwrap();
-    assert!(received.routing_key.ends_with(".late.binder"));
+    assert!(received.routing_key.ends_with("late.binder"));
     crate::common::eventually("the one nobody binds to be parked again", async || {
         queue_depth(&unroutable).await == 1
     })

@@ -1,6 +1,7 @@
 //! Test helpers: a real RabbitMQ, a unique name prefix per test, and cleanup
 //! of everything a test declared, even when it panics.
 
+pub mod node;
 pub mod nodes;
 pub mod python;
 pub mod tls;
@@ -200,6 +201,8 @@ impl Cleanup {
     pub fn for_settings(settings: &Settings) -> Self {
         let cascade = settings.cascade().expect("valid test settings");
         let mut cleanup = Self::for_cascade(&cascade);
+        let ingresses = settings.ingresses(&cascade).expect("valid test ingresses");
+        cleanup.plan = delayline::ingress::plan_with(&cascade, &ingresses);
         cleanup.ledger_of = Some(settings.clone());
         cleanup.uris = settings.amqp.uris();
         cleanup
@@ -461,15 +464,58 @@ impl TestConsumer {
         exchange: &str,
         binding_key: &str,
     ) -> TestConsumer {
+        Self::bind_with(
+            cleanup,
+            cascade,
+            exchange,
+            binding_key,
+            FieldTable::default(),
+        )
+        .await
+    }
+
+    /// As [`TestConsumer::bind_to`], with binding arguments (a headers
+    /// exchange's `x-match` and headers).
+    pub async fn bind_with(
+        cleanup: &mut Cleanup,
+        cascade: &Cascade,
+        exchange: &str,
+        binding_key: &str,
+        arguments: FieldTable,
+    ) -> TestConsumer {
         let queue = format!("{}.consumer.{}", cascade.prefix(), cleanup.queues.len());
         cleanup.queues.push(queue.clone());
-        Self::declare(
+        let consumer = Self::declare(
             amqp_uri(),
             &queue,
             Some((exchange, binding_key)),
             QueueType::Classic,
         )
-        .await
+        .await;
+        if !arguments.inner().is_empty() {
+            // Bound again with the arguments; the plain binding goes.
+            let channel = &consumer.channel;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    exchange.into(),
+                    binding_key.into(),
+                    QueueBindOptions::default(),
+                    arguments,
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_unbind(
+                    queue.as_str().into(),
+                    exchange.into(),
+                    binding_key.into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        consumer
     }
 
     /// Consumes an existing queue (such as the unroutable one).

@@ -1,0 +1,6 @@
+-- A task taken in over AMQP (an ingress) keeps its message's properties
+-- whole, as AMQP encodes a content header's properties: every header type a
+-- client sent, content encoding, correlation id, reply-to, priority, type,
+-- app id, timestamp. A forwarder's retry or a move publishes them again.
+-- NULL for a task submitted over HTTP.
+ALTER TABLE tasks ADD COLUMN properties BLOB;

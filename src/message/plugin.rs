@@ -1,0 +1,219 @@
+//! The delay headers a producer of the `x-delayed-message` plugin sets, read
+//! as delayline takes them over AMQP (see [`crate::ingress`]). Pure.
+//!
+//! `x-delay`: milliseconds, in any AMQP integer type (a client library picks
+//! the width), a string of decimal digits (the plugin converts those too), or
+//! a floating-point number with no fraction (JavaScript clients may send
+//! one). Absent, zero or negative: due now, as with the plugin. Anything
+//! else is refused: the plugin would deliver it at once, which for a delay
+//! the producer meant is early.
+//!
+//! `x-deliver-at`, which the plugin never had: the due time, as epoch
+//! milliseconds (any integer type or digits) or an RFC 3339 string.
+
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The plugin's delay header.
+pub const PLUGIN_DELAY_HEADER: &str = "x-delay";
+/// A due time, delayline's addition to the plugin's contract.
+pub const PLUGIN_DELIVER_AT_HEADER: &str = "x-deliver-at";
+
+/// When a message taken in over AMQP is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// After this many milliseconds (`x-delay`; 0 without a delay header).
+    In(u64),
+    /// At this epoch millisecond (`x-deliver-at`).
+    At(u64),
+}
+
+/// Why a message's delay headers cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadDelay {
+    #[error("x-delay is {0}, not a whole number of milliseconds")]
+    NotAnInteger(String),
+    #[error("x-deliver-at is {0}, neither epoch milliseconds nor an RFC 3339 time")]
+    NotATime(String),
+    #[error("x-delay and x-deliver-at are both set; give one")]
+    Both,
+}
+
+/// The due time the headers ask for.
+pub fn due(properties: &BasicProperties) -> Result<Due, BadDelay> {
+    let headers = properties.headers().as_ref().map(|h| h.inner());
+    let delay = headers.and_then(|h| h.get(PLUGIN_DELAY_HEADER));
+    let at = headers.and_then(|h| h.get(PLUGIN_DELIVER_AT_HEADER));
+    match (delay, at) {
+        (Some(_), Some(_)) => Err(BadDelay::Both),
+        (None, None) => Ok(Due::In(0)),
+        (Some(delay), None) => {
+            let ms = delay_ms(delay).ok_or_else(|| BadDelay::NotAnInteger(shown(delay)))?;
+            Ok(Due::In(u64::try_from(ms).unwrap_or(0)))
+        }
+        (None, Some(at)) => deliver_at_ms(at)
+            .map(Due::At)
+            .ok_or_else(|| BadDelay::NotATime(shown(at))),
+    }
+}
+
+/// An integer of any AMQP width, digits, or a float without a fraction.
+fn delay_ms(value: &AMQPValue) -> Option<i128> {
+    Some(match value {
+        AMQPValue::ShortShortInt(v) => i128::from(*v),
+        AMQPValue::ShortShortUInt(v) => i128::from(*v),
+        AMQPValue::ShortInt(v) => i128::from(*v),
+        AMQPValue::ShortUInt(v) => i128::from(*v),
+        AMQPValue::LongInt(v) => i128::from(*v),
+        AMQPValue::LongUInt(v) => i128::from(*v),
+        AMQPValue::LongLongInt(v) => i128::from(*v),
+        AMQPValue::Float(v) => whole(f64::from(*v))?,
+        AMQPValue::Double(v) => whole(*v)?,
+        AMQPValue::ShortString(s) => digits(s.as_str())?,
+        AMQPValue::LongString(s) => digits(std::str::from_utf8(s.as_bytes()).ok()?)?,
+        _ => return None,
+    })
+}
+
+fn whole(value: f64) -> Option<i128> {
+    // Beyond 2^63 a double is far past any chain's longest delay; saying
+    // so is the chain's job, so it stays a (large) integer here.
+    (value.is_finite() && value.fract() == 0.0 && value.abs() < 1e30).then_some(value as i128)
+}
+
+/// An optionally signed run of ASCII digits, surrounding spaces allowed.
+fn digits(text: &str) -> Option<i128> {
+    let text = text.trim();
+    let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if unsigned.is_empty() || unsigned.len() > 30 || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn deliver_at_ms(value: &AMQPValue) -> Option<u64> {
+    let text = match value {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.to_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_owned(),
+        AMQPValue::Timestamp(seconds) => return seconds.checked_mul(1000),
+        other => return delay_ms(other).map(|ms| u64::try_from(ms).unwrap_or(0)),
+    };
+    if let Some(ms) = digits(&text) {
+        return Some(u64::try_from(ms).unwrap_or(0));
+    }
+    let at = OffsetDateTime::parse(text.trim(), &Rfc3339).ok()?;
+    // Rounded up: a due time between two milliseconds is the later one.
+    let nanos = at.unix_timestamp_nanos();
+    let ms = nanos / 1_000_000 + i128::from(nanos % 1_000_000 > 0);
+    Some(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A header's value as an error message shows it: its type and, shortened,
+/// its content.
+fn shown(value: &AMQPValue) -> String {
+    let text = format!("{value:?}");
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{FieldTable, LongString, ShortString};
+
+    use super::*;
+
+    fn with(name: &str, value: AMQPValue) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from(name), value);
+        BasicProperties::default().with_headers(headers)
+    }
+
+    #[test]
+    fn every_integer_width_is_a_delay_and_not_positive_is_now() {
+        for value in [
+            AMQPValue::ShortShortInt(50),
+            AMQPValue::ShortShortUInt(50),
+            AMQPValue::ShortInt(50),
+            AMQPValue::ShortUInt(50),
+            AMQPValue::LongInt(50),
+            AMQPValue::LongUInt(50),
+            AMQPValue::LongLongInt(50),
+            AMQPValue::Double(50.0),
+            AMQPValue::Float(50.0),
+            AMQPValue::LongString(LongString::from("50")),
+            AMQPValue::ShortString(ShortString::from(" 50 ")),
+        ] {
+            assert_eq!(
+                due(&with("x-delay", value.clone())),
+                Ok(Due::In(50)),
+                "{value:?}"
+            );
+        }
+        for value in [
+            AMQPValue::LongInt(0),
+            AMQPValue::LongInt(-5000),
+            AMQPValue::LongString(LongString::from("-1")),
+        ] {
+            assert_eq!(
+                due(&with("x-delay", value.clone())),
+                Ok(Due::In(0)),
+                "{value:?}"
+            );
+        }
+        assert_eq!(due(&BasicProperties::default()), Ok(Due::In(0)));
+    }
+
+    #[test]
+    fn a_delay_that_is_not_an_integer_is_refused() {
+        for value in [
+            AMQPValue::Double(1.5),
+            AMQPValue::Double(f64::NAN),
+            AMQPValue::LongString(LongString::from("5s")),
+            AMQPValue::LongString(LongString::from("")),
+            AMQPValue::Boolean(true),
+            AMQPValue::Void,
+        ] {
+            let refused = due(&with("x-delay", value.clone()));
+            assert!(
+                matches!(refused, Err(BadDelay::NotAnInteger(_))),
+                "{value:?}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_due_time_is_epoch_milliseconds_or_rfc_3339_rounded_up() {
+        let at = |value| due(&with("x-deliver-at", value));
+        assert_eq!(
+            at(AMQPValue::LongLongInt(1_700_000_000_000)),
+            Ok(Due::At(1_700_000_000_000))
+        );
+        assert_eq!(
+            at(AMQPValue::LongString(LongString::from("1700000000000"))),
+            Ok(Due::At(1_700_000_000_000))
+        );
+        assert_eq!(
+            at(AMQPValue::LongString(LongString::from(
+                "2023-11-14T22:13:20.0001Z"
+            ))),
+            Ok(Due::At(1_700_000_000_001))
+        );
+        assert_eq!(
+            at(AMQPValue::Timestamp(1_700_000_000)),
+            Ok(Due::At(1_700_000_000_000))
+        );
+        assert!(matches!(
+            at(AMQPValue::LongString(LongString::from("tomorrow"))),
+            Err(BadDelay::NotATime(_))
+        ));
+        let mut both = FieldTable::default();
+        both.insert("x-delay".into(), AMQPValue::LongInt(1));
+        both.insert("x-deliver-at".into(), AMQPValue::LongInt(1));
+        let both = BasicProperties::default().with_headers(both);
+        assert_eq!(due(&both), Err(BadDelay::Both));
+    }
+}

@@ -1,0 +1,390 @@
+//! The x-delayed-message plugin's users: producers publish with `x-delay`
+//! to an ingress exchange, exactly as they published to the plugin's, with
+//! lapin, Python's pika and Node's amqplib; consumers bind their queues to
+//! the delivered-to exchange with their usual keys. On the default
+//! configuration (SQLite ledger, release stage, quorum queues).
+
+use std::time::{Duration, SystemTime};
+
+use delayline::broker::connect;
+use delayline::cascade::QueueType;
+use delayline::config::Settings;
+use delayline::ingress::{IngressSettings, REFUSAL_CODE_HEADER};
+use delayline::task::epoch_ms;
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+
+use crate::common::node::node;
+use crate::common::python::tool;
+use crate::common::{
+    Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
+};
+
+/// The lateness a delivery may have here (two cores, the broker beside).
+const LATE_ALLOWED_MS: u64 = 5_000;
+
+/// Default settings with one ingress per (name, deliver_to type, accepted keys).
+fn settings_with(ingresses: &[(&str, &str, &[&str])]) -> Settings {
+    let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
+    let prefix = settings.cascade.prefix.clone();
+    settings.ingress = ingresses
+        .iter()
+        .map(|(name, kind, keys)| IngressSettings {
+            exchange: format!("{prefix}.{name}.delayed"),
+            deliver_to: Some(format!("{prefix}.{name}")),
+            kind: (*kind).to_owned(),
+            routing_keys: keys.iter().map(|k| k.to_string()).collect(),
+        })
+        .collect();
+    settings
+}
+
+fn headers(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (name, value) in pairs {
+        table.insert(ShortString::from(*name), value.clone());
+    }
+    table
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+/// Publishes as a lapin user publishes to the plugin's exchange: confirmed.
+async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProperties) {
+    let connection = connect(amqp_uri(), "plugin producer").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    channel
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let _ = connection.close(200, "published".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lapin_producers_and_consumers_of_every_exchange_type_change_one_exchange_name() {
+    let settings = settings_with(&[
+        ("direct", "direct", &[]),
+        ("topic", "topic", &[]),
+        ("fanout", "fanout", &[]),
+        ("headers", "headers", &[]),
+    ]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut app = TestApp::spawn(settings).await;
+    let name = |kind: &str| format!("{prefix}.{kind}");
+    let mut consumers = Vec::new();
+    for (kind, key) in [
+        ("direct", "invoice"),
+        ("topic", "billing.*"),
+        ("fanout", ""),
+    ] {
+        let exchange = name(kind);
+        consumers.push(TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &exchange, key).await);
+    }
+    let matching = headers(&[("x-match", text("all")), ("kind", text("invoice"))]);
+    let exchange = name("headers");
+    consumers.push(
+        TestConsumer::bind_with(&mut app.cleanup, &app.cascade, &exchange, "", matching).await,
+    );
+
+    let sent_at_ms = epoch_ms(SystemTime::now());
+    for (kind, key) in [
+        ("direct", "invoice"),
+        ("topic", "billing.invoice"),
+        ("fanout", "anything"),
+        ("headers", "ignored"),
+    ] {
+        let properties = BasicProperties::default()
+            .with_headers(headers(&[
+                ("x-delay", AMQPValue::LongInt(300)),
+                ("kind", text("invoice")),
+                (
+                    "nested",
+                    AMQPValue::FieldArray(vec![AMQPValue::ShortInt(7)].into()),
+                ),
+            ]))
+            .with_content_type("application/json".into())
+            .with_content_encoding("identity".into())
+            .with_message_id(format!("{kind}-1").into())
+            .with_correlation_id("corr".into())
+            .with_reply_to("replies".into())
+            .with_priority(4)
+            .with_type("invoice.created".into())
+            .with_app_id("billing".into())
+            .with_timestamp(1_700_000_000)
+            .with_expiration("600000".into());
+        publish(
+            &name(&format!("{kind}.delayed")),
+            key,
+            b"{\"n\":1}",
+            properties,
+        )
+        .await;
+    }
+
+    for (consumer, (kind, key)) in consumers.iter_mut().zip([
+        ("direct", "invoice"),
+        ("topic", "billing.invoice"),
+        ("fanout", "anything"),
+        ("headers", "ignored"),
+    ]) {
+        let message = consumer
+            .next(Duration::from_millis(300 + LATE_ALLOWED_MS))
+            .await
+            .unwrap_or_else(|| panic!("nothing delivered through {kind}"));
+        assert!(
+            message.received_at_ms >= sent_at_ms + 300,
+            "{kind}: {} ms early",
+            sent_at_ms + 300 - message.received_at_ms
+        );
+        assert_eq!(message.routing_key, key, "{kind}");
+        assert_eq!(message.body, b"{\"n\":1}");
+        let p = &message.properties;
+        assert_eq!(
+            p.message_id().as_ref().unwrap().as_str(),
+            format!("{kind}-1")
+        );
+        assert_eq!(
+            p.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
+        assert_eq!(p.content_encoding().as_ref().unwrap().as_str(), "identity");
+        assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "corr");
+        assert_eq!(p.reply_to().as_ref().unwrap().as_str(), "replies");
+        assert_eq!(p.priority(), &Some(4));
+        assert_eq!(p.kind().as_ref().unwrap().as_str(), "invoice.created");
+        assert_eq!(p.app_id().as_ref().unwrap().as_str(), "billing");
+        assert_eq!(p.timestamp(), &Some(1_700_000_000));
+        assert_eq!(p.delivery_mode(), &Some(2));
+        // Held back while it waited, in force again from delivery on.
+        assert_eq!(p.expiration().as_ref().unwrap().as_str(), "600000");
+        assert_eq!(message.header("kind"), Some(&text("invoice")));
+        assert_eq!(
+            message.header("nested"),
+            Some(&AMQPValue::FieldArray(vec![AMQPValue::ShortInt(7)].into()))
+        );
+        // As the plugin does: the delay it waited, negated.
+        assert_eq!(
+            message.header("x-delay"),
+            Some(&AMQPValue::LongLongInt(-300))
+        );
+        assert!(message.header("x-delayline-exchange").is_none());
+        assert!(message.header("x-delayline-delivery-key").is_none());
+        assert!(
+            consumer.next(Duration::from_millis(200)).await.is_none(),
+            "{kind}: twice"
+        );
+    }
+
+    // A task like any other: in the ledger, delivered, with its lateness.
+    let (status, task) = app.get("/v1/tasks/direct-1").await;
+    assert_eq!(status, 200, "{task}");
+    eventually("the ingress task to be marked delivered", async || {
+        app.get("/v1/tasks/direct-1").await.1["state"] == "delivered"
+    })
+    .await;
+    let scrape = app.scrape().await;
+    let accepted = format!(
+        "delayline_ingress_messages_total{{ingress=\"{}\",outcome=\"accepted\"}}",
+        name("direct.delayed")
+    );
+    assert_eq!(sample(&scrape, &accepted), Some(1.0), "{scrape}");
+    drop(consumers);
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
+    let settings = settings_with(&[("eu", "topic", &["eu.*"])]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut app = TestApp::spawn(settings).await;
+    let ingress = format!("{prefix}.eu.delayed");
+    let refused_queue = format!("{prefix}.ingress.{ingress}.refused");
+    let delivered = format!("{prefix}.eu");
+    let mut consumer = TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &delivered, "#").await;
+    let with_delay =
+        |delay: AMQPValue| BasicProperties::default().with_headers(headers(&[("x-delay", delay)]));
+
+    publish(&ingress, "eu.order", b"a", with_delay(text("soon"))).await;
+    publish(
+        &ingress,
+        "eu.order",
+        b"b",
+        with_delay(AMQPValue::LongLongInt(1 << 40)),
+    )
+    .await;
+    publish(
+        &ingress,
+        "us.order",
+        b"c",
+        with_delay(AMQPValue::LongInt(10)),
+    )
+    .await;
+    // A producer's retry after a lost confirm: one task. Another message
+    // with the same id: refused, not lost, not delivered.
+    let once = with_delay(AMQPValue::LongInt(50)).with_message_id("once".into());
+    publish(&ingress, "eu.order", b"d", once.clone()).await;
+    publish(&ingress, "eu.order", b"d", once.clone()).await;
+    publish(&ingress, "eu.order", b"other", once).await;
+
+    let mut refused = TestConsumer::existing(&refused_queue).await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let message = refused
+            .next(Duration::from_secs(10))
+            .await
+            .expect("refused");
+        let Some(AMQPValue::LongString(code)) = message.header(REFUSAL_CODE_HEADER) else {
+            panic!("no refusal code");
+        };
+        codes.push((
+            String::from_utf8_lossy(code.as_bytes()).into_owned(),
+            message.body,
+        ));
+    }
+    codes.sort();
+    assert_eq!(
+        codes,
+        [
+            ("bad_delay".to_owned(), b"a".to_vec()),
+            ("delay_too_long".to_owned(), b"b".to_vec()),
+            ("message_id_conflict".to_owned(), b"other".to_vec()),
+            ("routing_key_not_accepted".to_owned(), b"c".to_vec()),
+        ]
+    );
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("delivered");
+    assert_eq!(message.body, b"d");
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "delivered twice"
+    );
+    let scrape = app.scrape().await;
+    for (outcome, count) in [("accepted", 1.0), ("replayed", 1.0), ("bad_delay", 1.0)] {
+        let series = format!(
+            "delayline_ingress_messages_total{{ingress=\"{ingress}\",outcome=\"{outcome}\"}}"
+        );
+        assert_eq!(sample(&scrape, &series), Some(count), "{series}");
+    }
+    drop((refused, consumer));
+    app.stop().await.unwrap();
+}
+
+/// The plugin README's example, in Python as its users translate it: two
+/// messages, the later published first; only the exchange name is ours.
+const PIKA_PRODUCER: &str = r#"
+import sys
+import pika
+
+uri, exchange = sys.argv[1], sys.argv[2]
+connection = pika.BlockingConnection(pika.URLParameters(uri))
+channel = connection.channel()
+channel.confirm_delivery()
+
+channel.basic_publish(exchange=exchange, routing_key="",
+                      properties=pika.BasicProperties(headers={"x-delay": 600}),
+                      body=b"delayed payload 1")
+channel.basic_publish(exchange=exchange, routing_key="",
+                      properties=pika.BasicProperties(headers={"x-delay": 200}),
+                      body=b"delayed payload 2")
+connection.close()
+"#;
+
+/// Node's amqplib, as its users publish to the plugin's exchange.
+const AMQPLIB_PRODUCER: &str = r#"
+const amqp = require("amqplib");
+// `node -e`: the arguments follow the interpreter.
+const [uri, exchange] = process.argv.slice(1);
+(async () => {
+  const connection = await amqp.connect(uri);
+  const channel = await connection.createConfirmChannel();
+  channel.publish(exchange, "jobs.email", Buffer.from("hello from node"), {
+    headers: { "x-delay": 250 }, persistent: true, messageId: "node-1",
+    contentType: "text/plain",
+  });
+  await channel.waitForConfirms();
+  await connection.close();
+})().catch((error) => { console.error(error); process.exit(1); });
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
+    let settings = settings_with(&[("py", "direct", &[]), ("js", "topic", &[])]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut app = TestApp::spawn(settings).await;
+    let python_queue = format!("{prefix}.py");
+    let node_queue = format!("{prefix}.js");
+    let mut from_python =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &python_queue, "").await;
+    let mut from_node =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &node_queue, "jobs.*").await;
+
+    let sent_at_ms = epoch_ms(SystemTime::now());
+    let python = tool("python");
+    let output = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            PIKA_PRODUCER,
+            amqp_uri(),
+            &format!("{prefix}.py.delayed"),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = tokio::process::Command::from(node())
+        .args([
+            "-e",
+            AMQPLIB_PRODUCER,
+            amqp_uri(),
+            &format!("{prefix}.js.delayed"),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let timeout = Duration::from_millis(600 + LATE_ALLOWED_MS);
+    let first = from_python.next(timeout).await.expect("first from pika");
+    let second = from_python.next(timeout).await.expect("second from pika");
+    // The shorter delay first, as with the plugin; neither early.
+    assert_eq!(first.body, b"delayed payload 2");
+    assert_eq!(second.body, b"delayed payload 1");
+    assert!(first.received_at_ms >= sent_at_ms + 200);
+    assert!(second.received_at_ms >= sent_at_ms + 600);
+    let from_js = from_node.next(timeout).await.expect("from amqplib");
+    assert!(from_js.received_at_ms >= sent_at_ms + 250);
+    assert_eq!(from_js.body, b"hello from node");
+    assert_eq!(from_js.routing_key, "jobs.email");
+    assert_eq!(from_js.message_id(), "node-1");
+    assert_eq!(
+        from_js.properties.content_type().as_ref().unwrap().as_str(),
+        "text/plain"
+    );
+    drop((from_python, from_node));
+    app.stop().await.unwrap();
+}
