@@ -636,6 +636,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn ingresses_are_read_from_the_file_and_need_the_release_stage() {
+        let mut file = tempfile();
+        writeln!(
+            file.1,
+            "[[ingress]]\nexchange = \"orders.delayed\"\ndeliver_to = \"orders\"\n\
+             type = \"topic\"\nrouting_keys = [\"orders.*\"]\n\n\
+             [[ingress]]\nexchange = \"jobs.delayed\""
+        )
+        .unwrap();
+        let (settings, cascade) = Settings::load(Some(&file.0)).unwrap();
+        let ingresses = settings.ingresses(&cascade).unwrap();
+        assert_eq!(ingresses.len(), 2);
+        assert_eq!(ingresses[0].deliver_to, "orders");
+        assert!(ingresses[0].accepts("orders.eu") && !ingresses[0].accepts("jobs"));
+        assert_eq!(ingresses[1].deliver_to, "delayline.business");
+
+        let mut stateless = settings.clone();
+        stateless.store.url = "none".to_owned().into();
+        let cascade = stateless.cascade().unwrap();
+        let error = stateless.ingresses(&cascade).unwrap_err().to_string();
+        assert!(error.contains("needs the release stage"), "{error}");
+        let mut twice = settings.clone();
+        twice.ingress.push(settings.ingress[1].clone());
+        let cascade = twice.cascade().unwrap();
+        let error = twice.ingresses(&cascade).unwrap_err().to_string();
+        assert!(error.contains("two [[ingress]] sections"), "{error}");
+        std::fs::remove_file(file.0).unwrap();
+    }
+
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {
         let path = std::env::temp_dir().join(format!("delayline-{}.toml", uuid::Uuid::new_v4()));
         let file = std::fs::File::create(&path).unwrap();

@@ -28,6 +28,11 @@
 //!   generated from the handlers' and types' annotations; its own accept
 //!   loop and the bounds on what one client may hold. It knows the
 //!   scheduler's methods, nothing below them.
+//! - [`ingress`]: AMQP ingresses speaking the `x-delayed-message` plugin's
+//!   contract: an ingress's settings and broker objects, a message turned
+//!   into a task or refused (`intake`, pure; the plugin's delay headers are
+//!   read in [`message`]), and the consumer that takes messages in through
+//!   the scheduler, acknowledging each once its task is committed.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);

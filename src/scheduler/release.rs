@@ -9,7 +9,9 @@
 //! 2. what is claimed, and what the ledger does not know (pruned, another
 //!    ledger's), is published to the business exchange with the destination
 //!    as routing key (or the cascade's whole key, `cascade.delivery_key =
-//!    "digits"`), the same properties and headers (mandatory, confirmed, pipelined); what is
+//!    "digits"`; a message taken in by an ingress: to its exchange, with the
+//!    key it came with, see [`message::released`]), the same properties and
+//!    headers (mandatory, confirmed, pipelined); what is
 //!    provably not to be delivered (cancelled, an older revision, a copy of a
 //!    task already delivered) is dropped;
 //! 3. the claimed tasks are marked `delivered` at the confirm's time, then

@@ -20,6 +20,7 @@ use crate::common::python::tool;
 use crate::common::{
     Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
 };
+use crate::lifecycle::readme_block;
 
 /// The lateness a delivery may have here (two cores, the broker beside).
 const LATE_ALLOWED_MS: u64 = 5_000;
@@ -386,5 +387,66 @@ async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
         "text/plain"
     );
     drop((from_python, from_node));
+    app.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_plugin_section_runs_as_written() {
+    const SECTION: &str = "## Coming from the x-delayed-message plugin";
+    // The configuration block, as a file; only the names get the test's prefix.
+    let file = std::env::temp_dir().join(format!("dltest-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&file, readme_block(SECTION, "toml", 0)).unwrap();
+    let (from_readme, _) = Settings::load(Some(&file)).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let mut settings = settings_with(&[]);
+    // 10 ms units: 10 levels reach the README's 5 s.
+    settings.cascade.levels = 10;
+    let prefix = settings.cascade.prefix.clone();
+    let mut ingress = from_readme.ingress[0].clone();
+    assert_eq!(
+        (
+            ingress.exchange.as_str(),
+            ingress.deliver_to.as_deref(),
+            ingress.kind.as_str()
+        ),
+        ("my-exchange.delayed", Some("my-exchange"), "direct")
+    );
+    ingress.exchange = format!("{prefix}.{}", ingress.exchange);
+    ingress.deliver_to = ingress.deliver_to.map(|to| format!("{prefix}.{to}"));
+    settings.ingress = vec![ingress];
+    let mut app = TestApp::spawn(settings).await;
+    let deliver_to = format!("{prefix}.my-exchange");
+    let mut consumer = TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &deliver_to, "").await;
+
+    let publish = readme_block(SECTION, "python", 0).replace(
+        "\"my-exchange.delayed\"",
+        &format!("\"{prefix}.my-exchange.delayed\""),
+    );
+    let script = format!(
+        "import sys\nimport pika\nconnection = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))\n\
+         channel = connection.channel()\nchannel.confirm_delivery()\n{publish}\nconnection.close()\n"
+    );
+    let sent_at_ms = epoch_ms(SystemTime::now());
+    let output = tokio::process::Command::new(tool("python"))
+        .args(["-c", &script, amqp_uri()])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let message = consumer
+        .next(Duration::from_millis(5_000 + LATE_ALLOWED_MS))
+        .await
+        .expect("the README's message");
+    assert!(message.received_at_ms >= sent_at_ms + 5_000, "early");
+    assert_eq!(message.body, b"delayed payload");
+    assert_eq!(
+        message.header("x-delay"),
+        Some(&AMQPValue::LongLongInt(-5000))
+    );
+    drop(consumer);
     app.stop().await.unwrap();
 }
