@@ -249,6 +249,18 @@ async fn a_blocked_broker_neither_holds_requests_nor_gets_tasks_twice() {
     // the one with the stage, delivering to the same business exchange.
     stateless.cascade.prefix = format!("{}-stateless", settings.cascade.prefix);
     let stateless = TestApp::spawn(stateless).await;
+    // Its tasks arrive with the cascade's digits before the destination.
+    consumer
+        .channel
+        .queue_bind(
+            format!("{}.consumer", app.cascade.prefix()).as_str().into(),
+            app.cascade.business_exchange().into(),
+            stateless.cascade.binding_key("load").as_str().into(),
+            lapin::options::QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
 
     for (raise, clear) in [
         (
