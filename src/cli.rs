@@ -106,6 +106,10 @@ pub struct NewToken {
     /// An AMQP topic pattern it may publish to (`billing.#`); repeatable.
     #[arg(long = "destination", value_name = "PATTERN")]
     destinations: Vec<String>,
+    /// An exchange its tasks may name besides the business exchange
+    /// (`*`: any); repeatable.
+    #[arg(long = "exchange", value_name = "NAME")]
+    exchanges: Vec<String>,
     /// submit, read, cancel, reschedule, metrics, admin (comma-separated or repeated).
     #[arg(long = "permission", value_delimiter = ',', required = true)]
     permissions: Vec<String>,
@@ -129,6 +133,7 @@ impl From<NewToken> for token::NewClient {
         token::NewClient {
             name: new.name,
             destinations: new.destinations,
+            exchanges: new.exchanges,
             permissions: new.permissions,
             rate_per_second: new.rate_per_second,
             burst: new.burst,

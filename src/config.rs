@@ -355,6 +355,10 @@ pub struct ClientSettings {
     /// AMQP topic patterns of the destinations it may publish to.
     #[serde(default)]
     pub destinations: Vec<String>,
+    /// Exchanges its tasks may name (`"exchange"`) besides the business
+    /// exchange, by exact name; `"*"` for any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exchanges: Vec<String>,
     /// `submit`, `read`, `cancel`, `reschedule`, `metrics`, `admin`.
     #[serde(default)]
     pub permissions: Vec<String>,

@@ -67,6 +67,12 @@ pub(crate) struct TaskRequest<'a> {
     /// it makes the request idempotent.
     #[schema(min_length = 1, max_length = 255)]
     id: Option<String>,
+    /// The exchange it is delivered to; the business exchange when absent.
+    /// Needs the release stage. With tokens, the client's `exchanges` must
+    /// name it. One that does not exist when the task is due parks the task
+    /// in the unroutable queue (state `unroutable`).
+    #[schema(example = "orders", min_length = 1, max_length = 255)]
+    exchange: Option<String>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -138,6 +144,8 @@ pub struct Task {
     pub revision: u64,
     /// The API client that submitted it, when tokens are required.
     pub client: Option<String>,
+    /// The exchange it is delivered to, when not the business exchange.
+    pub exchange: Option<String>,
     /// A message taken in over AMQP (an ingress): its properties, delivered
     /// as they came (see [`crate::message::taken_in`]). `content_type` and
     /// `headers` are then a copy, for inspection.
@@ -230,6 +238,8 @@ pub enum TaskError {
     InvalidHeader(String),
     #[error("{0}")]
     InvalidId(String),
+    #[error("{0}")]
+    InvalidExchange(String),
 }
 
 /// Deserialises the whole of `body` as `T`, saying where a misfit is. As
@@ -299,6 +309,7 @@ impl TaskError {
             TaskError::InvalidPayload(m) => TaskError::InvalidPayload(locate(m)),
             TaskError::InvalidHeader(m) => TaskError::InvalidHeader(locate(m)),
             TaskError::InvalidId(m) => TaskError::InvalidId(locate(m)),
+            TaskError::InvalidExchange(m) => TaskError::InvalidExchange(locate(m)),
         }
     }
 
@@ -313,6 +324,7 @@ impl TaskError {
             TaskError::InvalidPayload(_) => "invalid_payload",
             TaskError::InvalidHeader(_) => "invalid_header",
             TaskError::InvalidId(_) => "invalid_id",
+            TaskError::InvalidExchange(_) => "invalid_exchange",
         }
     }
 
@@ -524,6 +536,7 @@ impl TaskRequest<'_> {
             headers: validate_headers(self.headers.unwrap_or_default())?,
             revision: 1,
             client: None,
+            exchange: validate_exchange(self.exchange, cascade)?,
             carried: None,
         })
     }
@@ -702,6 +715,40 @@ fn validate_id(id: Option<String>) -> Result<String, TaskError> {
         )));
     }
     Ok(id)
+}
+
+/// The exchange a task names: a valid AMQP name; `None` for the business
+/// exchange itself. Only the release stage can deliver elsewhere.
+fn validate_exchange(
+    exchange: Option<String>,
+    cascade: &Cascade,
+) -> Result<Option<String>, TaskError> {
+    let Some(exchange) = exchange else {
+        return Ok(None);
+    };
+    let invalid = |why: String| Err(TaskError::InvalidExchange(format!("/exchange: {why}")));
+    if exchange == cascade.business_exchange() {
+        return Ok(None);
+    }
+    if !cascade.release_stage() {
+        return invalid(
+            "needs the release stage (a ledger): without it the broker delivers to the \
+             business exchange"
+                .to_owned(),
+        );
+    }
+    if exchange.is_empty() || exchange.len() > MAX_NAME_BYTES {
+        return invalid(format!("must be 1 to {MAX_NAME_BYTES} bytes"));
+    }
+    if let Some(c) = exchange
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':')))
+    {
+        return invalid(format!(
+            "{exchange:?} contains {c:?}; use letters, digits, '.', '_', '-' or ':'"
+        ));
+    }
+    Ok(Some(exchange))
 }
 
 fn validate_headers(

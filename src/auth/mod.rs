@@ -111,6 +111,8 @@ pub struct Client {
     pub name: String,
     token_hashes: Vec<[u8; 32]>,
     destinations: Vec<DestinationPattern>,
+    /// Exchanges besides the business exchange its tasks may name; `*`: any.
+    exchanges: Vec<String>,
     permissions: HashSet<Permission>,
     limiter: Option<Arc<Limiter>>,
     pub max_scheduled: Option<u64>,
@@ -132,6 +134,16 @@ impl Client {
 
     pub fn may_publish_to(&self, destination: &str) -> bool {
         self.destinations.iter().any(|p| p.matches(destination))
+    }
+
+    /// Whether its tasks may be delivered to `exchange`, which is not the
+    /// business exchange (every client may deliver there).
+    pub fn may_deliver_to(&self, exchange: &str) -> bool {
+        self.exchanges.iter().any(|e| e == "*" || e == exchange)
+    }
+
+    pub fn exchanges(&self) -> &[String] {
+        &self.exchanges
     }
 
     pub fn destination_patterns(&self) -> Vec<&str> {
@@ -223,6 +235,7 @@ impl Client {
             name: name.clone(),
             token_hashes,
             destinations,
+            exchanges: settings.exchanges.clone(),
             permissions,
             limiter,
             max_scheduled: settings.max_scheduled,

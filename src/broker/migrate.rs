@@ -633,11 +633,11 @@ impl Mover<'_> {
             }
             Kind::Requeue => {
                 self.report.unroutable += 1;
-                (
-                    self.new.business_exchange().to_owned(),
-                    key.to_owned(),
-                    delivery.properties.clone(),
-                )
+                // Where it was delivered to: the business exchange, or the
+                // exchange the task named.
+                let exchange = message::delivered_to(&delivery.properties)
+                    .unwrap_or_else(|| self.new.business_exchange().to_owned());
+                (exchange, key.to_owned(), delivery.properties.clone())
             }
             Kind::Poison => {
                 self.report.poisoned += 1;

@@ -102,6 +102,27 @@ pub fn check_destination(caller: &Caller, destination: &str) -> Result<(), ApiEr
     }
 }
 
+/// 403 unless the caller may deliver to `exchange` (`None`: the business
+/// exchange, which every caller may).
+pub fn check_exchange(caller: &Caller, exchange: Option<&str>) -> Result<(), ApiError> {
+    match (caller, exchange) {
+        (Caller::Client(client), Some(exchange)) if !client.may_deliver_to(exchange) => {
+            Err(ApiError::new(
+                ErrorCode::ForbiddenExchange,
+                format!(
+                    "client {:?} may not deliver to the exchange {exchange:?} (its exchanges: {})",
+                    client.name,
+                    match client.exchanges() {
+                        [] => "only the business exchange".to_owned(),
+                        named => named.join(", "),
+                    }
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Takes `tasks` from the client's rate and quota, or says when to retry.
 pub fn admit(state: &AppState, client: &Client, tasks: u64) -> Result<(), ApiError> {
     let throttled = client

@@ -18,6 +18,7 @@ pub enum ErrorCode {
     InvalidToken,
     Forbidden,
     ForbiddenDestination,
+    ForbiddenExchange,
     TaskNotFound,
     NotFound,
     MethodNotAllowed,
@@ -38,6 +39,7 @@ pub enum ErrorCode {
     InvalidHeader,
     HeadersTooLarge,
     InvalidId,
+    InvalidExchange,
     BatchTooLarge,
     RateLimited,
     QuotaExceeded,
@@ -61,7 +63,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 49] = [
+    pub const ALL: [ErrorCode; 51] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -71,6 +73,7 @@ impl ErrorCode {
         ErrorCode::InvalidToken,
         ErrorCode::Forbidden,
         ErrorCode::ForbiddenDestination,
+        ErrorCode::ForbiddenExchange,
         ErrorCode::TaskNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
@@ -91,6 +94,7 @@ impl ErrorCode {
         ErrorCode::InvalidHeader,
         ErrorCode::HeadersTooLarge,
         ErrorCode::InvalidId,
+        ErrorCode::InvalidExchange,
         ErrorCode::BatchTooLarge,
         ErrorCode::RateLimited,
         ErrorCode::QuotaExceeded,
@@ -125,6 +129,7 @@ impl ErrorCode {
             ErrorCode::InvalidToken => "invalid_token",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::ForbiddenDestination => "forbidden_destination",
+            ErrorCode::ForbiddenExchange => "forbidden_exchange",
             ErrorCode::TaskNotFound => "task_not_found",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -145,6 +150,7 @@ impl ErrorCode {
             ErrorCode::InvalidHeader => "invalid_header",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::InvalidId => "invalid_id",
+            ErrorCode::InvalidExchange => "invalid_exchange",
             ErrorCode::BatchTooLarge => "batch_too_large",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::QuotaExceeded => "quota_exceeded",
@@ -177,7 +183,9 @@ impl ErrorCode {
             | ErrorCode::UnreadableBody
             | ErrorCode::InvalidQuery => StatusCode::BAD_REQUEST,
             ErrorCode::Unauthenticated | ErrorCode::InvalidToken => StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden | ErrorCode::ForbiddenDestination => StatusCode::FORBIDDEN,
+            ErrorCode::Forbidden
+            | ErrorCode::ForbiddenDestination
+            | ErrorCode::ForbiddenExchange => StatusCode::FORBIDDEN,
             ErrorCode::TaskNotFound | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -197,6 +205,7 @@ impl ErrorCode {
             | ErrorCode::InvalidHeader
             | ErrorCode::HeadersTooLarge
             | ErrorCode::InvalidId
+            | ErrorCode::InvalidExchange
             | ErrorCode::BatchTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::RequestHeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -250,6 +259,9 @@ impl ErrorCode {
             ErrorCode::ForbiddenDestination => {
                 "the destination matches none of the client's patterns; in a batch, per task (the others still go)"
             }
+            ErrorCode::ForbiddenExchange => {
+                "the task's `exchange` is not one the client's `exchanges` name; in a batch, per task (the others still go)"
+            }
             ErrorCode::TaskNotFound => {
                 "`GET`, `DELETE` or `PATCH /v1/tasks/{id}`: never accepted, pruned, or another client's task"
             }
@@ -294,6 +306,9 @@ impl ErrorCode {
                 "the properties and headers would not fit one AMQP frame (the message says the limit)"
             }
             ErrorCode::InvalidId => "empty, over 255 bytes, control characters",
+            ErrorCode::InvalidExchange => {
+                "`exchange` is not a valid exchange name, or the release stage is off (only it delivers elsewhere than the business exchange)"
+            }
             ErrorCode::BatchTooLarge => "more than `http.batch_limit` tasks",
             ErrorCode::RateLimited => {
                 "over the client's `rate_per_second` (with `Retry-After`), or a batch larger than its `burst`; nothing of the request was taken"

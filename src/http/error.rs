@@ -86,6 +86,7 @@ impl From<TaskError> for ApiError {
             TaskError::InvalidPayload(_) => ErrorCode::InvalidPayload,
             TaskError::InvalidHeader(_) => ErrorCode::InvalidHeader,
             TaskError::InvalidId(_) => ErrorCode::InvalidId,
+            TaskError::InvalidExchange(_) => ErrorCode::InvalidExchange,
         };
         ApiError::new(code, error.to_string())
     }

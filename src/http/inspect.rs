@@ -22,6 +22,10 @@ pub struct TaskView {
     pub id: String,
     pub state: TaskState,
     pub destination: String,
+    /// The exchange it is delivered to, when not the business exchange
+    /// (one it named, or an AMQP ingress's).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exchange: Option<String>,
     pub routing_key: String,
     pub delay_ms: u64,
     pub deliver_at: String,
@@ -74,6 +78,7 @@ impl From<StoredTask> for TaskView {
             payload_truncated: kept < stored.payload_bytes,
             id: stored.id,
             destination: stored.destination,
+            exchange: stored.exchange,
             routing_key: stored.routing_key,
             idempotency_key: stored
                 .idempotency_key

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
 use super::AppState;
-use super::auth::{admit, check_destination, require, scoped_fingerprint, scoped_key};
+use super::auth::{
+    admit, check_destination, check_exchange, require, scoped_fingerprint, scoped_key,
+};
 use super::batch;
 use super::error::{AnsweredCode, ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
@@ -136,6 +138,7 @@ fn parse_for(
 ) -> Result<Task, ApiError> {
     let mut task = Task::parse_at(body, state.scheduler.cascade(), now, at)?;
     check_destination(caller, &task.destination)?;
+    check_exchange(caller, task.exchange.as_deref())?;
     task.client = caller.client_name().map(str::to_owned);
     Ok(task)
 }

@@ -89,6 +89,10 @@ impl Broker for ScriptedBroker {
         unimplemented!("the forwarder does not run in these tests")
     }
 
+    fn exchange_exists<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<bool, PublishError>> {
+        unimplemented!("the release stage does not run in these tests")
+    }
+
     fn consume(
         &self,
         _queue: String,
@@ -851,7 +855,10 @@ mod access {
 
     async fn harness() -> Harness {
         let clients = vec![
-            client("billing", &["billing.#"], &OWN_TASKS),
+            ClientSettings {
+                exchanges: vec!["orders".to_owned()],
+                ..client("billing", &["billing.#"], &OWN_TASKS)
+            },
             client("orders", &["orders.*.eu"], &OWN_TASKS),
             client("reader", &["billing.#"], &["read"]),
             client("ops", &["#"], &["admin"]),
@@ -970,6 +977,51 @@ mod access {
                 .contains("delayline_auth_refused_total{reason=\"missing\"} 9"),
             "{}",
             scrape.text
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_delivers_only_to_the_exchanges_it_is_granted() {
+        let harness = harness().await;
+        let post = |exchange: &str, client: &'static str| {
+            let body = format!(
+                r#"{{"destination":"billing.invoice","delay":"100s","exchange":"{exchange}"}}"#
+            );
+            let harness = &harness;
+            async move {
+                harness
+                    .send("POST", "/v1/tasks", Some(&body), Some(client), None)
+                    .await
+            }
+        };
+        let granted = post("orders", "billing").await;
+        assert_eq!(granted.status, StatusCode::ACCEPTED, "{}", granted.text);
+        let published = harness.broker.published.lock().unwrap()[0].clone();
+        let headers = published.properties.headers().clone().unwrap();
+        assert_eq!(
+            headers.inner().get(crate::message::DELIVER_TO_HEADER),
+            Some(&lapin::types::AMQPValue::LongString("orders".into()))
+        );
+        let other = post("payments", "billing").await;
+        assert_eq!(
+            (other.status, other.code()),
+            (StatusCode::FORBIDDEN, "forbidden_exchange"),
+            "{}",
+            other.text
+        );
+        assert!(other.text.contains("orders"), "{}", other.text);
+        // The business exchange, named, is every client's.
+        let business = post("biz", "billing").await;
+        assert_eq!(business.status, StatusCode::ACCEPTED, "{}", business.text);
+        let bad = post("has space", "billing").await;
+        assert_eq!(
+            (bad.status, bad.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_exchange")
+        );
+        assert_eq!(
+            harness.broker.published(),
+            2,
+            "refused tasks are not published"
         );
     }
 

@@ -117,6 +117,7 @@ pub fn take(
             headers: header_copy(properties),
             revision: 1,
             client: None,
+            exchange: ingress.declared_kind.map(|_| ingress.deliver_to.clone()),
             carried: Some(carried),
         },
         fingerprint,
@@ -286,9 +287,11 @@ mod tests {
             headers.get(message::USER_ID_HEADER),
             Some(&AMQPValue::LongString("someone".into()))
         );
-        for gone in [message::DELIVER_TO_HEADER, message::DELIVERY_KEY_HEADER] {
-            assert!(!headers.contains_key(gone), "{gone}");
-        }
+        assert!(!headers.contains_key(message::DELIVERY_KEY_HEADER));
+        assert_eq!(
+            headers.get(message::DELIVER_TO_HEADER),
+            Some(&AMQPValue::LongString("orders".into()))
+        );
         // While it waits the broker cannot expire it.
         assert_eq!(message.properties.expiration(), &None);
     }

@@ -136,6 +136,7 @@ mod tests {
             last_error: None,
             client: None,
             properties: None,
+            exchange: None,
             publish_alone: 0,
             refusals: 0,
             revision: 1,

@@ -9,7 +9,7 @@ use crate::task::{FieldValue, Task, TaskAccepted, TaskState, format_epoch_ms};
 
 /// The columns a new row is inserted with, in the order of [`Row`]'s fields;
 /// the others start at their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 19] = [
+pub(super) const INSERT_COLUMNS: [&str; 20] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -29,13 +29,14 @@ pub(super) const INSERT_COLUMNS: [&str; 19] = [
     "last_error",
     "client",
     "properties",
+    "exchange",
 ];
 
 /// Every column, in the order of [`Row`]'s fields.
 pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
      delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
      created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
-     client, properties, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
+     client, properties, exchange, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
 
 /// One row of `tasks`. Integers are `i64` because that is what both backends
 /// store; [`Row::decode`] turns them into the domain's types.
@@ -62,6 +63,8 @@ pub(super) struct Row {
     pub client: Option<String>,
     /// A message taken in over AMQP: its properties, AMQP-encoded.
     pub properties: Option<Vec<u8>>,
+    /// The exchange it is delivered to; NULL: the business exchange.
+    pub exchange: Option<String>,
     pub publish_alone: i64,
     pub refusals: i64,
     pub revision: i64,
@@ -96,6 +99,8 @@ pub struct StoredTask {
     pub client: Option<String>,
     /// A message taken in over AMQP: its properties (see [`Task::carried`]).
     pub carried: Option<lapin::BasicProperties>,
+    /// The exchange it is delivered to, when not the business exchange.
+    pub exchange: Option<String>,
     /// It went down with its channel or connection once: it is published
     /// only alone from then on (see `crate::broker::IsolatedPublisher`).
     pub publish_alone: bool,
@@ -182,6 +187,7 @@ impl Row {
             last_error: None,
             client: task.client.clone(),
             properties: task.carried.as_ref().map(message::encode_properties),
+            exchange: task.exchange.clone(),
             publish_alone: 0,
             refusals: 0,
             revision: db_ms(task.revision),
@@ -230,6 +236,7 @@ impl Row {
             payload: self.payload,
             last_error: self.last_error,
             client: self.client,
+            exchange: self.exchange,
         })
     }
 }

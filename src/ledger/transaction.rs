@@ -74,7 +74,8 @@ impl Tx {
                     .bind(r.attempts)
                     .bind(&r.last_error)
                     .bind(&r.client)
-                    .bind(&r.properties);
+                    .bind(&r.properties)
+                    .bind(&r.exchange);
             }
             query.fetch_all(&mut **t).await
         })

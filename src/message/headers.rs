@@ -14,8 +14,9 @@ pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
 /// Why a message was poisoned.
 pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";
 
-/// A message taken in over AMQP: the exchange it is delivered to (without
-/// it, the business exchange). Removed on delivery.
+/// The exchange a task is delivered to, when it is not the business
+/// exchange (a task named it, or an AMQP ingress took it in). Kept on
+/// delivery, so that `requeue-unroutable` sends a parked message back there.
 pub const DELIVER_TO_HEADER: &str = "x-delayline-exchange";
 /// A message taken in over AMQP: the routing key it came with, which it is
 /// delivered with. Removed on delivery.

@@ -71,6 +71,10 @@ pub fn properties_of(task: &Task) -> BasicProperties {
     headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
     headers.insert(REVISION_HEADER.into(), as_i64(task.revision));
+    if let Some(exchange) = &task.exchange {
+        let exchange = AMQPValue::LongString(LongString::from(exchange.as_str()));
+        headers.insert(DELIVER_TO_HEADER.into(), exchange);
+    }
     let properties = match &task.carried {
         Some(carried) => carried.clone(),
         None => BasicProperties::default()
@@ -171,8 +175,8 @@ fn without_expiration_or_user(p: &BasicProperties) -> BasicProperties {
 /// down `cascade` with `routing_key`: to the exchange it was taken in for
 /// (the business exchange unless it says otherwise), with the routing key
 /// it came with (or the one the chain delivers with), its properties as
-/// they were but for the broker's dead-lettering history and delayline's
-/// routing headers, its held-back `expiration` restored.
+/// they were but for the broker's dead-lettering history and the routing
+/// key delayline kept, its held-back `expiration` restored.
 pub fn released(
     routing_key: &str,
     payload: Vec<u8>,
@@ -193,10 +197,9 @@ pub fn released(
     let exchange = header(DELIVER_TO_HEADER);
     let key = header(DELIVERY_KEY_HEADER);
     let expiration = header(EXPIRATION_HEADER);
-    let mut kept = without_headers(
-        properties,
-        &[DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER],
-    );
+    // The exchange stays named: a message parked in the unroutable queue
+    // goes back there (`requeue-unroutable`).
+    let mut kept = without_headers(properties, &[DELIVERY_KEY_HEADER, EXPIRATION_HEADER]);
     if let Some(expiration) = expiration {
         kept = kept.with_expiration(expiration.as_str().into());
     }
@@ -222,6 +225,20 @@ fn without_headers(properties: &BasicProperties, names: &[&str]) -> BasicPropert
         kept = kept.with_headers(table);
     }
     kept
+}
+
+/// The exchange a released message was delivered to, when it names one
+/// other than the business exchange.
+pub fn delivered_to(properties: &BasicProperties) -> Option<String> {
+    match properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(DELIVER_TO_HEADER)?
+    {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        _ => None,
+    }
 }
 
 /// A message's properties as the ledger stores them: AMQP's own encoding
@@ -435,6 +452,7 @@ mod tests {
                     .collect(),
                 revision,
                 client: None,
+                exchange: None,
                 carried: None,
             };
             (task, levels)

@@ -14,6 +14,7 @@ use crate::config::{ClientSettings, TokenHashes};
 pub struct NewClient {
     pub name: String,
     pub destinations: Vec<String>,
+    pub exchanges: Vec<String>,
     pub permissions: Vec<String>,
     pub rate_per_second: Option<u32>,
     pub burst: Option<u32>,
@@ -40,6 +41,7 @@ pub fn create_token(
         name: client.name,
         token_sha256: TokenHashes::One(token::hash_hex(&token)),
         destinations: client.destinations,
+        exchanges: client.exchanges,
         permissions: client.permissions,
         rate_per_second: client.rate_per_second,
         burst: client.burst,
@@ -98,6 +100,9 @@ fn client_entry_toml(entry: &ClientSettings) -> String {
         list(&entry.destinations),
         list(&entry.permissions),
     );
+    if !entry.exchanges.is_empty() {
+        text.push_str(&format!("exchanges = {}\n", list(&entry.exchanges)));
+    }
     if let Some(rate) = entry.rate_per_second {
         text.push_str(&format!("rate_per_second = {rate}\n"));
     }
@@ -121,6 +126,7 @@ mod tests {
         let new = |name: &str| NewClient {
             name: name.to_owned(),
             destinations: vec!["#".to_owned()],
+            exchanges: vec!["orders".to_owned()],
             permissions: vec!["submit".to_owned()],
             rate_per_second: None,
             burst: None,

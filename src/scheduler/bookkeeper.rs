@@ -230,6 +230,7 @@ impl Bookkeeper {
                 cascade: self.cascade.clone(),
                 metrics: self.metrics.clone(),
                 in_flight: Default::default(),
+                exchanges: Default::default(),
             };
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),
@@ -509,6 +510,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
         headers: stored.headers.clone().into_iter().collect(),
         revision: stored.revision,
         client: stored.client.clone(),
+        exchange: stored.exchange.clone(),
         carried: stored.carried.clone(),
     })
 }
@@ -574,6 +576,7 @@ mod tests {
             attempts: 1,
             last_error: None,
             client: None,
+            exchange: None,
             carried: None,
             publish_alone: false,
             refusals: 0,

@@ -28,6 +28,10 @@ pub trait Broker: Send + Sync + 'static {
     /// A connection of its own, for messages that must be published alone.
     fn isolated(&self) -> Box<dyn PublishAlone>;
 
+    /// Whether an exchange of that name exists (a passive declare, on a
+    /// channel of its own: a missing exchange closes the channel asking).
+    fn exchange_exists<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, PublishError>>;
+
     /// `queue`'s messages, a window at a time, until `shutdown` (the
     /// release stage's input).
     fn consume(&self, queue: String, limits: ConsumeLimits, shutdown: CancellationToken)
@@ -55,6 +59,18 @@ impl Broker for Publisher {
 
     fn isolated(&self) -> Box<dyn PublishAlone> {
         Box::new(Publisher::isolated(self))
+    }
+
+    fn exchange_exists<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, PublishError>> {
+        async move {
+            let connection = self
+                .connection()
+                .ok_or_else(|| PublishError::Unavailable("not connected".to_owned()))?;
+            crate::broker::exchange_exists(&connection, name)
+                .await
+                .map_err(|error| PublishError::Broker(error.to_string()))
+        }
+        .boxed()
     }
 
     fn consume(

@@ -22,9 +22,9 @@
 //! acknowledgement finds its task delivered and is dropped as a duplicate; only
 //! a crash between the confirm and that commit delivers a task twice.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
@@ -57,6 +57,20 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// and released again, a possible second copy rather than a stage that
 /// waits for good on an answer that may never come.
 const LATE_CONFIRM_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long an exchange other than the business exchange, once seen to
+/// exist, is taken to exist without asking the broker again.
+const EXCHANGE_SEEN_FOR: Duration = Duration::from_secs(30);
+
+/// What became of a due message the stage published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Released {
+    /// At the exchange it is delivered to.
+    Delivered,
+    /// Its exchange does not exist: parked in the chain's unroutable queue,
+    /// whose notice marks the task `unroutable`.
+    Parked,
+}
 
 /// What the release stage does with one due message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +162,30 @@ pub(super) struct Releaser {
     pub cascade: Arc<Cascade>,
     pub metrics: Arc<Metrics>,
     pub in_flight: InFlight,
+    pub exchanges: SeenExchanges,
+}
+
+/// Exchanges other than the business exchange seen to exist, and when.
+#[derive(Clone, Default)]
+pub(super) struct SeenExchanges(Arc<std::sync::Mutex<HashMap<String, Instant>>>);
+
+impl SeenExchanges {
+    fn recently(&self, exchange: &str) -> bool {
+        let seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.get(exchange)
+            .is_some_and(|at| at.elapsed() < EXCHANGE_SEEN_FOR)
+    }
+
+    fn saw(&self, exchange: &str) {
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.insert(exchange.to_owned(), Instant::now());
+    }
 }
 
 /// The tasks (id and revision) this replica is releasing: claimed, and not
@@ -332,7 +370,9 @@ impl Releaser {
                 continue;
             }
             match outcome {
-                Some(Ok(())) => {
+                // Its notice marks it unroutable; not delivered.
+                Some(Ok(Released::Parked)) => settles.push(Settle::Ack),
+                Some(Ok(Released::Delivered)) => {
                     self.observe_delivery(message, *verdict, delivered_at_ms);
                     if *verdict == Verdict::Deliver
                         && let Some((id, _)) = identity
@@ -361,23 +401,49 @@ impl Releaser {
         settles
     }
 
-    /// To the business exchange (or the exchange an ingress names), as it
+    /// To the business exchange (or the exchange the task names), as it
     /// was published but for the broker's dead-lettering history, with the
     /// routing key it is delivered with ([`message::released`]); a late
-    /// confirm is awaited.
-    async fn publish(&self, message: &Inbound) -> Result<(), PublishError> {
-        let message = message::released(
+    /// confirm is awaited. A task whose exchange does not exist is parked
+    /// in the unroutable queue rather than failing again and again.
+    async fn publish(&self, message: &Inbound) -> Result<Released, PublishError> {
+        let mut message = message::released(
             &message.routing_key,
             message.payload.clone(),
             &message.properties,
             &self.cascade,
         );
+        let mut released = Released::Delivered;
+        if !self.exchange_exists(&message.exchange).await? {
+            warn!(
+                task_id = ?message.properties.message_id(),
+                exchange = message.exchange,
+                queue = self.cascade.unroutable_queue(),
+                "a due task's exchange does not exist: it waits in the unroutable queue"
+            );
+            message.exchange = self.cascade.unroutable_exchange();
+            released = Released::Parked;
+        }
         match self.broker.publish_bounded(message).await? {
-            Published::Confirmed => Ok(()),
+            Published::Confirmed => Ok(released),
             Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
                 .await
-                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
+                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT)))
+                .map(|()| released),
         }
+    }
+
+    /// The business exchange exists (the stage declared it); another is
+    /// asked about, and remembered for a while once seen.
+    async fn exchange_exists(&self, exchange: &str) -> Result<bool, PublishError> {
+        if exchange == self.cascade.business_exchange() || self.exchanges.recently(exchange) {
+            return Ok(true);
+        }
+        let exists = self.broker.exchange_exists(exchange).await?;
+        if exists {
+            self.exchanges.saw(exchange);
+        }
+        Ok(exists)
     }
 
     fn observe_delivery(&self, message: &Inbound, verdict: Verdict, delivered_at_ms: u64) {

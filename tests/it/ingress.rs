@@ -183,7 +183,11 @@ async fn lapin_producers_and_consumers_of_every_exchange_type_change_one_exchang
             message.header("x-delay"),
             Some(&AMQPValue::LongLongInt(-300))
         );
-        assert!(message.header("x-delayline-exchange").is_none());
+        // Named, so that a copy parked as unroutable goes back there.
+        assert_eq!(
+            message.header("x-delayline-exchange"),
+            Some(&text(&name(kind)))
+        );
         assert!(message.header("x-delayline-delivery-key").is_none());
         assert!(
             consumer.next(Duration::from_millis(200)).await.is_none(),
@@ -449,4 +453,101 @@ async fn the_readme_plugin_section_runs_as_written() {
     );
     drop(consumer);
     app.stop().await.unwrap();
+}
+
+/// Declares a direct exchange of the test's own, as a user would.
+async fn declare_exchange(name: &str) {
+    let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            name.into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = connection.close(200, "declared".into()).await;
+}
+
+async fn delete_exchange(name: &str) {
+    let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let _ = channel
+        .exchange_delete(name.into(), Default::default())
+        .await;
+    let _ = connection.close(200, "deleted".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed() {
+    let settings = settings_with(&[]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut app = TestApp::spawn(settings).await;
+    let orders = format!("{prefix}.orders");
+    let missing = format!("{prefix}.missing");
+    declare_exchange(&orders).await;
+    let mut consumer =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
+    let business_key = app.cascade.binding_key("billing.invoice");
+    let mut business = TestConsumer::bind(&mut app, &business_key).await;
+
+    let task = |id: &str, exchange: &str| {
+        serde_json::json!({"id": id, "destination": "billing.invoice", "delay_ms": 50,
+                           "payload": id, "exchange": exchange})
+    };
+    let (status, answer) = app.post("/v1/tasks", &task("to-orders", &orders)).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, answer) = app.post("/v1/tasks", &task("to-nowhere", &missing)).await;
+    assert_eq!(status, 202, "{answer}");
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("at its exchange");
+    assert_eq!(message.message_id(), "to-orders");
+    assert_eq!(message.routing_key, "billing.invoice");
+    let (_, seen) = app.get("/v1/tasks/to-orders").await;
+    assert_eq!(seen["exchange"], orders.as_str());
+
+    // The missing exchange parks its task; the stage goes on with the next.
+    eventually(
+        "the task of a missing exchange to be unroutable",
+        async || app.get("/v1/tasks/to-nowhere").await.1["state"] == "unroutable",
+    )
+    .await;
+    let (status, answer) = app
+        .post(
+            "/v1/tasks",
+            &serde_json::json!({"destination": "billing.invoice", "delay_ms": 10}),
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    assert!(
+        business.next(Duration::from_secs(10)).await.is_some(),
+        "the stage is jammed"
+    );
+
+    // Once the exchange exists and is bound, requeue-unroutable sends it there.
+    declare_exchange(&missing).await;
+    let mut late =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &missing, "billing.invoice").await;
+    let connection = connect(amqp_uri(), "requeue").await.unwrap();
+    let requeued = delayline::broker::requeue_unroutable(&connection, &app.cascade)
+        .await
+        .unwrap();
+    assert_eq!(requeued, 1);
+    let _ = connection.close(200, "requeued".into()).await;
+    let message = late
+        .next(Duration::from_secs(10))
+        .await
+        .expect("requeued to its exchange");
+    assert_eq!(message.message_id(), "to-nowhere");
+    drop((consumer, business, late));
+    app.stop().await.unwrap();
+    delete_exchange(&orders).await;
+    delete_exchange(&missing).await;
 }

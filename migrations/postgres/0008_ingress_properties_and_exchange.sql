@@ -3,4 +3,9 @@
 -- client sent, content encoding, correlation id, reply-to, priority, type,
 -- app id, timestamp. A forwarder's retry or a move publishes them again.
 -- NULL for a task submitted over HTTP.
-ALTER TABLE tasks ADD COLUMN properties BLOB;
+--
+-- A task may also be delivered to another exchange than the business
+-- exchange (an ingress's, or one a task over HTTP names): `exchange`, NULL
+-- for the business exchange.
+ALTER TABLE tasks ADD COLUMN properties BYTEA;
+ALTER TABLE tasks ADD COLUMN exchange TEXT;
