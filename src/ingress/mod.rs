@@ -22,7 +22,8 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -134,27 +135,26 @@ impl IngressRunner {
     }
 
     /// To the refused queue, as it came (its `expiration` and `user_id` set
-    /// aside in headers), with the reason; acknowledged once
-    /// the broker has the copy.
+    /// aside in headers), with the reason; acknowledged once the broker has
+    /// the copy. A copy whose headers leave no room for the reason (a
+    /// message refused as too large) keeps its body and properties but not
+    /// its headers, and says so.
     async fn refuse(&self, message: &Inbound, refusal: &Refusal) -> Settle {
-        // Kept, not expired there; not refused for a user id not delayline's.
         let properties = message::set_aside(&message.properties);
-        let mut headers = properties.headers().clone().unwrap_or_default();
-        let text = |value: String| AMQPValue::LongString(LongString::from(value));
-        headers.insert(
-            ShortString::from(REFUSAL_CODE_HEADER),
-            text(refusal.code().to_owned()),
-        );
-        headers.insert(
-            ShortString::from(REFUSAL_REASON_HEADER),
-            text(refusal.to_string()),
-        );
-        let copy = Message {
+        let mut copy = Message {
             exchange: String::new(),
             routing_key: self.ingress.refused_queue.clone(),
             payload: message.payload.clone(),
-            properties: properties.with_headers(headers),
+            properties: with_reason(&properties, properties.headers().clone(), refusal),
         };
+        if self.broker.check_fits(&copy).is_err() {
+            let mut note = FieldTable::default();
+            note.insert(
+                ShortString::from(HEADERS_DROPPED_HEADER),
+                AMQPValue::Boolean(true),
+            );
+            copy.properties = with_reason(&properties, Some(note), refusal);
+        }
         match self.broker.publish_bounded(copy).await {
             Ok(Published::Confirmed) => {
                 warn!(
@@ -182,4 +182,26 @@ impl IngressRunner {
             })
             .inc();
     }
+}
+
+/// On a refused copy that had to leave its headers behind.
+pub const HEADERS_DROPPED_HEADER: &str = "x-delayline-refused-headers-dropped";
+
+/// `properties` with `headers` and the refusal's code and reason.
+fn with_reason(
+    properties: &BasicProperties,
+    headers: Option<FieldTable>,
+    refusal: &Refusal,
+) -> BasicProperties {
+    let mut headers = headers.unwrap_or_default();
+    let text = |value: String| AMQPValue::LongString(LongString::from(value));
+    headers.insert(
+        ShortString::from(REFUSAL_CODE_HEADER),
+        text(refusal.code().to_owned()),
+    );
+    headers.insert(
+        ShortString::from(REFUSAL_REASON_HEADER),
+        text(refusal.to_string()),
+    );
+    properties.clone().with_headers(headers)
 }

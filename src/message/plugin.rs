@@ -113,7 +113,13 @@ fn deliver_at_ms(value: &AMQPValue) -> Option<u64> {
 /// A header's value as an error message shows it: its type and, shortened,
 /// its content.
 fn shown(value: &AMQPValue) -> String {
-    let text = format!("{value:?}");
+    let text = match value {
+        AMQPValue::LongString(s) => {
+            format!("the string {:?}", String::from_utf8_lossy(s.as_bytes()))
+        }
+        AMQPValue::ShortString(s) => format!("the string {:?}", s.as_str()),
+        other => format!("{other:?}"),
+    };
     match text.char_indices().nth(60) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text,

@@ -53,6 +53,14 @@ fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
+/// The user the tests connect to the broker as.
+fn amqp_user() -> String {
+    let uri = amqp_uri();
+    let after_scheme = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let credentials = after_scheme.split_once('@').map_or("guest", |(c, _)| c);
+    credentials.split(':').next().unwrap_or("guest").to_owned()
+}
+
 /// Publishes as a lapin user publishes to the plugin's exchange: confirmed.
 async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProperties) {
     let connection = connect(amqp_uri(), "plugin producer").await.unwrap();
@@ -61,7 +69,7 @@ async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProper
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    channel
+    let confirmation = channel
         .basic_publish(
             exchange.into(),
             key.into(),
@@ -73,6 +81,10 @@ async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProper
         .unwrap()
         .await
         .unwrap();
+    assert!(
+        confirmation.is_ack(),
+        "the broker did not take it: {confirmation:?}"
+    );
     let _ = connection.close(200, "published".into()).await;
 }
 
@@ -127,7 +139,9 @@ async fn lapin_producers_and_consumers_of_every_exchange_type_change_one_exchang
             .with_type("invoice.created".into())
             .with_app_id("billing".into())
             .with_timestamp(1_700_000_000)
-            .with_expiration("600000".into());
+            .with_expiration("600000".into())
+            // The broker checks it against the publishing connection's user.
+            .with_user_id(amqp_user().into());
         publish(
             &name(&format!("{kind}.delayed")),
             key,
@@ -177,6 +191,12 @@ async fn lapin_producers_and_consumers_of_every_exchange_type_change_one_exchang
         assert_eq!(
             message.header("nested"),
             Some(&AMQPValue::FieldArray(vec![AMQPValue::ShortInt(7)].into()))
+        );
+        // delayline publishes as its own user: the producer's travels as a header.
+        assert_eq!(p.user_id(), &None);
+        assert_eq!(
+            message.header("x-delayline-user-id"),
+            Some(&text(&amqp_user()))
         );
         // As the plugin does: the delay it waited, negated.
         assert_eq!(
@@ -239,6 +259,11 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
         with_delay(AMQPValue::LongInt(10)),
     )
     .await;
+    // Headers the broker took, with no room left for delayline's and the
+    // dead-lettering history: it could never be published into the cascade.
+    let crowded =
+        BasicProperties::default().with_headers(headers(&[("big", text(&"x".repeat(128_000)))]));
+    publish(&ingress, "eu.order", b"e", crowded).await;
     // A producer's retry after a lost confirm: one task. Another message
     // with the same id: refused, not lost, not delivered.
     let once = with_delay(AMQPValue::LongInt(50)).with_message_id("once".into());
@@ -248,7 +273,7 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
 
     let mut refused = TestConsumer::existing(&refused_queue).await;
     let mut codes = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         let message = refused
             .next(Duration::from_secs(10))
             .await
@@ -269,6 +294,7 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
             ("delay_too_long".to_owned(), b"b".to_vec()),
             ("message_id_conflict".to_owned(), b"other".to_vec()),
             ("routing_key_not_accepted".to_owned(), b"c".to_vec()),
+            ("too_large".to_owned(), b"e".to_vec()),
         ]
     );
     let message = consumer
@@ -280,8 +306,51 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "delivered twice"
     );
+
+    // An ingress task is a task: cancelled or moved by its message id, and
+    // a move publishes its properties again as they came.
+    let later = |id: &str| {
+        let mut table = headers(&[("x-delay", AMQPValue::LongInt(2_000))]);
+        table.insert("tenant".into(), text("acme"));
+        BasicProperties::default()
+            .with_headers(table)
+            .with_message_id(id.into())
+            .with_correlation_id("kept".into())
+    };
+    publish(&ingress, "eu.cancel", b"never", later("to-cancel")).await;
+    publish(&ingress, "eu.move", b"moved", later("to-move")).await;
+    eventually("both ingress tasks to be scheduled", async || {
+        app.get("/v1/tasks/to-cancel").await.1["state"] == "scheduled"
+            && app.get("/v1/tasks/to-move").await.1["state"] == "scheduled"
+    })
+    .await;
+    let (status, answer) = app.delete("/v1/tasks/to-cancel").await;
+    assert_eq!(status, 200, "{answer}");
+    let moved_at_ms = epoch_ms(SystemTime::now());
+    let (status, answer) = app
+        .patch("/v1/tasks/to-move", &serde_json::json!({"delay_ms": 100}))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let message = consumer.next(Duration::from_secs(10)).await.expect("moved");
+    assert!(message.received_at_ms >= moved_at_ms + 100, "early");
+    assert_eq!(message.body, b"moved");
+    assert_eq!(message.routing_key, "eu.move");
+    assert_eq!(
+        message
+            .properties
+            .correlation_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "kept"
+    );
+    assert_eq!(message.header("tenant"), Some(&text("acme")));
+    assert!(
+        consumer.next(Duration::from_millis(2_500)).await.is_none(),
+        "a cancelled or moved copy was delivered"
+    );
     let scrape = app.scrape().await;
-    for (outcome, count) in [("accepted", 1.0), ("replayed", 1.0), ("bad_delay", 1.0)] {
+    for (outcome, count) in [("accepted", 3.0), ("replayed", 1.0), ("bad_delay", 1.0)] {
         let series = format!(
             "delayline_ingress_messages_total{{ingress=\"{ingress}\",outcome=\"{outcome}\"}}"
         );
