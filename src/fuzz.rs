@@ -1,6 +1,7 @@
 //! Property-based fuzzing of what parses untrusted input: the task parser,
-//! the conversion of a task's JSON headers into AMQP table values, and the
-//! routing-key encoder (whose exhaustive properties, walked through the
+//! the conversion of a task's JSON headers into AMQP table values, the
+//! plugin's delay headers an AMQP ingress reads (against an oracle written
+//! another way), and the routing-key encoder (whose exhaustive properties, walked through the
 //! routing simulator, live in `cascade::sim`). Each target takes arbitrary
 //! bytes, arbitrary JSON, and near-valid tasks (valid fields with one part
 //! random), and checks that nothing panics, that every refusal has an API
@@ -361,5 +362,118 @@ proptest! {
             None => cascade.due_exchange(),
         };
         prop_assert_eq!(route.entry_exchange, expected);
+    }
+}
+
+/// Any value a client library might put in `x-delay`: every integer width
+/// at its edges and between, doubles and floats (whole, fractional, not
+/// finite), strings of digits and signs and spaces and other characters,
+/// and other types.
+fn delay_header() -> impl Strategy<Value = AMQPValue> {
+    prop_oneof![
+        any::<i8>().prop_map(AMQPValue::ShortShortInt),
+        any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+        any::<i16>().prop_map(AMQPValue::ShortInt),
+        any::<u16>().prop_map(AMQPValue::ShortUInt),
+        any::<i32>().prop_map(AMQPValue::LongInt),
+        any::<u32>().prop_map(AMQPValue::LongUInt),
+        any::<i64>().prop_map(AMQPValue::LongLongInt),
+        (-1_000_000i64..1_000_000).prop_map(AMQPValue::LongLongInt),
+        any::<f64>().prop_map(AMQPValue::Double),
+        (-1e6f64..1e6).prop_map(|v| AMQPValue::Double(v.round())),
+        any::<f32>().prop_map(AMQPValue::Float),
+        "[ +-]{0,2}[0-9]{0,45}[ ]{0,2}".prop_map(|t| AMQPValue::LongString(t.as_str().into())),
+        "[ -~]{0,12}".prop_map(|t| AMQPValue::LongString(t.as_str().into())),
+        "[0-9]{1,6}".prop_map(|t| AMQPValue::ShortString(t.as_str().into())),
+        any::<bool>().prop_map(AMQPValue::Boolean),
+        any::<u64>().prop_map(AMQPValue::Timestamp),
+        Just(AMQPValue::Void),
+    ]
+}
+
+/// The plugin's contract, said another way: a whole number of
+/// milliseconds, or nothing; not positive is now, beyond 64 bits too long.
+fn delay_oracle(value: &AMQPValue) -> Option<u64> {
+    let whole: i128 = match value {
+        AMQPValue::ShortShortInt(v) => (*v).into(),
+        AMQPValue::ShortShortUInt(v) => (*v).into(),
+        AMQPValue::ShortInt(v) => (*v).into(),
+        AMQPValue::ShortUInt(v) => (*v).into(),
+        AMQPValue::LongInt(v) => (*v).into(),
+        AMQPValue::LongUInt(v) => (*v).into(),
+        AMQPValue::LongLongInt(v) => (*v).into(),
+        AMQPValue::Double(v) if v.is_finite() && v.trunc() == *v => *v as i128,
+        AMQPValue::Float(v) if v.is_finite() && v.trunc() == *v => *v as i128,
+        AMQPValue::LongString(s) => {
+            let text = std::str::from_utf8(s.as_bytes()).ok()?.trim();
+            match text.parse::<i128>() {
+                Ok(v) => v,
+                // All digits, yet no i128: huge.
+                Err(_)
+                    if text
+                        .trim_start_matches(['-', '+'])
+                        .chars()
+                        .all(|c| c.is_ascii_digit())
+                        && text.chars().any(|c| c.is_ascii_digit())
+                        && text.matches(['-', '+']).count() <= 1
+                        && !text[1..].contains(['-', '+']) =>
+                {
+                    if text.starts_with('-') {
+                        i128::MIN
+                    } else {
+                        i128::MAX
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok()?,
+        _ => return None,
+    };
+    Some(if whole <= 0 {
+        0
+    } else {
+        u64::try_from(whole).unwrap_or(u64::MAX)
+    })
+}
+
+proptest! {
+    /// `x-delay` as an AMQP ingress reads it agrees with the oracle: the
+    /// same delay, or refused exactly when the oracle finds no number.
+    #[test]
+    fn the_plugin_delay_header_reads_as_the_oracle_says(value in delay_header()) {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert("x-delay".into(), value.clone());
+        let properties = lapin::BasicProperties::default().with_headers(headers);
+        let read = crate::message::due(&properties);
+        match delay_oracle(&value) {
+            Some(ms) => prop_assert_eq!(read, Ok(crate::message::Due::In(ms)), "{:?}", value),
+            None => prop_assert!(
+                matches!(read, Err(crate::message::BadDelay::NotAnInteger(_))),
+                "{:?} read as {:?}", value, read
+            ),
+        }
+    }
+
+    /// `x-deliver-at` in epoch milliseconds, of any integer type, is the
+    /// same instant, a past one now-or-earlier, never one taken for now
+    /// that lies beyond 64 bits.
+    #[test]
+    fn the_deliver_at_header_reads_epoch_milliseconds(value in delay_header()) {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert("x-deliver-at".into(), value.clone());
+        let properties = lapin::BasicProperties::default().with_headers(headers);
+        let read = crate::message::due(&properties);
+        match (&value, delay_oracle(&value)) {
+            (AMQPValue::Timestamp(seconds), _) => prop_assert_eq!(
+                read, Ok(crate::message::Due::At(seconds.saturating_mul(1000)))
+            ),
+            (_, Some(ms)) => prop_assert_eq!(read, Ok(crate::message::Due::At(ms)), "{:?}", value),
+            // Not a number: an RFC 3339 time, or refused.
+            (_, None) => prop_assert!(
+                matches!(read, Ok(crate::message::Due::At(_)) | Err(crate::message::BadDelay::NotATime(_))),
+                "{:?} read as {:?}", value, read
+            ),
+        }
     }
 }

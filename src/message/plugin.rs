@@ -51,7 +51,7 @@ pub fn due(properties: &BasicProperties) -> Result<Due, BadDelay> {
         (None, None) => Ok(Due::In(0)),
         (Some(delay), None) => {
             let ms = delay_ms(delay).ok_or_else(|| BadDelay::NotAnInteger(shown(delay)))?;
-            Ok(Due::In(u64::try_from(ms).unwrap_or(0)))
+            Ok(Due::In(clamped(ms)))
         }
         (None, Some(at)) => deliver_at_ms(at)
             .map(Due::At)
@@ -77,37 +77,53 @@ fn delay_ms(value: &AMQPValue) -> Option<i128> {
     })
 }
 
+/// Not positive: 0 (now); beyond 64 bits: the largest, which no chain
+/// reaches (refused as too long, never taken for now).
+fn clamped(ms: i128) -> u64 {
+    if ms <= 0 {
+        0
+    } else {
+        u64::try_from(ms).unwrap_or(u64::MAX)
+    }
+}
+
 fn whole(value: f64) -> Option<i128> {
-    // Beyond 2^63 a double is far past any chain's longest delay; saying
-    // so is the chain's job, so it stays a (large) integer here.
-    (value.is_finite() && value.fract() == 0.0 && value.abs() < 1e30).then_some(value as i128)
+    // `as` saturates: a double beyond 2^127 is still a (huge) integer, which
+    // the chain refuses as too long.
+    (value.is_finite() && value.fract() == 0.0).then_some(value as i128)
 }
 
 /// An optionally signed run of ASCII digits, surrounding spaces allowed.
 fn digits(text: &str) -> Option<i128> {
     let text = text.trim();
     let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
-    if unsigned.is_empty() || unsigned.len() > 30 || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+    if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    text.parse().ok()
+    // More digits than 128 bits hold: still a number, and far too long.
+    let overflow = if text.starts_with('-') {
+        i128::MIN
+    } else {
+        i128::MAX
+    };
+    Some(text.parse().unwrap_or(overflow))
 }
 
 fn deliver_at_ms(value: &AMQPValue) -> Option<u64> {
     let text = match value {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.to_owned(),
         AMQPValue::ShortString(s) => s.as_str().to_owned(),
-        AMQPValue::Timestamp(seconds) => return seconds.checked_mul(1000),
-        other => return delay_ms(other).map(|ms| u64::try_from(ms).unwrap_or(0)),
+        AMQPValue::Timestamp(seconds) => return Some(seconds.saturating_mul(1000)),
+        other => return delay_ms(other).map(clamped),
     };
     if let Some(ms) = digits(&text) {
-        return Some(u64::try_from(ms).unwrap_or(0));
+        return Some(clamped(ms));
     }
     let at = OffsetDateTime::parse(text.trim(), &Rfc3339).ok()?;
     // Rounded up: a due time between two milliseconds is the later one.
     let nanos = at.unix_timestamp_nanos();
     let ms = nanos / 1_000_000 + i128::from(nanos % 1_000_000 > 0);
-    Some(u64::try_from(ms).unwrap_or(0))
+    Some(clamped(ms))
 }
 
 /// A header's value as an error message shows it: its type and, shortened,
