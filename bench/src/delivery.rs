@@ -129,14 +129,74 @@ pub struct Delays {
     pub max_ms: u64,
 }
 
-/// POSTs `delays.tasks` tasks with delays spread uniformly (to the
+/// How a precision run's tasks are submitted.
+#[derive(Clone, Copy, Debug)]
+pub enum Intake<'a> {
+    /// `POST /v1/tasks`.
+    Http,
+    /// Published to this AMQP ingress exchange with `x-delay`, as a
+    /// producer of the delayed-message plugin does; its due time is taken
+    /// as the publish's start plus the delay (there is no answer to read a
+    /// `deliver_at` from).
+    Ingress(&'a str),
+}
+
+/// Submits `delays.tasks` tasks with delays spread uniformly (to the
 /// microsecond's millisecond, so most are not whole units) over
-/// `delays.min_ms..delays.max_ms`.
+/// `delays.min_ms..delays.max_ms`, over HTTP.
 pub async fn precision(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
     label: &str,
     delays: Delays,
+    progress: &ProgressBar,
+) -> anyhow::Result<Precision> {
+    precision_over(sut, amqp_uri, label, delays, Intake::Http, progress).await
+}
+
+/// One task published to an ingress exchange: its id and due times.
+async fn publish_to_ingress(
+    channel: &lapin::Channel,
+    exchange: &str,
+    destination: &str,
+    id: String,
+    delay_ms: u64,
+) -> Option<(String, Submitted)> {
+    let mut headers = FieldTable::default();
+    headers.insert("x-delay".into(), lapin::types::AMQPValue::LongLongInt(delay_ms as i64));
+    let properties = lapin::BasicProperties::default()
+        .with_message_id(id.as_str().into())
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    let requested_due_us = now_us() + delay_ms as i64 * 1000;
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            destination.into(),
+            lapin::options::BasicPublishOptions::default(),
+            b"{}",
+            properties,
+        )
+        .await
+        .ok()?
+        .await
+        .ok()?;
+    confirm.is_ack().then_some((
+        id,
+        Submitted {
+            requested_due_us,
+            deliver_at_us: requested_due_us,
+        },
+    ))
+}
+
+/// As [`precision`], the tasks submitted through `intake`.
+pub async fn precision_over(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    label: &str,
+    delays: Delays,
+    intake: Intake<'_>,
     progress: &ProgressBar,
 ) -> anyhow::Result<Precision> {
     let Delays {
@@ -153,8 +213,20 @@ pub async fn precision(
     progress.set_message(format!("{label}: submitting"));
 
     let span = max_delay_ms - min_delay_ms;
+    let publisher = match intake {
+        Intake::Http => None,
+        Intake::Ingress(_) => {
+            let connection = connect(amqp_uri, "delayline-bench plugin producer").await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(lapin::options::ConfirmSelectOptions::default())
+                .await?;
+            Some((connection, channel))
+        }
+    };
     let submissions = futures_util::stream::iter(0..tasks)
         .map(|n| {
+            let publisher = publisher.as_ref().map(|(_, channel)| channel.clone());
             let client = client.clone();
             let url = url.clone();
             let destination = destination.clone();
@@ -163,6 +235,10 @@ pub async fn precision(
                 let delay_ms = min_delay_ms + (n as u64 * 104_729) % span.max(1);
                 // The label keeps ids apart when one ledger is measured twice.
                 let id = format!("{destination}-{n}");
+                if let (Some(channel), Intake::Ingress(exchange)) = (publisher, intake) {
+                    return publish_to_ingress(&channel, exchange, &destination, id, delay_ms)
+                        .await;
+                }
                 let requested_due_us = now_us() + delay_ms as i64 * 1000;
                 let body =
                     serde_json::json!({"destination": destination, "delay_ms": delay_ms, "id": id});

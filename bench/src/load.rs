@@ -149,6 +149,10 @@ pub enum RawTarget<'a> {
         exchange: &'a str,
         key: Option<&'a str>,
     },
+    /// An AMQP ingress's exchange, as a producer of the delayed-message
+    /// plugin publishes: the task's payload, content type and headers, its
+    /// delay in `x-delay`, its destination as the routing key.
+    Ingress(&'a str),
 }
 
 pub async fn raw_amqp(
@@ -165,7 +169,10 @@ pub async fn raw_amqp(
         (0..1024)
             .map(|n| {
                 let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
-                let properties = properties_of(&task);
+                let mut properties = properties_of(&task);
+                if let RawTarget::Ingress(_) = target {
+                    properties = plugin_properties(&task);
+                }
                 let (exchange, key) = match target {
                     RawTarget::Cascade => (task.route.entry_exchange, task.route.routing_key),
                     RawTarget::PlainQueue(queue) => (String::new(), queue.to_owned()),
@@ -173,6 +180,7 @@ pub async fn raw_amqp(
                         exchange.to_owned(),
                         key.map_or(task.route.routing_key, str::to_owned),
                     ),
+                    RawTarget::Ingress(exchange) => (exchange.to_owned(), task.destination),
                 };
                 (exchange, key, task.payload, properties)
             })
@@ -182,6 +190,7 @@ pub async fn raw_amqp(
         RawTarget::Cascade => format!("amqp cascade ({channels} ch)"),
         RawTarget::PlainQueue(_) => format!("amqp plain queue ({channels} ch)"),
         RawTarget::Exchange { label, .. } => format!("routing: {label}"),
+        RawTarget::Ingress(_) => format!("amqp ingress ({channels} ch)"),
     };
     let connection = connect(uri, "delayline-bench raw").await?;
     let mut opened = Vec::new();
@@ -238,6 +247,23 @@ pub async fn raw_amqp(
     let (results, elapsed) = join_workers(workers, start, tick).await?;
     close(&connection).await;
     Ok(summarise(&path, "-", in_flight, 1, elapsed, results))
+}
+
+/// What a plugin producer publishes for `task`: its content type and
+/// headers, and its delay as `x-delay` (no message id: delayline makes one).
+fn plugin_properties(task: &Task) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    for (name, value) in &task.headers {
+        if let delayline::task::FieldValue::Str(text) = value {
+            headers.insert(name.as_str().into(), AMQPValue::LongString(text.as_str().into()));
+        }
+    }
+    let delay = i64::try_from(task.granted_delay_ms()).unwrap_or(i64::MAX);
+    headers.insert("x-delay".into(), AMQPValue::LongLongInt(delay));
+    BasicProperties::default()
+        .with_content_type(task.content_type.as_str().into())
+        .with_delivery_mode(2)
+        .with_headers(headers)
 }
 
 /// `concurrency` clients, each POSTing back to back for `duration`.

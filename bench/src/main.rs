@@ -226,6 +226,9 @@ async fn main() -> anyhow::Result<()> {
             }
             let summary =
                 ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;
+            if sut.ingress.is_some() && !auth {
+                ingest_over_ingress(&args, &sut, &label, seconds, &progress, &mut results).await?;
+            }
             progress.finish_and_clear();
             results.stores.push(summary);
             sut.stop().await?;
@@ -319,6 +322,22 @@ async fn main() -> anyhow::Result<()> {
                 delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
             progress.finish_and_clear();
             results.precision.push(precision);
+            // The same tasks from a plugin-style producer, through the ingress.
+            if let Some(exchange) = sut.ingress.as_ref().map(|i| i.exchange.clone()) {
+                let progress = bar("precision 10ms-ingress");
+                let intake = delivery::Intake::Ingress(&exchange);
+                let precision = delivery::precision_over(
+                    &mut sut,
+                    &args.amqp_uri,
+                    "10ms-ingress",
+                    delays,
+                    intake,
+                    &progress,
+                )
+                .await?;
+                progress.finish_and_clear();
+                results.precision.push(precision);
+            }
             sut.stop().await?;
         }
     }
@@ -471,6 +490,70 @@ async fn backlog_phase(
 
 /// Single and batch HTTP ingest against one service; the summary is
 /// relative to the raw ceiling measured before.
+/// Plugin-style producers publishing to the service's AMQP ingress, as fast
+/// as the broker confirms, for `seconds`; the rate is the service's: tasks
+/// committed in the ledger (its `accepted` count) over the time from the
+/// first publish until it has taken the last.
+async fn ingest_over_ingress(
+    args: &Args,
+    sut: &ServiceUnderTest,
+    store: &str,
+    seconds: Duration,
+    progress: &ProgressBar,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let Some(ingress) = &sut.ingress else {
+        return Ok(());
+    };
+    let broker = cpu::broker_pid();
+    for in_flight in [256, 1024] {
+        progress.set_message(format!("ingest [{store}]: amqp ingress, {in_flight} in flight"));
+        let before = ingress_accepted(sut, &ingress.exchange).await?;
+        let meter = cpu::Meter::start(broker, sut.pid());
+        let started = std::time::Instant::now();
+        let mut measured = load::raw_amqp(
+            &args.amqp_uri,
+            &sut.cascade,
+            load::RawTarget::Ingress(&ingress.exchange),
+            args.channels,
+            in_flight,
+            seconds,
+            progress,
+        )
+        .await?;
+        let wanted = before + measured.tasks;
+        let deadline = started + Duration::from_secs(600);
+        while ingress_accepted(sut, &ingress.exchange).await? < wanted {
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("the ingress did not take {} messages in 10 minutes", measured.tasks);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        measured.store = store.to_owned();
+        measured.seconds = elapsed;
+        measured.tasks_per_sec = measured.tasks as f64 / elapsed;
+        measured.cpu = meter.finish(measured.tasks);
+        results.ingest.push(measured);
+    }
+    Ok(())
+}
+
+/// The ingress's `accepted` count, from the service's metrics.
+async fn ingress_accepted(sut: &ServiceUnderTest, exchange: &str) -> anyhow::Result<u64> {
+    let text = reqwest::get(format!("{}/metrics", sut.base))
+        .await?
+        .text()
+        .await?;
+    let series =
+        format!("delayline_ingress_messages_total{{ingress=\"{exchange}\",outcome=\"accepted\"}} ");
+    Ok(text
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map_or(0, |count| count as u64))
+}
+
 async fn ingest_over_http(
     args: &Args,
     sut: &ServiceUnderTest,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use delayline::broker::{connect, teardown};
+use delayline::ingress::{Ingress, IngressSettings, plan_with};
 use delayline::cascade::{Cascade, CascadeSettings, QueueType};
 use lapin::options::QueueDeleteOptions;
 use tokio::process::{Child, Command};
@@ -43,6 +44,9 @@ pub struct ServiceUnderTest {
     store_name: String,
     /// The token of the one client, when the API requires tokens.
     pub token: Option<String>,
+    /// With the release stage: an AMQP ingress delivering to the business
+    /// exchange, for plugin-style producers.
+    pub ingress: Option<Ingress>,
 }
 
 fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
@@ -118,6 +122,7 @@ impl ServiceUnderTest {
             version: 1,
             business_exchange: format!("bench-{id}.business"),
             release_stage: Some(release_stage),
+            delivery_key: delayline::cascade::DeliveryKey::Destination,
         }
         .validate()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -137,6 +142,25 @@ impl ServiceUnderTest {
         // the price of checking its token and destination on every task.
         let token = auth.then(delayline::auth::token::generate);
         let mut command = Command::new(service_binary()?);
+        let ingress = match release_stage {
+            true => {
+                let settings = IngressSettings {
+                    exchange: format!("{}.ingress", cascade.prefix()),
+                    deliver_to: None,
+                    kind: "direct".to_owned(),
+                    routing_keys: Vec::new(),
+                };
+                std::fs::create_dir_all(&data_dir)?;
+                let config = data_dir.join("ingress.toml");
+                std::fs::write(
+                    &config,
+                    format!("[[ingress]]\nexchange = {:?}\n", settings.exchange),
+                )?;
+                command.env("DELAYLINE_CONFIG", config);
+                Some(settings.validate(&cascade)?)
+            }
+            false => None,
+        };
         if let Some(token) = &token {
             std::fs::create_dir_all(&data_dir)?;
             let clients = data_dir.join("clients.toml");
@@ -185,6 +209,7 @@ impl ServiceUnderTest {
             store: store.clone(),
             store_name,
             token,
+            ingress,
         };
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -274,7 +299,8 @@ impl ServiceUnderTest {
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
-        teardown(&connection, &self.cascade.plan()).await?;
+        let ingresses: Vec<Ingress> = self.ingress.iter().cloned().collect();
+        teardown(&connection, &plan_with(&self.cascade, &ingresses)).await?;
         crate::load::close(&connection).await;
         match &self.store {
             Store::None => {}
