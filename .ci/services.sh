@@ -117,6 +117,17 @@ management_plugin_state() {
   fi
 }
 
+# Node.js and npm: the OpenAPI linter below, and the tests' amqplib producer
+# (tests/it/common/node.rs installs amqplib under target/ on first use).
+ensure_node() {
+  if command -v node >/dev/null && command -v npm >/dev/null; then
+    return 0
+  fi
+  echo "ci: installing Node.js and npm"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+}
+
 # The OpenAPI linter (Redocly CLI, from npm), pinned like the Python tools, in
 # a folder of its own outside the checkout.
 REDOCLY_VERSION=2.77.0

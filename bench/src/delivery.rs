@@ -163,7 +163,10 @@ async fn publish_to_ingress(
     delay_ms: u64,
 ) -> Option<(String, Submitted)> {
     let mut headers = FieldTable::default();
-    headers.insert("x-delay".into(), lapin::types::AMQPValue::LongLongInt(delay_ms as i64));
+    headers.insert(
+        "x-delay".into(),
+        lapin::types::AMQPValue::LongLongInt(delay_ms as i64),
+    );
     let properties = lapin::BasicProperties::default()
         .with_message_id(id.as_str().into())
         .with_delivery_mode(2)

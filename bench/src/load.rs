@@ -255,7 +255,10 @@ fn plugin_properties(task: &Task) -> BasicProperties {
     let mut headers = FieldTable::default();
     for (name, value) in &task.headers {
         if let delayline::task::FieldValue::Str(text) = value {
-            headers.insert(name.as_str().into(), AMQPValue::LongString(text.as_str().into()));
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(text.as_str().into()),
+            );
         }
     }
     let delay = i64::try_from(task.granted_delay_ms()).unwrap_or(i64::MAX);

@@ -507,7 +507,9 @@ async fn ingest_over_ingress(
     };
     let broker = cpu::broker_pid();
     for in_flight in [256, 1024] {
-        progress.set_message(format!("ingest [{store}]: amqp ingress, {in_flight} in flight"));
+        progress.set_message(format!(
+            "ingest [{store}]: amqp ingress, {in_flight} in flight"
+        ));
         let before = ingress_accepted(sut, &ingress.exchange).await?;
         let meter = cpu::Meter::start(broker, sut.pid());
         let started = std::time::Instant::now();
@@ -525,7 +527,10 @@ async fn ingest_over_ingress(
         let deadline = started + Duration::from_secs(600);
         while ingress_accepted(sut, &ingress.exchange).await? < wanted {
             if std::time::Instant::now() > deadline {
-                anyhow::bail!("the ingress did not take {} messages in 10 minutes", measured.tasks);
+                anyhow::bail!(
+                    "the ingress did not take {} messages in 10 minutes",
+                    measured.tasks
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

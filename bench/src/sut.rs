@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use delayline::broker::{connect, teardown};
-use delayline::ingress::{Ingress, IngressSettings, plan_with};
 use delayline::cascade::{Cascade, CascadeSettings, QueueType};
+use delayline::ingress::{Ingress, IngressSettings, plan_with};
 use lapin::options::QueueDeleteOptions;
 use tokio::process::{Child, Command};
 

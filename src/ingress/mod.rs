@@ -25,7 +25,7 @@ use futures_util::future::join_all;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use intake::{KEYLESS_DESTINATION, Refusal, Taken, take};
 pub use settings::{
@@ -75,9 +75,15 @@ impl IngressRunner {
             .for_each_concurrent(usize::from(INGRESS_WINDOWS), |window| async {
                 let now = SystemTime::now();
                 let settles = join_all(window.messages.iter().map(|m| self.take_one(m, now))).await;
-                let retry = settles.contains(&Settle::Requeue);
+                let retried = settles.iter().filter(|s| **s == Settle::Requeue).count();
                 window.settle(settles);
-                if retry {
+                if retried > 0 {
+                    warn!(
+                        ingress = self.ingress.exchange,
+                        messages = retried,
+                        "delayed messages could not be taken in now (the ledger or the broker \
+                         is away, or the ledger is full): back to the ingress queue, taken again"
+                    );
                     tokio::select! {
                         () = shutdown.cancelled() => {}
                         () = tokio::time::sleep(RETRY_PAUSE) => {}
@@ -124,11 +130,8 @@ impl IngressRunner {
                     .await
             }
             Err(error) => {
-                warn!(
-                    ingress = self.ingress.exchange,
-                    %error,
-                    "cannot take a delayed message in now; it goes back to its queue"
-                );
+                // Said once per window, by `run`.
+                debug!(ingress = self.ingress.exchange, %error, "cannot take a message in now");
                 Settle::Requeue
             }
         }
