@@ -297,6 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn routing_headers_route_once_at_the_ingress_not_again() {
+        let keys = AMQPValue::FieldArray(vec![AMQPValue::LongString("1.1.x".into())].into());
+        let properties = with_headers(&[("CC", keys.clone()), ("BCC", keys), ("kept", text())]);
+        let task = take(&ingress(&[]), &chain(), "k", b"", &properties, now())
+            .unwrap()
+            .task;
+        let message = message::of_task(&task);
+        let headers = message.properties.headers().clone().unwrap();
+        assert!(!headers.inner().contains_key("CC") && !headers.inner().contains_key("BCC"));
+        assert!(headers.inner().contains_key("kept"));
+    }
+
+    fn text() -> AMQPValue {
+        AMQPValue::LongString(LongString::from("v"))
+    }
+
+    #[test]
     fn a_retry_is_the_same_message_and_another_message_is_not() {
         let properties = BasicProperties::default().with_message_id("m".into());
         let take =

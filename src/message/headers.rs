@@ -58,6 +58,11 @@ pub fn is_dead_letter_header(name: &str) -> bool {
         .any(|prefix| lower.starts_with(prefix))
 }
 
+/// `CC` or `BCC`: RabbitMQ routes copies of a message by them.
+pub fn is_routing_header(name: &str) -> bool {
+    ROUTING_HEADERS.contains(&name)
+}
+
 /// A header a task may not set: delayline's own (those of a message taken in
 /// over AMQP too), the broker's dead-letter history, and the broker's
 /// routing headers.

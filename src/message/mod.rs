@@ -25,7 +25,7 @@ mod plugin;
 pub use headers::{
     DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
     POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, USER_ID_HEADER,
-    is_dead_letter_header, is_reserved_header,
+    is_dead_letter_header, is_reserved_header, is_routing_header,
 };
 pub use plugin::{BadDelay, Due, PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER, due};
 
@@ -115,9 +115,17 @@ pub fn taken_in(
 /// A message's properties with `expiration` and `user_id` moved into
 /// headers ([`EXPIRATION_HEADER`], [`USER_ID_HEADER`]): what delayline can
 /// publish again without the broker expiring it where it waits, or refusing
-/// a user id other than delayline's.
+/// a user id other than delayline's. Without `CC` and `BCC`: RabbitMQ routed
+/// the message by them when it was published; published again, they would
+/// route copies anywhere (into the cascade's levels, or to any queue by its
+/// name).
 pub fn set_aside(properties: &BasicProperties) -> BasicProperties {
-    let mut headers = properties.headers().clone().unwrap_or_default();
+    let mut headers = FieldTable::default();
+    for (name, value) in properties.headers().iter().flat_map(|h| h.inner()) {
+        if !is_routing_header(name.as_str()) {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
     let text = |value: &str| AMQPValue::LongString(LongString::from(value));
     if let Some(expiration) = properties.expiration() {
         headers.insert(EXPIRATION_HEADER.into(), text(expiration.as_str()));
