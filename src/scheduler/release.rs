@@ -404,16 +404,16 @@ impl Releaser {
     /// To the business exchange (or the exchange the task names), as it
     /// was published but for the broker's dead-lettering history, with the
     /// routing key it is delivered with ([`message::released`]); a late
-    /// confirm is awaited. A task whose exchange does not exist is parked
-    /// in the unroutable queue rather than failing again and again.
+    /// confirm is awaited. A task whose exchange does not exist, or
+    /// returns it, is parked in the unroutable queue rather than failing
+    /// again and again.
     async fn publish(&self, message: &Inbound) -> Result<Released, PublishError> {
-        let mut message = message::released(
+        let message = message::released(
             &message.routing_key,
             message.payload.clone(),
             &message.properties,
             &self.cascade,
         );
-        let mut released = Released::Delivered;
         if !self.exchange_exists(&message.exchange).await? {
             warn!(
                 task_id = ?message.properties.message_id(),
@@ -421,15 +421,36 @@ impl Releaser {
                 queue = self.cascade.unroutable_queue(),
                 "a due task's exchange does not exist: it waits in the unroutable queue"
             );
-            message.exchange = self.cascade.unroutable_exchange();
-            released = Released::Parked;
+            return self.park(message).await;
         }
+        let elsewhere = message.exchange != self.cascade.business_exchange();
+        match self.publish_confirmed(message.clone()).await {
+            // An exchange of the user's without an alternate exchange: the
+            // broker returned the message (mandatory). Parked as the business
+            // exchange's alternate exchange would park it.
+            Err(PublishError::Returned(reason)) if elsewhere => {
+                debug!(exchange = message.exchange, reason, "returned: parked");
+                self.park(message).await
+            }
+            outcome => outcome.map(|()| Released::Delivered),
+        }
+    }
+
+    /// To the chain's unroutable exchange, whose queues keep it (and tell
+    /// the ledger it is unroutable).
+    async fn park(&self, mut message: message::Message) -> Result<Released, PublishError> {
+        message.exchange = self.cascade.unroutable_exchange();
+        self.publish_confirmed(message).await?;
+        Ok(Released::Parked)
+    }
+
+    /// Published and confirmed; a late confirm is awaited up to its limit.
+    async fn publish_confirmed(&self, message: message::Message) -> Result<(), PublishError> {
         match self.broker.publish_bounded(message).await? {
-            Published::Confirmed => Ok(released),
+            Published::Confirmed => Ok(()),
             Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
                 .await
-                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT)))
-                .map(|()| released),
+                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
         }
     }
 

@@ -615,6 +615,17 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
         .await
         .expect("requeued to its exchange");
     assert_eq!(message.message_id(), "to-nowhere");
+
+    // An exchange of the user's without an alternate exchange, and no queue
+    // bound for the key: the broker returns it, and it is parked too.
+    let unbound = serde_json::json!({"id": "unbound", "destination": "nobody.here",
+                                     "delay_ms": 10, "exchange": orders});
+    let (status, answer) = app.post("/v1/tasks", &unbound).await;
+    assert_eq!(status, 202, "{answer}");
+    eventually("a returned task to be unroutable", async || {
+        app.get("/v1/tasks/unbound").await.1["state"] == "unroutable"
+    })
+    .await;
     drop((consumer, business, late));
     app.stop().await.unwrap();
     delete_exchange(&orders).await;
