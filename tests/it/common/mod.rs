@@ -403,9 +403,32 @@ impl TestApp {
 }
 
 impl Drop for TestApp {
+    /// A test that did not stop its service stops it here, as the service
+    /// stops (its background tasks too) and within a bound, before the
+    /// cleanup deletes its objects: an aborted service leaves its broker
+    /// tasks running until the test's runtime ends, and one reconnecting
+    /// then declares the chain again behind the cleanup.
     fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            handle.abort();
+        let Some(mut handle) = self.handle.take() else {
+            return;
+        };
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime)
+                if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
+            {
+                tokio::task::block_in_place(|| {
+                    runtime.block_on(async {
+                        let bound = Duration::from_secs(15);
+                        if tokio::time::timeout(bound, &mut handle).await.is_err() {
+                            handle.abort();
+                        }
+                    })
+                })
+            }
+            _ => handle.abort(),
         }
     }
 }
