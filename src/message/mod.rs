@@ -191,20 +191,9 @@ pub fn released(
     properties: &BasicProperties,
     cascade: &Cascade,
 ) -> Message {
-    let header = |name: &str| {
-        properties
-            .headers()
-            .as_ref()?
-            .inner()
-            .get(name)
-            .and_then(|value| match value {
-                AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
-                _ => None,
-            })
-    };
-    let exchange = header(DELIVER_TO_HEADER);
-    let key = header(DELIVERY_KEY_HEADER);
-    let expiration = header(EXPIRATION_HEADER);
+    let exchange = text_header(properties, DELIVER_TO_HEADER);
+    let key = text_header(properties, DELIVERY_KEY_HEADER);
+    let expiration = text_header(properties, EXPIRATION_HEADER);
     // The exchange stays named: a message parked in the unroutable queue
     // goes back there (`requeue-unroutable`).
     let mut kept = without_headers(properties, &[DELIVERY_KEY_HEADER, EXPIRATION_HEADER]);
@@ -238,12 +227,12 @@ fn without_headers(properties: &BasicProperties, names: &[&str]) -> BasicPropert
 /// The exchange a released message was delivered to, when it names one
 /// other than the business exchange.
 pub fn delivered_to(properties: &BasicProperties) -> Option<String> {
-    match properties
-        .headers()
-        .as_ref()?
-        .inner()
-        .get(DELIVER_TO_HEADER)?
-    {
+    text_header(properties, DELIVER_TO_HEADER)
+}
+
+/// A header delayline wrote as text.
+fn text_header(properties: &BasicProperties, name: &str) -> Option<String> {
+    match properties.headers().as_ref()?.inner().get(name)? {
         AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
         _ => None,
     }

@@ -423,12 +423,17 @@ impl Releaser {
             );
             return self.park(message).await;
         }
-        let elsewhere = message.exchange != self.cascade.business_exchange();
+        // The business exchange parks what it cannot route itself (its
+        // alternate exchange): no copy is kept for it on the hot path.
+        if message.exchange == self.cascade.business_exchange() {
+            self.publish_confirmed(message).await?;
+            return Ok(Released::Delivered);
+        }
         match self.publish_confirmed(message.clone()).await {
             // An exchange of the user's without an alternate exchange: the
             // broker returned the message (mandatory). Parked as the business
             // exchange's alternate exchange would park it.
-            Err(PublishError::Returned(reason)) if elsewhere => {
+            Err(PublishError::Returned(reason)) => {
                 debug!(exchange = message.exchange, reason, "returned: parked");
                 self.park(message).await
             }

@@ -397,6 +397,16 @@ const [uri, exchange] = process.argv.slice(1);
 })().catch((error) => { console.error(error); process.exit(1); });
 "#;
 
+/// Runs a producer script to its end; its errors fail the test.
+async fn run_producer(mut command: tokio::process::Command) {
+    let output = command.output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
     let settings = settings_with(&[("py", "direct", &[]), ("js", "topic", &[])]);
@@ -411,36 +421,22 @@ async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
 
     let sent_at_ms = epoch_ms(SystemTime::now());
     let python = tool("python");
-    let output = tokio::process::Command::new(python)
-        .args([
-            "-c",
-            PIKA_PRODUCER,
-            amqp_uri(),
-            &format!("{prefix}.py.delayed"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let output = tokio::process::Command::from(node())
-        .args([
-            "-e",
-            AMQPLIB_PRODUCER,
-            amqp_uri(),
-            &format!("{prefix}.js.delayed"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut pika = tokio::process::Command::new(python);
+    pika.args([
+        "-c",
+        PIKA_PRODUCER,
+        amqp_uri(),
+        &format!("{prefix}.py.delayed"),
+    ]);
+    run_producer(pika).await;
+    let mut amqplib = tokio::process::Command::from(node());
+    amqplib.args([
+        "-e",
+        AMQPLIB_PRODUCER,
+        amqp_uri(),
+        &format!("{prefix}.js.delayed"),
+    ]);
+    run_producer(amqplib).await;
 
     let timeout = Duration::from_millis(600 + LATE_ALLOWED_MS);
     let first = from_python.next(timeout).await.expect("first from pika");
@@ -500,16 +496,9 @@ async fn the_readme_plugin_section_runs_as_written() {
          channel = connection.channel()\nchannel.confirm_delivery()\n{publish}\nconnection.close()\n"
     );
     let sent_at_ms = epoch_ms(SystemTime::now());
-    let output = tokio::process::Command::new(tool("python"))
-        .args(["-c", &script, amqp_uri()])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut readme_producer = tokio::process::Command::new(tool("python"));
+    readme_producer.args(["-c", &script, amqp_uri()]);
+    run_producer(readme_producer).await;
     let message = consumer
         .next(Duration::from_millis(5_000 + LATE_ALLOWED_MS))
         .await
