@@ -59,10 +59,6 @@ pub async fn poll_queue_depths(
         };
         match poller.poll(&connection, &node).await {
             Ok(stalled) => {
-                let now = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                poller.metrics.queue_depth_polled.set(now);
                 if stalled && poller.may_redeclare() {
                     warn!(
                         "a level has held messages longer than its TTL: declaring the topology \
@@ -76,6 +72,14 @@ pub async fn poll_queue_depths(
             Err(error) => warn!(%error, "queue depths not polled"),
         }
     }
+}
+
+/// Whether a poll's counts tell held messages apart (the management API's
+/// do; a passive declare sees ready messages only).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HeldCounts {
+    Known,
+    Unknown,
 }
 
 /// How often a stalled level may trigger declaring the topology again.
@@ -110,12 +114,12 @@ impl DepthPoller {
         let stalled = match self.counts_from_management(node).await {
             Some(counts) => {
                 self.metrics.management_api_up.set(1);
-                self.record_counts(&counts)
+                self.record_counts(&counts, HeldCounts::Known)
             }
             None => {
                 self.metrics.management_api_up.set(0);
-                self.depths_from_passive_declares(connection).await?;
-                false
+                let counts = self.counts_from_passive_declares(connection).await?;
+                self.record_counts(&counts, HeldCounts::Unknown)
             }
         };
         self.poll_retired_chains(connection).await?;
@@ -167,9 +171,15 @@ impl DepthPoller {
         }
     }
 
-    /// Sets the depths from the management API's counts; true when a level
-    /// has held messages longer than it should.
-    fn record_counts(&mut self, counts: &[QueueCounts]) -> bool {
+    /// Sets the depths and the poll's timestamp from one poll's counts,
+    /// with no await between them, so that a scrape showing these depths
+    /// also shows when they were read; true when a level has held messages
+    /// longer than it should.
+    fn record_counts(&mut self, counts: &[QueueCounts], held_counts: HeldCounts) -> bool {
+        let polled_at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.metrics.queue_depth_polled.set(polled_at);
         let now = Instant::now();
         let mut stalled = false;
         for level in 0..self.cascade.levels() {
@@ -178,12 +188,19 @@ impl DepthPoller {
                 self.forget_level(&label);
                 continue;
             };
-            let held = queue.held();
             let metrics = &self.metrics;
             metrics
                 .level_messages
                 .get_or_create(&label)
                 .set(i64::try_from(queue.messages).unwrap_or(i64::MAX));
+            if held_counts == HeldCounts::Unknown {
+                // Held messages are invisible here: no series rather than a false 0.
+                metrics.level_held.remove(&label);
+                metrics.level_held_seconds.remove(&label);
+                self.held_since.remove(&level);
+                continue;
+            }
+            let held = queue.held();
             metrics
                 .level_held
                 .get_or_create(&label)
@@ -222,36 +239,31 @@ impl DepthPoller {
         self.held_since.remove(&label.level);
     }
 
-    async fn depths_from_passive_declares(
-        &mut self,
+    /// The depths a passive declare sees: ready messages only.
+    async fn counts_from_passive_declares(
+        &self,
         connection: &Connection,
-    ) -> Result<(), BrokerError> {
-        for level in 0..self.cascade.levels() {
-            let label = self.label(level);
-            match queue_state(connection, &label.queue).await? {
-                Some(state) => {
-                    self.metrics
-                        .level_messages
-                        .get_or_create(&label)
-                        .set(i64::from(state.messages));
-                    // Held messages are invisible here: no series rather than a false 0.
-                    self.metrics.level_held.remove(&label);
-                    self.metrics.level_held_seconds.remove(&label);
-                }
-                None => self.forget_level(&label),
+    ) -> Result<Vec<QueueCounts>, BrokerError> {
+        let mut queues: Vec<String> = (0..self.cascade.levels())
+            .map(|level| self.cascade.level_queue(level))
+            .collect();
+        queues.push(self.cascade.unroutable_queue());
+        if self.cascade.release_stage() {
+            queues.push(self.cascade.release_queue());
+        }
+        let mut counts = Vec::with_capacity(queues.len());
+        for name in queues {
+            if let Some(state) = queue_state(connection, &name).await? {
+                let messages = u64::from(state.messages);
+                counts.push(QueueCounts {
+                    name,
+                    messages,
+                    messages_ready: messages,
+                    messages_unacknowledged: 0,
+                });
             }
         }
-        let unroutable = queue_state(connection, &self.cascade.unroutable_queue()).await?;
-        self.metrics
-            .unroutable_messages
-            .set(unroutable.map_or(0, |s| i64::from(s.messages)));
-        if self.cascade.release_stage() {
-            let release = queue_state(connection, &self.cascade.release_queue()).await?;
-            self.metrics
-                .release_queue_messages
-                .set(release.map_or(0, |s| i64::from(s.messages)));
-        }
-        Ok(())
+        Ok(counts)
     }
 
     /// An older chain left behind still delivers, but blocks its deletion and
