@@ -10,6 +10,7 @@ mod backlog;
 mod capacity;
 mod cpu;
 mod delivery;
+mod ledger;
 mod load;
 mod plot;
 mod rabbitmqctl;
@@ -49,7 +50,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, drain, overload,
-    /// backlog); all by default.
+    /// backlog, ledger); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
@@ -62,6 +63,9 @@ struct Args {
     /// Tasks the backlog phase holds (default 1,000,000, 20,000 with --quick).
     #[arg(long)]
     scale: Option<u64>,
+    /// Tasks the ledger phase writes (default 100,000, 10,000 with --quick).
+    #[arg(long)]
+    ledger_tasks: Option<usize>,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -81,6 +85,8 @@ struct Results {
     capacity: Vec<capacity::Capacity>,
     overload: Vec<load::Overload>,
     backlog: Option<backlog::Backlog>,
+    /// The default ledger alone: its CPU per task, without broker or HTTP.
+    ledger: Vec<ledger::LedgerRun>,
 }
 
 #[derive(Debug, Serialize)]
@@ -152,6 +158,7 @@ async fn main() -> anyhow::Result<()> {
         capacity: Vec::new(),
         overload: Vec::new(),
         backlog: None,
+        ledger: Vec::new(),
     };
 
     if run("ingest") {
@@ -414,6 +421,23 @@ async fn main() -> anyhow::Result<()> {
         results.backlog = Some(backlog_phase(&args, tasks, &mut results.precision).await?);
     }
 
+    if run("ledger") {
+        let tasks = args
+            .ledger_tasks
+            .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+        for concurrency in [1, 16, 256] {
+            let dir = std::env::temp_dir().join(format!(
+                "delayline-bench-ledger-{}",
+                uuid::Uuid::new_v4().simple()
+            ));
+            std::fs::create_dir_all(&dir)?;
+            let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
+            let run = ledger::default_ledger("sqlite", &dir, tasks, concurrency).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            results.ledger.push(run?);
+        }
+    }
+
     print_report(&results);
     let json = args.out.join("results.json");
     std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
@@ -635,6 +659,38 @@ fn print_report(results: &Results) {
         "\nmachine: {} cpus, {}; RabbitMQ {}",
         m.cpus, m.cpu_model, m.rabbitmq
     );
+    if !results.ledger.is_empty() {
+        println!(
+            "\n{:<12} {:>8} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10}",
+            "ledger",
+            "tasks",
+            "conc",
+            "CPU us",
+            "admit us",
+            "release us",
+            "admit/s",
+            "release/s",
+            "p50 ms",
+            "p99 ms",
+            "file MiB"
+        );
+        for l in &results.ledger {
+            println!(
+                "{:<12} {:>8} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>10.1}",
+                l.label,
+                l.tasks,
+                l.concurrency,
+                l.cpu_us_per_task,
+                l.admission_cpu_us_per_task,
+                l.release_cpu_us_per_task,
+                l.admission_tasks_per_sec,
+                l.release_tasks_per_sec,
+                l.admit_p50_ms,
+                l.admit_p99_ms,
+                l.database_bytes as f64 / 1_048_576.0
+            );
+        }
+    }
     if !results.ingest.is_empty() {
         println!(
             "\n{:<22} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>20}",

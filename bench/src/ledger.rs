@@ -1,0 +1,173 @@
+//! The default ledger alone, without broker or HTTP: every write the default
+//! path makes for a task, through `delayline::ledger` as the service opens it
+//! (SQLite, the release stage on), timed and charged to this process's CPU.
+//!
+//! Why on its own: the ingest phase's service CPU per task mixes HTTP, AMQP
+//! and the ledger, and runs of it vary by ±10 % with the broker beside it.
+//! Here the ledger is all this process does, so a change of driver, schema or
+//! statement shows as it is.
+//!
+//! Each task makes the four writes it makes in the service, each group
+//! committed with whatever other writes are waiting:
+//! - admission: the insert, answered before a 202, then the mark after the
+//!   broker's confirm (`pending` → `scheduled`), by `concurrency` callers
+//!   at once as HTTP requests would;
+//! - release: claims of windows of due tasks (`scheduled` → `releasing`),
+//!   then the mark after delivery (`delivered`), several windows in flight
+//!   as the release stage keeps them.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use delayline::cascade::CascadeSettings;
+use delayline::config::{Secret, StoreSettings};
+use delayline::ledger::{Admission, Ledger};
+use delayline::task::{Task, epoch_ms};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::cpu::process_cpu_ms;
+
+/// Due tasks per claim, as the release stage's windows.
+const WINDOW: usize = 256;
+/// Claims in flight at once.
+const WINDOWS_IN_FLIGHT: usize = 4;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LedgerRun {
+    pub label: String,
+    pub tasks: usize,
+    pub concurrency: usize,
+    /// This process's CPU (user + system) per task over both stages.
+    pub cpu_us_per_task: f64,
+    pub admission_cpu_us_per_task: f64,
+    pub release_cpu_us_per_task: f64,
+    pub admission_tasks_per_sec: f64,
+    pub release_tasks_per_sec: f64,
+    /// Insert to commit, as a request waits for it before its 202.
+    pub admit_p50_ms: f64,
+    pub admit_p99_ms: f64,
+    /// The file's size after every task was delivered (WAL not counted).
+    pub database_bytes: u64,
+}
+
+/// Runs `tasks` tasks through a fresh SQLite ledger in `dir`.
+pub async fn default_ledger(
+    label: &str,
+    dir: &Path,
+    tasks: usize,
+    concurrency: usize,
+) -> anyhow::Result<LedgerRun> {
+    let path = dir.join("ledger.db");
+    let settings = StoreSettings {
+        url: Secret::from(format!("sqlite://{}", path.display())),
+        ..StoreSettings::default()
+    };
+    let histogram = prometheus_client::metrics::histogram::Histogram::new([1.0]);
+    let ledger = delayline::ledger::open(&settings, true, histogram)
+        .await?
+        .context("the ledger is on")?;
+    // Built before measuring: parsing is the HTTP layer's cost, not the ledger's.
+    let cascade = CascadeSettings::default().validate()?;
+    let now = SystemTime::now();
+    let built: Vec<Task> = (0..tasks as u64)
+        .map(|n| Task::parse(&crate::load::task_body(n), &cascade, now))
+        .collect::<Result<_, _>>()?;
+    let ids: Vec<String> = built.iter().map(|t| t.id.clone()).collect();
+
+    let cpu_before = own_cpu_ms()?;
+    let started = Instant::now();
+    let latencies = admit_all(&ledger, built, concurrency).await?;
+    let admitted_in = started.elapsed();
+    let cpu_admitted = own_cpu_ms()?;
+    release_all(&ledger, ids).await?;
+    let released_in = started.elapsed() - admitted_in;
+    let cpu_after = own_cpu_ms()?;
+
+    let per_task = |ms: f64| ms * 1000.0 / tasks as f64;
+    let quantile = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
+    Ok(LedgerRun {
+        label: label.to_owned(),
+        tasks,
+        concurrency,
+        cpu_us_per_task: per_task(cpu_after - cpu_before),
+        admission_cpu_us_per_task: per_task(cpu_admitted - cpu_before),
+        release_cpu_us_per_task: per_task(cpu_after - cpu_admitted),
+        admission_tasks_per_sec: tasks as f64 / admitted_in.as_secs_f64(),
+        release_tasks_per_sec: tasks as f64 / released_in.as_secs_f64(),
+        admit_p50_ms: quantile(0.5),
+        admit_p99_ms: quantile(0.99),
+        database_bytes: std::fs::metadata(&path).map_or(0, |m| m.len()),
+    })
+}
+
+fn own_cpu_ms() -> anyhow::Result<f64> {
+    process_cpu_ms(std::process::id()).context("reading this process's CPU time")
+}
+
+/// Admits every task, `concurrency` at a time, each marked scheduled right
+/// after (as the confirm would); the insert's latencies in µs.
+async fn admit_all(
+    ledger: &Ledger,
+    tasks: Vec<Task>,
+    concurrency: usize,
+) -> anyhow::Result<Histogram<u64>> {
+    let mut latencies = Histogram::new_with_bounds(1, 60_000_000, 3)?;
+    let mut waiting = tasks.into_iter();
+    let mut in_flight = FuturesUnordered::new();
+    let one = |task: Task| async move {
+        let started = Instant::now();
+        let admission = ledger.admit(&task, None, None, 0).await?;
+        let took = started.elapsed();
+        if admission != Admission::New {
+            bail!("task {} was not new: {admission:?}", task.id);
+        }
+        ledger.mark_published(task.id, 1).await?;
+        anyhow::Ok(took)
+    };
+    for task in waiting.by_ref().take(concurrency) {
+        in_flight.push(one(task));
+    }
+    while let Some(took) = in_flight.next().await {
+        latencies.record(micros(took?))?;
+        if let Some(task) = waiting.next() {
+            in_flight.push(one(task));
+        }
+    }
+    Ok(latencies)
+}
+
+/// Claims the tasks in windows and marks each window delivered.
+async fn release_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
+    let windows: Vec<Vec<String>> = ids.chunks(WINDOW).map(<[String]>::to_vec).collect();
+    let mut waiting = windows.into_iter();
+    let mut in_flight = FuturesUnordered::new();
+    let one = |window: Vec<String>| async move {
+        let due = window.iter().map(|id| (id.clone(), 1)).collect();
+        let findings = ledger.claim_release(due).await?;
+        if findings.len() != window.len() {
+            bail!("{} of {} claimed", findings.len(), window.len());
+        }
+        ledger
+            .mark_delivered(window, epoch_ms(SystemTime::now()))
+            .await?;
+        anyhow::Ok(())
+    };
+    for window in waiting.by_ref().take(WINDOWS_IN_FLIGHT) {
+        in_flight.push(one(window));
+    }
+    while let Some(done) = in_flight.next().await {
+        done?;
+        if let Some(window) = waiting.next() {
+            in_flight.push(one(window));
+        }
+    }
+    Ok(())
+}
+
+fn micros(took: Duration) -> u64 {
+    u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1)
+}
