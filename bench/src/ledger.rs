@@ -54,12 +54,15 @@ pub struct LedgerRun {
     pub database_bytes: u64,
 }
 
-/// Runs `tasks` tasks through a fresh SQLite ledger in `dir`.
+/// Runs `tasks` tasks through a fresh SQLite ledger in `dir`, without the
+/// indexes named in `dropped` (to measure what each costs; the service
+/// needs them all).
 pub async fn default_ledger(
     label: &str,
     dir: &Path,
     tasks: usize,
     concurrency: usize,
+    dropped: &[String],
 ) -> anyhow::Result<LedgerRun> {
     let path = dir.join("ledger.db");
     let settings = StoreSettings {
@@ -70,6 +73,13 @@ pub async fn default_ledger(
     let ledger = delayline::ledger::open(&settings, true, histogram)
         .await?
         .context("the ledger is on")?;
+    if !dropped.is_empty() {
+        // Before the writer's first statement: it prepares against this schema.
+        let connection = rusqlite::Connection::open(&path)?;
+        for index in dropped {
+            connection.execute_batch(&format!("DROP INDEX {index}"))?;
+        }
+    }
     // Built before measuring: parsing is the HTTP layer's cost, not the ledger's.
     let cascade = CascadeSettings::default().validate()?;
     let now = SystemTime::now();

@@ -66,6 +66,10 @@ struct Args {
     /// Tasks the ledger phase writes (default 100,000, 10,000 with --quick).
     #[arg(long)]
     ledger_tasks: Option<usize>,
+    /// The ledger phase drops these indexes first, to measure what each
+    /// costs a task (the service needs every one of them).
+    #[arg(long, value_delimiter = ',')]
+    ledger_drop_index: Vec<String>,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -432,7 +436,14 @@ async fn main() -> anyhow::Result<()> {
             ));
             std::fs::create_dir_all(&dir)?;
             let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
-            let run = ledger::default_ledger("sqlite", &dir, tasks, concurrency).await;
+            let label = if args.ledger_drop_index.is_empty() {
+                "sqlite".to_owned()
+            } else {
+                format!("sqlite -{}", args.ledger_drop_index.join(" -"))
+            };
+            let run =
+                ledger::default_ledger(&label, &dir, tasks, concurrency, &args.ledger_drop_index)
+                    .await;
             let _ = std::fs::remove_dir_all(&dir);
             results.ledger.push(run?);
         }
@@ -661,7 +672,7 @@ fn print_report(results: &Results) {
     );
     if !results.ledger.is_empty() {
         println!(
-            "\n{:<12} {:>8} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10}",
+            "\n{:<40} {:>8} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10}",
             "ledger",
             "tasks",
             "conc",
@@ -676,7 +687,7 @@ fn print_report(results: &Results) {
         );
         for l in &results.ledger {
             println!(
-                "{:<12} {:>8} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>10.1}",
+                "{:<40} {:>8} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>10.1}",
                 l.label,
                 l.tasks,
                 l.concurrency,

@@ -41,7 +41,7 @@ impl Judged {
 /// Admits the group's new rows: repeats within the group are judged against
 /// their first occurrence, the rest inserted; a row whose key or id is taken
 /// is judged against the row that holds it.
-pub(super) async fn admit(tx: &mut Tx, rows: &[&Row]) -> Result<Vec<Judged>, LedgerError> {
+pub(super) async fn admit(tx: &mut Tx<'_>, rows: &[&Row]) -> Result<Vec<Judged>, LedgerError> {
     let mut decided = dedupe_in_group(rows);
     let fresh: Vec<&Row> = rows
         .iter()

@@ -26,7 +26,7 @@ pub enum Finding {
 /// `releasing` (from `pending` first, to count those). The findings follow
 /// the order of `due`; also returns how many were pending.
 pub(super) async fn claim(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     due: &[(String, u64)],
 ) -> Result<(Vec<Finding>, u64), LedgerError> {
     let pairs: Vec<(&str, i64)> = due

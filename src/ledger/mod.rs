@@ -14,6 +14,10 @@
 //! deliveries, go through [`writer`]: one transaction for everything that
 //! arrived while the previous one committed (group commit), run in steps by
 //! [`transaction`] ([`admit`] new tasks, [`claim`] due ones, mark the rest).
+//! On SQLite the writer has a `rusqlite` connection and a thread of its own
+//! (sqlx's SQLite driver cost 1.3–2.5× the CPU per task, BENCHMARKS.md, issue
+//! 28); everything else, and PostgreSQL, goes through sqlx's pools. Callers
+//! see one [`Ledger`] whichever driver sits below.
 //! Cancels and moves ([`change`]) are single conditional updates of their
 //! own; [`release`] records what the release stage and the operator's
 //! commands learn about due tasks. Every statement's text is in [`sql`].
@@ -53,6 +57,7 @@ pub use cursor::{Cursor, CursorError};
 pub use record::{Retry, StoredTask};
 
 use record::{Row, decode_all};
+use transaction::Store;
 
 use crate::config::StoreSettings;
 use crate::task::{Task, TaskState};
@@ -102,6 +107,13 @@ pub enum LedgerError {
         context: &'static str,
         source: sqlx::Error,
     },
+    #[error("ledger: {context}: {source}")]
+    Sqlite {
+        context: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("cannot start the ledger's writer: {0}")]
+    WriterThread(std::io::Error),
     #[error("ledger row {id}: {reason}")]
     Corrupt { id: String, reason: String },
     #[error("the ledger writer has stopped")]
@@ -119,6 +131,12 @@ pub(crate) trait QueryContext<T> {
 impl<T> QueryContext<T> for Result<T, sqlx::Error> {
     fn context(self, context: &'static str) -> Result<T, LedgerError> {
         self.map_err(|source| LedgerError::Query { context, source })
+    }
+}
+
+impl<T> QueryContext<T> for Result<T, rusqlite::Error> {
+    fn context(self, context: &'static str) -> Result<T, LedgerError> {
+        self.map_err(|source| LedgerError::Sqlite { context, source })
     }
 }
 
@@ -275,6 +293,33 @@ async fn open_pool(location: &Location, max_connections: u32) -> Result<Pool, Le
     }
 }
 
+/// The group-commit writer's own connection to a migrated SQLite ledger,
+/// with the pool's settings (see [`open_pool`]). Statements are prepared
+/// once per shape and kept: a group's chunks come in a few fixed sizes.
+fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, LedgerError> {
+    let failed = |source| LedgerError::Sqlite {
+        context: "opening the writer's connection",
+        source,
+    };
+    let connection = rusqlite::Connection::open(path).map_err(failed)?;
+    connection
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .map_err(failed)?;
+    connection
+        .execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY;"
+        ))
+        .map_err(failed)?;
+    connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
+    Ok(connection)
+}
+
+/// Statements the writer keeps prepared: every chunk size (7) of each
+/// statement over many rows (insert, two marks, two claims, states,
+/// delivered) and the fixed ones, with room to spare.
+const WRITER_STATEMENTS: usize = 128;
+
 /// Applies every migration not yet applied. Safe to run from several
 /// replicas at once: sqlx serialises them with a lock on PostgreSQL.
 async fn migrate(pool: &Pool, target: &str) -> Result<(), LedgerError> {
@@ -318,14 +363,20 @@ pub async fn open(
     migrate(&pool, &target).await?;
     let identity = read_identity(&pool).await?;
     let pending = Arc::new(PendingCount::default());
+    let store = match &pool {
+        Pool::Sqlite(pool) => {
+            Store::Sqlite(open_sqlite_writer(pool.connect_options().get_filename())?)
+        }
+        Pool::Postgres(pool) => Store::Postgres(pool.clone()),
+    };
     let ledger = Ledger {
         writes: writer::spawn(
-            pool.clone(),
+            store,
             settings.payload_copy_bytes,
             release_stage,
             commit_group_size,
             pending.clone(),
-        ),
+        )?,
         pool,
         target: target.into(),
         identity: identity.into(),
@@ -670,6 +721,64 @@ pub(crate) async fn query_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Migration 0009 rebuilds `tasks` (the idempotency key's uniqueness
+    /// becomes a partial index): a ledger of 0008 keeps every row, a key
+    /// still names one task, and tasks without a key are as many as before.
+    #[tokio::test]
+    async fn migration_0009_keeps_every_row_and_each_key_names_one_task() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let run = async |sql: &str| sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+        for before in [
+            include_str!("../../migrations/sqlite/0001_tasks.sql"),
+            include_str!("../../migrations/sqlite/0002_failed_tasks.sql"),
+            include_str!("../../migrations/sqlite/0003_task_lifecycle.sql"),
+            include_str!("../../migrations/sqlite/0004_task_clients.sql"),
+            include_str!("../../migrations/sqlite/0005_client_in_due_order.sql"),
+            include_str!("../../migrations/sqlite/0006_ledger_identity.sql"),
+            include_str!("../../migrations/sqlite/0007_unroutable_state.sql"),
+            include_str!("../../migrations/sqlite/0008_ingress_properties_and_exchange.sql"),
+        ] {
+            run(before).await;
+        }
+        let insert = |id: &str, key: Option<&str>| {
+            let key = key.map_or("NULL".to_owned(), |k| format!("'{k}'"));
+            format!(
+                "INSERT INTO tasks (id, idempotency_key, destination, routing_key, delay_ms, \
+                 deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
+                 created_at_ms, next_attempt_at_ms) VALUES ('{id}', {key}, 'd', '0.d', 5, 10, \
+                 'text/plain', '{{}}', x'01', 1, 'scheduled', 5, 5) ON CONFLICT DO NOTHING"
+            )
+        };
+        for (id, key) in [("a", Some("k")), ("b", None), ("c", None)] {
+            assert_eq!(run(&insert(id, key)).await.rows_affected(), 1);
+        }
+        run(include_str!(
+            "../../migrations/sqlite/0009_idempotency_keys_only_where_given.sql"
+        ))
+        .await;
+
+        let rows: Vec<(String, Option<String>, Option<Vec<u8>>)> =
+            sqlx::query_as("SELECT id, idempotency_key, payload FROM tasks ORDER BY id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("a".to_owned(), Some("k".to_owned()), Some(vec![1])),
+                ("b".to_owned(), None, Some(vec![1])),
+                ("c".to_owned(), None, Some(vec![1])),
+            ]
+        );
+        assert_eq!(run(&insert("d", Some("k"))).await.rows_affected(), 0);
+        assert_eq!(run(&insert("e", None)).await.rows_affected(), 1);
+        assert_eq!(run(&insert("a", None)).await.rows_affected(), 0);
+    }
 
     fn location(url: &str) -> Result<Option<Location>, LedgerError> {
         Location::parse(&StoreSettings {

@@ -72,6 +72,40 @@ pub(super) struct Row {
     pub cancelled_at_ms: Option<i64>,
 }
 
+impl Row {
+    /// A row read by the writer's SQLite connection, selected as
+    /// [`COLUMNS`] (in that order).
+    pub(super) fn from_sqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+        Ok(Row {
+            id: row.get(0)?,
+            idempotency_key: row.get(1)?,
+            fingerprint: row.get(2)?,
+            destination: row.get(3)?,
+            routing_key: row.get(4)?,
+            delay_ms: row.get(5)?,
+            deliver_at_ms: row.get(6)?,
+            content_type: row.get(7)?,
+            headers: row.get(8)?,
+            payload: row.get(9)?,
+            payload_bytes: row.get(10)?,
+            state: row.get(11)?,
+            created_at_ms: row.get(12)?,
+            published_at_ms: row.get(13)?,
+            next_attempt_at_ms: row.get(14)?,
+            attempts: row.get(15)?,
+            last_error: row.get(16)?,
+            client: row.get(17)?,
+            properties: row.get(18)?,
+            exchange: row.get(19)?,
+            publish_alone: row.get(20)?,
+            refusals: row.get(21)?,
+            revision: row.get(22)?,
+            delivered_at_ms: row.get(23)?,
+            cancelled_at_ms: row.get(24)?,
+        })
+    }
+}
+
 /// A task as the ledger knows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredTask {

@@ -5,49 +5,17 @@
 //! query plans). Statements over many ids come in a few fixed sizes
 //! ([`statement_sized_chunks`]).
 
-use std::borrow::Cow;
-
 use super::record::{COLUMNS, INSERT_COLUMNS};
 
-/// The statement SQLite is given: `$N` placeholders that appear once
-/// each, in order, become anonymous `?`.
+/// The statement SQLite is given: every `$N` becomes `?N`, SQLite's
+/// parameter number N, so that the same text binds the same way on both
+/// backends and a parameter is bound by its number, never looked up by name.
 ///
-/// Why: sqlx finds the argument of each numbered parameter by its name,
-/// and SQLite looks a name up by walking a list of all of them, so
-/// binding a 64-row insert (over a thousand parameters) took quadratic
-/// time, about a tenth of the service's CPU under load. Anonymous
-/// parameters have no name to look up. A statement that repeats a
-/// number, or numbers out of order, keeps its `$N`: sqlx numbers
-/// anonymous parameters apart from numbered ones, so one statement must
-/// not mix the two.
-pub fn for_sqlite(sql: &str) -> Cow<'_, str> {
-    let bytes = sql.as_bytes();
-    let mut out = String::with_capacity(sql.len());
-    let (mut expected, mut copied, mut at) = (1usize, 0, 0);
-    while at < bytes.len() {
-        if bytes[at] != b'$' {
-            at += 1;
-            continue;
-        }
-        let digits = bytes[at + 1..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        let number = sql[at + 1..at + 1 + digits].parse::<usize>().ok();
-        if number != Some(expected) {
-            return Cow::Borrowed(sql);
-        }
-        out.push_str(&sql[copied..at]);
-        out.push('?');
-        expected += 1;
-        at += 1 + digits;
-        copied = at;
-    }
-    if expected == 1 {
-        return Cow::Borrowed(sql);
-    }
-    out.push_str(&sql[copied..]);
-    Cow::Owned(out)
+/// Why not the name: SQLite finds a parameter's name by walking a list of
+/// all of them, so binding a 64-row insert (over a thousand parameters) by
+/// name took quadratic time, about a tenth of the service's CPU under load.
+pub fn for_sqlite(sql: &str) -> String {
+    sql.replace('$', "?")
 }
 
 /// `$first, $first+1, …` for `count` parameters.
@@ -348,63 +316,32 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sqlite_gets_anonymous_placeholders_only_where_they_bind_the_same() {
-        let insert = insert(3);
-        let anonymous = for_sqlite(&insert);
-        assert!(!anonymous.contains('$'), "{anonymous}");
-        assert_eq!(
-            anonymous.matches('?').count(),
-            3 * INSERT_COLUMNS.len(),
-            "{anonymous}"
+    /// A lookup by idempotency key uses the key's partial unique index
+    /// (migration 0009), which holds only the tasks that have a key.
+    #[tokio::test]
+    async fn a_lookup_by_key_uses_the_partial_index_of_keys() {
+        let pool = super::super::migrated_sqlite().await;
+        let plan = super::super::query_plan(&pool, &holder_by_key(), 1).await;
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("USING INDEX tasks_by_idempotency_key")),
+            "{plan:?}"
         );
-        assert_eq!(anonymous.replace('?', ""), strip_numbers(&insert));
-        assert!(!for_sqlite(&mark_published(2, false)).contains('$'));
-        assert!(!for_sqlite(&states(5)).contains('$'));
-        // $2 twice, or $3 before $2: the numbers stay.
-        for kept in [
+    }
+
+    #[test]
+    fn sqlite_gets_every_parameter_by_its_number() {
+        for statement in [
+            insert(3),
             mark_published(2, true),
             mark_delivered(2),
-            "SELECT $1, $3, $2".to_owned(),
-            "SELECT $2".to_owned(),
-            "SELECT 1".to_owned(),
-            FAIL_PENDING.to_owned(),
+            states(5),
         ] {
-            assert_eq!(for_sqlite(&kept), kept);
+            let sqlite = for_sqlite(&statement);
+            assert!(!sqlite.contains('$'), "{sqlite}");
+            assert_eq!(sqlite.replace('?', "$"), statement);
         }
-    }
-
-    /// `sql` without the digits of its `$N`, and without the `$`.
-    fn strip_numbers(sql: &str) -> String {
-        let mut out = String::new();
-        let mut in_number = false;
-        for c in sql.chars() {
-            if c == '$' {
-                in_number = true;
-            } else if !(in_number && c.is_ascii_digit()) {
-                in_number = false;
-                out.push(c);
-            }
-        }
-        out
-    }
-
-    proptest::proptest! {
-        /// Whatever text lies between in-order placeholders is kept as it is,
-        /// and every placeholder becomes one `?`.
-        #[test]
-        fn anonymous_placeholders_keep_the_text_around_them(
-            between in proptest::collection::vec("[a-z ,()=']{0,8}", 1..40),
-        ) {
-            let numbered: String = between
-                .iter()
-                .enumerate()
-                .map(|(n, text)| format!("{text}${}", n + 1))
-                .collect();
-            let anonymous = for_sqlite(&numbered);
-            let expected: String = between.iter().map(|text| format!("{text}?")).collect();
-            proptest::prop_assert_eq!(anonymous.as_ref(), expected.as_str());
-        }
+        assert_eq!(for_sqlite("SELECT $1, $3, $2, $2"), "SELECT ?1, ?3, ?2, ?2");
     }
 
     #[test]

@@ -1,85 +1,191 @@
 //! A group's transaction on either backend, one method per step of the
 //! writer's group commit: each binds its statement from [`super::sql`].
+//!
+//! SQLite's side runs on the writer's own `rusqlite` connection, on the
+//! writer's own thread (see [`super::writer`]): each step is a synchronous
+//! call into SQLite with a prepared, cached statement, with no channel
+//! crossed and no argument copied per statement, as sqlx's SQLite driver
+//! does. PostgreSQL's side stays on sqlx.
 
-use sqlx::{Postgres, Sqlite, Transaction};
+use rusqlite::{Connection, ToSql};
+use sqlx::{PgPool, Postgres, Transaction};
 
-use super::record::{Retry, Row};
+use super::record::{INSERT_COLUMNS, Retry, Row};
 use super::sql;
-use super::{LedgerError, Pool, QueryContext, db_ms};
+use super::{LedgerError, QueryContext, db_ms};
+
+/// What the writer writes to: the ledger's database, through the driver
+/// that serves its group commit.
+pub(super) enum Store {
+    Sqlite(Connection),
+    Postgres(PgPool),
+}
 
 /// A group's transaction on either backend; one method per step.
-pub(super) enum Tx {
-    Sqlite(Transaction<'static, Sqlite>),
+pub(super) enum Tx<'c> {
+    Sqlite(SqliteTx<'c>),
     Postgres(Transaction<'static, Postgres>),
 }
 
-/// Runs `$body` with `$tx` bound to the backend's own transaction type
-/// (and `$sql`, when given, in the backend's own placeholders).
-macro_rules! on_tx {
-    ($tx:expr, $t:ident => $body:expr) => {
-        match $tx {
-            Tx::Sqlite($t) => $body,
-            Tx::Postgres($t) => $body,
-        }
-    };
-    ($tx:expr, $sql:ident, $t:ident => $body:expr) => {
-        match $tx {
-            Tx::Sqlite($t) => {
-                let $sql = sql::for_sqlite(&$sql);
-                let $sql: &str = &$sql;
-                $body
-            }
-            Tx::Postgres($t) => {
-                let $sql: &str = &$sql;
-                $body
-            }
-        }
-    };
+/// An open `BEGIN IMMEDIATE` on the writer's connection: rolled back when
+/// dropped uncommitted. It holds the connection by `&mut` (which is `Send`,
+/// where rusqlite's own `Transaction` holds `&Connection`, which is not), so
+/// that the writer's future can be spawned whichever backend it serves.
+pub(super) struct SqliteTx<'c> {
+    connection: &'c mut Connection,
+    open: bool,
 }
 
-impl Tx {
-    pub(super) async fn begin(pool: &Pool) -> Result<Tx, LedgerError> {
-        Ok(match pool {
-            Pool::Sqlite(p) => Tx::Sqlite(p.begin().await.context("starting a transaction")?),
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await.context("starting a transaction")?),
+impl Drop for SqliteTx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.connection.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+impl SqliteTx<'_> {
+    /// The statement, prepared once per text and then taken from the
+    /// connection's cache.
+    fn prepared(&self, sql: &str) -> rusqlite::Result<rusqlite::CachedStatement<'_>> {
+        self.connection.prepare_cached(&sql::for_sqlite(sql))
+    }
+
+    fn execute(&self, sql: &str, parameters: &[&dyn ToSql]) -> rusqlite::Result<u64> {
+        let changed = self.prepared(sql)?.execute(parameters)?;
+        Ok(changed as u64)
+    }
+
+    /// The first column of every row the statement returns, as text.
+    fn texts(&self, sql: &str, parameters: &[&dyn ToSql]) -> rusqlite::Result<Vec<String>> {
+        let mut statement = self.prepared(sql)?;
+        let rows = statement.query_map(parameters, |row| row.get(0))?;
+        rows.collect()
+    }
+
+    fn states(&self, sql: &str, ids: &[&str]) -> rusqlite::Result<Vec<(String, String, i64)>> {
+        let mut statement = self.prepared(sql)?;
+        let parameters: Vec<&dyn ToSql> = ids.iter().map(|id| id as &dyn ToSql).collect();
+        let rows = statement.query_map(parameters.as_slice(), |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?;
+        rows.collect()
+    }
+
+    fn row(&self, sql: &str, key: &str) -> rusqlite::Result<Option<Row>> {
+        let mut statement = self.prepared(sql)?;
+        let mut rows = statement.query_map([key], Row::from_sqlite)?;
+        rows.next().transpose()
+    }
+}
+
+/// The parameters of `rows` new rows, in [`INSERT_COLUMNS`] order.
+fn insert_parameters<'r>(rows: &[&'r Row]) -> Vec<&'r dyn ToSql> {
+    let mut parameters: Vec<&dyn ToSql> = Vec::with_capacity(rows.len() * INSERT_COLUMNS.len());
+    for r in rows {
+        parameters.extend([
+            &r.id as &dyn ToSql,
+            &r.idempotency_key,
+            &r.fingerprint,
+            &r.destination,
+            &r.routing_key,
+            &r.delay_ms,
+            &r.deliver_at_ms,
+            &r.content_type,
+            &r.headers,
+            &r.payload,
+            &r.payload_bytes,
+            &r.state,
+            &r.created_at_ms,
+            &r.published_at_ms,
+            &r.next_attempt_at_ms,
+            &r.attempts,
+            &r.last_error,
+            &r.client,
+            &r.properties,
+            &r.exchange,
+        ]);
+    }
+    parameters
+}
+
+/// `pairs` as parameters, each id followed by its revision.
+fn pair_parameters<'p>(pairs: &'p [(&'p str, i64)]) -> Vec<&'p dyn ToSql> {
+    pairs
+        .iter()
+        .flat_map(|(id, revision)| [id as &dyn ToSql, revision as &dyn ToSql])
+        .collect()
+}
+
+impl Tx<'_> {
+    pub(super) async fn begin(store: &mut Store) -> Result<Tx<'_>, LedgerError> {
+        Ok(match store {
+            Store::Sqlite(connection) => {
+                // IMMEDIATE: the write lock is taken now, so that a group
+                // that reads before it writes (a claim) never fails to
+                // upgrade its lock past another connection's write.
+                connection
+                    .execute_batch("BEGIN IMMEDIATE")
+                    .context("starting a transaction")?;
+                Tx::Sqlite(SqliteTx {
+                    connection,
+                    open: true,
+                })
+            }
+            Store::Postgres(pool) => {
+                Tx::Postgres(pool.begin().await.context("starting a transaction")?)
+            }
         })
     }
 
     pub(super) async fn commit(self) -> Result<(), LedgerError> {
-        on_tx!(self, t => t.commit().await).context("committing")
+        match self {
+            Tx::Sqlite(mut tx) => {
+                tx.connection
+                    .execute_batch("COMMIT")
+                    .context("committing")?;
+                tx.open = false;
+                Ok(())
+            }
+            Tx::Postgres(t) => t.commit().await.context("committing"),
+        }
     }
 
     /// One chunk of new rows; returns the ids actually inserted.
     pub(super) async fn insert(&mut self, rows: &[&Row]) -> Result<Vec<String>, LedgerError> {
         let sql = sql::insert(rows.len());
-        on_tx!(self, sql, t => {
-            let mut query = sqlx::query_scalar(sql);
-            for r in rows {
-                query = query
-                    .bind(&r.id)
-                    .bind(&r.idempotency_key)
-                    .bind(&r.fingerprint)
-                    .bind(&r.destination)
-                    .bind(&r.routing_key)
-                    .bind(r.delay_ms)
-                    .bind(r.deliver_at_ms)
-                    .bind(&r.content_type)
-                    .bind(&r.headers)
-                    .bind(&r.payload)
-                    .bind(r.payload_bytes)
-                    .bind(&r.state)
-                    .bind(r.created_at_ms)
-                    .bind(r.published_at_ms)
-                    .bind(r.next_attempt_at_ms)
-                    .bind(r.attempts)
-                    .bind(&r.last_error)
-                    .bind(&r.client)
-                    .bind(&r.properties)
-                    .bind(&r.exchange);
+        match self {
+            Tx::Sqlite(tx) => tx
+                .texts(&sql, &insert_parameters(rows))
+                .context("recording tasks"),
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query_scalar(&sql);
+                for r in rows {
+                    query = query
+                        .bind(&r.id)
+                        .bind(&r.idempotency_key)
+                        .bind(&r.fingerprint)
+                        .bind(&r.destination)
+                        .bind(&r.routing_key)
+                        .bind(r.delay_ms)
+                        .bind(r.deliver_at_ms)
+                        .bind(&r.content_type)
+                        .bind(&r.headers)
+                        .bind(&r.payload)
+                        .bind(r.payload_bytes)
+                        .bind(&r.state)
+                        .bind(r.created_at_ms)
+                        .bind(r.published_at_ms)
+                        .bind(r.next_attempt_at_ms)
+                        .bind(r.attempts)
+                        .bind(&r.last_error)
+                        .bind(&r.client)
+                        .bind(&r.properties)
+                        .bind(&r.exchange);
+                }
+                query.fetch_all(&mut **t).await.context("recording tasks")
             }
-            query.fetch_all(&mut **t).await
-        })
-        .context("recording tasks")
+        }
     }
 
     /// One chunk of a release claim: the ids claimed.
@@ -89,14 +195,21 @@ impl Tx {
         pairs: &[(&str, i64)],
     ) -> Result<Vec<String>, LedgerError> {
         let sql = sql::claim(from, pairs.len());
-        on_tx!(self, sql, t => {
-            let mut query = sqlx::query_scalar::<_, String>(sql);
-            for (id, revision) in pairs {
-                query = query.bind(*id).bind(*revision);
+        match self {
+            Tx::Sqlite(tx) => tx
+                .texts(&sql, &pair_parameters(pairs))
+                .context("claiming due tasks"),
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query_scalar::<_, String>(&sql);
+                for (id, revision) in pairs {
+                    query = query.bind(*id).bind(*revision);
+                }
+                query
+                    .fetch_all(&mut **t)
+                    .await
+                    .context("claiming due tasks")
             }
-            query.fetch_all(&mut **t).await
-        })
-        .context("claiming due tasks")
+        }
     }
 
     pub(super) async fn states(
@@ -104,30 +217,45 @@ impl Tx {
         ids: &[&str],
     ) -> Result<Vec<(String, String, i64)>, LedgerError> {
         let sql = sql::states(ids.len());
-        on_tx!(self, sql, t => {
-            let mut query = sqlx::query_as::<_, (String, String, i64)>(sql);
-            for id in ids {
-                query = query.bind(*id);
+        match self {
+            Tx::Sqlite(tx) => tx.states(&sql, ids).context("reading due tasks"),
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query_as::<_, (String, String, i64)>(&sql);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.fetch_all(&mut **t).await.context("reading due tasks")
             }
-            query.fetch_all(&mut **t).await
-        })
-        .context("reading due tasks")
+        }
     }
 
     /// The row holding `row`'s idempotency key, or else its id.
     pub(super) async fn holder_of(&mut self, row: &Row) -> Result<Option<Row>, LedgerError> {
         if let Some(key) = &row.idempotency_key {
-            let sql = sql::holder_by_key();
-            let holder =
-                on_tx!(self, t => sqlx::query_as(&sql).bind(key).fetch_optional(&mut **t).await)
-                    .context("looking up an idempotency key")?;
+            let holder = self
+                .row(&sql::holder_by_key(), key)
+                .await
+                .context("looking up an idempotency key")?;
             if holder.is_some() {
                 return Ok(holder);
             }
         }
-        let sql = sql::holder_by_id();
-        on_tx!(self, t => sqlx::query_as(&sql).bind(&row.id).fetch_optional(&mut **t).await)
+        self.row(&sql::holder_by_id(), &row.id)
+            .await
             .context("looking up a task id")
+    }
+
+    /// The one row `sql` selects by `key`, if any.
+    async fn row(&mut self, sql: &str, key: &str) -> Result<Option<Row>, RowError> {
+        Ok(match self {
+            Tx::Sqlite(tx) => tx.row(sql, key)?,
+            Tx::Postgres(t) => {
+                sqlx::query_as(sql)
+                    .bind(key)
+                    .fetch_optional(&mut **t)
+                    .await?
+            }
+        })
     }
 
     /// Returns how many of the pairs were pending and are now scheduled.
@@ -140,14 +268,23 @@ impl Tx {
     ) -> Result<u64, LedgerError> {
         let sql = sql::mark_published(pairs.len(), trim);
         let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
-        on_tx!(self, sql, t => {
-            let mut query = sqlx::query(sql).bind(now_ms).bind(copy_bytes);
-            for (id, revision) in pairs {
-                query = query.bind(*id).bind(*revision);
+        match self {
+            Tx::Sqlite(tx) => {
+                let mut parameters: Vec<&dyn ToSql> = vec![&now_ms, &copy_bytes];
+                parameters.extend(pair_parameters(pairs));
+                tx.execute(&sql, &parameters)
+                    .context("marking tasks scheduled")
             }
-            query.execute(&mut **t).await.map(|done| done.rows_affected())
-        })
-        .context("marking tasks scheduled")
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query(&sql).bind(now_ms).bind(copy_bytes);
+                for (id, revision) in pairs {
+                    query = query.bind(*id).bind(*revision);
+                }
+                let done = query.execute(&mut **t).await;
+                done.map(|done| done.rows_affected())
+                    .context("marking tasks scheduled")
+            }
+        }
     }
 
     pub(super) async fn mark_delivered(
@@ -158,14 +295,23 @@ impl Tx {
     ) -> Result<(), LedgerError> {
         let sql = sql::mark_delivered(ids.len());
         let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
-        on_tx!(self, sql, t => {
-            let mut query = sqlx::query(sql).bind(at_ms).bind(copy_bytes);
-            for id in ids {
-                query = query.bind(*id);
+        match self {
+            Tx::Sqlite(tx) => {
+                let mut parameters: Vec<&dyn ToSql> = vec![&at_ms, &copy_bytes];
+                parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
+                tx.execute(&sql, &parameters)
+                    .map(|_| ())
+                    .context("marking tasks delivered")
             }
-            query.execute(&mut **t).await.map(|_| ())
-        })
-        .context("marking tasks delivered")
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query(&sql).bind(at_ms).bind(copy_bytes);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                let done = query.execute(&mut **t).await;
+                done.map(|_| ()).context("marking tasks delivered")
+            }
+        }
     }
 
     pub(super) async fn schedule_retry(
@@ -174,18 +320,37 @@ impl Tx {
         revision: u64,
         retry: &Retry,
     ) -> Result<(), LedgerError> {
-        on_tx!(self, t => sqlx::query(sql::SCHEDULE_RETRY)
-            .bind(db_ms(retry.retry_at_ms))
-            .bind(&retry.error)
-            .bind(i64::from(retry.publish_alone))
-            .bind(i64::from(retry.refused))
-            .bind(id)
-            .bind(db_ms(revision))
-            .execute(&mut **t)
-            .await
-            .map(|_| ()))
-        .context("scheduling a retry")?;
-        Ok(())
+        let retry_at = db_ms(retry.retry_at_ms);
+        let publish_alone = i64::from(retry.publish_alone);
+        let refused = i64::from(retry.refused);
+        let revision = db_ms(revision);
+        match self {
+            Tx::Sqlite(tx) => tx
+                .execute(
+                    sql::SCHEDULE_RETRY,
+                    &[
+                        &retry_at,
+                        &retry.error,
+                        &publish_alone,
+                        &refused,
+                        &id,
+                        &revision,
+                    ],
+                )
+                .map(|_| ())
+                .context("scheduling a retry"),
+            Tx::Postgres(t) => sqlx::query(sql::SCHEDULE_RETRY)
+                .bind(retry_at)
+                .bind(&retry.error)
+                .bind(publish_alone)
+                .bind(refused)
+                .bind(id)
+                .bind(revision)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())
+                .context("scheduling a retry"),
+        }
     }
 
     /// Returns whether the task was pending.
@@ -195,19 +360,52 @@ impl Tx {
         revision: Option<u64>,
         reason: &str,
     ) -> Result<bool, LedgerError> {
+        let revision = revision.map(db_ms);
         for (sql, was_pending) in [(sql::FAIL_PENDING, true), (sql::FAIL_SCHEDULED, false)] {
-            let changed = on_tx!(self, t => sqlx::query(sql)
-                .bind(reason)
-                .bind(id)
-                .bind(revision.map(db_ms))
-                .execute(&mut **t)
-                .await
-                .map(|done| done.rows_affected()))
-            .context("marking a task failed")?;
+            let changed = match self {
+                Tx::Sqlite(tx) => tx
+                    .execute(sql, &[&reason, &id, &revision])
+                    .context("marking a task failed")?,
+                Tx::Postgres(t) => sqlx::query(sql)
+                    .bind(reason)
+                    .bind(id)
+                    .bind(revision)
+                    .execute(&mut **t)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .context("marking a task failed")?,
+            };
             if changed > 0 {
                 return Ok(was_pending);
             }
         }
         Ok(false)
+    }
+}
+
+/// A lookup's failure from either driver, given its context by the caller.
+enum RowError {
+    Sqlite(rusqlite::Error),
+    Postgres(sqlx::Error),
+}
+
+impl From<rusqlite::Error> for RowError {
+    fn from(error: rusqlite::Error) -> Self {
+        RowError::Sqlite(error)
+    }
+}
+
+impl From<sqlx::Error> for RowError {
+    fn from(error: sqlx::Error) -> Self {
+        RowError::Postgres(error)
+    }
+}
+
+impl<T> QueryContext<T> for Result<T, RowError> {
+    fn context(self, context: &'static str) -> Result<T, LedgerError> {
+        self.map_err(|error| match error {
+            RowError::Sqlite(source) => LedgerError::Sqlite { context, source },
+            RowError::Postgres(source) => LedgerError::Query { context, source },
+        })
     }
 }

@@ -24,8 +24,8 @@ use super::admit::{Admission, Judged, admit};
 use super::claim::{Finding, claim};
 use super::record::{Retry, Row};
 use super::sql::statement_sized_chunks;
-use super::transaction::Tx;
-use super::{LedgerError, PendingCount, Pool, db_ms};
+use super::transaction::{Store, Tx};
+use super::{LedgerError, PendingCount, db_ms};
 use crate::task::epoch_ms;
 
 /// Most writes in one transaction.
@@ -78,23 +78,38 @@ pub(super) struct Handle {
 /// The payload is cut down to `payload_copy_bytes` when a task is published,
 /// or, with `keep_payload_until_delivered` (the release stage, where a
 /// scheduled task may be moved and published again), when it is delivered.
+///
+/// On SQLite the writer runs on a thread of its own, with a runtime of its
+/// own: its statements (and each commit's `fsync`) block that thread, never
+/// the service's workers. On PostgreSQL it is a task like any other.
 pub(super) fn spawn(
-    pool: Pool,
+    store: Store,
     payload_copy_bytes: u32,
     keep_payload_until_delivered: bool,
     group_sizes: Histogram,
     pending: Arc<PendingCount>,
-) -> Handle {
+) -> Result<Handle, LedgerError> {
     let (writes, queue) = mpsc::channel(QUEUE);
+    let on_own_thread = matches!(store, Store::Sqlite(_));
     let writer = Writer {
-        pool,
+        store,
         payload_copy_bytes,
         keep_payload_until_delivered,
         group_sizes,
         pending,
     };
-    tokio::spawn(writer.run(queue));
-    Handle { writes }
+    if on_own_thread {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(LedgerError::WriterThread)?;
+        std::thread::Builder::new()
+            .name("ledger-writer".to_owned())
+            .spawn(move || runtime.block_on(writer.run(queue)))
+            .map_err(LedgerError::WriterThread)?;
+    } else {
+        tokio::spawn(writer.run(queue));
+    }
+    Ok(Handle { writes })
 }
 
 impl Handle {
@@ -250,7 +265,7 @@ impl Group {
 }
 
 struct Writer {
-    pool: Pool,
+    store: Store,
     payload_copy_bytes: u32,
     keep_payload_until_delivered: bool,
     group_sizes: Histogram,
@@ -258,7 +273,7 @@ struct Writer {
 }
 
 impl Writer {
-    async fn run(self, mut queue: mpsc::Receiver<Write>) {
+    async fn run(mut self, mut queue: mpsc::Receiver<Write>) {
         let mut writes = Vec::with_capacity(MAX_GROUP);
         while queue.recv_many(&mut writes, MAX_GROUP).await > 0 {
             self.group_sizes.observe(writes.len() as f64);
@@ -270,8 +285,8 @@ impl Writer {
 
     /// One transaction for the whole group; the pending count follows what
     /// it committed.
-    async fn transact(&self, group: &Group) -> Result<Decided, LedgerError> {
-        let mut tx = Tx::begin(&self.pool).await?;
+    async fn transact(&mut self, group: &Group) -> Result<Decided, LedgerError> {
+        let mut tx = Tx::begin(&mut self.store).await?;
         let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
         let admissions = admit(&mut tx, &rows).await?;
         let ids: Vec<(&str, i64)> = group
@@ -314,5 +329,53 @@ impl Writer {
         self.pending
             .remove(published + failed_pending + claimed_pending);
         Ok(Decided { admissions, claims })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::cascade::CascadeSettings;
+    use crate::config::StoreSettings;
+    use crate::task::Task;
+
+    fn row() -> Row {
+        let cascade = CascadeSettings::default().validate().unwrap();
+        let body = br#"{"destination": "d", "delay_ms": 1000}"#;
+        let task = Task::parse(body, &cascade, SystemTime::now()).unwrap();
+        Row::pending(&task, None, None, 0)
+    }
+
+    /// A group that fails is answered with its failure and rolled back on
+    /// the writer's own SQLite connection, which takes the next group as if
+    /// nothing had happened (no transaction left open, nothing half written).
+    #[tokio::test]
+    async fn a_failed_group_is_rolled_back_and_the_next_one_commits() {
+        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
+        let settings = StoreSettings {
+            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
+            ..StoreSettings::default()
+        };
+        let histogram = Histogram::new([1.0]);
+        let ledger = super::super::open(&settings, true, histogram)
+            .await
+            .unwrap()
+            .unwrap();
+        let mut refused = row();
+        refused.state = "not a state".to_owned();
+        let failure = ledger.writes.admit(refused.clone()).await.unwrap_err();
+        assert!(failure.to_string().contains("CHECK"), "{failure}");
+
+        let kept = row();
+        assert_eq!(
+            ledger.writes.admit(kept.clone()).await.unwrap(),
+            Admission::New
+        );
+        assert!(ledger.get(&refused.id).await.unwrap().is_none());
+        assert!(ledger.get(&kept.id).await.unwrap().is_some());
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
