@@ -54,10 +54,71 @@ pub struct LedgerRun {
     pub database_bytes: u64,
 }
 
+/// The phase: `tasks` tasks at 16 and at 256 callers, a tenth of them at
+/// one, each run in a fresh ledger of its own, without the indexes in
+/// `dropped`.
+pub async fn phase(tasks: usize, dropped: &[String]) -> anyhow::Result<Vec<LedgerRun>> {
+    let label = if dropped.is_empty() {
+        "sqlite".to_owned()
+    } else {
+        format!("sqlite -{}", dropped.join(" -"))
+    };
+    let mut runs = Vec::new();
+    for concurrency in [1, 16, 256] {
+        let dir = std::env::temp_dir().join(format!(
+            "delayline-bench-ledger-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
+        let run = default_ledger(&label, &dir, tasks, concurrency, dropped).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        runs.push(run?);
+    }
+    Ok(runs)
+}
+
+/// The phase's table, on stdout.
+pub fn print(runs: &[LedgerRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<40} {:>8} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10}",
+        "ledger",
+        "tasks",
+        "conc",
+        "CPU us",
+        "admit us",
+        "release us",
+        "admit/s",
+        "release/s",
+        "p50 ms",
+        "p99 ms",
+        "file MiB"
+    );
+    for l in runs {
+        println!(
+            "{:<40} {:>8} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>10.1}",
+            l.label,
+            l.tasks,
+            l.concurrency,
+            l.cpu_us_per_task,
+            l.admission_cpu_us_per_task,
+            l.release_cpu_us_per_task,
+            l.admission_tasks_per_sec,
+            l.release_tasks_per_sec,
+            l.admit_p50_ms,
+            l.admit_p99_ms,
+            l.database_bytes as f64 / 1_048_576.0
+        );
+    }
+}
+
 /// Runs `tasks` tasks through a fresh SQLite ledger in `dir`, without the
 /// indexes named in `dropped` (to measure what each costs; the service
 /// needs them all).
-pub async fn default_ledger(
+async fn default_ledger(
     label: &str,
     dir: &Path,
     tasks: usize,

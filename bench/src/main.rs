@@ -429,24 +429,7 @@ async fn main() -> anyhow::Result<()> {
         let tasks = args
             .ledger_tasks
             .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-        for concurrency in [1, 16, 256] {
-            let dir = std::env::temp_dir().join(format!(
-                "delayline-bench-ledger-{}",
-                uuid::Uuid::new_v4().simple()
-            ));
-            std::fs::create_dir_all(&dir)?;
-            let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
-            let label = if args.ledger_drop_index.is_empty() {
-                "sqlite".to_owned()
-            } else {
-                format!("sqlite -{}", args.ledger_drop_index.join(" -"))
-            };
-            let run =
-                ledger::default_ledger(&label, &dir, tasks, concurrency, &args.ledger_drop_index)
-                    .await;
-            let _ = std::fs::remove_dir_all(&dir);
-            results.ledger.push(run?);
-        }
+        results.ledger = ledger::phase(tasks, &args.ledger_drop_index).await?;
     }
 
     print_report(&results);
@@ -670,38 +653,7 @@ fn print_report(results: &Results) {
         "\nmachine: {} cpus, {}; RabbitMQ {}",
         m.cpus, m.cpu_model, m.rabbitmq
     );
-    if !results.ledger.is_empty() {
-        println!(
-            "\n{:<40} {:>8} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>8} {:>10}",
-            "ledger",
-            "tasks",
-            "conc",
-            "CPU us",
-            "admit us",
-            "release us",
-            "admit/s",
-            "release/s",
-            "p50 ms",
-            "p99 ms",
-            "file MiB"
-        );
-        for l in &results.ledger {
-            println!(
-                "{:<40} {:>8} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>10.0} {:>8.2} {:>8.2} {:>10.1}",
-                l.label,
-                l.tasks,
-                l.concurrency,
-                l.cpu_us_per_task,
-                l.admission_cpu_us_per_task,
-                l.release_cpu_us_per_task,
-                l.admission_tasks_per_sec,
-                l.release_tasks_per_sec,
-                l.admit_p50_ms,
-                l.admit_p99_ms,
-                l.database_bytes as f64 / 1_048_576.0
-            );
-        }
-    }
+    ledger::print(&results.ledger);
     if !results.ingest.is_empty() {
         println!(
             "\n{:<22} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>20}",
