@@ -22,10 +22,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use delayline::cascade::CascadeSettings;
 use delayline::config::{Secret, StoreSettings};
-use delayline::ledger::{Admission, Ledger};
+use delayline::ledger::{Admission, Finding, Ledger};
 use delayline::task::{Task, epoch_ms};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
+use futures_util::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -157,6 +156,7 @@ async fn default_ledger(
     release_all(&ledger, ids).await?;
     let released_in = started.elapsed() - admitted_in;
     let cpu_after = own_cpu_ms()?;
+    ledger.close().await;
 
     let per_task = |ms: f64| ms * 1000.0 / tasks as f64;
     let quantile = |q: f64| latencies.value_at_quantile(q) as f64 / 1000.0;
@@ -186,9 +186,6 @@ async fn admit_all(
     tasks: Vec<Task>,
     concurrency: usize,
 ) -> anyhow::Result<Histogram<u64>> {
-    let mut latencies = Histogram::new_with_bounds(1, 60_000_000, 3)?;
-    let mut waiting = tasks.into_iter();
-    let mut in_flight = FuturesUnordered::new();
     let one = |task: Task| async move {
         let started = Instant::now();
         let admission = ledger.admit(&task, None, None, 0).await?;
@@ -199,44 +196,32 @@ async fn admit_all(
         ledger.mark_published(task.id, 1).await?;
         anyhow::Ok(took)
     };
-    for task in waiting.by_ref().take(concurrency) {
-        in_flight.push(one(task));
-    }
-    while let Some(took) = in_flight.next().await {
+    let mut latencies = Histogram::new_with_bounds(1, 60_000_000, 3)?;
+    let mut admitted = stream::iter(tasks).map(one).buffer_unordered(concurrency);
+    while let Some(took) = admitted.next().await {
         latencies.record(micros(took?))?;
-        if let Some(task) = waiting.next() {
-            in_flight.push(one(task));
-        }
     }
     Ok(latencies)
 }
 
 /// Claims the tasks in windows and marks each window delivered.
 async fn release_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
-    let windows: Vec<Vec<String>> = ids.chunks(WINDOW).map(<[String]>::to_vec).collect();
-    let mut waiting = windows.into_iter();
-    let mut in_flight = FuturesUnordered::new();
-    let one = |window: Vec<String>| async move {
+    let one = async |window: &[String]| {
         let due = window.iter().map(|id| (id.clone(), 1)).collect();
         let findings = ledger.claim_release(due).await?;
-        if findings.len() != window.len() {
-            bail!("{} of {} claimed", findings.len(), window.len());
+        if let Some(other) = findings.iter().find(|f| **f != Finding::Claimed) {
+            bail!("a due task was not claimed: {other:?}");
         }
         ledger
-            .mark_delivered(window, epoch_ms(SystemTime::now()))
+            .mark_delivered(window.to_vec(), epoch_ms(SystemTime::now()))
             .await?;
         anyhow::Ok(())
     };
-    for window in waiting.by_ref().take(WINDOWS_IN_FLIGHT) {
-        in_flight.push(one(window));
-    }
-    while let Some(done) = in_flight.next().await {
-        done?;
-        if let Some(window) = waiting.next() {
-            in_flight.push(one(window));
-        }
-    }
-    Ok(())
+    stream::iter(ids.chunks(WINDOW))
+        .map(one)
+        .buffer_unordered(WINDOWS_IN_FLIGHT)
+        .try_collect()
+        .await
 }
 
 fn micros(took: Duration) -> u64 {

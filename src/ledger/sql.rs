@@ -1,6 +1,7 @@
 //! The ledger's SQL text, every statement in one place. Both backends are
 //! built the same text: `$N` placeholders, nothing either dialect lacks;
-//! SQLite gets it through [`for_sqlite`]. Pure string building, checked
+//! the writer's SQLite connection (rusqlite) gets it through [`for_sqlite`],
+//! sqlx takes `$N` as it is. Pure string building, checked
 //! without a database (and, for the statements by id, against SQLite's
 //! query plans). Statements over many ids come in a few fixed sizes
 //! ([`statement_sized_chunks`]).

@@ -232,30 +232,33 @@ impl Tx<'_> {
     /// The row holding `row`'s idempotency key, or else its id.
     pub(super) async fn holder_of(&mut self, row: &Row) -> Result<Option<Row>, LedgerError> {
         if let Some(key) = &row.idempotency_key {
+            let by_key = sql::holder_by_key();
             let holder = self
-                .row(&sql::holder_by_key(), key)
-                .await
-                .context("looking up an idempotency key")?;
+                .row(&by_key, key, "looking up an idempotency key")
+                .await?;
             if holder.is_some() {
                 return Ok(holder);
             }
         }
-        self.row(&sql::holder_by_id(), &row.id)
+        self.row(&sql::holder_by_id(), &row.id, "looking up a task id")
             .await
-            .context("looking up a task id")
     }
 
     /// The one row `sql` selects by `key`, if any.
-    async fn row(&mut self, sql: &str, key: &str) -> Result<Option<Row>, RowError> {
-        Ok(match self {
-            Tx::Sqlite(tx) => tx.row(sql, key)?,
-            Tx::Postgres(t) => {
-                sqlx::query_as(sql)
-                    .bind(key)
-                    .fetch_optional(&mut **t)
-                    .await?
-            }
-        })
+    async fn row(
+        &mut self,
+        sql: &str,
+        key: &str,
+        context: &'static str,
+    ) -> Result<Option<Row>, LedgerError> {
+        match self {
+            Tx::Sqlite(tx) => tx.row(sql, key).context(context),
+            Tx::Postgres(t) => sqlx::query_as(sql)
+                .bind(key)
+                .fetch_optional(&mut **t)
+                .await
+                .context(context),
+        }
     }
 
     /// Returns how many of the pairs were pending and are now scheduled.
@@ -380,32 +383,5 @@ impl Tx<'_> {
             }
         }
         Ok(false)
-    }
-}
-
-/// A lookup's failure from either driver, given its context by the caller.
-enum RowError {
-    Sqlite(rusqlite::Error),
-    Postgres(sqlx::Error),
-}
-
-impl From<rusqlite::Error> for RowError {
-    fn from(error: rusqlite::Error) -> Self {
-        RowError::Sqlite(error)
-    }
-}
-
-impl From<sqlx::Error> for RowError {
-    fn from(error: sqlx::Error) -> Self {
-        RowError::Postgres(error)
-    }
-}
-
-impl<T> QueryContext<T> for Result<T, RowError> {
-    fn context(self, context: &'static str) -> Result<T, LedgerError> {
-        self.map_err(|error| match error {
-            RowError::Sqlite(source) => LedgerError::Sqlite { context, source },
-            RowError::Postgres(source) => LedgerError::Query { context, source },
-        })
     }
 }
