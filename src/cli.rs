@@ -80,6 +80,19 @@ pub enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
+    /// Recurring schedules, through the running service's API (on
+    /// http.bind, or --url; a token with the `schedule` permission in
+    /// DELAYLINE_TOKEN when clients are configured).
+    Schedules {
+        #[command(subcommand)]
+        action: ScheduleCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token (`schedule` permission; `admin` lists everyone's).
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -88,6 +101,16 @@ pub enum Command {
         #[arg(long)]
         destination: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Every schedule: its state, timing, next occurrence and counts.
+    List,
+    /// Pause a schedule: no occurrence is made while paused.
+    Pause { id: String },
+    /// Resume a paused schedule from its first occurrence after now.
+    Resume { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -236,6 +259,9 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             print!("{}", describe_requeue(&done, &cascade));
         }
         Command::Probe { path } => return probe(&settings, &path).await,
+        Command::Schedules { action, url, token } => {
+            print!("{}", schedules(&settings, action, url, token).await?);
+        }
         Command::Route { delay, destination } => {
             print!("{}", describe_route(&cascade, delay, &destination)?)
         }
@@ -265,6 +291,21 @@ fn reload(pid: i32) -> anyhow::Result<()> {
 }
 
 /// GETs `path` of the running service; success on a 200.
+/// `delayline schedules …`, through the running service's API.
+async fn schedules(
+    settings: &Settings,
+    action: ScheduleCommand,
+    url: Option<String>,
+    token: Option<String>,
+) -> anyhow::Result<String> {
+    let remote = crate::remote::Remote::new(settings, url, token)?;
+    Ok(match action {
+        ScheduleCommand::List => remote.list_schedules().await?,
+        ScheduleCommand::Pause { id } => remote.pause_schedule(&id, true).await?,
+        ScheduleCommand::Resume { id } => remote.pause_schedule(&id, false).await?,
+    })
+}
+
 async fn probe(settings: &Settings, path: &str) -> anyhow::Result<ExitCode> {
     let (status, body) = if settings.http.tls.enabled() {
         crate::probe::probe_https(&settings.http.bind, path).await?

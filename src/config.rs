@@ -81,6 +81,7 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub log: LogSettings,
     pub auth: AuthSettings,
+    pub schedules: ScheduleSettings,
     /// AMQP ingresses (`[[ingress]]`): exchanges producers publish delayed
     /// messages to with the plugin's `x-delay` header.
     pub ingress: Vec<IngressSettings>,
@@ -247,6 +248,29 @@ impl Default for StoreSettings {
     }
 }
 
+/// Recurring schedules (`/v1/schedules`): how far ahead each occurrence
+/// becomes a task, and how often the planner looks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleSettings {
+    /// An occurrence becomes a task in the cascade this long before its time
+    /// (at most the chain's longest delay), so that a planner that is late,
+    /// or a replica that restarts, does not make it late.
+    pub lead_ms: u64,
+    /// How often the planner looks for schedules whose next occurrence is
+    /// within the lead: one index probe, whatever the number of schedules.
+    pub poll_ms: u64,
+}
+
+impl Default for ScheduleSettings {
+    fn default() -> Self {
+        Self {
+            lead_ms: 30_000,
+            poll_ms: 1_000,
+        }
+    }
+}
+
 /// `GET /metrics`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -359,7 +383,7 @@ pub struct ClientSettings {
     /// exchange, by exact name; `"*"` for any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exchanges: Vec<String>,
-    /// `submit`, `read`, `cancel`, `reschedule`, `metrics`, `admin`.
+    /// `submit`, `read`, `cancel`, `reschedule`, `schedule`, `metrics`, `admin`.
     #[serde(default)]
     pub permissions: Vec<String>,
     /// Tasks per second, refilled continuously (token bucket); none: unlimited.
@@ -467,6 +491,13 @@ impl Settings {
         if self.http.batch_limit == 0 {
             return Err(ConfigError::Invalid(
                 "http.batch_limit must be at least 1".into(),
+            ));
+        }
+        if self.schedules.poll_ms == 0 || self.schedules.lead_ms < self.schedules.poll_ms {
+            return Err(ConfigError::Invalid(
+                "schedules.poll_ms must be at least 1 and schedules.lead_ms at least poll_ms: \
+                 an occurrence must become a task before its time"
+                    .into(),
             ));
         }
         if self.store.max_connections == 0 {

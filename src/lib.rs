@@ -92,6 +92,8 @@ pub mod message;
 pub mod metrics;
 pub mod operations;
 pub mod probe;
+pub mod remote;
+pub mod schedule;
 pub mod scheduler;
 pub mod service;
 pub mod task;

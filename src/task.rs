@@ -57,7 +57,8 @@ pub(crate) struct TaskRequest<'a> {
     /// String, number or boolean values. Reserved: `x-delay-ms`,
     /// `x-deliver-at-ms`, `x-delayline-revision`, `x-delayline-exchange`,
     /// `x-delayline-delivery-key`, `x-delayline-expiration`,
-    /// `x-delayline-user-id`, `x-death*`, `x-first-death*`, `x-last-death*`,
+    /// `x-delayline-user-id`, `x-delayline-schedule`,
+    /// `x-delayline-occurrence`, `x-death*`, `x-first-death*`, `x-last-death*`,
     /// `CC`, `BCC`. With the other
     /// properties they must fit one AMQP frame (`headers_too_large`).
     #[serde(borrow)]

@@ -38,6 +38,8 @@ pub enum Permission {
     Cancel,
     /// `PATCH /v1/tasks/{id}` (its own tasks).
     Reschedule,
+    /// `/v1/schedules` (its own schedules, to its destinations and exchanges).
+    Schedule,
     /// `GET /metrics` on the API's listener.
     Metrics,
     /// Everything above, every client's tasks, and `GET /v1/topology`.
@@ -45,11 +47,12 @@ pub enum Permission {
 }
 
 impl Permission {
-    pub const ALL: [Permission; 6] = [
+    pub const ALL: [Permission; 7] = [
         Permission::Submit,
         Permission::Read,
         Permission::Cancel,
         Permission::Reschedule,
+        Permission::Schedule,
         Permission::Metrics,
         Permission::Admin,
     ];
@@ -60,6 +63,7 @@ impl Permission {
             Permission::Read => "read",
             Permission::Cancel => "cancel",
             Permission::Reschedule => "reschedule",
+            Permission::Schedule => "schedule",
             Permission::Metrics => "metrics",
             Permission::Admin => "admin",
         }

@@ -20,6 +20,7 @@ pub enum ErrorCode {
     ForbiddenDestination,
     ForbiddenExchange,
     TaskNotFound,
+    ScheduleNotFound,
     NotFound,
     MethodNotAllowed,
     BodyTimeout,
@@ -28,6 +29,8 @@ pub enum ErrorCode {
     TaskCancelled,
     TaskFailed,
     PayloadNotKept,
+    ScheduleExists,
+    ScheduleChanged,
     PayloadTooLarge,
     UriTooLong,
     UnsupportedMediaType,
@@ -40,6 +43,7 @@ pub enum ErrorCode {
     HeadersTooLarge,
     InvalidId,
     InvalidExchange,
+    InvalidSchedule,
     BatchTooLarge,
     RateLimited,
     QuotaExceeded,
@@ -63,7 +67,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 51] = [
+    pub const ALL: [ErrorCode; 55] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -75,6 +79,7 @@ impl ErrorCode {
         ErrorCode::ForbiddenDestination,
         ErrorCode::ForbiddenExchange,
         ErrorCode::TaskNotFound,
+        ErrorCode::ScheduleNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTimeout,
@@ -83,6 +88,8 @@ impl ErrorCode {
         ErrorCode::TaskCancelled,
         ErrorCode::TaskFailed,
         ErrorCode::PayloadNotKept,
+        ErrorCode::ScheduleExists,
+        ErrorCode::ScheduleChanged,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UriTooLong,
         ErrorCode::UnsupportedMediaType,
@@ -95,6 +102,7 @@ impl ErrorCode {
         ErrorCode::HeadersTooLarge,
         ErrorCode::InvalidId,
         ErrorCode::InvalidExchange,
+        ErrorCode::InvalidSchedule,
         ErrorCode::BatchTooLarge,
         ErrorCode::RateLimited,
         ErrorCode::QuotaExceeded,
@@ -131,6 +139,7 @@ impl ErrorCode {
             ErrorCode::ForbiddenDestination => "forbidden_destination",
             ErrorCode::ForbiddenExchange => "forbidden_exchange",
             ErrorCode::TaskNotFound => "task_not_found",
+            ErrorCode::ScheduleNotFound => "schedule_not_found",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::BodyTimeout => "body_timeout",
@@ -139,6 +148,8 @@ impl ErrorCode {
             ErrorCode::TaskCancelled => "task_cancelled",
             ErrorCode::TaskFailed => "task_failed",
             ErrorCode::PayloadNotKept => "payload_not_kept",
+            ErrorCode::ScheduleExists => "schedule_exists",
+            ErrorCode::ScheduleChanged => "schedule_changed",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
@@ -151,6 +162,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::InvalidId => "invalid_id",
             ErrorCode::InvalidExchange => "invalid_exchange",
+            ErrorCode::InvalidSchedule => "invalid_schedule",
             ErrorCode::BatchTooLarge => "batch_too_large",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::QuotaExceeded => "quota_exceeded",
@@ -186,14 +198,18 @@ impl ErrorCode {
             ErrorCode::Forbidden
             | ErrorCode::ForbiddenDestination
             | ErrorCode::ForbiddenExchange => StatusCode::FORBIDDEN,
-            ErrorCode::TaskNotFound | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::TaskNotFound | ErrorCode::ScheduleNotFound | ErrorCode::NotFound => {
+                StatusCode::NOT_FOUND
+            }
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::IdempotencyConflict
             | ErrorCode::TooLate
             | ErrorCode::TaskCancelled
             | ErrorCode::TaskFailed
-            | ErrorCode::PayloadNotKept => StatusCode::CONFLICT,
+            | ErrorCode::PayloadNotKept
+            | ErrorCode::ScheduleExists
+            | ErrorCode::ScheduleChanged => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -206,6 +222,7 @@ impl ErrorCode {
             | ErrorCode::HeadersTooLarge
             | ErrorCode::InvalidId
             | ErrorCode::InvalidExchange
+            | ErrorCode::InvalidSchedule
             | ErrorCode::BatchTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::RequestHeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -254,7 +271,7 @@ impl ErrorCode {
                 "the token is not one of a configured client's (mistyped, revoked); with `WWW-Authenticate: Bearer …, error=\"invalid_token\"`"
             }
             ErrorCode::Forbidden => {
-                "the client lacks the permission the route needs (`submit`, `read`, `cancel`, `reschedule`, `metrics`, `admin` for `/v1/topology`)"
+                "the client lacks the permission the route needs (`submit`, `read`, `cancel`, `reschedule`, `schedule`, `metrics`, `admin` for `/v1/topology`)"
             }
             ErrorCode::ForbiddenDestination => {
                 "the destination matches none of the client's patterns; in a batch, per task (the others still go)"
@@ -264,6 +281,9 @@ impl ErrorCode {
             }
             ErrorCode::TaskNotFound => {
                 "`GET`, `DELETE` or `PATCH /v1/tasks/{id}`: never accepted, pruned, or another client's task"
+            }
+            ErrorCode::ScheduleNotFound => {
+                "`/v1/schedules/{id}`: never created, deleted, or another client's schedule"
             }
             ErrorCode::NotFound => "unknown route",
             ErrorCode::MethodNotAllowed => "known route, other method",
@@ -277,6 +297,12 @@ impl ErrorCode {
                 "cancel or move of a task that is `releasing`, `delivered` or `unroutable`"
             }
             ErrorCode::TaskCancelled => "move of a cancelled task",
+            ErrorCode::ScheduleExists => {
+                "`POST /v1/schedules` with the id of a schedule that has other content or timing (the same request again is answered as the first time)"
+            }
+            ErrorCode::ScheduleChanged => {
+                "a change of a schedule that other requests kept changing meanwhile; read it again and retry"
+            }
             ErrorCode::TaskFailed => "cancel or move of a failed task",
             ErrorCode::PayloadNotKept => {
                 "move of a task whose ledger row keeps only part of its payload (published before the release stage)"
@@ -309,6 +335,9 @@ impl ErrorCode {
             ErrorCode::InvalidExchange => {
                 "`exchange` is not a valid exchange name, or the release stage is off (only it delivers elsewhere than the business exchange)"
             }
+            ErrorCode::InvalidSchedule => {
+                "a schedule's `id` or timing: a cron expression that does not parse or never fires, an unknown time zone, an interval below the unit, an end before the start, neither or both of `cron` and `every`; the message names the field"
+            }
             ErrorCode::BatchTooLarge => "more than `http.batch_limit` tasks",
             ErrorCode::RateLimited => {
                 "over the client's `rate_per_second` (with `Retry-After`), or a batch larger than its `burst`; nothing of the request was taken"
@@ -322,9 +351,11 @@ impl ErrorCode {
             ErrorCode::Internal => {
                 "a bug or an unexpected failure; the service's log says what (never the client)"
             }
-            ErrorCode::LedgerDisabled => "inspection, cancel or move with `store.url = \"none\"`",
+            ErrorCode::LedgerDisabled => {
+                "inspection, cancel, move or schedules with `store.url = \"none\"`"
+            }
             ErrorCode::ReleaseStageDisabled => {
-                "cancel or move with `cascade.release_stage = false`"
+                "cancel, move or schedules with `cascade.release_stage = false`"
             }
             ErrorCode::Overloaded => {
                 "more than `http.max_tasks_in_flight` tasks are being taken in; with `Retry-After`, nothing of the request was taken"

@@ -14,7 +14,8 @@ use tracing::error;
 
 use crate::broker::PublishError;
 use crate::ledger::LedgerError;
-use crate::scheduler::{ChangeError, InspectError, NotReady, SubmitError};
+use crate::schedule::ScheduleError;
+use crate::scheduler::{ChangeError, InspectError, NotReady, RecurringError, SubmitError};
 use crate::task::TaskError;
 
 pub use super::codes::ErrorCode;
@@ -145,6 +146,22 @@ impl From<ChangeError> for ApiError {
             ChangeError::Route(route) => TaskError::from(route).into(),
             ChangeError::Ledger(error) => error.into(),
         }
+    }
+}
+
+impl From<RecurringError> for ApiError {
+    fn from(error: RecurringError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            RecurringError::Unavailable(change) => return change.into(),
+            RecurringError::Ledger(ledger) => return ledger.into(),
+            RecurringError::Invalid(ScheduleError::Content(task)) => return task.into(),
+            RecurringError::Invalid(ScheduleError::Invalid { .. }) => ErrorCode::InvalidSchedule,
+            RecurringError::NotFound(_) => ErrorCode::ScheduleNotFound,
+            RecurringError::Exists(_) => ErrorCode::ScheduleExists,
+            RecurringError::Contended(_) => ErrorCode::ScheduleChanged,
+        };
+        ApiError::new(code, message)
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! One module per resource, each with its own `router()`: `tasks` (taking
 //! tasks in), `inspect` (reading them back), `changes` (cancelling and
-//! moving them), `topology`, `health` (the
+//! moving them), `schedules` (recurring schedules), `topology`, `health` (the
 //! probes), `scrape` (`/metrics`); `auth` is the gate in front of all but the
 //! probes, `extract` the JSON body extractor, `error` the error shape,
 //! `fallback` what no route serves; `serve` the accept loop, with `wire`
@@ -19,6 +19,7 @@ mod health;
 mod inspect;
 pub mod limits;
 pub mod openapi;
+mod schedules;
 mod scrape;
 pub mod serve;
 mod tasks;
@@ -99,6 +100,7 @@ pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute)
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())
         .merge(changes::router())
+        .merge(schedules::router())
         .merge(topology::router());
     if metrics_route == MetricsRoute::WithApi {
         gated = gated.merge(scrape::router());

@@ -45,6 +45,13 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::changes::cancel_task,
         super::changes::cancel_batch,
         super::changes::reschedule_task,
+        super::schedules::create_schedule,
+        super::schedules::list_schedules,
+        super::schedules::get_schedule,
+        super::schedules::patch_schedule,
+        super::schedules::pause_schedule,
+        super::schedules::resume_schedule,
+        super::schedules::delete_schedule,
         super::topology::topology,
         super::health::healthz,
         super::health::readyz,
@@ -53,6 +60,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
     components(schemas(ErrorEnvelope, ErrorBody)),
     tags(
         (name = "tasks", description = "Scheduling, inspecting, cancelling and moving tasks"),
+        (name = "schedules", description = "Recurring schedules: each occurrence becomes a task"),
         (name = "operations", description = "Probes, topology and metrics"),
     )
 )]
@@ -111,11 +119,15 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
     if method == "post" || method == "patch" {
         statuses.extend([400, 408, 413, 415, 422]);
     }
-    if path.starts_with("/v1/tasks") {
+    if path.starts_with("/v1/tasks") || path.starts_with("/v1/schedules") {
         statuses.push(501);
     }
-    if path == "/v1/tasks" && method == "get" {
+    if (path == "/v1/tasks" || path == "/v1/schedules") && method == "get" {
         statuses.push(400);
+    }
+    if path.starts_with("/v1/schedules") && method != "get" {
+        // `schedule_exists` (a new one), `schedule_changed` (a change).
+        statuses.push(409);
     }
     if path == "/v1/topology" {
         // `?destination=` that is not one.
@@ -180,6 +192,10 @@ mod tests {
             "/v1/tasks/batch",
             "/v1/tasks/{id}",
             "/v1/tasks/cancel",
+            "/v1/schedules",
+            "/v1/schedules/{id}",
+            "/v1/schedules/{id}/pause",
+            "/v1/schedules/{id}/resume",
             "/v1/topology",
             "/healthz",
             "/readyz",

@@ -85,6 +85,9 @@ macro_rules! on_pool {
 // After `on_pool!`, which they use.
 mod change;
 mod release;
+mod schedules;
+
+pub use schedules::{Advance, ScheduleChange, ScheduleCounts, StoredSchedule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

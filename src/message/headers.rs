@@ -31,6 +31,11 @@ pub const EXPIRATION_HEADER: &str = "x-delayline-expiration";
 /// travels, and is delivered, as this header.
 pub const USER_ID_HEADER: &str = "x-delayline-user-id";
 
+/// An occurrence of a recurring schedule: the schedule's id.
+pub const SCHEDULE_HEADER: &str = "x-delayline-schedule";
+/// An occurrence of a recurring schedule: its time (RFC 3339, UTC).
+pub const OCCURRENCE_HEADER: &str = "x-delayline-occurrence";
+
 /// delayline's headers of a message taken in over AMQP; a task over HTTP
 /// may not set them.
 const INGRESS_HEADERS: [&str; 4] = [
@@ -72,6 +77,8 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower == DELIVER_AT_HEADER
         || lower == REVISION_HEADER
         || INGRESS_HEADERS.contains(&lower.as_str())
+        || lower == SCHEDULE_HEADER
+        || lower == OCCURRENCE_HEADER
         || is_dead_letter_header(name)
         || ROUTING_HEADERS.contains(&name)
 }

@@ -24,8 +24,8 @@ mod plugin;
 
 pub use headers::{
     DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
-    POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, USER_ID_HEADER,
-    is_dead_letter_header, is_reserved_header, is_routing_header,
+    OCCURRENCE_HEADER, POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, SCHEDULE_HEADER,
+    USER_ID_HEADER, is_dead_letter_header, is_reserved_header, is_routing_header,
 };
 pub use plugin::{BadDelay, Due, PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER, due};
 

@@ -120,6 +120,12 @@ pub struct Metrics {
     pub client_scheduled: Family<ClientLabel, Gauge>,
     pub connections_refused: Counter,
     pub request_deadline_exceeded: Counter,
+    /// Schedules held, by state (`active`, `paused`, `finished`).
+    pub schedules: Family<StateLabel, Gauge>,
+    /// Occurrences by outcome: `created` (made a task), `caught_up` (a
+    /// missed one delivered under `catch_up = latest`), `missed` (passed
+    /// over), `failed` (its task could not be made).
+    pub schedule_occurrences: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -356,7 +362,22 @@ impl Metrics {
             "Requests answered 503 deadline_exceeded (not answered within http.request_timeout_ms)",
             request_deadline_exceeded.clone(),
         );
+        let schedules = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "schedules",
+            "Recurring schedules held in the ledger, by state (active, paused, finished)",
+            schedules.clone(),
+        );
+        let schedule_occurrences = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "schedule_occurrences",
+            "Occurrences of recurring schedules, by outcome: created (made a task), caught_up \
+             (a missed one delivered once), missed (passed over), failed (no task could be made)",
+            schedule_occurrences.clone(),
+        );
         Metrics {
+            schedules,
+            schedule_occurrences,
             connections_refused,
             request_deadline_exceeded,
             auth_refused,

@@ -21,6 +21,7 @@
 
 mod bookkeeper;
 mod broker;
+mod recurring;
 mod release;
 
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use tracing::warn;
 
 pub use bookkeeper::MAX_REFUSALS;
 pub use broker::{Broker, PublishAlone};
+pub use recurring::{RecurringError, ScheduleState};
 pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
 
 use crate::broker::{PublishError, Published};
@@ -153,6 +155,10 @@ pub struct SchedulerSettings {
     /// How long a published task's row is kept once due.
     pub retention: Duration,
     pub prune_every: Duration,
+    /// How long before its time an occurrence of a schedule becomes a task.
+    pub schedule_lead: Duration,
+    /// How often the planner looks for due schedules.
+    pub schedule_poll: Duration,
 }
 
 impl From<&Settings> for SchedulerSettings {
@@ -162,6 +168,8 @@ impl From<&Settings> for SchedulerSettings {
             misconfiguration_grace: Duration::from_millis(settings.amqp.misconfiguration_grace_ms),
             retention: Duration::from_millis(settings.store.retention_ms),
             prune_every: Duration::from_millis(settings.store.prune_interval_ms),
+            schedule_lead: Duration::from_millis(settings.schedules.lead_ms),
+            schedule_poll: Duration::from_millis(settings.schedules.poll_ms),
         }
     }
 }
@@ -183,6 +191,9 @@ struct Inner {
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
     settings: SchedulerSettings,
+    /// Woken by a schedule's change, so that its next occurrence is planned
+    /// without waiting for the poll.
+    wake_planner: tokio::sync::Notify,
 }
 
 impl Scheduler {
@@ -212,6 +223,7 @@ impl Scheduler {
                 cascade,
                 metrics,
                 settings,
+                wake_planner: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -423,19 +435,23 @@ impl Scheduler {
                 .ledger_pending
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
+        self.refresh_schedule_metrics().await;
     }
 
-    /// Starts the forwarder and the retention pruner (with a ledger); both
+    /// Starts the forwarder and the retention pruner (with a ledger), and
+    /// the planner of recurring schedules (with the release stage too); all
     /// end with `shutdown`.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
-        match &self.inner.mode {
+        let mut background = match &self.inner.mode {
             Mode::Stateless => Vec::new(),
             Mode::Ledger(bookkeeper) => bookkeeper.spawn_background(
                 self.inner.settings.retention,
                 self.inner.settings.prune_every,
-                shutdown,
+                shutdown.clone(),
             ),
-        }
+        };
+        background.extend(self.spawn_planner(shutdown));
+        background
     }
 
     /// Waits for every late confirm to be decided and recorded. Call once the

@@ -20,4 +20,5 @@ mod limits;
 mod migrate;
 mod provision;
 mod release;
+mod schedules;
 mod security;

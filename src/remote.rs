@@ -1,0 +1,147 @@
+//! `delayline schedules …`: the command line's view of recurring schedules,
+//! through a running service's own API.
+//!
+//! Going through the API rather than the ledger means one code path for a
+//! change (a pause withdraws the occurrences already made, and wakes the
+//! planner), the same access control (a token with the `schedule`
+//! permission when clients are configured), and no second writer. The
+//! service is reached on `http.bind` (loopback for a wildcard address), or
+//! at `--url`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::Settings;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("{url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("{url}: {status} {body}")]
+    Refused {
+        url: String,
+        status: u16,
+        body: String,
+    },
+}
+
+/// A client of the service's API.
+pub struct Remote {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Remote {
+    /// The service `settings` describe, or the one at `url`.
+    pub fn new(
+        settings: &Settings,
+        url: Option<String>,
+        token: Option<String>,
+    ) -> Result<Remote, RemoteError> {
+        let base = url.unwrap_or_else(|| {
+            let scheme = if settings.http.tls.enabled() {
+                "https"
+            } else {
+                "http"
+            };
+            let (host, port) = settings
+                .http
+                .bind
+                .rsplit_once(':')
+                .unwrap_or(("127.0.0.1", "8080"));
+            let host = match host {
+                "0.0.0.0" | "" => "127.0.0.1",
+                "[::]" => "[::1]",
+                other => other,
+            };
+            format!("{scheme}://{host}:{port}")
+        });
+        // The service's certificate names it for its clients, not the
+        // loopback address an operator's command reaches it on.
+        let http = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .timeout(TIMEOUT)
+            .build()
+            .map_err(|source| RemoteError::Http {
+                url: base.clone(),
+                source,
+            })?;
+        Ok(Remote { base, token, http })
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str) -> Result<Value, RemoteError> {
+        let url = format!("{}{path}", self.base);
+        let http = |source| RemoteError::Http {
+            url: url.clone(),
+            source,
+        };
+        let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(http)?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(http)?;
+        if !(200..300).contains(&status) {
+            return Err(RemoteError::Refused { url, status, body });
+        }
+        Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+
+    /// Every schedule, page by page, as a table.
+    pub async fn list_schedules(&self) -> Result<String, RemoteError> {
+        let mut table = String::from("id\tstate\twhen\tnext occurrence\toccurrences\tmissed\n");
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(cursor) => format!("/v1/schedules?limit=1000&cursor={cursor}"),
+                None => "/v1/schedules?limit=1000".to_owned(),
+            };
+            let page = self.call(reqwest::Method::GET, &path).await?;
+            for schedule in page["schedules"].as_array().into_iter().flatten() {
+                table += &row(schedule);
+            }
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return Ok(table),
+            }
+        }
+    }
+
+    /// Pauses (`true`) or resumes a schedule; what it is now, in a line.
+    pub async fn pause_schedule(&self, id: &str, pause: bool) -> Result<String, RemoteError> {
+        let action = if pause { "pause" } else { "resume" };
+        let schedule = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/schedules/{id}/{action}"),
+            )
+            .await?;
+        Ok(format!(
+            "schedule {id}: {} (revision {}), next occurrence {}\n",
+            schedule["state"].as_str().unwrap_or("?"),
+            schedule["revision"],
+            schedule["next_occurrences"][0].as_str().unwrap_or("none"),
+        ))
+    }
+}
+
+fn row(schedule: &Value) -> String {
+    let text = |field: &str| schedule[field].as_str().unwrap_or("").to_owned();
+    let when = match schedule["cron"].as_str() {
+        Some(cron) => format!("cron {cron:?} {}", text("timezone")),
+        None => format!("every {}", text("every")),
+    };
+    format!(
+        "{}\t{}\t{when}\t{}\t{}\t{}\n",
+        text("id"),
+        text("state"),
+        schedule["next_occurrences"][0].as_str().unwrap_or("-"),
+        schedule["occurrences"],
+        schedule["missed"],
+    )
+}

@@ -1,0 +1,612 @@
+//! Recurring schedules end to end: every occurrence a task delivered once,
+//! never before its time, with headers naming its schedule; pause, resume,
+//! patch and delete withdrawing what was made ahead; missed occurrences
+//! after an outage; two replicas sharing PostgreSQL making one task per
+//! occurrence; refusals naming the field; access control; the CLI.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use delayline::cascade::QueueType;
+use delayline::config::Settings;
+use delayline::message::{OCCURRENCE_HEADER, SCHEDULE_HEADER};
+use delayline::task::{epoch_ms, parse_epoch_ms};
+use lapin::types::AMQPValue;
+use serde_json::{Value, json};
+
+use crate::common::{
+    Backend, Received, TestApp, TestConsumer, eventually, run_delayline, sample, test_settings,
+    with_ledger,
+};
+
+/// The default configuration (SQLite ledger, release stage, quorum queues,
+/// 100 ms unit) on a chain short enough for a test.
+fn default_settings() -> Settings {
+    with_ledger(test_settings(10, 100, QueueType::Quorum), Backend::Sqlite)
+}
+
+fn text_header(message: &Received, name: &str) -> String {
+    match message.header(name) {
+        Some(AMQPValue::LongString(text)) => text.to_string(),
+        other => panic!("header {name} is {other:?}"),
+    }
+}
+
+/// The occurrence a delivered message is of, checked against its headers
+/// and id, and never delivered before it.
+fn occurrence_of(message: &Received, schedule: &str) -> u64 {
+    assert_eq!(text_header(message, SCHEDULE_HEADER), schedule);
+    let occurrence = text_header(message, OCCURRENCE_HEADER);
+    let at = parse_epoch_ms(&occurrence).unwrap();
+    assert!(
+        message.received_at_ms >= at,
+        "occurrence {occurrence} delivered {} ms early",
+        at - message.received_at_ms
+    );
+    let id = message.message_id();
+    assert!(
+        id.starts_with(&format!("{schedule}~")) && id.ends_with(&format!("@{occurrence}")),
+        "{id}"
+    );
+    at
+}
+
+async fn create(app: &TestApp, body: Value) -> Value {
+    let (status, schedule) = app.post("/v1/schedules", &body).await;
+    assert_eq!(status, 201, "{schedule}");
+    schedule
+}
+
+/// Messages that arrive within `window`.
+async fn drain(consumer: &mut TestConsumer, window: Duration) -> Vec<Received> {
+    let mut received = Vec::new();
+    let until = tokio::time::Instant::now() + window;
+    while let Some(left) = until.checked_duration_since(tokio::time::Instant::now()) {
+        match consumer.next(left).await {
+            Some(message) => received.push(message),
+            None => break,
+        }
+    }
+    received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_occurrence_is_delivered_once_never_early_and_a_delete_withdraws_the_rest() {
+    let mut app = TestApp::spawn(default_settings()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "reports.daily").await;
+    let created = create(
+        &app,
+        json!({"id": "every-second", "destination": "reports.daily", "every": "1s",
+               "payload": {"report": "daily"}, "headers": {"tenant": "acme"}}),
+    )
+    .await;
+    assert_eq!(created["state"], "active");
+    assert_eq!(created["revision"], 1);
+    let next: Vec<u64> = created["next_occurrences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| parse_epoch_ms(t.as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(next.len(), 5);
+    assert!(next.windows(2).all(|w| w[1] - w[0] == 1_000), "{next:?}");
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let message = consumer
+            .next(Duration::from_secs(10))
+            .await
+            .expect("an occurrence");
+        assert_eq!(message.body, br#"{"report":"daily"}"#);
+        assert_eq!(message.routing_key, "reports.daily");
+        assert!(matches!(
+            message.header("tenant"),
+            Some(AMQPValue::LongString(_))
+        ));
+        seen.push(occurrence_of(&message, "every-second"));
+    }
+    assert_eq!(seen[0], next[0], "the first occurrence is the first listed");
+    assert!(seen.windows(2).all(|w| w[1] - w[0] == 1_000), "{seen:?}");
+
+    // Each occurrence is a task like any other.
+    let first_id = format!(
+        "every-second~1@{}",
+        delayline::task::format_epoch_ms(seen[0])
+    );
+    eventually("the first occurrence is seen delivered", async || {
+        app.get(&format!("/v1/tasks/{first_id}")).await.1["state"] == "delivered"
+    })
+    .await;
+    let (_, schedule) = app.get("/v1/schedules/every-second").await;
+    assert!(schedule["occurrences"].as_u64().unwrap() >= 3, "{schedule}");
+    let next_task = schedule["next_task_id"].as_str().unwrap().to_owned();
+    assert!(next_task.starts_with("every-second~1@"), "{next_task}");
+
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(&scrape, "delayline_schedules{state=\"active\"}"),
+        Some(1.0)
+    );
+    assert!(
+        sample(
+            &scrape,
+            "delayline_schedule_occurrences_total{outcome=\"created\"}"
+        )
+        .unwrap()
+            >= 3.0
+    );
+
+    // Occurrences are made ahead (the lead); deleting withdraws them.
+    let (_, later) = app
+        .get("/v1/tasks?destination=reports.daily&state=scheduled")
+        .await;
+    let made_ahead: Vec<String> = later["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(made_ahead.len() >= 5, "the lead holds occurrences: {later}");
+    let (status, _) = app.delete("/v1/schedules/every-second").await;
+    assert_eq!(status, 204);
+    let deleted_at = epoch_ms(std::time::SystemTime::now());
+    let (status, gone) = app.get("/v1/schedules/every-second").await;
+    assert_eq!(
+        (status, gone["error"]["code"].as_str()),
+        (404, Some("schedule_not_found"))
+    );
+    for id in &made_ahead {
+        let (_, task) = app.get(&format!("/v1/tasks/{id}")).await;
+        if parse_epoch_ms(task["deliver_at"].as_str().unwrap()).unwrap() > deleted_at + 500 {
+            assert_eq!(task["state"], "cancelled", "{task}");
+        }
+    }
+    for message in drain(&mut consumer, Duration::from_secs(3)).await {
+        let at = occurrence_of(&message, "every-second");
+        assert!(
+            at <= deleted_at + 500,
+            "an occurrence after the delete arrived"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_patch_change_what_is_delivered_from_then_on() {
+    let mut app = TestApp::spawn(default_settings()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "jobs.#").await;
+    create(
+        &app,
+        json!({"id": "job", "destination": "jobs.a", "every": "500ms", "payload": "v1"}),
+    )
+    .await;
+    let first = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("delivered");
+    occurrence_of(&first, "job");
+
+    let (status, paused) = app.post("/v1/schedules/job/pause", &json!({})).await;
+    assert_eq!(status, 200, "{paused}");
+    let paused_at = epoch_ms(std::time::SystemTime::now());
+    assert_eq!(paused["state"], "paused");
+    assert_eq!(paused["revision"], 2);
+    assert_eq!(paused["next_occurrences"], json!([]));
+    for message in drain(&mut consumer, Duration::from_secs(2)).await {
+        let at = occurrence_of(&message, "job");
+        assert!(
+            at <= paused_at + 200,
+            "an occurrence made while paused arrived"
+        );
+    }
+
+    let (status, resumed) = app.post("/v1/schedules/job/resume", &json!({})).await;
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(
+        (resumed["state"].as_str(), resumed["revision"].as_u64()),
+        (Some("active"), Some(3))
+    );
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("resumed");
+    occurrence_of(&message, "job");
+    assert!(
+        message.message_id().starts_with("job~3@"),
+        "{}",
+        message.message_id()
+    );
+    assert_eq!(message.body, br#""v1""#);
+
+    let (status, patched) = app
+        .patch(
+            "/v1/schedules/job",
+            &json!({"payload": "v2", "destination": "jobs.b", "every": "700ms"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{patched}");
+    assert_eq!(
+        (patched["revision"].as_u64(), patched["every"].as_str()),
+        (Some(4), Some("700ms"))
+    );
+    let patched_at = epoch_ms(std::time::SystemTime::now());
+    // What revision 3 made ahead is withdrawn: only v2 arrives once the
+    // occurrences due before the patch are through.
+    let mut v2 = 0;
+    for message in drain(&mut consumer, Duration::from_secs(4)).await {
+        let at = occurrence_of(&message, "job");
+        if message.message_id().starts_with("job~4@") {
+            assert_eq!(
+                (message.body.as_slice(), message.routing_key.as_str()),
+                (&br#""v2""#[..], "jobs.b")
+            );
+            v2 += 1;
+        } else {
+            assert!(
+                at <= patched_at + 200,
+                "revision 3 delivered after the patch"
+            );
+        }
+    }
+    assert!(v2 >= 3, "{v2} occurrences of the patched schedule");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occurrences_missed_while_stopped_are_skipped_or_the_latest_delivered_once() {
+    let mut settings = default_settings();
+    // A short lead, so that an outage of a few seconds misses occurrences.
+    settings.schedules.lead_ms = 500;
+    settings.schedules.poll_ms = 100;
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "missed.#").await;
+    for (id, catch_up) in [("skipper", "skip"), ("catcher", "latest")] {
+        create(
+            &app,
+            json!({"id": id, "destination": format!("missed.{id}"), "every": "1s",
+                   "catch_up": catch_up}),
+        )
+        .await;
+    }
+    consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("running");
+    let cleanup = app.stop_keeping_topology().await;
+    let stopped_at = epoch_ms(std::time::SystemTime::now());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted_at = epoch_ms(std::time::SystemTime::now());
+    let app = TestApp::resume(settings, cleanup).await;
+
+    let mut caught_up = Vec::new();
+    for message in drain(&mut consumer, Duration::from_secs(3)).await {
+        let schedule = text_header(&message, SCHEDULE_HEADER);
+        let at = occurrence_of(&message, &schedule);
+        if at > stopped_at + 600 && at + 2_000 < restarted_at {
+            caught_up.push(schedule);
+        }
+    }
+    assert_eq!(
+        caught_up,
+        ["catcher"],
+        "only `latest` delivers one missed occurrence"
+    );
+    for id in ["skipper", "catcher"] {
+        let (_, schedule) = app.get(&format!("/v1/schedules/{id}")).await;
+        assert!(schedule["missed"].as_u64().unwrap() >= 2, "{schedule}");
+    }
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(
+            &scrape,
+            "delayline_schedule_occurrences_total{outcome=\"caught_up\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(
+        sample(
+            &scrape,
+            "delayline_schedule_occurrences_total{outcome=\"missed\"}"
+        )
+        .unwrap()
+            >= 4.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_sharing_postgresql_make_one_task_per_occurrence() {
+    let mut settings = with_ledger(test_settings(10, 100, QueueType::Quorum), Backend::Postgres);
+    settings.schedules.poll_ms = 100;
+    let mut first = TestApp::spawn(settings.clone()).await;
+    let second = TestApp::start_sharing(settings).await;
+    second.wait_ready().await;
+    let mut consumer = TestConsumer::bind(&mut first, "shared.#").await;
+    for n in 0..4 {
+        let app = if n % 2 == 0 { &first } else { &second };
+        create(
+            app,
+            json!({"id": format!("shared-{n}"), "destination": "shared.tick", "every": "300ms"}),
+        )
+        .await;
+    }
+    let received = drain(&mut consumer, Duration::from_secs(6)).await;
+    let mut ids = HashSet::new();
+    let mut by_schedule = std::collections::BTreeMap::<String, Vec<u64>>::new();
+    for message in &received {
+        let schedule = text_header(message, SCHEDULE_HEADER);
+        let at = occurrence_of(message, &schedule);
+        assert!(
+            ids.insert(message.message_id()),
+            "{} twice",
+            message.message_id()
+        );
+        by_schedule.entry(schedule).or_default().push(at);
+    }
+    assert_eq!(by_schedule.len(), 4);
+    for (schedule, mut times) in by_schedule {
+        times.sort_unstable();
+        assert!(times.len() >= 10, "{schedule}: {}", times.len());
+        assert!(
+            times.windows(2).all(|w| w[1] - w[0] == 300),
+            "{schedule}: an occurrence is missing: {times:?}"
+        );
+    }
+    second.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_schedules_are_refused_naming_the_field_and_a_retry_is_the_same_schedule() {
+    let app = TestApp::spawn(default_settings()).await;
+    let cases = [
+        (
+            json!({"destination": "d", "cron": "0 25 * * *"}),
+            "invalid_schedule",
+            "/cron",
+        ),
+        (
+            json!({"destination": "d", "cron": "0 0 31 2 *"}),
+            "invalid_schedule",
+            "never fires",
+        ),
+        (
+            json!({"destination": "d", "cron": "* * * * *", "timezone": "Europe/Atlantis"}),
+            "invalid_schedule",
+            "/timezone",
+        ),
+        (
+            json!({"destination": "d", "every": "10ms"}),
+            "invalid_schedule",
+            "/every",
+        ),
+        (
+            json!({"destination": "d", "every": "1m", "start_at": "2030-01-02T00:00:00Z", "end_at": "2030-01-01T00:00:00Z"}),
+            "invalid_schedule",
+            "/end_at",
+        ),
+        (json!({"destination": "d"}), "invalid_schedule", "cron"),
+        (
+            json!({"destination": "no spaces", "every": "1m"}),
+            "invalid_destination",
+            "/destination",
+        ),
+        (
+            json!({"destination": "d", "every": "1m", "colour": "red"}),
+            "invalid_request",
+            "colour",
+        ),
+        (
+            json!({"id": "a b", "destination": "d", "every": "1m"}),
+            "invalid_schedule",
+            "/id",
+        ),
+    ];
+    for (body, code, names) in cases {
+        let (status, answer) = app.post("/v1/schedules", &body).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(names), "{body}: {message}");
+    }
+    let body = json!({"id": "once", "destination": "d", "cron": "0 9 * * MON-FRI",
+                      "timezone": "Europe/Berlin"});
+    create(&app, body.clone()).await;
+    let again = app
+        .http
+        .post(format!("{}/v1/schedules", app.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let (status, other) = app
+        .post(
+            "/v1/schedules",
+            &json!({"id": "once", "destination": "d", "every": "1h"}),
+        )
+        .await;
+    assert_eq!(
+        (status, other["error"]["code"].as_str()),
+        (409, Some("schedule_exists"))
+    );
+    let (status, missing) = app
+        .patch("/v1/schedules/nope", &json!({"every": "1h"}))
+        .await;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("schedule_not_found"))
+    );
+    let (status, bad) = app
+        .patch("/v1/schedules/once", &json!({"timezone": "Nowhere"}))
+        .await;
+    assert_eq!(
+        (status, bad["error"]["code"].as_str()),
+        (422, Some("invalid_schedule"))
+    );
+    let (_, listed) = app.get("/v1/schedules?limit=1").await;
+    assert_eq!(listed["schedules"][0]["id"], "once");
+}
+
+/// A token's destinations and the `schedule` permission decide, and a
+/// client sees its own schedules only; the CLI lists, pauses and resumes
+/// through the API with a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_under_access_control_and_the_cli_acts_through_the_api() {
+    use delayline::auth::token::hash_hex;
+    use delayline::config::{ClientSettings, TokenHashes};
+    let mut settings = default_settings();
+    let client = |name: &str, permissions: &[&str]| ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),
+        destinations: vec!["billing.#".to_owned()],
+        permissions: permissions.iter().map(|p| (*p).to_owned()).collect(),
+        ..ClientSettings::default()
+    };
+    settings.auth.clients = vec![
+        client("planner", &["schedule"]),
+        client("other", &["schedule"]),
+        client("submitter", &["submit", "read"]),
+    ];
+    let app = TestApp::spawn(settings.clone()).await;
+    let post = async |token: &str, body: Value| {
+        let response = app
+            .http
+            .post(format!("{}/v1/schedules", app.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    let body = json!({"id": "invoices", "destination": "billing.invoice", "cron": "0 3 * * *"});
+    let (status, answer) = post("tok-submitter", body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
+    let (status, answer) = post(
+        "tok-planner",
+        json!({"destination": "shipping.x", "every": "1h"}),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("forbidden_destination"))
+    );
+    let (status, created) = post("tok-planner", body).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["client"], "planner");
+    let other = app
+        .http
+        .get(format!("{}/v1/schedules/invoices", app.base))
+        .bearer_auth("tok-other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        404,
+        "another client's schedule is not found"
+    );
+
+    let cli = async |args: &[&str]| {
+        let args = [args, &["--url", app.base.as_str()]].concat();
+        let mut command = crate::common::delayline_command(&settings, &args);
+        command.env("DELAYLINE_TOKEN", "tok-planner");
+        let output = command.output().await.unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let listed = cli(&["schedules", "list"]).await;
+    assert!(
+        listed.contains("invoices\tactive\tcron \"0 3 * * *\" UTC"),
+        "{listed}"
+    );
+    let paused = cli(&["schedules", "pause", "invoices"]).await;
+    assert!(
+        paused.contains("schedule invoices: paused (revision 2)"),
+        "{paused}"
+    );
+    let resumed = cli(&["schedules", "resume", "invoices"]).await;
+    assert!(
+        resumed.contains("schedule invoices: active (revision 3)"),
+        "{resumed}"
+    );
+    let (ok, refused) = run_delayline(&settings, &["schedules", "list", "--url", &app.base]).await;
+    assert!(!ok && refused.contains("401"), "no token: {refused}");
+}
+
+/// The README's section, as written, against the binary in its default
+/// configuration (32 levels of 100 ms, SQLite, release stage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_schedule_example_runs_as_written() {
+    use crate::lifecycle::readme_block;
+    let settings = with_ledger(test_settings(32, 100, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = crate::common::Cleanup::for_settings(&settings);
+    let port = crate::common::free_port();
+    let mut child = crate::common::spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
+        .await;
+    let run = async |block: usize| {
+        let script = readme_block("## Recurring schedules", "sh", block)
+            .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+        let output = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success(), "{script}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+
+    let created: Value = serde_json::from_str(&run(0).await).unwrap();
+    assert_eq!(created["state"], "active", "{created}");
+    assert_eq!(created["timezone"], "Europe/Berlin");
+    let next = created["next_occurrences"].as_array().unwrap();
+    assert_eq!(next.len(), 5);
+    for at in next {
+        // 09:00 in Berlin is 08:00 UTC in winter, 07:00 in summer.
+        let at = at.as_str().unwrap();
+        assert!(
+            at.ends_with("T08:00:00.000Z") || at.ends_with("T07:00:00.000Z"),
+            "{at}"
+        );
+    }
+    assert_eq!(
+        created["next_task_id"],
+        format!("daily-report~1@{}", next[0].as_str().unwrap())
+    );
+
+    // One JSON answer after another (curl adds no newline), but the
+    // DELETE's: 204, nothing.
+    let output = run(1).await;
+    let answers: Vec<Value> = serde_json::Deserializer::from_str(&output)
+        .into_iter::<Value>()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert_eq!(answers[0]["id"], "daily-report");
+    assert_eq!(answers[1]["schedules"][0]["id"], "daily-report");
+    assert_eq!(
+        (answers[2]["cron"].as_str(), answers[2]["revision"].as_u64()),
+        (Some("30 8 * * MON-FRI"), Some(2))
+    );
+    assert_eq!(answers[3]["state"], "paused");
+    assert_eq!(
+        (
+            answers[4]["state"].as_str(),
+            answers[4]["revision"].as_u64()
+        ),
+        (Some("active"), Some(4))
+    );
+    let gone = reqwest::get(format!("http://127.0.0.1:{port}/v1/schedules/daily-report"))
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    child.kill().await.unwrap();
+}
