@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::sut::ServiceUnderTest;
 
-fn now_us() -> i64 {
+pub(crate) fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
@@ -23,7 +23,7 @@ fn now_us() -> i64 {
 }
 
 /// Consumes every task for `destination` from a queue of its own, stamping arrivals.
-async fn consume(
+pub(crate) async fn consume(
     sut: &mut ServiceUnderTest,
     destination: &str,
     amqp_uri: &str,

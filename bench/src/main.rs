@@ -15,6 +15,7 @@ mod load;
 mod plot;
 mod rabbitmqctl;
 mod routing;
+mod schedules;
 mod sut;
 
 use std::path::PathBuf;
@@ -50,7 +51,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, drain, overload,
-    /// backlog, ledger); all by default.
+    /// backlog, ledger, schedules); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
@@ -70,6 +71,9 @@ struct Args {
     /// costs a task (the service needs every one of them).
     #[arg(long, value_delimiter = ',')]
     ledger_drop_index: Vec<String>,
+    /// Schedules the schedules phase holds (default 100,000; 10,000 with --quick).
+    #[arg(long)]
+    schedules_held: Option<u64>,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -91,6 +95,8 @@ struct Results {
     backlog: Option<backlog::Backlog>,
     /// The default ledger alone: its CPU per task, without broker or HTTP.
     ledger: Vec<ledger::LedgerRun>,
+    /// Held schedules' cost, and their occurrences' lateness.
+    schedules: Option<schedules::Schedules>,
 }
 
 #[derive(Debug, Serialize)]
@@ -163,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
         overload: Vec::new(),
         backlog: None,
         ledger: Vec::new(),
+        schedules: None,
     };
 
     if run("ingest") {
@@ -432,6 +439,25 @@ async fn main() -> anyhow::Result<()> {
         results.ledger = ledger::phase(tasks, &args.ledger_drop_index).await?;
     }
 
+    if run("schedules") {
+        let held = args
+            .schedules_held
+            .unwrap_or(if args.quick { 10_000 } else { 100_000 });
+        let (idle, ticks) = if args.quick { (5, 5) } else { (30, 20) };
+        let progress = bar("schedules");
+        let measured = schedules::phase(
+            &args.amqp_uri,
+            args.channels,
+            held,
+            Duration::from_secs(idle),
+            ticks,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        results.schedules = Some(measured);
+    }
+
     print_report(&results);
     let json = args.out.join("results.json");
     std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
@@ -654,6 +680,9 @@ fn print_report(results: &Results) {
         m.cpus, m.cpu_model, m.rabbitmq
     );
     ledger::print(&results.ledger);
+    if let Some(measured) = &results.schedules {
+        schedules::print(measured);
+    }
     if !results.ingest.is_empty() {
         println!(
             "\n{:<22} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>20}",

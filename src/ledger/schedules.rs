@@ -41,15 +41,16 @@ impl StoredSchedule {
     }
 }
 
-/// What a planner records after one step of a schedule.
+/// What a planner records after its steps of a schedule.
 #[derive(Clone, Copy, Debug)]
 pub struct Advance {
     pub revision: u64,
     /// The next occurrence the planner read (the guard).
     pub from_ms: u64,
     pub to_ms: Option<u64>,
-    /// The occurrence it made a task, if any.
-    pub made: Option<u64>,
+    /// Occurrences it made tasks, and the last of them.
+    pub made: u64,
+    pub last_made_ms: Option<u64>,
     pub missed: u64,
 }
 
@@ -242,7 +243,7 @@ impl Ledger {
         decode_rows(rows)
     }
 
-    /// Records a planner's step, if the schedule is still as it read it
+    /// Records a planner's steps, if the schedule is still as it read it
     /// (same revision, same next occurrence, not paused); `false` otherwise.
     pub async fn advance_schedule(
         &self,
@@ -259,8 +260,8 @@ impl Ledger {
             .bind(db_ms(step.revision))
             .bind(db_ms(step.from_ms))
             .bind(step.to_ms.map(db_ms))
-            .bind(step.made.map(db_ms))
-            .bind(i64::from(step.made.is_some()))
+            .bind(step.last_made_ms.map(db_ms))
+            .bind(db_ms(step.made))
             .bind(db_ms(step.missed))
             .bind(db_ms(now_ms))
             .execute(p)

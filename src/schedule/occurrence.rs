@@ -9,10 +9,10 @@ use serde_json::value::RawValue;
 use super::timing::{CatchUp, Timing};
 use crate::task::format_epoch_ms;
 
-/// An occurrence the planner reaches more than this after its time was
-/// missed (no replica ran, or the planner could not keep up): the
-/// schedule's `catch_up` decides whether it is delivered. One reached
-/// sooner is delivered, late.
+/// An occurrence that fell due while no planner ran, and that the planner
+/// reaches more than this after its time, was missed: the schedule's
+/// `catch_up` decides whether it is delivered. One reached sooner is
+/// delivered, late.
 pub const MISSED_AFTER_MS: u64 = 2_000;
 
 /// What each occurrence delivers: a task body without id or time.
@@ -103,18 +103,26 @@ pub struct Step {
     pub missed: u64,
     /// The schedule's next occurrence after this step; `None`: finished.
     pub next_at_ms: Option<u64>,
+    /// The step applied the catch-up rule (its occurrences were missed).
+    pub caught_up: bool,
 }
 
 /// The next step of a schedule: its next occurrence made a task, or, when
 /// occurrences were missed, the catch-up rule applied to all of them at once
 /// (however long delayline was away, one step).
-pub fn step(timing: &Timing, next_at_ms: u64, now_ms: u64) -> Step {
-    let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS);
+///
+/// Missed means due while no planner ran: before `running_since_ms` (when
+/// this planner started), and more than [`MISSED_AFTER_MS`] before `now_ms`.
+/// An occurrence a running planner reaches late (an overloaded or
+/// unreachable ledger) is made late, never skipped.
+pub fn step(timing: &Timing, next_at_ms: u64, now_ms: u64, running_since_ms: u64) -> Step {
+    let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS).min(running_since_ms);
     if next_at_ms >= missed_before {
         return Step {
             create: Some(next_at_ms),
             missed: 0,
             next_at_ms: timing.next_after(next_at_ms),
+            caught_up: false,
         };
     }
     let latest = timing
@@ -128,11 +136,13 @@ pub fn step(timing: &Timing, next_at_ms: u64, now_ms: u64) -> Step {
             create: None,
             missed,
             next_at_ms,
+            caught_up: true,
         },
         CatchUp::Latest => Step {
             create: Some(latest),
             missed: missed - 1,
             next_at_ms,
+            caught_up: true,
         },
     }
 }

@@ -294,11 +294,12 @@ fn an_occurrence_reached_in_time_or_just_late_is_made_a_task() {
     let next = at("2026-11-23T12:00:00Z");
     for now in [next - 30_000, next, next + MISSED_AFTER_MS] {
         assert_eq!(
-            step(&timing, next, now),
+            step(&timing, next, now, now),
             Step {
                 create: Some(next),
                 missed: 0,
-                next_at_ms: Some(next + 60_000)
+                next_at_ms: Some(next + 60_000),
+                caught_up: false,
             }
         );
     }
@@ -309,19 +310,21 @@ fn after_an_outage_missed_occurrences_are_skipped_or_the_latest_is_delivered_onc
     let next = at("2026-11-23T12:00:00Z");
     let now = at("2026-11-23T13:00:30Z");
     assert_eq!(
-        step(&every_minute("skip"), next, now),
+        step(&every_minute("skip"), next, now, now),
         Step {
             create: None,
             missed: 61,
-            next_at_ms: Some(at("2026-11-23T13:01:00Z"))
+            next_at_ms: Some(at("2026-11-23T13:01:00Z")),
+            caught_up: true,
         }
     );
     assert_eq!(
-        step(&every_minute("latest"), next, now),
+        step(&every_minute("latest"), next, now, now),
         Step {
             create: Some(at("2026-11-23T13:00:00Z")),
             missed: 60,
-            next_at_ms: Some(at("2026-11-23T13:01:00Z"))
+            next_at_ms: Some(at("2026-11-23T13:01:00Z")),
+            caught_up: true,
         }
     );
 }
@@ -335,10 +338,30 @@ fn a_cron_schedule_catches_up_in_one_step_however_long_it_was_away() {
     )
     .timing;
     let next = at("2026-01-01T08:00:00Z");
-    let step = step(&timing, next, at("2026-03-01T12:00:00Z"));
+    let now = at("2026-03-01T12:00:00Z");
+    let step = step(&timing, next, now, now);
     assert_eq!(step.create, Some(at("2026-03-01T08:00:00Z")));
     assert_eq!(step.missed, 59);
     assert_eq!(step.next_at_ms, Some(at("2026-03-02T08:00:00Z")));
+}
+
+#[test]
+fn a_planner_that_was_running_makes_a_late_occurrence_late_and_skips_nothing() {
+    let timing = every_minute("skip");
+    let next = at("2026-11-23T12:00:00Z");
+    let now = at("2026-11-23T12:10:00Z");
+    // Running since before the occurrence: behind (an overloaded ledger),
+    // not away.
+    let started = next - 1;
+    assert_eq!(
+        step(&timing, next, now, started),
+        Step {
+            create: Some(next),
+            missed: 0,
+            next_at_ms: Some(next + 60_000),
+            caught_up: false,
+        }
+    );
 }
 
 proptest! {
@@ -362,7 +385,7 @@ proptest! {
         ).timing;
         let next = start;
         let now = next + behind;
-        let step = step(&timing, next, now);
+        let step = step(&timing, next, now, now);
         let after = step.next_at_ms.expect("an interval without end never finishes");
         prop_assert!(after > next);
         prop_assert_eq!((after - start) % (every_s * 1000), 0);

@@ -194,6 +194,9 @@ struct Inner {
     /// Woken by a schedule's change, so that its next occurrence is planned
     /// without waiting for the poll.
     wake_planner: tokio::sync::Notify,
+    /// When this process started planning: occurrences due before it (and
+    /// not made) fell due while no planner ran here.
+    started_ms: u64,
 }
 
 impl Scheduler {
@@ -224,6 +227,7 @@ impl Scheduler {
                 metrics,
                 settings,
                 wake_planner: tokio::sync::Notify::new(),
+                started_ms: crate::task::epoch_ms(std::time::SystemTime::now()),
             }),
         }
     }

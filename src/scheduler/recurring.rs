@@ -15,6 +15,7 @@
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -24,8 +25,8 @@ use crate::ledger::{Advance, LedgerError, ScheduleChange, StoredSchedule};
 use crate::message::{OCCURRENCE_HEADER, SCHEDULE_HEADER};
 use crate::metrics::{OutcomeLabel, StateLabel};
 use crate::schedule::{
-    MISSED_AFTER_MS, ScheduleError, SchedulePatch, ScheduleRequest, Step, Timing, ValidSchedule,
-    occurrence_body, occurrence_id, step,
+    ScheduleError, SchedulePatch, ScheduleRequest, Step, Timing, ValidSchedule, occurrence_body,
+    occurrence_id, step,
 };
 use crate::task::{FieldValue, Task, epoch_ms, fingerprint, format_epoch_ms};
 
@@ -33,6 +34,9 @@ use crate::task::{FieldValue, Task, epoch_ms, fingerprint, format_epoch_ms};
 const PLAN_BATCH: u32 = 256;
 /// Schedules planned at once.
 const PLAN_CONCURRENCY: usize = 16;
+/// Steps of one schedule per poll: its lead over its smallest interval (300
+/// by default) is far below.
+const MAX_STEPS: usize = 10_000;
 /// Attempts at a change that lost to another change of the same schedule.
 const CHANGE_ATTEMPTS: u32 = 5;
 /// The most occurrences one change withdraws (its lead over its smallest
@@ -338,82 +342,62 @@ impl Scheduler {
         }
     }
 
-    /// Steps one schedule until its next occurrence is beyond `horizon`;
-    /// whether it moved at all.
+    /// Steps one schedule until its next occurrence is beyond `horizon`:
+    /// the occurrences' tasks made at once (the ledger commits them in
+    /// groups), then one record of all the steps; whether it moved.
     async fn plan_one(&self, schedule: StoredSchedule, now: u64, horizon: u64) -> bool {
         let Ok(bookkeeper) = self.changeable() else {
             return false;
         };
-        let timing = match self.timing_of(&schedule) {
-            Ok(timing) => timing,
-            Err(error) => {
-                warn!(schedule = schedule.id, %error, "a stored schedule does not compile");
-                return false;
-            }
+        let (Some(from_ms), Ok(timing)) = (schedule.next_at_ms, self.timing_of(&schedule)) else {
+            warn!(schedule = schedule.id, "a stored schedule does not compile");
+            return false;
         };
-        let mut advanced = false;
-        let mut next = schedule.next_at_ms;
-        while let Some(at) = next.filter(|at| *at <= horizon) {
-            let step = step(&timing, at, now);
-            let made_task = match step.create {
-                None => None,
-                Some(occurrence) => match self.make_occurrence(&schedule, occurrence).await {
-                    Made::Later => return advanced,
-                    Made::Task(id) => Some(id),
-                    Made::Failed => None,
-                },
-            };
-            let record = Advance {
-                revision: schedule.revision,
-                from_ms: at,
-                to_ms: step.next_at_ms,
-                made: step.create.filter(|_| made_task.is_some()),
-                missed: step.missed,
-            };
-            match bookkeeper
-                .ledger()
-                .advance_schedule(&schedule.id, &record, now_ms())
-                .await
-            {
-                Ok(true) => {
-                    let caught_up = at < now.saturating_sub(MISSED_AFTER_MS);
-                    self.count_step(&step, made_task.is_some(), caught_up);
-                }
-                Ok(false) => {
-                    if let Some(id) = made_task {
-                        self.after_lost_race(&schedule, id).await;
-                    }
-                    return advanced;
-                }
-                Err(error) => {
-                    warn!(schedule = schedule.id, %error, "cannot record a schedule's step");
-                    return advanced;
-                }
-            }
-            advanced = true;
+        let mut steps = Vec::new();
+        let mut next = Some(from_ms);
+        while let Some(at) = next.filter(|at| *at <= horizon && steps.len() < MAX_STEPS) {
+            let step = step(&timing, at, now, self.inner.started_ms);
+            steps.push(step);
             next = step.next_at_ms;
         }
-        advanced
+        let made = join_all(steps.iter().map(|step| async {
+            match step.create {
+                Some(occurrence) => Some(self.make_occurrence(&schedule, occurrence).await),
+                None => None,
+            }
+        }))
+        .await;
+        let (record, tally, made_ids) = tally_steps(&schedule, from_ms, &steps, made);
+        if record.to_ms == Some(from_ms) {
+            return false;
+        }
+        match bookkeeper
+            .ledger()
+            .advance_schedule(&schedule.id, &record, now_ms())
+            .await
+        {
+            Ok(true) => {
+                self.count_occurrences(&tally);
+                true
+            }
+            Ok(false) => {
+                self.after_lost_race(&schedule, made_ids).await;
+                false
+            }
+            Err(error) => {
+                warn!(schedule = schedule.id, %error, "cannot record a schedule's steps");
+                false
+            }
+        }
     }
 
-    fn count_step(&self, step: &Step, made: bool, caught_up: bool) {
-        let count = |outcome, n| {
+    fn count_occurrences(&self, tally: &[(&'static str, u64)]) {
+        for (outcome, n) in tally.iter().filter(|(_, n)| *n > 0) {
             self.inner
                 .metrics
                 .schedule_occurrences
                 .get_or_create(&OutcomeLabel { outcome })
-                .inc_by(n);
-        };
-        if step.create.is_some() {
-            let outcome = match (made, caught_up) {
-                (false, _) => "failed",
-                (true, true) => "caught_up",
-                (true, false) => "created",
-            };
-            count(outcome, 1);
-        }
-        if step.missed > 0 {
-            count("missed", step.missed);
+                .inc_by(*n);
         }
     }
 
@@ -463,9 +447,12 @@ impl Scheduler {
     }
 
     /// Another replica or a change got to the schedule first. If it was a
-    /// change (or the schedule is gone), the task just made belongs to a
+    /// change (or the schedule is gone), the tasks just made belong to a
     /// revision that no longer exists: withdrawn.
-    async fn after_lost_race(&self, planned: &StoredSchedule, task_id: String) {
+    async fn after_lost_race(&self, planned: &StoredSchedule, task_ids: Vec<String>) {
+        if task_ids.is_empty() {
+            return;
+        }
         let current = match self.changeable() {
             Ok(bookkeeper) => bookkeeper.ledger().schedule(&planned.id).await,
             Err(_) => return,
@@ -478,7 +465,7 @@ impl Scheduler {
                 return;
             }
         };
-        if superseded && let Err(error) = self.cancel(&[task_id], None).await {
+        if superseded && let Err(error) = self.cancel(&task_ids, None).await {
             warn!(schedule = planned.id, %error, "cannot withdraw a superseded occurrence");
         }
     }
@@ -505,4 +492,51 @@ impl Scheduler {
             Err(error) => warn!(%error, "cannot count schedules for /metrics"),
         }
     }
+}
+
+/// The record of `steps` up to the first whose task must wait (the rest are
+/// made again, as replays, at the next poll), the occurrences by outcome,
+/// and the ids of the tasks made.
+fn tally_steps(
+    schedule: &StoredSchedule,
+    from_ms: u64,
+    steps: &[Step],
+    made: Vec<Option<Made>>,
+) -> (Advance, [(&'static str, u64); 4], Vec<String>) {
+    let mut record = Advance {
+        revision: schedule.revision,
+        from_ms,
+        to_ms: Some(from_ms),
+        made: 0,
+        last_made_ms: None,
+        missed: 0,
+    };
+    let (mut created, mut caught_up, mut failed) = (0, 0, 0);
+    let mut ids = Vec::new();
+    for (step, made) in steps.iter().zip(made) {
+        match made {
+            Some(Made::Later) => break,
+            Some(Made::Task(id)) => {
+                record.made += 1;
+                record.last_made_ms = step.create;
+                if step.caught_up {
+                    caught_up += 1;
+                } else {
+                    created += 1;
+                }
+                ids.push(id);
+            }
+            Some(Made::Failed) => failed += 1,
+            None => {}
+        }
+        record.missed += step.missed;
+        record.to_ms = step.next_at_ms;
+    }
+    let tally = [
+        ("created", created),
+        ("caught_up", caught_up),
+        ("failed", failed),
+        ("missed", record.missed),
+    ];
+    (record, tally, ids)
 }

@@ -931,6 +931,14 @@ pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::
                 .release_stage()
                 .to_string(),
         )
+        .env(
+            "DELAYLINE__SCHEDULES__LEAD_MS",
+            settings.schedules.lead_ms.to_string(),
+        )
+        .env(
+            "DELAYLINE__SCHEDULES__POLL_MS",
+            settings.schedules.poll_ms.to_string(),
+        )
         .env("DELAYLINE__STORE__URL", settings.store.url.expose())
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
         .env(
