@@ -15,13 +15,18 @@
 //!   writes or reads (change the headers here), a task's message built and
 //!   read back (its id, revision, due time, destination), and which of the
 //!   broker's headers a republished message leaves behind.
+//! - [`schedule`]: recurring schedules, pure. A schedule as a client states
+//!   it, validated (its content by a task's rules); when it fires (a cron
+//!   expression in an IANA zone, by `croner` and `jiff` with the zone
+//!   database compiled in, or a fixed interval); each occurrence's task id
+//!   and body; what the planner does with missed occurrences.
 //! - [`auth`]: who may do what. Clients (from the configuration and a
 //!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
 //!   destination topic patterns, permissions, rate limits and quotas. No
 //!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
-//!   `changes` (cancel and move), topology, health, the metrics scrape; the
+//!   `changes` (cancel and move), `schedules` (recurring schedules), topology, health, the metrics scrape; the
 //!   gate in front of all but the probes (401/403/429); the JSON extractor;
 //!   the error shape, every code one variant of `http::codes::ErrorCode`
 //!   with its status and the README's words; the OpenAPI description,
@@ -36,7 +41,9 @@
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);
-//!   cancels tasks; runs the release stage, which looks every due task up in
+//!   cancels tasks; plans recurring schedules (`recurring`: each occurrence
+//!   a task a lead before its time, changes withdrawing what was made);
+//!   runs the release stage, which looks every due task up in
 //!   the ledger before it goes to the business exchange (its verdicts per
 //!   message are pure functions); answers readiness and inspection. It sees
 //!   the broker through the [`scheduler::Broker`] trait (publishing, and
@@ -45,7 +52,8 @@
 //!   replicas). One operation in one place: the writer task's group commit
 //!   (`writer`), a group's transaction per backend (`transaction`), its
 //!   steps `admit` and `claim` with their result types, cancel and move
-//!   (`change`), what the release stage records (`release`), and the text
+//!   (`change`), what the release stage records (`release`), recurring
+//!   schedules (`schedules`, each change guarded by the revision read), and the text
 //!   of every statement (`sql`: the SQL of a claim is there). Its rows stay
 //!   inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
@@ -67,10 +75,11 @@
 //!   settings section, runs them (HTTP or HTTPS, an optional metrics
 //!   listener, reloads on SIGHUP), and stops them in
 //!   [`service::STOP_ORDER`], the order that loses nothing.
-//! - [`config`], [`telemetry`], [`cli`], [`probe`]: settings (validated once;
+//! - [`config`], [`telemetry`], [`cli`], [`probe`], [`remote`]: settings (validated once;
 //!   secrets never print), logs, the command line (it parses arguments,
-//!   calls [`operations`] or [`service`], and prints), and the health check
-//!   that containers run. `main.rs` only calls [`cli::main`].
+//!   calls [`operations`] or [`service`], and prints), the health check
+//!   that containers run, and `delayline schedules`, which acts through a
+//!   running service's API. `main.rs` only calls [`cli::main`].
 //!
 //! Files of one folder import one another one way only, and no product
 //! function is longer than a screen: `tests/layout.rs` checks both.
