@@ -15,7 +15,6 @@
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -34,6 +33,8 @@ use crate::task::{FieldValue, Task, epoch_ms, fingerprint, format_epoch_ms};
 const PLAN_BATCH: u32 = 256;
 /// Schedules planned at once.
 const PLAN_CONCURRENCY: usize = 16;
+/// Occurrences of one schedule submitted at once.
+const OCCURRENCES_AT_ONCE: usize = 64;
 /// Steps of one schedule per poll: its lead over its smallest interval (300
 /// by default) is far below.
 const MAX_STEPS: usize = 10_000;
@@ -360,13 +361,14 @@ impl Scheduler {
             steps.push(step);
             next = step.next_at_ms;
         }
-        let made = join_all(steps.iter().map(|step| async {
-            match step.create {
-                Some(occurrence) => Some(self.make_occurrence(&schedule, occurrence).await),
-                None => None,
-            }
-        }))
-        .await;
+        // In order (the record stops at the first that must wait), a bounded
+        // number at once.
+        let creates: Vec<Option<u64>> = steps.iter().map(|step| step.create).collect();
+        let made: Vec<Option<Made>> = futures_util::stream::iter(creates)
+            .map(|create| self.make_if(&schedule, create))
+            .buffered(OCCURRENCES_AT_ONCE)
+            .collect()
+            .await;
         let (record, tally, made_ids) = tally_steps(&schedule, from_ms, &steps, made);
         if record.to_ms == Some(from_ms) {
             return false;
@@ -399,6 +401,11 @@ impl Scheduler {
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc_by(*n);
         }
+    }
+
+    /// The occurrence a step creates, if it creates one.
+    async fn make_if(&self, schedule: &StoredSchedule, create: Option<u64>) -> Option<Made> {
+        Some(self.make_occurrence(schedule, create?).await)
     }
 
     /// The occurrence at `at` as a task: the schedule's content under the
