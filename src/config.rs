@@ -82,6 +82,7 @@ pub struct Settings {
     pub log: LogSettings,
     pub auth: AuthSettings,
     pub schedules: ScheduleSettings,
+    pub console: ConsoleSettings,
     /// AMQP ingresses (`[[ingress]]`): exchanges producers publish delayed
     /// messages to with the plugin's `x-delay` header.
     pub ingress: Vec<IngressSettings>,
@@ -245,6 +246,20 @@ impl Default for StoreSettings {
             prune_interval_ms: 60_000,
             payload_copy_bytes: 64 * 1024,
         }
+    }
+}
+
+/// The web console under `/console`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleSettings {
+    /// Serve it; with clients configured it asks for a token.
+    pub enabled: bool,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self { enabled: true }
     }
 }
 

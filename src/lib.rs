@@ -26,7 +26,8 @@
 //!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
-//!   `changes` (cancel and move), `schedules` (recurring schedules), topology, health, the metrics scrape; the
+//!   `changes` (cancel and move), `schedules` (recurring schedules), the web
+//!   `console` (server-rendered, signed in by cookie, same permissions), topology, health, the metrics scrape; the
 //!   gate in front of all but the probes (401/403/429); the JSON extractor;
 //!   the error shape, every code one variant of `http::codes::ErrorCode`
 //!   with its status and the README's words; the OpenAPI description,

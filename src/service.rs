@@ -235,7 +235,8 @@ impl Components {
             Some(_) => MetricsRoute::Elsewhere,
             None => MetricsRoute::WithApi,
         };
-        let app = router(state.clone(), &settings.http, metrics_route);
+        let console = settings.console.enabled;
+        let app = router(state.clone(), &settings.http, metrics_route, console);
         if let Some(listener) = self.metrics_listener {
             info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
             // The same accept loop and bounds as the API's: it is open, so a

@@ -83,12 +83,21 @@ pub async fn cancel_task(
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     require(&caller, Permission::Cancel)?;
-    let ids = [id];
-    let mut outcomes = state.scheduler.cancel(&ids, caller.owner_scope()).await?;
-    release_quota(&state, &outcomes);
-    let outcome = outcomes.pop();
-    let [id] = ids;
-    cancel_answer(&id, outcome.unwrap_or(Cancel::NotFound)).map(Json)
+    cancel_one(&state, &id, caller.owner_scope())
+        .await
+        .map(Json)
+}
+
+/// Cancels one task (`DELETE /v1/tasks/{id}`, and the console's button).
+pub(super) async fn cancel_one(
+    state: &AppState,
+    id: &str,
+    owner: Option<&str>,
+) -> Result<TaskView, ApiError> {
+    let ids = [id.to_owned()];
+    let mut outcomes = state.scheduler.cancel(&ids, owner).await?;
+    release_quota(state, &outcomes);
+    cancel_answer(id, outcomes.pop().unwrap_or(Cancel::NotFound))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -211,7 +220,32 @@ pub async fn reschedule_task(
             ChangeError::Route(route) => TaskError::from(route).at_pointer(new_delay.field).into(),
             other => ApiError::from(other),
         })?;
-    let (task, replayed) = match rescheduled {
+    let (task, replayed) = move_answer(&id, rescheduled)?;
+    let mut response = Json(TaskView::from(task)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// Moves one task to `delay` from now, without an idempotency key (the
+/// console's button).
+pub(super) async fn move_one(
+    state: &AppState,
+    id: &str,
+    delay: std::time::Duration,
+    owner: Option<&str>,
+) -> Result<StoredTask, ApiError> {
+    let rescheduled = state.scheduler.reschedule(id, delay, None, owner).await?;
+    move_answer(id, rescheduled).map(|(task, _)| task)
+}
+
+/// What a move comes to, as `PATCH` answers it: the task, and whether it
+/// repeated a move made before.
+fn move_answer(id: &str, rescheduled: Reschedule) -> Result<(StoredTask, bool), ApiError> {
+    Ok(match rescheduled {
         Reschedule::Moved(task) => (task, false),
         Reschedule::Replay(task) => (task, true),
         Reschedule::Conflict { task_id } => {
@@ -235,15 +269,8 @@ pub async fn reschedule_task(
                 ),
             ));
         }
-        Reschedule::NotFound => return Err(not_found(&id)),
-    };
-    let mut response = Json(TaskView::from(task)).into_response();
-    if replayed {
-        response
-            .headers_mut()
-            .insert(REPLAYED, HeaderValue::from_static("true"));
-    }
-    Ok(response)
+        Reschedule::NotFound => return Err(not_found(id)),
+    })
 }
 
 pub fn router() -> axum::Router<AppState> {

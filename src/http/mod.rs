@@ -12,6 +12,7 @@ mod auth;
 mod batch;
 pub(crate) mod changes;
 pub mod codes;
+mod console;
 mod error;
 mod extract;
 mod fallback;
@@ -57,6 +58,8 @@ pub struct AppState {
     auth: Arc<Authenticator>,
     limits: limits::RequestLimits,
     intake: limits::Intake,
+    /// Per process: the console's form tokens are derived from it.
+    console_secret: [u8; 32],
 }
 
 impl AppState {
@@ -79,6 +82,7 @@ impl AppState {
                 request_timeout: Duration::from_millis(http.request_timeout_ms),
             },
             intake: limits::Intake::new(http.max_tasks_in_flight),
+            console_secret: rand::random(),
         }
     }
 }
@@ -94,7 +98,12 @@ pub enum MetricsRoute {
 
 /// Every route, one router per resource, merged; then what applies to all.
 /// Everything but the probes is behind the gate.
-pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute) -> Router {
+pub fn router(
+    state: AppState,
+    http: &HttpSettings,
+    metrics_route: MetricsRoute,
+    console: bool,
+) -> Router {
     let body_limit_bytes = http.body_limit_bytes;
     let mut gated = Router::new()
         .merge(tasks::router(state.clone()))
@@ -112,6 +121,12 @@ pub fn router(state: AppState, http: &HttpSettings, metrics_route: MetricsRoute)
         ))
         .merge(health::router())
         .merge(openapi::router())
+        // Signed in by its own cookie, not the gate's header.
+        .merge(if console {
+            console::router()
+        } else {
+            Router::new()
+        })
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

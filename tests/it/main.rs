@@ -9,6 +9,7 @@ mod common;
 mod api;
 mod chaos;
 mod cluster;
+mod console;
 mod contract;
 mod delivery;
 mod deploy;

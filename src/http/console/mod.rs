@@ -1,0 +1,553 @@
+//! `/console`: a web console served by the binary itself, server-rendered
+//! HTML (`views`, with maud) and one small script (the level chart's
+//! refresh), nothing fetched from elsewhere.
+//!
+//! It reads and acts only through the scheduler, as the API does, and with
+//! the API's permissions: a client signs in with its token, which is kept in
+//! an HttpOnly, SameSite=Strict cookie; every form that changes something
+//! carries a token derived from the session (`csrf`) and is refused from
+//! another site. A button the caller may not use is not shown, and the
+//! server refuses the action anyway.
+
+mod views;
+
+use std::time::SystemTime;
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::Markup;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::{Caller, Permission};
+use crate::ledger::{Cursor, TaskFilter};
+use crate::task::{TaskState, parse_epoch_ms};
+
+const COOKIE: &str = "delayline_console";
+const PAGE: u32 = 50;
+
+/// Who is signed in, and the token their forms must carry.
+struct Session {
+    caller: Caller,
+    signed_in: bool,
+    csrf: String,
+}
+
+impl Session {
+    /// The form token pages carry (in the sign-out form), when signed in.
+    fn page_token(&self) -> Option<&str> {
+        self.signed_in.then_some(self.csrf.as_str())
+    }
+}
+
+/// Why a console request is turned away.
+enum Refusal {
+    /// No session (or a token no longer known): the sign-in page.
+    SignIn,
+    /// A form without the session's token, or from another site.
+    StaleForm,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::SignIn => Redirect::to("/console/login").into_response(),
+            Refusal::StaleForm => (
+                StatusCode::FORBIDDEN,
+                "the form is stale or from another site",
+            )
+                .into_response(),
+        }
+    }
+}
+
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+    cookies.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        (name == COOKIE && !value.is_empty()).then(|| value.to_owned())
+    })
+}
+
+/// The session of a request, or the sign-in page.
+fn session(state: &AppState, headers: &HeaderMap) -> Result<Session, Refusal> {
+    let token = cookie_token(headers);
+    let caller = state
+        .auth
+        .authenticate(token.as_deref())
+        .map_err(|_| Refusal::SignIn)?;
+    let mut hash = Sha256::new();
+    hash.update(state.console_secret);
+    hash.update(token.as_deref().unwrap_or("").as_bytes());
+    Ok(Session {
+        signed_in: token.is_some(),
+        caller,
+        csrf: format!("{:x}", hash.finalize()),
+    })
+}
+
+/// A change's form: from this site, with the session's token.
+fn check_form(session: &Session, headers: &HeaderMap, csrf: &str) -> Result<(), Refusal> {
+    let cross_site = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|site| site == "cross-site");
+    let matches = bool::from(session.csrf.as_bytes().ct_eq(csrf.as_bytes()));
+    if cross_site || !matches {
+        return Err(Refusal::StaleForm);
+    }
+    Ok(())
+}
+
+fn html(markup: Markup) -> Response {
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::response::Html(markup.into_string()),
+    )
+        .into_response()
+}
+
+fn refused(error: ApiError) -> Response {
+    let body = error.body();
+    (error.status, format!("{}: {}", body.code, body.message)).into_response()
+}
+
+async fn login_page() -> Response {
+    html(views::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Response {
+    if state.auth.authenticate(Some(&form.token)).is_err() {
+        let page = views::login(Some("That token is not known."));
+        return (StatusCode::UNAUTHORIZED, html(page)).into_response();
+    }
+    let cookie = format!(
+        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/console",
+        form.token
+    );
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    if let Ok(session) = session(&state, &headers)
+        && let Err(refusal) = check_form(&session, &headers, &form.csrf)
+    {
+        return refusal.into_response();
+    }
+    let cookie = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0");
+    (
+        [(header::SET_COOKIE, cookie)],
+        Redirect::to("/console/login"),
+    )
+        .into_response()
+}
+
+/// A value of the text exposition of `/metrics`.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Messages held per level, as the metrics last read them from the broker.
+fn levels(state: &AppState) -> Vec<(u32, f64)> {
+    let scrape = state.metrics.encode().unwrap_or_default();
+    (0..state.scheduler.cascade().levels())
+        .rev()
+        .map(|level| {
+            let series = format!(
+                "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
+                state.scheduler.cascade().level_queue(level)
+            );
+            (level, sample(&scrape, &series).unwrap_or(0.0))
+        })
+        .collect()
+}
+
+async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    state.scheduler.refresh_metrics().await;
+    let cascade = state.scheduler.cascade();
+    let chain = vec![
+        ("levels", cascade.levels().to_string()),
+        ("unit", format!("{} ms", cascade.unit_ms())),
+        ("queue type", cascade.queue_type().as_str().to_owned()),
+        ("version", cascade.version().to_string()),
+        ("release stage", cascade.release_stage().to_string()),
+    ];
+    let ready = match state.scheduler.readiness().await {
+        Ok(ready) => Ok(format!(
+            "broker {}{}, {} pending",
+            ready.broker,
+            ready.node.map(|n| format!(" ({n})")).unwrap_or_default(),
+            ready.pending.unwrap_or(0)
+        )),
+        Err(why) => Err(why.to_string()),
+    };
+    let scrape = state.metrics.encode().unwrap_or_default();
+    let count = |series: &str| sample(&scrape, series).map_or("-".to_owned(), |v| v.to_string());
+    let counts = vec![
+        ("pending (ledger)", count("delayline_ledger_pending_tasks")),
+        (
+            "release queue backlog",
+            count("delayline_release_queue_messages"),
+        ),
+        (
+            "unroutable queue",
+            count("delayline_unroutable_queue_messages"),
+        ),
+        (
+            "delivered (this replica)",
+            count("delayline_tasks_delivered_total"),
+        ),
+        (
+            "failed (this replica)",
+            count("delayline_tasks_failed_total"),
+        ),
+    ];
+    let data = views::Overview {
+        chain,
+        ready,
+        levels: levels(&state),
+        counts,
+    };
+    html(views::overview(&data, session.page_token()))
+}
+
+async fn levels_json(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(login) = session(&state, &headers) {
+        return login.into_response();
+    }
+    let levels: Vec<serde_json::Value> = levels(&state)
+        .into_iter()
+        .map(|(level, messages)| serde_json::json!({"level": level, "messages": messages}))
+        .collect();
+    axum::Json(levels).into_response()
+}
+
+#[derive(Deserialize, Default)]
+struct TasksQuery {
+    id: Option<String>,
+    #[serde(default)]
+    destination: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    due_before: String,
+    cursor: Option<String>,
+}
+
+async fn tasks(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<TasksQuery>,
+) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if let Some(id) = query.id.as_deref().filter(|id| !id.is_empty()) {
+        return Redirect::to(&format!("/console/tasks/{}", views::urlencode(id))).into_response();
+    }
+    if !session.caller.may(Permission::Read) {
+        return (
+            StatusCode::FORBIDDEN,
+            "this token lacks the read permission",
+        )
+            .into_response();
+    }
+    let filter = TaskFilter {
+        client: session.caller.owner_scope().map(str::to_owned),
+        destination: Some(query.destination.clone()).filter(|d| !d.is_empty()),
+        state: TaskState::parse(&query.state),
+        due_before_ms: parse_epoch_ms(&query.due_before),
+        after: query.cursor.as_deref().and_then(|c| Cursor::decode(c).ok()),
+        limit: PAGE,
+    };
+    let found = match state.scheduler.tasks(&filter).await {
+        Ok(found) => found,
+        Err(error) => return refused(error.into()),
+    };
+    let next = (found.len() == PAGE as usize)
+        .then(|| found.last())
+        .flatten()
+        .map(|last| {
+            Cursor {
+                deliver_at_ms: last.deliver_at_ms,
+                id: last.id.clone(),
+            }
+            .encode()
+        });
+    let form = views::TaskQuery {
+        destination: query.destination,
+        state: query.state,
+        due_before: query.due_before,
+    };
+    html(views::tasks(&form, &found, next, session.page_token()))
+}
+
+#[derive(Deserialize, Default)]
+struct Notice {
+    done: Option<String>,
+    error: Option<String>,
+}
+
+/// The levels a task's routing key makes it wait in, top first, with how
+/// long each holds it.
+fn waits(routing_key: &str, levels: u32, unit_ms: u64) -> Vec<(u32, u64)> {
+    routing_key
+        .split('.')
+        .take(levels as usize)
+        .enumerate()
+        .filter(|(_, digit)| *digit == "1")
+        .map(|(i, _)| {
+            let level = levels - 1 - i as u32;
+            (level, (1u64 << level) * unit_ms)
+        })
+        .collect()
+}
+
+async fn task_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(notice): Query<Notice>,
+) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if !session.caller.may(Permission::Read) {
+        return (
+            StatusCode::FORBIDDEN,
+            "this token lacks the read permission",
+        )
+            .into_response();
+    }
+    let found = match state.scheduler.task(&id).await {
+        Ok(found) => found.filter(|t| t.within_scope(session.caller.owner_scope())),
+        Err(error) => return refused(error.into()),
+    };
+    let Some(task) = found else {
+        return (StatusCode::NOT_FOUND, format!("no task {id:?}")).into_response();
+    };
+    let cascade = state.scheduler.cascade();
+    let view = views::TaskPage {
+        levels: waits(&task.routing_key, cascade.levels(), cascade.unit_ms()),
+        task: &task,
+        may_cancel: session.caller.may(Permission::Cancel),
+        may_reschedule: session.caller.may(Permission::Reschedule),
+        csrf: &session.csrf,
+        notice: match (notice.done, notice.error) {
+            (_, Some(error)) => Some((false, error)),
+            (Some(done), None) => Some((true, done)),
+            _ => None,
+        },
+    };
+    html(views::task(&view, session.page_token()))
+}
+
+#[derive(Deserialize)]
+struct ChangeForm {
+    csrf: String,
+    delay: Option<String>,
+}
+
+/// Back to the task's page, saying what the API would have answered.
+fn back_to(id: &str, outcome: Result<String, ApiError>) -> Response {
+    let query = match outcome {
+        Ok(done) => format!("done={}", views::urlencode(&done)),
+        Err(error) => {
+            let body = error.body();
+            format!(
+                "error={}",
+                views::urlencode(&format!("{}: {}", body.code, body.message))
+            )
+        }
+    };
+    Redirect::to(&format!("/console/tasks/{}?{query}", views::urlencode(id))).into_response()
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
+        return refusal.into_response();
+    }
+    if let Err(error) = super::auth::require(&session.caller, Permission::Cancel) {
+        return refused(error);
+    }
+    let outcome = super::changes::cancel_one(&state, &id, session.caller.owner_scope()).await;
+    back_to(
+        &id,
+        outcome.map(|task| format!("cancelled ({})", task.state.as_str())),
+    )
+}
+
+async fn reschedule(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
+        return refusal.into_response();
+    }
+    if let Err(error) = super::auth::require(&session.caller, Permission::Reschedule) {
+        return refused(error);
+    }
+    let delay = form.delay.unwrap_or_default();
+    let body = serde_json::json!({ "delay": delay }).to_string();
+    let outcome = match crate::task::parse_new_delay(body.as_bytes(), SystemTime::now()) {
+        Ok(new) => super::changes::move_one(&state, &id, new.delay, session.caller.owner_scope())
+            .await
+            .map(|task| {
+                format!(
+                    "moved: due {}",
+                    crate::task::format_epoch_ms(task.deliver_at_ms)
+                )
+            }),
+        Err(error) => Err(error.into()),
+    };
+    back_to(&id, outcome)
+}
+
+async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if !session.caller.may(Permission::Schedule) {
+        return (
+            StatusCode::FORBIDDEN,
+            "this token lacks the schedule permission",
+        )
+            .into_response();
+    }
+    let found = match state
+        .scheduler
+        .schedules(session.caller.owner_scope(), None, 100)
+        .await
+    {
+        Ok(found) => found,
+        Err(error) => return refused(error.into()),
+    };
+    let states: Vec<_> = found
+        .into_iter()
+        .map(|s| state.scheduler.schedule_state(s, 3))
+        .collect();
+    html(views::schedules(
+        &states,
+        true,
+        &session.csrf,
+        session.page_token(),
+    ))
+}
+
+async fn pause(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
+        return refusal.into_response();
+    }
+    if let Err(error) = super::auth::require(&session.caller, Permission::Schedule) {
+        return refused(error);
+    }
+    let paused = action == "pause";
+    let owner = session.caller.owner_scope();
+    match state.scheduler.pause_schedule(&id, paused, owner).await {
+        Ok(_) => Redirect::to("/console/schedules").into_response(),
+        Err(error) => refused(error.into()),
+    }
+}
+
+async fn problems(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let session = match session(&state, &headers) {
+        Ok(session) => session,
+        Err(login) => return login.into_response(),
+    };
+    if !session.caller.may(Permission::Read) {
+        return (
+            StatusCode::FORBIDDEN,
+            "this token lacks the read permission",
+        )
+            .into_response();
+    }
+    let of_state = |state: TaskState| TaskFilter {
+        client: session.caller.owner_scope().map(str::to_owned),
+        state: Some(state),
+        limit: PAGE,
+        ..TaskFilter::default()
+    };
+    let failed = state.scheduler.tasks(&of_state(TaskState::Failed)).await;
+    let unroutable = state
+        .scheduler
+        .tasks(&of_state(TaskState::Unroutable))
+        .await;
+    let (failed, unroutable) = match (failed, unroutable) {
+        (Ok(failed), Ok(unroutable)) => (failed, unroutable),
+        (Err(error), _) | (_, Err(error)) => return refused(error.into()),
+    };
+    let scrape = state.metrics.encode().unwrap_or_default();
+    let parked = sample(&scrape, "delayline_unroutable_queue_messages")
+        .map_or("unknown".to_owned(), |n| n.to_string());
+    html(views::problems(
+        &failed,
+        &unroutable,
+        parked,
+        session.page_token(),
+    ))
+}
+
+/// Everything under `/console`.
+pub fn router() -> axum::Router<AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/console", get(overview))
+        .route("/console/login", get(login_page).post(login))
+        .route("/console/logout", post(logout))
+        .route("/console/levels", get(levels_json))
+        .route("/console/tasks", get(tasks))
+        .route("/console/tasks/{id}", get(task_page))
+        .route("/console/tasks/{id}/cancel", post(cancel))
+        .route("/console/tasks/{id}/reschedule", post(reschedule))
+        .route("/console/schedules", get(schedules))
+        .route("/console/schedules/{id}/{action}", post(pause))
+        .route("/console/problems", get(problems))
+}

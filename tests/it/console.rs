@@ -1,0 +1,329 @@
+//! The web console over HTTP, as a browser uses it (forms, a cookie,
+//! redirects), against the default configuration: sign in with a token,
+//! find and filter tasks, cancel and reschedule with the API's answers and
+//! permissions, forms refused without their token or from another site,
+//! schedules paused, the level chart's data.
+
+use std::time::Duration;
+
+use delayline::auth::token::hash_hex;
+use delayline::cascade::QueueType;
+use delayline::config::{ClientSettings, TokenHashes};
+use serde_json::{Value, json};
+
+use crate::common::{Backend, TestApp, TestConsumer, test_settings, with_ledger};
+
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+}
+
+impl Browser {
+    async fn sign_in(app: &TestApp, token: &str) -> Browser {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let response = http
+            .post(format!("{}/console/login", app.base))
+            .form(&[("token", token)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 303);
+        let set = response.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+            "{set}"
+        );
+        Browser {
+            http,
+            base: app.base.clone(),
+            cookie: set.split(';').next().unwrap().to_owned(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)], site: &str) -> (u16, String) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .header("sec-fetch-site", site)
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let location = response
+            .headers()
+            .get("location")
+            .map(|l| l.to_str().unwrap().to_owned());
+        (status, location.unwrap_or(response.text().await.unwrap()))
+    }
+}
+
+/// The form token a page carries.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("a form with its token: {page}"))
+        + 19;
+    page[at..at + 64].to_owned()
+}
+
+async fn api_task(app: &TestApp, token: &str, id: &str) -> Value {
+    app.http
+        .get(format!("{}/v1/tasks/{id}", app.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_finds_cancels_and_reschedules_with_the_apis_permissions() {
+    let mut settings = with_ledger(test_settings(16, 100, QueueType::Quorum), Backend::Sqlite);
+    let client = |name: &str, permissions: &[&str]| ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),
+        destinations: vec!["#".to_owned()],
+        permissions: permissions.iter().map(|p| (*p).to_owned()).collect(),
+        ..ClientSettings::default()
+    };
+    settings.auth.clients = vec![
+        client(
+            "ops",
+            &["submit", "read", "cancel", "reschedule", "schedule"],
+        ),
+        client("viewer", &["submit", "read"]),
+    ];
+    let mut app = TestApp::spawn(settings).await;
+    let mut consumer = TestConsumer::bind(&mut app, "console.a").await;
+    for id in ["c-1", "c-2"] {
+        let answer = app
+            .http
+            .post(format!("{}/v1/tasks", app.base))
+            .bearer_auth("tok-ops")
+            .json(
+                &json!({"id": id, "destination": "console.a", "delay": "1h", "payload": {"n": 1}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 202);
+    }
+
+    // Without a session, the sign-in page; a wrong token is refused.
+    let anonymous = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let bare = anonymous
+        .get(format!("{}/console", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            bare.status().as_u16(),
+            bare.headers()["location"].to_str().unwrap()
+        ),
+        (303, "/console/login")
+    );
+    let wrong = anonymous
+        .post(format!("{}/console/login", app.base))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+
+    let ops = Browser::sign_in(&app, "tok-ops").await;
+    let (status, overview) = ops.get("/console").await;
+    assert_eq!(status, 200);
+    assert!(
+        overview.contains("Tasks held per level") && overview.contains("Ready"),
+        "{overview}"
+    );
+    let (status, levels) = ops.get("/console/levels").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&levels)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        16
+    );
+
+    // Find by id, filter by destination and state.
+    let (status, location) = ops.get("/console/tasks?id=c-1").await;
+    assert_eq!(status, 303, "{location}");
+    let (_, listed) = ops
+        .get("/console/tasks?destination=console.a&state=scheduled")
+        .await;
+    assert!(listed.contains("c-1") && listed.contains("c-2"), "{listed}");
+    let (status, page) = ops.get("/console/tasks/c-1").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("Cancel task") && page.contains("Reschedule"),
+        "{page}"
+    );
+    assert!(
+        page.contains("&quot;n&quot;: 1") || page.contains("\"n\": 1"),
+        "the payload, pretty: {page}"
+    );
+    let csrf = csrf_of(&page);
+
+    // A form without its token, or from another site, changes nothing.
+    let (status, _) = ops
+        .post("/console/tasks/c-1/cancel", &[("csrf", "x")], "same-origin")
+        .await;
+    assert_eq!(status, 403);
+    let (status, _) = ops
+        .post(
+            "/console/tasks/c-1/cancel",
+            &[("csrf", &csrf)],
+            "cross-site",
+        )
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(api_task(&app, "tok-ops", "c-1").await["state"], "scheduled");
+
+    let (status, location) = ops
+        .post(
+            "/console/tasks/c-1/cancel",
+            &[("csrf", &csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 303);
+    assert!(location.contains("done=cancelled"), "{location}");
+    assert_eq!(api_task(&app, "tok-ops", "c-1").await["state"], "cancelled");
+    let (_, page) = ops.get(&location).await;
+    assert!(
+        page.contains("cancelled") && !page.contains("Cancel task"),
+        "{page}"
+    );
+    // Cancelling again answers what the API answers.
+    let (_, again) = ops
+        .post(
+            "/console/tasks/c-2/reschedule",
+            &[("csrf", &csrf), ("delay", "soon")],
+            "same-origin",
+        )
+        .await;
+    assert!(again.contains("error=invalid_delay"), "{again}");
+
+    let (status, location) = ops
+        .post(
+            "/console/tasks/c-2/reschedule",
+            &[("csrf", &csrf), ("delay", "2s")],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 303);
+    assert!(location.contains("done=moved"), "{location}");
+    assert_eq!(api_task(&app, "tok-ops", "c-2").await["revision"], 2);
+    let arrived = consumer
+        .next(Duration::from_secs(15))
+        .await
+        .expect("c-2 arrives");
+    assert_eq!(arrived.message_id(), "c-2");
+    assert!(
+        consumer.next(Duration::from_secs(2)).await.is_none(),
+        "c-1 was cancelled"
+    );
+
+    // A token without `cancel` sees no button, and the server refuses anyway.
+    let viewer = Browser::sign_in(&app, "tok-viewer").await;
+    let (status, _) = viewer.get("/console/tasks/c-1").await;
+    assert_eq!(status, 404, "another client's task");
+    let mut posted = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .bearer_auth("tok-viewer")
+        .json(&json!({"id": "c-3", "destination": "console.a", "delay": "1h"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 202);
+    let (_, page) = viewer.get("/console/tasks/c-3").await;
+    assert!(
+        !page.contains("Cancel task") && !page.contains("Reschedule"),
+        "{page}"
+    );
+    let (status, _) = viewer
+        .post(
+            "/console/tasks/c-3/cancel",
+            &[("csrf", &csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 403, "another session's form token");
+    // Its own form token (in its sign-out form), and still no permission.
+    let viewer_csrf = csrf_of(&page);
+    assert_ne!(viewer_csrf, csrf);
+    let (status, refused) = viewer
+        .post(
+            "/console/tasks/c-3/cancel",
+            &[("csrf", &viewer_csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 403);
+    assert!(refused.contains("forbidden"), "{refused}");
+    assert_eq!(
+        api_task(&app, "tok-viewer", "c-3").await["state"],
+        "scheduled"
+    );
+
+    // Schedules: listed and paused from the console.
+    posted = app
+        .http
+        .post(format!("{}/v1/schedules", app.base))
+        .bearer_auth("tok-ops")
+        .json(&json!({"id": "nightly", "destination": "console.a", "cron": "0 3 * * *"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 201);
+    let (_, page) = ops.get("/console/schedules").await;
+    assert!(
+        page.contains("nightly") && page.contains("0 3 * * *"),
+        "{page}"
+    );
+    let (status, _) = ops
+        .post(
+            "/console/schedules/nightly/pause",
+            &[("csrf", &csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 303);
+    let (_, page) = ops.get("/console/schedules").await;
+    assert!(
+        page.contains("paused") && page.contains(">resume<"),
+        "{page}"
+    );
+    let (status, _) = ops.get("/console/problems").await;
+    assert_eq!(status, 200);
+}
