@@ -60,6 +60,8 @@ pub struct AppState {
     intake: limits::Intake,
     /// Per process: the console's form tokens are derived from it.
     console_secret: [u8; 32],
+    /// The API is served over HTTPS: the console's cookie is `Secure`.
+    https: bool,
 }
 
 impl AppState {
@@ -83,6 +85,7 @@ impl AppState {
             },
             intake: limits::Intake::new(http.max_tasks_in_flight),
             console_secret: rand::random(),
+            https: http.tls.enabled(),
         }
     }
 }

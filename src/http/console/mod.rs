@@ -131,8 +131,10 @@ async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Re
         let page = views::login(Some("That token is not known."));
         return (StatusCode::UNAUTHORIZED, html(page)).into_response();
     }
+    // Over HTTPS, never sent over plain HTTP.
+    let secure = if state.https { "; Secure" } else { "" };
     let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/console",
+        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/console{secure}",
         form.token
     );
     ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
