@@ -51,12 +51,15 @@ enum Refusal {
     SignIn,
     /// A form without the session's token, or from another site.
     StaleForm,
+    /// What the API would answer: the caller lacks the permission.
+    Refused(Box<ApiError>),
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
             Refusal::SignIn => Redirect::to("/console/login").into_response(),
+            Refusal::Refused(error) => refused(*error),
             Refusal::StaleForm => (
                 StatusCode::FORBIDDEN,
                 "the form is stale or from another site",
@@ -102,6 +105,21 @@ fn check_form(session: &Session, headers: &HeaderMap, csrf: &str) -> Result<(), 
         return Err(Refusal::StaleForm);
     }
     Ok(())
+}
+
+/// The session of a form that changes something: from this site, with its
+/// token, and a caller with `permission`.
+fn form_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    csrf: &str,
+    permission: Permission,
+) -> Result<Session, Refusal> {
+    let session = session(state, headers)?;
+    check_form(&session, headers, csrf)?;
+    super::auth::require(&session.caller, permission)
+        .map_err(|error| Refusal::Refused(Box::new(error)))?;
+    Ok(session)
 }
 
 fn html(markup: Markup) -> Response {
@@ -167,8 +185,7 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
 }
 
 /// Messages held per level, as the metrics last read them from the broker.
-fn levels(state: &AppState) -> Vec<(u32, f64)> {
-    let scrape = state.metrics.encode().unwrap_or_default();
+fn levels(state: &AppState, scrape: &str) -> Vec<(u32, f64)> {
     (0..state.scheduler.cascade().levels())
         .rev()
         .map(|level| {
@@ -176,7 +193,7 @@ fn levels(state: &AppState) -> Vec<(u32, f64)> {
                 "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
                 state.scheduler.cascade().level_queue(level)
             );
-            (level, sample(&scrape, &series).unwrap_or(0.0))
+            (level, sample(scrape, &series).unwrap_or(0.0))
         })
         .collect()
 }
@@ -228,7 +245,7 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
     let data = views::Overview {
         chain,
         ready,
-        levels: levels(&state),
+        levels: levels(&state, &scrape),
         counts,
     };
     html(views::overview(&data, session.page_token()))
@@ -238,7 +255,8 @@ async fn levels_json(State(state): State<AppState>, headers: HeaderMap) -> Respo
     if let Err(login) = session(&state, &headers) {
         return login.into_response();
     }
-    let levels: Vec<serde_json::Value> = levels(&state)
+    let scrape = state.metrics.encode().unwrap_or_default();
+    let levels: Vec<serde_json::Value> = levels(&state, &scrape)
         .into_iter()
         .map(|(level, messages)| serde_json::json!({"level": level, "messages": messages}))
         .collect();
@@ -394,16 +412,10 @@ async fn cancel(
     Path(id): Path<String>,
     Form(form): Form<ChangeForm>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Cancel) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
-        return refusal.into_response();
-    }
-    if let Err(error) = super::auth::require(&session.caller, Permission::Cancel) {
-        return refused(error);
-    }
     let outcome = super::changes::cancel_one(&state, &id, session.caller.owner_scope()).await;
     back_to(
         &id,
@@ -417,16 +429,10 @@ async fn reschedule(
     Path(id): Path<String>,
     Form(form): Form<ChangeForm>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Reschedule) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
-        return refusal.into_response();
-    }
-    if let Err(error) = super::auth::require(&session.caller, Permission::Reschedule) {
-        return refused(error);
-    }
     let delay = form.delay.unwrap_or_default();
     let body = serde_json::json!({ "delay": delay }).to_string();
     let outcome = match crate::task::parse_new_delay(body.as_bytes(), SystemTime::now()) {
@@ -481,16 +487,10 @@ async fn pause(
     Path((id, action)): Path<(String, String)>,
     Form(form): Form<ChangeForm>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Schedule) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if let Err(refusal) = check_form(&session, &headers, &form.csrf) {
-        return refusal.into_response();
-    }
-    if let Err(error) = super::auth::require(&session.caller, Permission::Schedule) {
-        return refused(error);
-    }
     let paused = action == "pause";
     let owner = session.caller.owner_scope();
     match state.scheduler.pause_schedule(&id, paused, owner).await {
