@@ -128,6 +128,17 @@ ensure_node() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 }
 
+# Debian's Chromium, which the console's browser test drives through
+# playwright-core (Playwright's own browser download fails on this network).
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ]; then
+    return 0
+  fi
+  echo "ci: installing Debian's chromium"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+}
+
 # The OpenAPI linter (Redocly CLI, from npm), pinned like the Python tools, in
 # a folder of its own outside the checkout.
 REDOCLY_VERSION=2.77.0

@@ -225,12 +225,9 @@ impl Components {
                 .map(|config| (config, settings.http.tls.clone())),
             running.background_shutdown.clone(),
         ));
-        let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth);
-        let limits = ConnectionLimits {
-            header_read_timeout: Duration::from_millis(settings.http.header_read_timeout_ms),
-            max_connections: settings.http.max_connections.max(1),
-            drain: GRACEFUL_DRAIN,
-        };
+        let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
+            .with_amqp(&settings.amqp);
+        let limits = connection_limits(&settings.http);
         let metrics_route = match &self.metrics_listener {
             Some(_) => MetricsRoute::Elsewhere,
             None => MetricsRoute::WithApi,
@@ -413,6 +410,14 @@ async fn stop_serving_on(
 
 /// How long requests in progress may take to finish once shutdown began.
 const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
+
+fn connection_limits(http: &crate::config::HttpSettings) -> ConnectionLimits {
+    ConnectionLimits {
+        header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+        max_connections: http.max_connections.max(1),
+        drain: GRACEFUL_DRAIN,
+    }
+}
 
 /// The line every log starts with: which chain, and where due tasks go.
 fn log_chain(cascade: &Cascade, ledger: Option<&Ledger>) {

@@ -118,6 +118,8 @@ pub struct Backlog {
     pub deep_rows: u64,
     /// `GET /metrics`.
     pub scrape: Latency,
+    /// Each console page (`GET /console…`), by what it shows.
+    pub console: Vec<(String, Latency)>,
     /// Stopping the service and deleting its topology and ledger.
     pub teardown_seconds: f64,
 }
@@ -348,6 +350,7 @@ pub async fn load_and_inspect(
     .await?;
     let (deep_pages, deep_rows) = page_deep(&client, &base, tasks / 10).await?;
     let scrape = time_gets(&client, 20, |_| format!("{base}/metrics")).await?;
+    let console = console_pages(&client, &base, &ids, &midpoint).await?;
 
     Ok(Backlog {
         tasks,
@@ -364,8 +367,65 @@ pub async fn load_and_inspect(
         deep_pages,
         deep_rows,
         scrape,
+        console,
         teardown_seconds: f64::NAN,
     })
+}
+
+/// Every console page over the backlog, 20 times each (a task's page for
+/// ids spread over it): the round trip on loopback, which bounds the
+/// server's time from above. The benchmark's service has no clients, so no
+/// sign-in is needed.
+async fn console_pages(
+    client: &reqwest::Client,
+    base: &str,
+    ids: &[String],
+    midpoint: &str,
+) -> anyhow::Result<Vec<(String, Latency)>> {
+    let due_before = midpoint.replace('+', "%2B");
+    let pages = [
+        ("overview", "/console".to_owned()),
+        ("level chart (json)", "/console/levels".to_owned()),
+        ("tasks, first page", "/console/tasks".to_owned()),
+        (
+            "tasks of one destination, scheduled",
+            "/console/tasks?destination=bench.backlog.t3&state=scheduled".to_owned(),
+        ),
+        (
+            "tasks due before the midpoint",
+            format!("/console/tasks?due_before={due_before}"),
+        ),
+        (
+            "tasks failed (none)",
+            "/console/tasks?state=failed".to_owned(),
+        ),
+        (
+            "tasks delivered (none)",
+            "/console/tasks?state=delivered".to_owned(),
+        ),
+        (
+            "tasks pending (none)",
+            "/console/tasks?state=pending".to_owned(),
+        ),
+        (
+            "one destination, cancelled (none)",
+            "/console/tasks?destination=bench.backlog.t3&state=cancelled".to_owned(),
+        ),
+        ("problems", "/console/problems".to_owned()),
+        ("schedules", "/console/schedules".to_owned()),
+    ];
+    let mut timed = Vec::new();
+    for (what, path) in pages {
+        let latency = time_gets(client, 20, |_| format!("{base}{path}")).await?;
+        timed.push((what.to_owned(), latency));
+    }
+    let step = (ids.len() / 20).max(1);
+    let task = time_gets(client, 20.min(ids.len()), |i| {
+        format!("{base}/console/tasks/{}", ids[i * step])
+    })
+    .await?;
+    timed.push(("a task's page".to_owned(), task));
+    Ok(timed)
 }
 
 /// Follows `next_cursor` through pages of 1000 until `rows` rows are behind.

@@ -872,6 +872,13 @@ fn print_backlog(b: &backlog::Backlog) {
             l.samples, l.p50_ms, l.p99_ms, l.max_ms
         );
     }
+    println!("  console pages, {} tasks in the ledger:", b.tasks);
+    for (what, l) in &b.console {
+        println!(
+            "    {what:<36} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
     println!(
         "  ({} rows paged through; deleting the backlog took {:.0} s)",
         b.deep_rows, b.teardown_seconds

@@ -25,6 +25,7 @@ mod scrape;
 pub mod serve;
 mod tasks;
 mod topology;
+mod unroutable;
 mod wire;
 
 #[cfg(test)]
@@ -44,7 +45,7 @@ pub use tasks::{BatchItem, BatchResponse};
 pub use topology::TopologyView;
 
 use crate::auth::Authenticator;
-use crate::config::HttpSettings;
+use crate::config::{AmqpSettings, HttpSettings};
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
 
@@ -62,6 +63,8 @@ pub struct AppState {
     console_secret: [u8; 32],
     /// The API is served over HTTPS: the console's cookie is `Secure`.
     https: bool,
+    /// For operations that take a connection of their own (a requeue).
+    amqp: Option<Arc<AmqpSettings>>,
 }
 
 impl AppState {
@@ -86,7 +89,14 @@ impl AppState {
             intake: limits::Intake::new(http.max_tasks_in_flight),
             console_secret: rand::random(),
             https: http.tls.enabled(),
+            amqp: None,
         }
+    }
+
+    /// The broker settings operations (a requeue) connect with.
+    pub fn with_amqp(mut self, amqp: &AmqpSettings) -> Self {
+        self.amqp = Some(Arc::new(amqp.clone()));
+        self
     }
 }
 
@@ -113,7 +123,8 @@ pub fn router(
         .merge(inspect::router())
         .merge(changes::router())
         .merge(schedules::router())
-        .merge(topology::router());
+        .merge(topology::router())
+        .merge(unroutable::router());
     if metrics_route == MetricsRoute::WithApi {
         gated = gated.merge(scrape::router());
     }

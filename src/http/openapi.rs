@@ -53,6 +53,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::schedules::resume_schedule,
         super::schedules::delete_schedule,
         super::topology::topology,
+        super::unroutable::requeue_route,
         super::health::healthz,
         super::health::readyz,
         super::scrape::metrics,

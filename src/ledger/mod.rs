@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::metrics::histogram::Histogram;
 use sqlx::migrate::Migrator;
@@ -60,7 +60,7 @@ use record::{Row, decode_all};
 use transaction::Store;
 
 use crate::config::StoreSettings;
-use crate::task::{Task, TaskState};
+use crate::task::{Task, TaskState, epoch_ms};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -419,9 +419,40 @@ pub struct TaskFilter {
     pub limit: u32,
 }
 
+impl TaskFilter {
+    /// The same tasks, with what the state implies made explicit so that
+    /// the ledger need not read past them: a delivered task fell due before
+    /// now (a minute's margin for another replica's clock).
+    pub fn bounded(&self, now_ms: u64) -> TaskFilter {
+        let mut filter = self.clone();
+        if filter.state == Some(TaskState::Delivered) {
+            let bound = now_ms.saturating_add(60_000);
+            filter.due_before_ms = Some(filter.due_before_ms.map_or(bound, |d| d.min(bound)));
+        }
+        filter
+    }
+}
+
+/// States few tasks are in, each with an index of its own (`tasks_pending`,
+/// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`): listing them goes
+/// through that index, not through every task in due order.
+fn is_rare(state: TaskState) -> bool {
+    matches!(
+        state,
+        TaskState::Pending | TaskState::Failed | TaskState::Unroutable | TaskState::Cancelled
+    )
+}
+
 /// The statement [`Ledger::list`] runs for `filter`, its parameters in the
 /// order the filter's fields are declared.
+///
+/// A rare state is written as a literal (it is one of a fixed set), which a
+/// partial index can be matched against, and the destination as an
+/// expression, so that the planner reads the state's few tasks rather than
+/// every task of the destination. The pending tasks' index is in attempt
+/// order: they are sorted (there are at most `store.max_pending`).
 fn list_sql(filter: &TaskFilter) -> String {
+    let rare = filter.state.filter(|state| is_rare(*state));
     let mut conditions = Vec::new();
     let mut parameters = 0;
     let mut next = || {
@@ -432,10 +463,17 @@ fn list_sql(filter: &TaskFilter) -> String {
         conditions.push(format!("client = {}", next()));
     }
     if filter.destination.is_some() {
-        conditions.push(format!("destination = {}", next()));
+        let column = if rare.is_some() {
+            "destination || ''"
+        } else {
+            "destination"
+        };
+        conditions.push(format!("{column} = {}", next()));
     }
-    if filter.state.is_some() {
-        conditions.push(format!("state = {}", next()));
+    match (filter.state, rare) {
+        (Some(_), Some(state)) => conditions.push(format!("state = '{}'", state.as_str())),
+        (Some(_), None) => conditions.push(format!("state = {}", next())),
+        (None, _) => {}
     }
     if filter.due_before_ms.is_some() {
         conditions.push(format!("deliver_at_ms < {}", next()));
@@ -452,8 +490,12 @@ fn list_sql(filter: &TaskFilter) -> String {
     } else {
         format!("WHERE {} ", conditions.join(" AND "))
     };
+    let order = match rare {
+        Some(TaskState::Pending) => "+deliver_at_ms",
+        _ => "deliver_at_ms",
+    };
     format!(
-        "SELECT {} FROM tasks {condition}ORDER BY deliver_at_ms, id LIMIT {limit}",
+        "SELECT {} FROM tasks {condition}ORDER BY {order}, id LIMIT {limit}",
         record::COLUMNS
     )
 }
@@ -602,6 +644,7 @@ impl Ledger {
     /// the filters given are in the statement, so that each can use its
     /// index (`x = $1 OR $1 IS NULL` would hide it from the planner).
     pub async fn list(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, LedgerError> {
+        let filter = &filter.bounded(epoch_ms(SystemTime::now()));
         let sql = list_sql(filter);
         on_pool!(&self.pool, p => {
             let mut query = sqlx::query_as::<_, Row>(&sql);
@@ -611,7 +654,7 @@ impl Ledger {
             if let Some(destination) = &filter.destination {
                 query = query.bind(destination);
             }
-            if let Some(state) = filter.state {
+            if let Some(state) = filter.state.filter(|s| !is_rare(*s)) {
                 query = query.bind(state.as_str());
             }
             if let Some(due_before_ms) = filter.due_before_ms {
@@ -887,6 +930,39 @@ mod tests {
         assert!(
             list.iter().any(|step| step.contains("tasks_by_deliver_at"))
                 && list.iter().all(|step| !step.contains("TEMP B-TREE")),
+            "{list:?}"
+        );
+        // A rare state is read through its own index, with or without a
+        // destination; a delivered one from the past only.
+        for state in TaskState::ALL.into_iter().filter(|s| is_rare(*s)) {
+            for destination in [None, Some("d".to_owned())] {
+                let filter = TaskFilter {
+                    destination,
+                    state: Some(state),
+                    limit: 10,
+                    ..TaskFilter::default()
+                }
+                .bounded(1);
+                let parameters = 1 + usize::from(filter.destination.is_some());
+                let list = plan(&list_sql(&filter), parameters).await;
+                let index = format!("INDEX tasks_{}", state.as_str());
+                assert!(
+                    list.iter().any(|step| step.contains(&index)),
+                    "{state:?}: {list:?}"
+                );
+            }
+        }
+        let delivered = TaskFilter {
+            state: Some(TaskState::Delivered),
+            limit: 10,
+            ..TaskFilter::default()
+        }
+        .bounded(1);
+        assert_eq!(delivered.due_before_ms, Some(60_001));
+        let list = plan(&list_sql(&delivered), 3).await;
+        assert!(
+            list.iter()
+                .any(|step| step.contains("SEARCH tasks USING INDEX tasks_by_deliver_at")),
             "{list:?}"
         );
         let indexes: Vec<String> = sqlx::query_scalar(

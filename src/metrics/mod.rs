@@ -8,6 +8,7 @@
 //! asks the management API where it answers and passive declares otherwise.
 
 mod depths;
+pub mod recent;
 
 use std::sync::atomic::AtomicU64;
 
@@ -126,6 +127,8 @@ pub struct Metrics {
     /// missed one delivered under `catch_up = latest`), `missed` (passed
     /// over), `failed` (its task could not be made).
     pub schedule_occurrences: Family<OutcomeLabel, Counter>,
+    /// The last minutes' lateness, for the console (not exported).
+    pub recent_lateness: std::sync::Mutex<recent::RecentLateness>,
 }
 
 impl Default for Metrics {
@@ -414,6 +417,7 @@ impl Metrics {
             release_unknown,
             tasks_unroutable,
             queue_depth_polled,
+            recent_lateness: Default::default(),
         }
     }
 
@@ -425,6 +429,19 @@ impl Metrics {
                 .get_or_create(&StateLabel { state })
                 .inc();
         }
+    }
+
+    /// A delivery `lateness_ms` after its due time, at `now_ms`.
+    pub fn delivered(&self, now_ms: u64, lateness_ms: u64) {
+        self.delivery_lateness.observe(lateness_ms as f64 / 1000.0);
+        if let Ok(mut recent) = self.recent_lateness.lock() {
+            recent.observe(now_ms, lateness_ms);
+        }
+    }
+
+    /// The last minutes' deliveries and lateness, on this replica.
+    pub fn recent_lateness(&self, now_ms: u64) -> Option<recent::LatenessSummary> {
+        self.recent_lateness.lock().ok()?.summary(now_ms)
     }
 
     pub fn rejected(&self, code: &'static str) {

@@ -4,10 +4,11 @@
 use super::{OperationError, on_broker, open_ledger};
 use crate::broker::{self, queue_state};
 use crate::cascade::Cascade;
-use crate::config::Settings;
+use crate::config::{AmqpSettings, Settings};
+use crate::ledger::Ledger;
 
 /// What a requeue did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Requeued {
     /// Unroutable tasks the ledger counts as delivered again.
     pub counted_delivered: u64,
@@ -17,30 +18,44 @@ pub struct Requeued {
     pub still_unroutable: u32,
 }
 
+/// The CLI's `requeue-unroutable`: with the ledger of `settings`.
 pub async fn requeue_unroutable(
     settings: &Settings,
+    cascade: &Cascade,
+) -> Result<Requeued, OperationError> {
+    let ledger = match cascade.release_stage() {
+        true => open_ledger(settings).await?,
+        false => None,
+    };
+    let done = requeue(ledger.as_ref(), &settings.amqp, cascade).await;
+    if let Some(ledger) = ledger {
+        ledger.close().await;
+    }
+    done
+}
+
+/// Requeues with `ledger` (the service's own, from the API, or the CLI's):
+/// one code path for both.
+pub async fn requeue(
+    ledger: Option<&Ledger>,
+    amqp: &AmqpSettings,
     cascade: &Cascade,
 ) -> Result<Requeued, OperationError> {
     // Counted delivered before they go: a copy unroutable again then marks
     // its task `unroutable` once more, after this commit.
     let mut counted_delivered = 0;
     if cascade.release_stage()
-        && let Some(ledger) = open_ledger(settings).await?
+        && let Some(ledger) = ledger
     {
-        let counted = ledger.requeue_unroutable().await;
-        ledger.close().await;
-        counted_delivered = counted?;
+        counted_delivered = ledger.requeue_unroutable().await?;
     }
-    let (republished, still_unroutable) = on_broker(
-        &settings.amqp,
-        "delayline requeue-unroutable",
-        async |connection| {
+    let (republished, still_unroutable) =
+        on_broker(amqp, "delayline requeue-unroutable", async |connection| {
             let requeued = broker::requeue_unroutable(connection, cascade).await?;
             let left = queue_state(connection, &cascade.unroutable_queue()).await?;
             Ok((requeued, left.map_or(0, |q| q.messages)))
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(Requeued {
         counted_delivered,
         republished,

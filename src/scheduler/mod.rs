@@ -333,6 +333,11 @@ impl Scheduler {
         })
     }
 
+    /// The service's ledger, for an operation run from the API.
+    pub fn own_ledger(&self) -> Option<&Ledger> {
+        self.ledger().ok()
+    }
+
     fn ledger(&self) -> Result<&Ledger, InspectError> {
         match &self.inner.mode {
             Mode::Ledger(bookkeeper) => Ok(bookkeeper.ledger()),

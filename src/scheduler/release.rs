@@ -476,9 +476,7 @@ impl Releaser {
         let deliver_at_ms = message::deliver_at_ms(&message.properties);
         let lateness_ms = deliver_at_ms.map(|at| delivered_at_ms.saturating_sub(at));
         if let Some(lateness_ms) = lateness_ms {
-            self.metrics
-                .delivery_lateness
-                .observe(lateness_ms as f64 / 1000.0);
+            self.metrics.delivered(delivered_at_ms, lateness_ms);
         }
         let counter = match verdict {
             Verdict::Deliver => &self.metrics.tasks_delivered,

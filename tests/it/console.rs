@@ -2,7 +2,9 @@
 //! redirects), against the default configuration: sign in with a token,
 //! find and filter tasks, cancel and reschedule with the API's answers and
 //! permissions, forms refused without their token or from another site,
-//! schedules paused, the level chart's data.
+//! schedules paused, the level chart's data; then the same in Debian's
+//! Chromium, driven by Playwright (`tests/browser/console.cjs`), which also
+//! takes the README's screenshots.
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use delayline::cascade::QueueType;
 use delayline::config::{ClientSettings, TokenHashes};
 use serde_json::{Value, json};
 
+use crate::common::node::node;
 use crate::common::{Backend, TestApp, TestConsumer, test_settings, with_ledger};
 
 struct Browser {
@@ -326,4 +329,168 @@ async fn the_console_finds_cancels_and_reschedules_with_the_apis_permissions() {
     );
     let (status, _) = ops.get("/console/problems").await;
     assert_eq!(status, 200);
+}
+
+fn client(name: &str, permissions: &[&str]) -> ClientSettings {
+    ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),
+        destinations: vec!["#".to_owned()],
+        permissions: permissions.iter().map(|p| (*p).to_owned()).collect(),
+        ..ClientSettings::default()
+    }
+}
+
+async fn post(app: &TestApp, token: &str, route: &str, body: Value) -> reqwest::StatusCode {
+    let answer = app
+        .http
+        .post(format!("{}{route}", app.base))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    answer.status()
+}
+
+/// Where the screenshots go: `DLTEST_SCREENSHOTS` (the README's come from
+/// `DLTEST_SCREENSHOTS=docs/console`), or under `target/`.
+fn screenshots() -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let folder = std::env::var("DLTEST_SCREENSHOTS")
+        .map(|f| root.join(f))
+        .unwrap_or_else(|_| root.join("target/console-screenshots"));
+    std::fs::create_dir_all(&folder).unwrap();
+    folder
+}
+
+/// In Chromium, on the default configuration (quorum queues, the SQLite
+/// ledger, the release stage, the default unit and levels): sign in with
+/// the keyboard, see the level chart follow tasks as they flow, find a task
+/// by id, filter, cancel one (never delivered), reschedule one (its new due
+/// time is the API's), pause a schedule, requeue the unroutable queue, a
+/// read-only token unable to cancel, every page labelled, in contrast and
+/// no wider than a phone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_works_in_chromium() {
+    let chromium = std::env::var("DLTEST_CHROMIUM").unwrap_or("/usr/bin/chromium".to_owned());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "{chromium} is missing: apt-get install chromium (.ci/run installs it)"
+    );
+    let defaults = delayline::config::Settings::default().cascade;
+    let mut settings = with_ledger(
+        test_settings(defaults.levels, defaults.unit_ms, defaults.queue_type),
+        Backend::Sqlite,
+    );
+    settings.metrics.queue_poll_ms = 1_000;
+    settings.auth.clients = vec![
+        client(
+            "ops",
+            &[
+                "submit",
+                "read",
+                "cancel",
+                "reschedule",
+                "schedule",
+                "admin",
+            ],
+        ),
+        client("viewer", &["submit", "read"]),
+    ];
+    let mut app = TestApp::spawn(settings).await;
+    let destination = format!("{}.browser", app.cascade.prefix());
+    let nowhere = format!("{}.nowhere", app.cascade.prefix());
+    let mut consumer = TestConsumer::bind(&mut app, &destination).await;
+    let task = |id: &str, to: &str, delay: &str| json!({"id": id, "destination": to, "delay": delay, "payload": {"id": id}});
+    for (token, body) in [
+        ("tok-ops", task("b-move", &destination, "1h")),
+        ("tok-ops", task("b-other", &destination, "1h")),
+        ("tok-viewer", task("b-keep", &destination, "1h")),
+        ("tok-ops", task("b-nowhere", &nowhere, "1s")),
+    ] {
+        assert_eq!(post(&app, token, "/v1/tasks", body).await, 202);
+    }
+    let schedule =
+        json!({"id": "b-every", "destination": destination, "every": "1h", "payload": {}});
+    assert_eq!(post(&app, "tok-ops", "/v1/schedules", schedule).await, 201);
+    // The requeue the Problems page acts through is an administrator's.
+    assert_eq!(
+        post(&app, "tok-viewer", "/v1/unroutable/requeue", json!({})).await,
+        403
+    );
+
+    let mut script = node();
+    script
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/browser/console.cjs"
+        ))
+        .env("BASE", &app.base)
+        .env("OPS_TOKEN", "tok-ops")
+        .env("VIEWER_TOKEN", "tok-viewer")
+        .env("DEST", &destination)
+        .env("NOWHERE", &nowhere)
+        .env("SHOTS", screenshots())
+        .env("CHROMIUM", &chromium);
+    let output = tokio::task::spawn_blocking(move || script.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the browser test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+
+    // What the browser did, as the API and the consumer see it.
+    assert_eq!(
+        api_task(&app, "tok-ops", "b-cancel").await["state"],
+        "cancelled"
+    );
+    let moved = api_task(&app, "tok-ops", "b-move").await;
+    assert_eq!(
+        (moved["revision"].clone(), moved["deliver_at"].clone()),
+        (json!(2), seen["moved_due"].clone())
+    );
+    assert_eq!(
+        api_task(&app, "tok-viewer", "b-keep").await["state"],
+        "scheduled"
+    );
+    assert_eq!(
+        api_task(&app, "tok-ops", "b-other").await["state"],
+        "scheduled"
+    );
+    let (_, paused) = get_json(&app, "/v1/schedules/b-every").await;
+    assert_eq!(paused["state"], "paused");
+    // b-control was due with b-cancel: once it came (and a little after),
+    // b-cancel never did.
+    let mut control_at = None;
+    while control_at.is_none_or(|at: std::time::Instant| at.elapsed() < Duration::from_secs(2)) {
+        let wait = Duration::from_secs(if control_at.is_some() { 2 } else { 20 });
+        let Some(message) = consumer.next(wait).await else {
+            assert!(control_at.is_some(), "b-control never arrived");
+            continue;
+        };
+        assert_ne!(
+            message.message_id(),
+            "b-cancel",
+            "a cancelled task was delivered"
+        );
+        if message.message_id() == "b-control" {
+            control_at = Some(std::time::Instant::now());
+        }
+    }
+}
+
+async fn get_json(app: &TestApp, route: &str) -> (u16, Value) {
+    let answer = app
+        .http
+        .get(format!("{}{route}", app.base))
+        .bearer_auth("tok-ops")
+        .send()
+        .await
+        .unwrap();
+    (answer.status().as_u16(), answer.json().await.unwrap())
 }

@@ -247,6 +247,9 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ready,
         levels: levels(&state, &scrape),
         counts,
+        recent: state
+            .metrics
+            .recent_lateness(crate::task::epoch_ms(SystemTime::now())),
     };
     html(views::overview(&data, session.page_token()))
 }
@@ -330,6 +333,26 @@ struct Notice {
     error: Option<String>,
 }
 
+impl Notice {
+    /// (succeeded, text) of what the last action answered.
+    fn into_notice(self) -> Option<(bool, String)> {
+        match (self.done, self.error) {
+            (_, Some(error)) => Some((false, error)),
+            (Some(done), None) => Some((true, done)),
+            _ => None,
+        }
+    }
+}
+
+/// `error=` with what the API would have answered.
+fn error_query(error: &ApiError) -> String {
+    let body = error.body();
+    format!(
+        "error={}",
+        views::urlencode(&format!("{}: {}", body.code, body.message))
+    )
+}
+
 /// The levels a task's routing key makes it wait in, top first, with how
 /// long each holds it.
 fn waits(routing_key: &str, levels: u32, unit_ms: u64) -> Vec<(u32, u64)> {
@@ -376,11 +399,7 @@ async fn task_page(
         may_cancel: session.caller.may(Permission::Cancel),
         may_reschedule: session.caller.may(Permission::Reschedule),
         csrf: &session.csrf,
-        notice: match (notice.done, notice.error) {
-            (_, Some(error)) => Some((false, error)),
-            (Some(done), None) => Some((true, done)),
-            _ => None,
-        },
+        notice: notice.into_notice(),
     };
     html(views::task(&view, session.page_token()))
 }
@@ -395,13 +414,7 @@ struct ChangeForm {
 fn back_to(id: &str, outcome: Result<String, ApiError>) -> Response {
     let query = match outcome {
         Ok(done) => format!("done={}", views::urlencode(&done)),
-        Err(error) => {
-            let body = error.body();
-            format!(
-                "error={}",
-                views::urlencode(&format!("{}: {}", body.code, body.message))
-            )
-        }
+        Err(error) => error_query(&error),
     };
     Redirect::to(&format!("/console/tasks/{}?{query}", views::urlencode(id))).into_response()
 }
@@ -475,7 +488,6 @@ async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Respons
         .collect();
     html(views::schedules(
         &states,
-        true,
         &session.csrf,
         session.page_token(),
     ))
@@ -499,7 +511,11 @@ async fn pause(
     }
 }
 
-async fn problems(State(state): State<AppState>, headers: HeaderMap) -> Response {
+async fn problems(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(notice): Query<Notice>,
+) -> Response {
     let session = match session(&state, &headers) {
         Ok(session) => session,
         Err(login) => return login.into_response(),
@@ -529,12 +545,38 @@ async fn problems(State(state): State<AppState>, headers: HeaderMap) -> Response
     let scrape = state.metrics.encode().unwrap_or_default();
     let parked = sample(&scrape, "delayline_unroutable_queue_messages")
         .map_or("unknown".to_owned(), |n| n.to_string());
-    html(views::problems(
-        &failed,
-        &unroutable,
+    let view = views::Problems {
+        failed: &failed,
+        unroutable: &unroutable,
         parked,
-        session.page_token(),
-    ))
+        may_requeue: session.caller.may(Permission::Admin),
+        csrf: &session.csrf,
+        notice: notice.into_notice(),
+    };
+    html(views::problems(&view, session.page_token()))
+}
+
+/// The Problems page's requeue: the API's `POST /v1/unroutable/requeue`.
+async fn requeue(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Admin) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let query = match super::unroutable::requeue_unroutable(&state, &session.caller).await {
+        Ok(done) => format!(
+            "done={}",
+            views::urlencode(&format!(
+                "requeued {} messages; {} still unroutable",
+                done.republished, done.still_unroutable
+            ))
+        ),
+        Err(error) => error_query(&error),
+    };
+    Redirect::to(&format!("/console/problems?{query}")).into_response()
 }
 
 /// Everything under `/console`.
@@ -552,4 +594,5 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/schedules", get(schedules))
         .route("/console/schedules/{id}/{action}", post(pause))
         .route("/console/problems", get(problems))
+        .route("/console/problems/requeue", post(requeue))
 }

@@ -4,6 +4,7 @@
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::ledger::StoredTask;
+use crate::metrics::recent::{LatenessSummary, WINDOW_MINUTES};
 use crate::scheduler::ScheduleState;
 use crate::task::{TaskState, format_epoch_ms};
 
@@ -81,6 +82,8 @@ pub struct Overview {
     pub ready: Result<String, String>,
     pub levels: Vec<(u32, f64)>,
     pub counts: Vec<(&'static str, String)>,
+    /// Deliveries over the last minutes on this replica.
+    pub recent: Option<LatenessSummary>,
 }
 
 pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
@@ -98,6 +101,17 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
             (pairs(&data.chain))
             h2 { "Counts" }
             (pairs(&data.counts))
+            h2 { "Due rate and lateness" }
+            @match &data.recent {
+                Some(recent) => (pairs(&[
+                    ("delivered", recent.delivered.to_string()),
+                    ("due rate", format!("{:.1} tasks/s", recent.per_second)),
+                    ("lateness p50", format!("≤ {} ms", recent.p50_ms)),
+                    ("lateness p99", format!("≤ {} ms", recent.p99_ms)),
+                ])),
+                None => p { "Nothing delivered here in the last minutes." },
+            }
+            p { small { "Over the last " (WINDOW_MINUTES) " minutes, on this replica, after each task's due time." } }
             h2 #levels-heading { "Tasks held per level" }
             table aria-labelledby="levels-heading" {
                 thead { tr { th { "level" } th { "messages" } th style="width:60%" { "" } } }
@@ -168,6 +182,9 @@ pub fn tasks(
 }
 
 fn task_table(found: &[StoredTask]) -> Markup {
+    if found.is_empty() {
+        return html! { p { "No tasks." } };
+    }
     html! {
         table {
             thead { tr { th { "id" } th { "state" } th { "destination" } th { "due" } th { "late by" } } }
@@ -204,9 +221,7 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
         &format!("Task {}", task.id),
         signed_in,
         html! {
-            @if let Some((ok, text)) = &view.notice {
-                p class=(if *ok { "notice" } else { "error" }) role="status" { (text) }
-            }
+            (notice(&view.notice))
             p { "State: " strong { (task.state.as_str()) } ", revision " (task.revision) }
             h2 { "Timeline" }
             ol { @for (when, what) in timeline(task, &view.levels) { li { (when) ": " (what) } } }
@@ -282,12 +297,8 @@ fn payload(task: &StoredTask) -> Markup {
     }
 }
 
-pub fn schedules(
-    found: &[ScheduleState],
-    may_change: bool,
-    csrf: &str,
-    signed_in: Option<&str>,
-) -> Markup {
+/// Only shown to a caller with `schedule`, who may pause and resume.
+pub fn schedules(found: &[ScheduleState], csrf: &str, signed_in: Option<&str>) -> Markup {
     page(
         "Schedules",
         signed_in,
@@ -303,13 +314,13 @@ pub fn schedules(
                             td { @if let Some(cron) = &stored.spec.cron { "cron " code { (cron) } " " (stored.spec.timezone) }
                                  @if let Some(every) = &stored.spec.every { "every " (every) } }
                             td { @for at in &schedule.upcoming { (format_epoch_ms(*at)) br; } }
-                            td { @if may_change {
+                            td {
                                 @let action = if stored.paused { "resume" } else { "pause" };
                                 form method="post" action=(format!("/console/schedules/{}/{action}", urlencode(&stored.id))) {
                                     input type="hidden" name="csrf" value=(csrf);
-                                    button type="submit" { (action) }
+                                    button type="submit" aria-label=(format!("{action} {}", stored.id)) { (action) }
                                 }
-                            } }
+                            }
                         }
                     }
                 }
@@ -318,30 +329,54 @@ pub fn schedules(
     )
 }
 
-pub fn problems(
-    failed: &[StoredTask],
-    unroutable: &[StoredTask],
-    parked: String,
-    signed_in: Option<&str>,
-) -> Markup {
+/// The Problems page: failed tasks, unroutable ones, and the requeue.
+pub struct Problems<'a> {
+    pub failed: &'a [StoredTask],
+    pub unroutable: &'a [StoredTask],
+    /// The unroutable queue's depth, as the metrics last read it.
+    pub parked: String,
+    pub may_requeue: bool,
+    pub csrf: &'a str,
+    pub notice: Option<(bool, String)>,
+}
+
+pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
     page(
         "Problems",
         signed_in,
         html! {
+            (notice(&view.notice))
             h2 { "Failed (quarantined) tasks" }
-            table {
+            @if view.failed.is_empty() { p { "None." } } @else { table {
                 thead { tr { th { "id" } th { "destination" } th { "the broker's reason" } } }
-                tbody { @for task in failed {
+                tbody { @for task in view.failed {
                     tr { td { a href=(format!("/console/tasks/{}", urlencode(&task.id))) { (task.id) } }
                          td { (task.destination) } td { (task.last_error.clone().unwrap_or_default()) } }
                 } }
-            }
+            } }
             h2 { "Unroutable" }
-            p { "Messages in the unroutable queue: " (parked) ". Once their destinations are bound, "
-                code { "delayline requeue-unroutable" } " sends them back." }
-            (task_table(unroutable))
+            p { "Messages in the unroutable queue: " (view.parked) ". Once their destinations are bound, "
+                "requeueing sends them back to the business exchange (as "
+                code { "delayline requeue-unroutable" } " does)." }
+            @if view.may_requeue {
+                form method="post" action="/console/problems/requeue"
+                    onsubmit="return confirm('Send the unroutable messages back to the business exchange?')" {
+                    input type="hidden" name="csrf" value=(view.csrf);
+                    button type="submit" { "Requeue unroutable messages" }
+                }
+            }
+            (task_table(view.unroutable))
         },
     )
+}
+
+/// What the last action answered, as the API answered it.
+fn notice(notice: &Option<(bool, String)>) -> Markup {
+    html! {
+        @if let Some((ok, text)) = notice {
+            p class=(if *ok { "notice" } else { "error" }) role="status" { (text) }
+        }
+    }
 }
 
 /// Percent-encodes everything but unreserved characters.

@@ -1,5 +1,6 @@
 //! The npm packages the tests drive (amqplib, as Node producers of the
-//! delayed-message plugin use it), under `target/`, installed on first use:
+//! delayed-message plugin use it; playwright-core, which drives Debian's
+//! Chromium and downloads no browser), under `target/`, installed on first use:
 //! `cargo test` needs Node.js and npm, nothing installed by hand.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Pinned, so that a new release cannot change what the tests check.
-const PACKAGES: &[&str] = &["amqplib@0.10.9"];
+const PACKAGES: &[&str] = &["amqplib@0.10.9", "playwright-core@1.64.1"];
 
 fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-node")

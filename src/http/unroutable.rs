@@ -1,0 +1,58 @@
+//! `POST /v1/unroutable/requeue`: the unroutable queue's messages back to the
+//! business exchange once their destinations are bound. The same operation
+//! as `delayline requeue-unroutable`, with the service's own ledger; the
+//! console's Problems page acts through it.
+
+use axum::Json;
+use axum::extract::State;
+
+use super::AppState;
+use super::auth::require;
+use super::codes::ErrorCode;
+use super::error::ApiError;
+use crate::auth::{Caller, Permission};
+use crate::operations::OperationError;
+use crate::operations::unroutable::{Requeued, requeue};
+
+/// What a requeue answers: the broker or the ledger away is a 503.
+impl From<OperationError> for ApiError {
+    fn from(error: OperationError) -> Self {
+        match error {
+            OperationError::Ledger(error) => error.into(),
+            OperationError::Broker(_) | OperationError::Migrate(_) => ApiError::new(
+                ErrorCode::BrokerUnavailable,
+                format!("the requeue did not complete: {error}"),
+            ),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+/// Requeues the unroutable queue's messages (an administrator's action:
+/// they are every client's).
+pub async fn requeue_unroutable(state: &AppState, caller: &Caller) -> Result<Requeued, ApiError> {
+    require(caller, Permission::Admin)?;
+    let Some(amqp) = state.amqp.as_deref() else {
+        return Err(ApiError::new(
+            ErrorCode::BrokerUnavailable,
+            "this service has no broker settings to requeue with",
+        ));
+    };
+    let cascade = state.scheduler.cascade();
+    Ok(requeue(state.scheduler.own_ledger(), amqp, cascade).await?)
+}
+
+#[utoipa::path(post, summary = "Requeue the unroutable queue's messages", path = "/v1/unroutable/requeue", tag = "operations",
+    description = "Sends the messages in the unroutable queue back to the business exchange, once the bindings they \
+        were missing exist; those still unroutable land there again. Needs the `admin` permission.",
+    responses((status = 200, description = "what was requeued", body = Requeued)))]
+pub async fn requeue_route(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Requeued>, ApiError> {
+    Ok(Json(requeue_unroutable(&state, &caller).await?))
+}
+
+pub fn router() -> axum::Router<AppState> {
+    axum::Router::new().route("/v1/unroutable/requeue", axum::routing::post(requeue_route))
+}
