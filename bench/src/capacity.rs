@@ -110,4 +110,34 @@ mod tests {
         // 864,000 units need 20 digits; a spread sets about half of them.
         assert!((8.0..12.0).contains(&day.mean_hops), "{}", day.mean_hops);
     }
+
+    /// BENCHMARKS.md's table of 100 ms against 1 s units: about 3.3 fewer
+    /// digits, but a hop is a set digit, so 1.5-1.7 fewer hops for a spread.
+    #[test]
+    fn a_one_second_unit_saves_the_set_digits_not_the_digits() {
+        let fine = size(100, 8_553.0);
+        let coarse = size(1_000, 8_553.0);
+        let saved: Vec<(String, f64)> = fine
+            .iter()
+            .zip(&coarse)
+            .map(|(f, c)| (f.mix.clone(), f.mean_hops - c.mean_hops))
+            .collect();
+        let expected = [
+            ("fixed 90 s", 0.0),
+            ("fixed 15 min", 1.0),
+            ("fixed 24 h", 3.0),
+            ("uniform 1-60 s", 1.52),
+            ("uniform 1-60 min", 1.64),
+            ("uniform 1-24 h", 1.70),
+            ("log-uniform 1 s-7 d", 1.63),
+        ];
+        assert_eq!(saved.len(), expected.len());
+        for ((mix, hops), (want_mix, want)) in saved.iter().zip(expected) {
+            assert_eq!(mix, want_mix);
+            assert!(
+                (hops - want).abs() < 0.006,
+                "{mix}: {hops} fewer hops, not {want}"
+            );
+        }
+    }
 }

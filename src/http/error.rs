@@ -14,6 +14,7 @@ use tracing::error;
 
 use crate::broker::PublishError;
 use crate::ledger::LedgerError;
+use crate::operations::OperationError;
 use crate::schedule::ScheduleError;
 use crate::scheduler::{ChangeError, InspectError, NotReady, RecurringError, SubmitError};
 use crate::task::TaskError;
@@ -188,6 +189,20 @@ impl From<SubmitError> for ApiError {
             SubmitError::Conflict { .. } => {
                 ApiError::new(ErrorCode::IdempotencyConflict, error.to_string())
             }
+        }
+    }
+}
+
+/// What an operation run from the API (a requeue) answers: the broker or the ledger away is a 503.
+impl From<OperationError> for ApiError {
+    fn from(error: OperationError) -> Self {
+        match error {
+            OperationError::Ledger(error) => error.into(),
+            OperationError::Broker(_) | OperationError::Migrate(_) => ApiError::new(
+                ErrorCode::BrokerUnavailable,
+                format!("the requeue did not complete: {error}"),
+            ),
+            other => ApiError::internal(other),
         }
     }
 }

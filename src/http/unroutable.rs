@@ -11,22 +11,7 @@ use super::auth::require;
 use super::codes::ErrorCode;
 use super::error::ApiError;
 use crate::auth::{Caller, Permission};
-use crate::operations::OperationError;
 use crate::operations::unroutable::{Requeued, requeue};
-
-/// What a requeue answers: the broker or the ledger away is a 503.
-impl From<OperationError> for ApiError {
-    fn from(error: OperationError) -> Self {
-        match error {
-            OperationError::Ledger(error) => error.into(),
-            OperationError::Broker(_) | OperationError::Migrate(_) => ApiError::new(
-                ErrorCode::BrokerUnavailable,
-                format!("the requeue did not complete: {error}"),
-            ),
-            other => ApiError::internal(other),
-        }
-    }
-}
 
 /// Requeues the unroutable queue's messages (an administrator's action:
 /// they are every client's).

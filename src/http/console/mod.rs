@@ -176,6 +176,38 @@ async fn logout(
         .into_response()
 }
 
+/// What `/readyz` would answer, and the broker's and the ledger's state
+/// behind it.
+async fn readiness(state: &AppState) -> views::Readiness {
+    let ledger = state
+        .scheduler
+        .own_ledger()
+        .map_or("none (stateless)".to_owned(), |l| l.target().to_owned());
+    match state.scheduler.readiness().await {
+        Ok(ready) => views::Readiness {
+            verdict: Ok(ready.status),
+            rows: vec![
+                ("broker", ready.broker),
+                ("node", ready.node.unwrap_or("-".to_owned())),
+                ("alarm", ready.blocked.unwrap_or("none".to_owned())),
+                (
+                    "last broker error",
+                    ready.broker_error.unwrap_or("-".to_owned()),
+                ),
+                ("ledger", ledger),
+                (
+                    "pending in the ledger",
+                    ready.pending.unwrap_or(0).to_string(),
+                ),
+            ],
+        },
+        Err(why) => views::Readiness {
+            verdict: Err(why.to_string()),
+            rows: vec![("ledger", ledger)],
+        },
+    }
+}
+
 /// A value of the text exposition of `/metrics`.
 fn sample(scrape: &str, series: &str) -> Option<f64> {
     scrape.lines().find_map(|line| {
@@ -212,19 +244,10 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ("version", cascade.version().to_string()),
         ("release stage", cascade.release_stage().to_string()),
     ];
-    let ready = match state.scheduler.readiness().await {
-        Ok(ready) => Ok(format!(
-            "broker {}{}, {} pending",
-            ready.broker,
-            ready.node.map(|n| format!(" ({n})")).unwrap_or_default(),
-            ready.pending.unwrap_or(0)
-        )),
-        Err(why) => Err(why.to_string()),
-    };
+    let ready = readiness(&state).await;
     let scrape = state.metrics.encode().unwrap_or_default();
     let count = |series: &str| sample(&scrape, series).map_or("-".to_owned(), |v| v.to_string());
     let counts = vec![
-        ("pending (ledger)", count("delayline_ledger_pending_tasks")),
         (
             "release queue backlog",
             count("delayline_release_queue_messages"),

@@ -75,11 +75,17 @@ pub fn login(error: Option<&str>) -> Markup {
     )
 }
 
+/// What `/readyz` answers (its status, or why not ready), and the state
+/// behind it.
+pub struct Readiness {
+    pub verdict: Result<String, String>,
+    pub rows: Vec<(&'static str, String)>,
+}
+
 /// What the overview shows.
 pub struct Overview {
     pub chain: Vec<(&'static str, String)>,
-    /// What `/readyz` answers, and why.
-    pub ready: Result<String, String>,
+    pub ready: Readiness,
     pub levels: Vec<(u32, f64)>,
     pub counts: Vec<(&'static str, String)>,
     /// Deliveries over the last minutes on this replica.
@@ -93,10 +99,11 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
         signed_in,
         html! {
             h2 { "Ready?" }
-            @match &data.ready {
-                Ok(why) => p { "Ready: " (why) },
+            @match &data.ready.verdict {
+                Ok(status) => p { "/readyz: " strong { (status) } },
                 Err(why) => p.error role="status" { "Not ready: " (why) },
             }
+            (pairs(&data.ready.rows))
             h2 { "Chain" }
             (pairs(&data.chain))
             h2 { "Counts" }
