@@ -742,6 +742,45 @@ async fn readiness_follows_the_mode_and_the_broker() {
     assert_eq!(answer.code(), "broker_misconfigured");
 }
 
+/// `console.enabled = false`: no console route answers but as an unknown
+/// route does; on (the default), the console answers.
+#[tokio::test]
+async fn the_console_is_served_only_when_enabled() {
+    for enabled in [true, false] {
+        let metrics = Arc::new(Metrics::new());
+        let broker = Arc::new(ScriptedBroker::ready());
+        let scheduler =
+            Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+        let http = HttpSettings::default();
+        let auth = Arc::new(crate::auth::Authenticator::open());
+        let harness = Harness {
+            app: router(
+                AppState::new(scheduler, metrics, &http, auth),
+                &http,
+                crate::http::MetricsRoute::WithApi,
+                enabled,
+            ),
+            broker,
+            _data: None,
+        };
+        for path in [
+            "/console",
+            "/console/login",
+            "/console/levels",
+            "/console/problems",
+        ] {
+            let answer = harness.get(path).await;
+            if enabled {
+                // Served (the Problems page of a ledgerless service answers
+                // what the API does: 501 ledger_disabled).
+                assert_ne!(answer.status, StatusCode::NOT_FOUND, "{path}");
+            } else {
+                assert_eq!(answer.code(), "not_found", "{path}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn unknown_routes_methods_and_a_ledgerless_inspection_have_their_codes() {
     let harness = stateless(ScriptedBroker::ready());

@@ -177,12 +177,14 @@ async fn logout(
 }
 
 /// What `/readyz` would answer, and the broker's and the ledger's state
-/// behind it.
-async fn readiness(state: &AppState) -> views::Readiness {
-    let ledger = state
-        .scheduler
-        .own_ledger()
-        .map_or("none (stateless)".to_owned(), |l| l.target().to_owned());
+/// behind it. Where the ledger lives is an administrator's to see; other
+/// clients see its kind.
+async fn readiness(state: &AppState, caller: &Caller) -> views::Readiness {
+    let ledger = match state.scheduler.own_ledger() {
+        None => "none (stateless)".to_owned(),
+        Some(ledger) if caller.may(Permission::Admin) => ledger.target().to_owned(),
+        Some(ledger) => ledger.target().split(':').next().unwrap_or("").to_owned(),
+    };
     match state.scheduler.readiness().await {
         Ok(ready) => views::Readiness {
             verdict: Ok(ready.status),
@@ -244,7 +246,7 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ("version", cascade.version().to_string()),
         ("release stage", cascade.release_stage().to_string()),
     ];
-    let ready = readiness(&state).await;
+    let ready = readiness(&state, &session.caller).await;
     let scrape = state.metrics.encode().unwrap_or_default();
     let count = |series: &str| sample(&scrape, series).map_or("-".to_owned(), |v| v.to_string());
     let counts = vec![
