@@ -25,32 +25,30 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a document's headings, outside code blocks.
-fn anchors(text: &str) -> BTreeSet<String> {
+/// A document's lines outside code blocks (and not their fences).
+fn prose(text: &str) -> impl Iterator<Item = &str> {
     let mut in_code = false;
-    let mut found = BTreeSet::new();
-    for line in text.lines() {
+    text.lines().filter(move |line| {
         if line.starts_with("```") {
             in_code = !in_code;
-        } else if !in_code && line.starts_with('#') {
-            found.insert(anchor(line.trim_start_matches('#')));
+            return false;
         }
-    }
-    found
+        !in_code
+    })
+}
+
+/// The anchors of a document's headings.
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text)
+        .filter(|line| line.starts_with('#'))
+        .map(|line| anchor(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// Every `](target)` of a document, outside code blocks.
 fn links(text: &str) -> Vec<String> {
-    let mut in_code = false;
     let mut found = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for line in prose(text) {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];

@@ -193,16 +193,7 @@ pub async fn list_tasks(
     let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
     let filter = query.filter(&caller)?;
     let stored = state.scheduler.tasks(&filter).await?;
-    let next_cursor = (stored.len() == filter.limit as usize)
-        .then(|| stored.last())
-        .flatten()
-        .map(|last| {
-            Cursor {
-                deliver_at_ms: last.deliver_at_ms,
-                id: last.id.clone(),
-            }
-            .encode()
-        });
+    let next_cursor = Cursor::after_page(&stored, filter.limit);
     let tasks = stored.into_iter().map(TaskView::from).collect();
     Ok(Json(TaskPage { tasks, next_cursor }))
 }

@@ -17,6 +17,17 @@ pub struct Cursor {
 pub struct CursorError;
 
 impl Cursor {
+    /// The cursor of the page after `page`, when it is full (`limit` rows):
+    /// a shorter page is the last.
+    pub fn after_page(page: &[super::StoredTask], limit: u32) -> Option<String> {
+        let last = page.last().filter(|_| page.len() == limit as usize)?;
+        let cursor = Cursor {
+            deliver_at_ms: last.deliver_at_ms,
+            id: last.id.clone(),
+        };
+        Some(cursor.encode())
+    }
+
     pub fn encode(&self) -> String {
         URL_SAFE_NO_PAD.encode(format!("{}:{}", self.deliver_at_ms, self.id))
     }

@@ -174,7 +174,7 @@ async function cancelByKeyboard(page) {
   // Due soon, beside one left alone: the test waits for that one, then
   // checks this one never came.
   for (const id of ["b-cancel", "b-control"]) {
-    await api("POST", "/v1/tasks", { id, destination: DEST, delay: "6s", payload: { id } });
+    await api("POST", "/v1/tasks", { id, destination: DEST, delay: "10s", payload: { id } });
   }
   await page.goto(`${BASE}/console/tasks/b-cancel`);
   for (let i = 0; i < 30; i++) {

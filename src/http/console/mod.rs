@@ -107,6 +107,19 @@ fn check_form(session: &Session, headers: &HeaderMap, csrf: &str) -> Result<(), 
     Ok(())
 }
 
+/// The session of a page that needs `permission`: the sign-in page
+/// without one, the API's `403 forbidden` answer without the permission.
+fn page_session(
+    state: &AppState,
+    headers: &HeaderMap,
+    permission: Permission,
+) -> Result<Session, Refusal> {
+    let session = session(state, headers)?;
+    super::auth::require(&session.caller, permission)
+        .map_err(|error| Refusal::Refused(Box::new(error)))?;
+    Ok(session)
+}
+
 /// The session of a form that changes something: from this site, with its
 /// token, and a caller with `permission`.
 fn form_session(
@@ -308,19 +321,12 @@ async fn tasks(
     headers: HeaderMap,
     Query(query): Query<TasksQuery>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match page_session(&state, &headers, Permission::Read) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
     if let Some(id) = query.id.as_deref().filter(|id| !id.is_empty()) {
         return Redirect::to(&format!("/console/tasks/{}", views::urlencode(id))).into_response();
-    }
-    if !session.caller.may(Permission::Read) {
-        return (
-            StatusCode::FORBIDDEN,
-            "this token lacks the read permission",
-        )
-            .into_response();
     }
     let filter = TaskFilter {
         client: session.caller.owner_scope().map(str::to_owned),
@@ -334,16 +340,7 @@ async fn tasks(
         Ok(found) => found,
         Err(error) => return refused(error.into()),
     };
-    let next = (found.len() == PAGE as usize)
-        .then(|| found.last())
-        .flatten()
-        .map(|last| {
-            Cursor {
-                deliver_at_ms: last.deliver_at_ms,
-                id: last.id.clone(),
-            }
-            .encode()
-        });
+    let next = Cursor::after_page(&found, PAGE);
     let form = views::TaskQuery {
         destination: query.destination,
         state: query.state,
@@ -399,17 +396,10 @@ async fn task_page(
     Path(id): Path<String>,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match page_session(&state, &headers, Permission::Read) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if !session.caller.may(Permission::Read) {
-        return (
-            StatusCode::FORBIDDEN,
-            "this token lacks the read permission",
-        )
-            .into_response();
-    }
     let found = match state.scheduler.task(&id).await {
         Ok(found) => found.filter(|t| t.within_scope(session.caller.owner_scope())),
         Err(error) => return refused(error.into()),
@@ -488,17 +478,10 @@ async fn reschedule(
 }
 
 async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match page_session(&state, &headers, Permission::Schedule) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if !session.caller.may(Permission::Schedule) {
-        return (
-            StatusCode::FORBIDDEN,
-            "this token lacks the schedule permission",
-        )
-            .into_response();
-    }
     let found = match state
         .scheduler
         .schedules(session.caller.owner_scope(), None, 100)
@@ -541,17 +524,10 @@ async fn problems(
     headers: HeaderMap,
     Query(notice): Query<Notice>,
 ) -> Response {
-    let session = match session(&state, &headers) {
+    let session = match page_session(&state, &headers, Permission::Read) {
         Ok(session) => session,
-        Err(login) => return login.into_response(),
+        Err(refusal) => return refusal.into_response(),
     };
-    if !session.caller.may(Permission::Read) {
-        return (
-            StatusCode::FORBIDDEN,
-            "this token lacks the read permission",
-        )
-            .into_response();
-    }
     let of_state = |state: TaskState| TaskFilter {
         client: session.caller.owner_scope().map(str::to_owned),
         state: Some(state),
