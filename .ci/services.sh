@@ -139,6 +139,16 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 }
 
+# libfaketime, for the test of a replica whose clocks run ahead of another's.
+ensure_faketime() {
+  if [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
+    return 0
+  fi
+  echo "ci: installing Debian's faketime"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+}
+
 # The OpenAPI linter (Redocly CLI, from npm), pinned like the Python tools, in
 # a folder of its own outside the checkout.
 REDOCLY_VERSION=2.77.0

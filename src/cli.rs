@@ -455,10 +455,11 @@ fn describe_route(
 ) -> anyhow::Result<String> {
     let route = cascade.route(delay, destination)?;
     Ok(format!(
-        "routing_key     {}\nentry_exchange  {}\ndelay_ms        {}\nbinding_key     {}\n",
+        "routing_key     {}\nentry_exchange  {}\ndelay_ms        {}\nhold_ms         {}\nbinding_key     {}\n",
         route.routing_key,
         route.entry_exchange,
         route.delay_ms,
+        route.hold_ms,
         cascade.binding_key(destination)
     ))
 }

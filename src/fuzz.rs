@@ -153,7 +153,7 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     }
     // The properties a publish sends are built without panicking, and
     // every header kept its JSON type as an AMQP value.
-    let properties = properties_of(task);
+    let properties = properties_of(task, None);
     let table = properties.headers().clone().unwrap_or_default();
     for (name, value) in &task.headers {
         let sent = table
@@ -325,6 +325,7 @@ proptest! {
         unit_ms in prop_oneof![Just(1u64), Just(10), Just(100), 1u64..=60_000],
         delay_ns in prop_oneof![any::<u64>(), 0u64..100_000_000_000],
         destination in destination(),
+        precision in prop_oneof![Just(None), Just(Some(1u64)), (1u64..=60_000).prop_map(Some)],
     ) {
         // A cascade the settings refuse (its top TTL too long) has no routes.
         let settings = crate::cascade::CascadeSettings {
@@ -334,8 +335,10 @@ proptest! {
             prefix: "t".into(),
             version: 1,
             business_exchange: "biz".into(),
-            release_stage: None,
+            release_stage: Some(precision.is_some()),
             delivery_key: crate::cascade::DeliveryKey::Digits,
+            precision_ms: precision.map(|p| p.min(unit_ms)),
+            ..crate::cascade::CascadeSettings::default()
         };
         let Ok(cascade) = settings.validate() else {
             return Ok(());
@@ -355,8 +358,28 @@ proptest! {
                 _ => None,
             });
         prop_assert_eq!(units, Some(route.delay_units));
+        // Never early: rounded up to the precision; what the levels do not
+        // hold, the release stage holds, and only below one unit.
+        let precision_ms = cascade.precision_ms();
         prop_assert!(u128::from(route.delay_ms) * 1_000_000 >= u128::from(delay_ns));
-        prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(unit_ms) * 1_000_000);
+        prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(precision_ms) * 1_000_000);
+        prop_assert_eq!(route.delay_ms, route.delay_units * unit_ms + route.hold_ms);
+        prop_assert!(route.hold_ms < unit_ms + cascade.release_lead_ms());
+        if route.held {
+            // Never more hops than rounding down; and the lead held, unless
+            // holding it would have cost a hop.
+            let rounded_down = route.delay_ms / unit_ms;
+            prop_assert!(route.delay_units.count_ones() <= rounded_down.count_ones());
+            let lead = cascade.release_lead_ms();
+            prop_assert!(
+                route.hold_ms >= lead.min(route.delay_ms) || route.delay_units == rounded_down,
+                "held {} ms, lead {lead}", route.hold_ms
+            );
+        }
+        prop_assert_eq!(route.held, precision_ms < unit_ms);
+        if !route.held {
+            prop_assert_eq!(route.hold_ms, 0);
+        }
         let expected = match route.delay_units.checked_ilog2() {
             Some(level) => cascade.level_exchange(level),
             None => cascade.due_exchange(),

@@ -13,7 +13,7 @@
 //!   scheduled. Pure as well: the clock is an argument.
 //! - [`message`]: the message format, pure. Every header name delayline
 //!   writes or reads (change the headers here), a task's message built and
-//!   read back (its id, revision, due time, destination), and which of the
+//!   read back (its id, revision, due time, destination, hold stamp), and which of the
 //!   broker's headers a republished message leaves behind.
 //! - [`schedule`]: recurring schedules, pure. A schedule as a client states
 //!   it, validated (its content by a task's rules); when it fires (a cron
@@ -44,7 +44,9 @@
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes);
 //!   cancels tasks; plans recurring schedules (`recurring`: each occurrence
 //!   a task a lead before its time, changes withdrawing what was made);
-//!   runs the release stage, which looks every due task up in
+//!   runs the release stage, which holds a due task to its millisecond
+//!   (`hold`: when to release, by bounding other replicas' clocks from
+//!   what arrives, pure) and looks every due task up in
 //!   the ledger before it goes to the business exchange (its verdicts per
 //!   message are pure functions); answers readiness and inspection. It sees
 //!   the broker through the [`scheduler::Broker`] trait (publishing, and
@@ -76,6 +78,8 @@
 //!   settings section, runs them (HTTP or HTTPS, an optional metrics
 //!   listener, reloads on SIGHUP), and stops them in
 //!   [`service::STOP_ORDER`], the order that loses nothing.
+//! - [`clock`]: this process's wall clock (due times) and its named
+//!   monotonic clock (holds), read in one place.
 //! - [`config`], [`telemetry`], [`cli`], [`probe`], [`remote`]: settings (validated once;
 //!   secrets never print), logs, the command line (it parses arguments,
 //!   calls [`operations`] or [`service`], and prints), the health check
@@ -92,6 +96,7 @@ pub mod auth;
 pub mod broker;
 pub mod cascade;
 pub mod cli;
+pub mod clock;
 pub mod config;
 #[cfg(test)]
 mod fuzz;

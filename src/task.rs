@@ -31,7 +31,8 @@ pub(crate) struct TaskRequest<'a> {
     // A number rather than an integer type, so that one beyond 64 bits is
     // reported as a delay out of range, not as a type error.
     /// One of `delay_ms`, `delay`, `deliver_at`: milliseconds from now,
-    /// rounded up to the unit.
+    /// rounded up to the chain's precision (the millisecond with the
+    /// release stage, else the unit).
     #[schema(value_type = Option<u64>, minimum = 0, example = 90000)]
     delay_ms: Option<serde_json::Number>,
     /// A human duration: `"90s"`, `"1h30m"`, `"2s 500ms"`.

@@ -60,18 +60,34 @@ pub struct Capacity {
 }
 
 /// Hops of a delay: the set digits of its delay, rounded up to units.
+#[cfg(test)]
 pub fn hops(delay_ms: u64, unit_ms: u64) -> u32 {
     delay_ms.div_ceil(unit_ms).count_ones()
 }
 
-/// Every mix's mean hops on a cascade of `unit_ms`, and the due rate a
-/// broker that dead-letters `hops_per_sec` sustains for it.
+/// Every mix's mean hops on a cascade of `unit_ms` rounding up, and the due
+/// rate a broker that dead-letters `hops_per_sec` sustains for it.
+#[cfg(test)]
 pub fn size(unit_ms: u64, hops_per_sec: f64) -> Vec<Capacity> {
+    size_by(unit_ms, hops_per_sec, |delay_ms| hops(delay_ms, unit_ms))
+}
+
+/// As [`size`], each delay routed as `cascade` routes it (a chain that holds
+/// rounds down, less its release lead).
+pub fn size_on(cascade: &delayline::cascade::Cascade, hops_per_sec: f64) -> Vec<Capacity> {
+    size_by(cascade.unit_ms(), hops_per_sec, |delay_ms| {
+        cascade
+            .route(std::time::Duration::from_millis(delay_ms), "d")
+            .map_or(0, |route| route.delay_units.count_ones())
+    })
+}
+
+fn size_by(unit_ms: u64, hops_per_sec: f64, hops_of: impl Fn(u64) -> u32) -> Vec<Capacity> {
     MIXES
         .iter()
         .map(|(name, mix)| {
             let total: u64 = (0..SAMPLES)
-                .map(|i| u64::from(hops(mix.at(i as f64 / SAMPLES as f64), unit_ms)))
+                .map(|i| u64::from(hops_of(mix.at(i as f64 / SAMPLES as f64))))
                 .sum();
             let mean_hops = total as f64 / SAMPLES as f64;
             Capacity {
@@ -109,6 +125,31 @@ mod tests {
         let day = sized.iter().find(|c| c.mix == "uniform 1-24 h").unwrap();
         // 864,000 units need 20 digits; a spread sets about half of them.
         assert!((8.0..12.0).contains(&day.mean_hops), "{}", day.mean_hops);
+    }
+
+    /// The default chain (1 s units, held, a unit's lead) takes no more
+    /// hops than 1 s units rounding up, for any mix, fixed delays of whole
+    /// seconds included.
+    #[test]
+    fn the_held_default_takes_the_coarse_units_hops_for_spreads() {
+        let default = delayline::cascade::CascadeSettings {
+            release_stage: Some(true),
+            ..delayline::cascade::CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        let held = size_on(&default, 8_553.0);
+        let coarse = size(1_000, 8_553.0);
+        for (h, c) in held.iter().zip(&coarse) {
+            println!(
+                "{}: held {:.2} hops, 1 s rounding up {:.2}",
+                h.mix, h.mean_hops, c.mean_hops
+            );
+            assert!(h.mean_hops <= c.mean_hops + 1e-9, "{}", h.mix);
+        }
+        // 24 h = 86,400 s: 5 set digits, where 86,399 would take 11.
+        let day = held.iter().find(|c| c.mix == "fixed 24 h").unwrap();
+        assert_eq!(day.mean_hops, 5.0);
     }
 
     /// BENCHMARKS.md's table of 100 ms against 1 s units: about 3.3 fewer

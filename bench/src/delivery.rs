@@ -105,8 +105,32 @@ pub struct Precision {
     /// Lateness relative to `deliver_at` (requested rounded up to the unit): the cascade's own delay.
     pub after_deliver_at_p50_ms: f64,
     pub after_deliver_at_p99_ms: f64,
+    /// The hops the mix takes on this chain (the hold phase computes it).
+    #[serde(default)]
+    pub mean_hops: Option<f64>,
     #[serde(skip)]
     pub lateness_ms: Vec<f64>,
+}
+
+/// The delay of a precision run's `n`th task: a deterministic spread, a
+/// prime stride making it look random to the unit.
+pub fn spread_delay_ms(delays: Delays, n: usize) -> u64 {
+    let span = delays.max_ms - delays.min_ms;
+    delays.min_ms + (n as u64 * 104_729) % span.max(1)
+}
+
+/// Mean dead-letterings per task of a precision run's delays on `cascade`:
+/// one per set digit of its delay in units (rounded as the chain routes).
+pub fn mean_hops(delays: Delays, cascade: &delayline::cascade::Cascade) -> f64 {
+    let hops: u64 = (0..delays.tasks)
+        .map(|n| {
+            let delay = Duration::from_millis(spread_delay_ms(delays, n));
+            cascade
+                .route(delay, "d")
+                .map_or(0, |route| u64::from(route.delay_units.count_ones()))
+        })
+        .sum();
+    hops as f64 / delays.tasks.max(1) as f64
 }
 
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -234,8 +258,7 @@ pub async fn precision_over(
             let url = url.clone();
             let destination = destination.clone();
             async move {
-                // A deterministic spread; a prime stride makes it look random to the unit.
-                let delay_ms = min_delay_ms + (n as u64 * 104_729) % span.max(1);
+                let delay_ms = spread_delay_ms(delays, n);
                 // The label keeps ids apart when one ledger is measured twice.
                 let id = format!("{destination}-{n}");
                 if let (Some(channel), Intake::Ingress(exchange)) = (publisher, intake) {
@@ -275,53 +298,181 @@ pub async fn precision_over(
             tasks - submitted.len()
         );
     }
-    progress.set_message(format!("{label}: waiting for deliveries"));
+    let wait = Duration::from_millis(max_delay_ms) + Duration::from_secs(60);
+    let due_per_sec = tasks as f64 / (span as f64 / 1000.0);
+    let measured = Measured {
+        label,
+        submitted: &submitted,
+        wait,
+        due_per_sec,
+    };
+    Ok(measured.receive(sut, &mut arrivals, progress).await)
+}
 
-    let deadline = Instant::now() + Duration::from_millis(max_delay_ms) + Duration::from_secs(60);
-    let (mut late, mut after_deliver_at) = (Vec::new(), Vec::new());
-    let (mut early, mut early_vs_deliver_at) = (0, 0);
-    let mut seen = std::collections::HashSet::new();
-    while seen.len() < tasks {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let Ok(Some((id, at))) = tokio::time::timeout(remaining, arrivals.recv()).await else {
-            break;
-        };
-        let Some(task) = submitted.get(&id) else {
-            continue;
-        };
-        if !seen.insert(id) {
-            continue;
+/// Tasks submitted for a precision run, to be received.
+struct Measured<'a> {
+    label: &'a str,
+    submitted: &'a HashMap<String, Submitted>,
+    /// The longest to wait for all of them.
+    wait: Duration,
+    due_per_sec: f64,
+}
+
+impl Measured<'_> {
+    /// Receives every task once: how early and how late each was.
+    async fn receive(
+        self,
+        sut: &ServiceUnderTest,
+        arrivals: &mut mpsc::UnboundedReceiver<(String, i64)>,
+        progress: &ProgressBar,
+    ) -> Precision {
+        let Measured {
+            label,
+            submitted,
+            wait,
+            due_per_sec,
+        } = self;
+        let tasks = submitted.len();
+        progress.set_message(format!("{label}: waiting for deliveries"));
+
+        let deadline = Instant::now() + wait;
+        let (mut late, mut after_deliver_at) = (Vec::new(), Vec::new());
+        let (mut early, mut early_vs_deliver_at) = (0, 0);
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < tasks {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let Ok(Some((id, at))) = tokio::time::timeout(remaining, arrivals.recv()).await else {
+                break;
+            };
+            let Some(task) = submitted.get(&id) else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            progress.inc(1);
+            if at < task.requested_due_us {
+                early += 1;
+            }
+            if at < task.deliver_at_us {
+                early_vs_deliver_at += 1;
+            }
+            late.push((at - task.requested_due_us) as f64 / 1000.0);
+            after_deliver_at.push((at - task.deliver_at_us) as f64 / 1000.0);
         }
-        progress.inc(1);
-        if at < task.requested_due_us {
-            early += 1;
+        late.sort_by(f64::total_cmp);
+        after_deliver_at.sort_by(f64::total_cmp);
+        Precision {
+            unit_ms: sut.cascade.unit_ms(),
+            queue_type: sut.cascade.queue_type().as_str().to_owned(),
+            release_stage: sut.cascade.release_stage(),
+            label: label.to_owned(),
+            tasks,
+            received: seen.len(),
+            due_per_sec,
+            early,
+            early_vs_deliver_at,
+            late_p50_ms: quantile(&late, 0.5),
+            late_p90_ms: quantile(&late, 0.9),
+            late_p99_ms: quantile(&late, 0.99),
+            late_max_ms: late.last().copied().unwrap_or(f64::NAN),
+            after_deliver_at_p50_ms: quantile(&after_deliver_at, 0.5),
+            after_deliver_at_p99_ms: quantile(&after_deliver_at, 0.99),
+            mean_hops: None,
+            lateness_ms: late,
         }
-        if at < task.deliver_at_us {
-            early_vs_deliver_at += 1;
-        }
-        late.push((at - task.requested_due_us) as f64 / 1000.0);
-        after_deliver_at.push((at - task.deliver_at_us) as f64 / 1000.0);
     }
-    late.sort_by(f64::total_cmp);
-    after_deliver_at.sort_by(f64::total_cmp);
-    Ok(Precision {
-        unit_ms: sut.cascade.unit_ms(),
-        queue_type: sut.cascade.queue_type().as_str().to_owned(),
-        release_stage: sut.cascade.release_stage(),
-        label: label.to_owned(),
-        tasks,
-        received: seen.len(),
-        due_per_sec: tasks as f64 / (span as f64 / 1000.0),
-        early,
-        early_vs_deliver_at,
-        late_p50_ms: quantile(&late, 0.5),
-        late_p90_ms: quantile(&late, 0.9),
-        late_p99_ms: quantile(&late, 0.99),
-        late_max_ms: late.last().copied().unwrap_or(f64::NAN),
-        after_deliver_at_p50_ms: quantile(&after_deliver_at, 0.5),
-        after_deliver_at_p99_ms: quantile(&after_deliver_at, 0.99),
-        lateness_ms: late,
-    })
+}
+
+/// `tasks` tasks falling due at `due_per_sec`, all submitted (in batches,
+/// by absolute `deliver_at`) before the first is due: the lateness of a
+/// steady due rate, without ingest competing for the machine.
+pub async fn paced(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    label: &str,
+    tasks: usize,
+    due_per_sec: f64,
+    progress: &ProgressBar,
+) -> anyhow::Result<Precision> {
+    let destination = format!("paced-{label}");
+    let mut arrivals = consume(sut, &destination, amqp_uri).await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let url = format!("{}/v1/tasks/batch", sut.base);
+    progress.set_length(tasks as u64);
+    progress.set_position(0);
+    progress.set_message(format!("{label}: submitting"));
+    // Submission runs at a few thousand tasks/s: it ends before the first is due.
+    let first_due_us = (now_us() + 4_000_000 + tasks as i64 * 400) / 1000 * 1000;
+    // Whole milliseconds: what `deliver_at` states.
+    let due_us = |n: usize| first_due_us + (n as f64 * 1e3 / due_per_sec) as i64 * 1000;
+    let batches: Vec<Vec<usize>> = (0..tasks)
+        .collect::<Vec<_>>()
+        .chunks(500)
+        .map(<[usize]>::to_vec)
+        .collect();
+    let answers = futures_util::stream::iter(batches)
+        .map(|batch| {
+            let client = client.clone();
+            let url = url.clone();
+            let destination = destination.clone();
+            async move {
+                let body: Vec<_> = batch
+                    .iter()
+                    .map(|&n| {
+                        let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(due_us(n)) * 1000)
+                            .expect("a time")
+                            .format(&time::format_description::well_known::Rfc3339)
+                            .expect("formats");
+                        serde_json::json!({"destination": destination, "deliver_at": at, "id": format!("{destination}-{n}")})
+                    })
+                    .collect();
+                let response = client.post(&url).json(&serde_json::json!({"tasks": body})).send().await.ok()?;
+                let answer: serde_json::Value = response.json().await.ok()?;
+                let results = answer["results"].as_array()?.clone();
+                Some(batch.into_iter().zip(results).collect::<Vec<_>>())
+            }
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
+    let mut submitted = HashMap::new();
+    for (n, result) in answers.into_iter().flatten().flatten() {
+        let Some(deliver_at) = result["task"]["deliver_at"].as_str() else {
+            continue;
+        };
+        let deliver_at = time::OffsetDateTime::parse(
+            deliver_at,
+            &time::format_description::well_known::Rfc3339,
+        )?;
+        let id = result["task"]["id"].as_str().unwrap_or_default().to_owned();
+        let requested_due_us = due_us(n);
+        submitted.insert(
+            id,
+            Submitted {
+                requested_due_us,
+                deliver_at_us: (deliver_at.unix_timestamp_nanos() / 1000) as i64,
+            },
+        );
+    }
+    if submitted.len() != tasks {
+        bail!(
+            "{} of {tasks} paced tasks were not accepted",
+            tasks - submitted.len()
+        );
+    }
+    if now_us() > first_due_us {
+        bail!("submitting took longer than planned: the first tasks were due before all were sent");
+    }
+    let wait =
+        Duration::from_micros((due_us(tasks) - now_us()).max(0) as u64) + Duration::from_secs(60);
+    let measured = Measured {
+        label,
+        submitted: &submitted,
+        wait,
+        due_per_sec,
+    };
+    Ok(measured.receive(sut, &mut arrivals, progress).await)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -376,12 +527,19 @@ pub async fn burst(
         })
         .collect();
     let unit_us = sut.cascade.unit_ms() as i64 * 1000;
+    let holds = sut.cascade.holds();
     let (accepted, hops): (usize, u64) = futures_util::stream::iter(batches)
         .map(|batch| {
             let client = client.clone();
             let url = url.clone();
             async move {
-                let units = ((due_us - now_us()).max(0) as u64).div_ceil(unit_us as u64);
+                // Rounded up, or down where the release stage holds the rest.
+                let remaining_us = (due_us - now_us()).max(0) as u64;
+                let units = if holds {
+                    remaining_us / unit_us as u64
+                } else {
+                    remaining_us.div_ceil(unit_us as u64)
+                };
                 let Ok(response) = client.post(&url).json(&batch).send().await else {
                     return (0, 0);
                 };

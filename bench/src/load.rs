@@ -7,7 +7,6 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use delayline::broker::connect;
 use delayline::cascade::Cascade;
-use delayline::message::properties_of;
 use delayline::task::Task;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
@@ -169,7 +168,8 @@ pub async fn raw_amqp(
         (0..1024)
             .map(|n| {
                 let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
-                let mut properties = properties_of(&task);
+                // What the service sends: with its hold stamp where the chain holds.
+                let mut properties = delayline::message::of_task(&task).properties;
                 if let RawTarget::Ingress(_) = target {
                     properties = plugin_properties(&task);
                 }

@@ -50,10 +50,17 @@ struct Args {
     /// Publishing channels, for both the raw ceiling and the service.
     #[arg(long, default_value_t = 4)]
     channels: usize,
-    /// Only these phases (ingest, routing, precision, drain, overload,
+    /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
+    /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
+    /// all by default.
+    #[arg(long, value_delimiter = ',')]
+    hold_chains: Vec<String>,
+    /// The hold phase's steady due rates (tasks/s), each for 20 s (4 s with --quick).
+    #[arg(long, value_delimiter = ',', default_values_t = [250.0, 500.0, 1000.0])]
+    hold_rates: Vec<f64>,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
     /// `+auth` (`sqlite+auth`) requires a token on every request.
     #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
@@ -289,6 +296,7 @@ async fn main() -> anyhow::Result<()> {
                 queue_type: QueueType::Quorum,
                 store: Store::None,
                 release_stage: false,
+                precision_ms: None,
                 auth: false,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
@@ -322,6 +330,7 @@ async fn main() -> anyhow::Result<()> {
                 queue_type: QueueType::Quorum,
                 store: Store::Sqlite,
                 release_stage,
+                precision_ms: None,
                 auth: false,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
@@ -360,6 +369,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    if run("hold") {
+        hold_phase(&args, &mut results).await?;
+    }
+
     if run("drain") {
         let tasks = if args.quick { 2_000 } else { 20_000 };
         // The cascade alone (both queue types), then the default ledger with
@@ -376,6 +389,7 @@ async fn main() -> anyhow::Result<()> {
                 queue_type,
                 store: store.clone(),
                 release_stage,
+                precision_ms: None,
                 auth: false,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
@@ -394,8 +408,13 @@ async fn main() -> anyhow::Result<()> {
         // The cascade alone (quorum, no ledger): its dead-letter rate sizes
         // the default cascade for other delay mixes.
         if let Some(cascade) = results.drain.first() {
-            let unit_ms = delayline::cascade::CascadeSettings::default().unit_ms;
-            results.capacity = capacity::size(unit_ms, cascade.hops_per_sec);
+            // The default chain, with its release stage: held, a unit's lead.
+            let default = delayline::cascade::CascadeSettings {
+                release_stage: Some(true),
+                ..delayline::cascade::CascadeSettings::default()
+            }
+            .validate()?;
+            results.capacity = capacity::size_on(&default, cascade.hops_per_sec);
         }
     }
 
@@ -478,6 +497,69 @@ async fn main() -> anyhow::Result<()> {
 
 /// Redraws the throughput plot of an earlier run (lateness samples are not
 /// kept in results.json, so its lateness plots stay as they were drawn).
+/// Issue 31: the same tasks at about 1,000 due/s on the default ledger and
+/// release stage, three ways: today's 100 ms unit rounding up, a 1 s unit
+/// rounding up, and a 1 s unit whose release stage holds the rest. Then
+/// the burst drain of the first and the last, for their due rates.
+async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
+    let delays = if args.quick {
+        Delays {
+            tasks: 2_000,
+            min_ms: 3_000,
+            max_ms: 5_000,
+        }
+    } else {
+        Delays {
+            tasks: 20_000,
+            min_ms: 8_000,
+            max_ms: 28_000,
+        }
+    };
+    let configs = [
+        ("hold-100ms-up", 100, 100),
+        ("hold-1s-up", 1000, 1000),
+        ("hold-1s-hold", 1000, 1),
+    ];
+    for (label, unit_ms, precision_ms) in configs {
+        if !args.hold_chains.is_empty() && !args.hold_chains.iter().any(|c| c == label) {
+            continue;
+        }
+        let setup = Setup {
+            levels: 20,
+            unit_ms,
+            queue_type: QueueType::Quorum,
+            store: Store::Sqlite,
+            release_stage: true,
+            precision_ms: Some(precision_ms),
+            auth: false,
+        };
+        let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
+        let progress = bar(&format!("hold {label}"));
+        let mut precision =
+            delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
+        precision.mean_hops = Some(delivery::mean_hops(delays, &sut.cascade));
+        results.precision.push(precision);
+        // A steady due rate with nothing else on the machine.
+        for &rate in &args.hold_rates {
+            let paced = format!("{label}-paced-{rate}");
+            let tasks = (rate * if args.quick { 4.0 } else { 20.0 }) as usize;
+            let precision =
+                delivery::paced(&mut sut, &args.amqp_uri, &paced, tasks, rate, &progress).await?;
+            results.precision.push(precision);
+        }
+        progress.finish_and_clear();
+        if label != "hold-1s-up" {
+            let tasks = if args.quick { 2_000 } else { 20_000 };
+            let progress = bar(&format!("drain ({label})"));
+            let drain = delivery::burst(&mut sut, &args.amqp_uri, label, tasks, &progress).await?;
+            progress.finish_and_clear();
+            results.drain.push(drain);
+        }
+        sut.stop().await?;
+    }
+    Ok(())
+}
+
 fn replot(out: &std::path::Path) -> anyhow::Result<()> {
     #[derive(serde::Deserialize)]
     struct Earlier {

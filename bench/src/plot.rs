@@ -27,7 +27,16 @@ pub fn write_plots(
         .iter()
         .cloned()
         .partition(|p| p.label.starts_with(BACKLOG_LABEL));
+    // Issue 31's three chains, side by side.
+    let (hold, others): (Vec<Precision>, Vec<Precision>) = others
+        .into_iter()
+        .partition(|p| p.label.starts_with(HOLD_LABEL));
     for (name, title, set) in [
+        (
+            "hold-lateness.png",
+            "Lateness at 1,000 due/s: 100 ms unit, 1 s unit, 1 s unit + hold (CDF)",
+            hold,
+        ),
         (
             "lateness.png",
             "Delivery lateness after the requested time (CDF)",
@@ -48,6 +57,8 @@ pub fn write_plots(
 
 /// Labels of the backlog phase's precision measurements start with this.
 pub const BACKLOG_LABEL: &str = "backlog-";
+/// Labels of the hold phase's precision measurements start with this.
+pub const HOLD_LABEL: &str = "hold-";
 
 pub fn throughput(
     path: &Path,

@@ -80,6 +80,8 @@ pub struct Setup {
     pub queue_type: QueueType,
     pub store: Store,
     pub release_stage: bool,
+    /// `cascade.precision_ms`: unset follows the product's default.
+    pub precision_ms: Option<u64>,
     /// Tokens on: one client that may submit anywhere.
     pub auth: bool,
 }
@@ -94,6 +96,7 @@ impl Setup {
             unit_ms: default.unit_ms,
             queue_type: default.queue_type,
             release_stage: store != Store::None,
+            precision_ms: default.precision_ms,
             store,
             auth: false,
         }
@@ -108,6 +111,7 @@ impl ServiceUnderTest {
             queue_type,
             ref store,
             release_stage,
+            precision_ms,
             auth,
         } = *setup;
         if release_stage && *store == Store::None {
@@ -123,6 +127,8 @@ impl ServiceUnderTest {
             business_exchange: format!("bench-{id}.business"),
             release_stage: Some(release_stage),
             delivery_key: delayline::cascade::DeliveryKey::Destination,
+            precision_ms,
+            ..CascadeSettings::default()
         }
         .validate()?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -188,6 +194,10 @@ impl ServiceUnderTest {
             .env(
                 "DELAYLINE__CASCADE__RELEASE_STAGE",
                 cascade.release_stage().to_string(),
+            )
+            .env(
+                "DELAYLINE__CASCADE__PRECISION_MS",
+                cascade.precision_ms().to_string(),
             )
             .env("DELAYLINE__CASCADE__PREFIX", cascade.prefix())
             .env(

@@ -598,12 +598,15 @@ impl Mover<'_> {
                 let now_ms = epoch_ms(SystemTime::now());
                 match self.new.reschedule(key, *levels, deliver_at, now_ms) {
                     Ok(route) => {
-                        if route.delay_units == 0 {
+                        // Due already (not merely within the new chain's release lead).
+                        if route.delay_ms == 0 {
                             self.report.overdue += 1;
                         } else {
                             self.report.rescheduled += 1;
                         }
-                        let properties = message::republished(&delivery.properties);
+                        // Stamped afresh: another chain, another least time.
+                        let now = crate::clock::read();
+                        let properties = message::restamped(&delivery.properties, &route, &now);
                         (route.entry_exchange, route.routing_key, properties)
                     }
                     Err(reason) => {

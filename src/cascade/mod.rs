@@ -42,6 +42,7 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
         business_exchange: "biz".into(),
         release_stage: None,
         delivery_key: DeliveryKey::Destination,
+        ..CascadeSettings::default()
     }
     .validate()
     .expect("valid test cascade")

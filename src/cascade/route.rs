@@ -14,8 +14,19 @@ pub struct Route {
     /// stage (when on) or the business exchange.
     pub entry_exchange: String,
     pub delay_units: u64,
-    /// `delay_units * unit_ms`: the requested delay rounded up to the unit.
+    /// The delay granted: the requested delay rounded up to the precision
+    /// (`delay_units * unit_ms + hold_ms`).
     pub delay_ms: u64,
+    /// What the release stage holds the task for after its `delay_units`:
+    /// below one unit plus the release lead, and only in a chain that holds
+    /// (see [`Cascade::holds`]).
+    pub hold_ms: u64,
+    /// The release stage holds the message until its due time: it is
+    /// published with a stamp saying when that is
+    /// ([`crate::message::HOLD_HEADER`]).
+    pub held: bool,
+    /// The chain's unit: `delay_units` of it are spent in the levels.
+    pub unit_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,15 +88,31 @@ impl Cascade {
         let unit_ns = u128::from(self.unit_ms()) * 1_000_000;
         let units = delay.as_nanos().div_ceil(unit_ns);
         if units > u128::from(self.max_delay_units()) {
-            return Err(RouteError::DelayTooLong {
-                requested_ms: delay.as_nanos().div_ceil(1_000_000),
-                max_ms: self.max_delay_ms(),
-                levels: self.levels(),
-                unit_ms: self.unit_ms(),
-            });
+            return Err(self.too_long(delay));
         }
         // Bounded by max_delay_units above, which is a u64.
         Ok(units as u64)
+    }
+
+    /// Rounds `delay` UP to the precision, in milliseconds: a task is never
+    /// early. At most the chain's longest delay.
+    pub fn delay_ms(&self, delay: Duration) -> Result<u64, RouteError> {
+        let precision_ns = u128::from(self.precision_ms()) * 1_000_000;
+        let ms = delay.as_nanos().div_ceil(precision_ns) * u128::from(self.precision_ms());
+        if ms > u128::from(self.max_delay_ms()) {
+            return Err(self.too_long(delay));
+        }
+        // Bounded by max_delay_ms above, which is a u64.
+        Ok(ms as u64)
+    }
+
+    fn too_long(&self, delay: Duration) -> RouteError {
+        RouteError::DelayTooLong {
+            requested_ms: delay.as_nanos().div_ceil(1_000_000),
+            max_ms: self.max_delay_ms(),
+            levels: self.levels(),
+            unit_ms: self.unit_ms(),
+        }
     }
 
     /// Plans the route of a task: validates the destination, rounds the delay up
@@ -100,8 +127,38 @@ impl Cascade {
                 max,
             });
         }
-        let delay_units = self.delay_units(delay)?;
-        Ok(self.route_units(delay_units, destination))
+        if !self.holds() {
+            let delay_units = self.delay_units(delay)?;
+            return Ok(self.route_units(delay_units, destination));
+        }
+        // Whole units in the levels, the release stage holds it for what
+        // remains (see `held_units`).
+        let delay_ms = self.delay_ms(delay)?;
+        let delay_units = self.held_units(delay_ms);
+        Ok(Route {
+            delay_ms,
+            hold_ms: delay_ms - delay_units * self.unit_ms(),
+            held: true,
+            ..self.route_units(delay_units, destination)
+        })
+    }
+
+    /// The units a held task of `delay_ms` spends in the levels: enough
+    /// fewer than its delay to reach the release stage the release lead
+    /// early, so that the broker's transit is absorbed by the hold, unless
+    /// that would cost a hop (a set digit) more than rounding down: then
+    /// rounded down, reaching the stage its remainder early. So a held task
+    /// never takes more hops than the coarse unit rounding down, and a
+    /// fixed delay of whole units (24 h is 86,400 s, 5 set digits; 86,399
+    /// has 11) keeps its few.
+    fn held_units(&self, delay_ms: u64) -> u64 {
+        let rounded_down = delay_ms / self.unit_ms();
+        let with_lead = delay_ms.saturating_sub(self.release_lead_ms()) / self.unit_ms();
+        if with_lead.count_ones() <= rounded_down.count_ones() {
+            with_lead
+        } else {
+            rounded_down
+        }
     }
 
     /// The route of a delay already expressed in units (`<= max_delay_units`),
@@ -128,6 +185,9 @@ impl Cascade {
             entry_exchange,
             delay_units,
             delay_ms: delay_units * self.unit_ms(),
+            hold_ms: 0,
+            held: false,
+            unit_ms: self.unit_ms(),
         }
     }
 

@@ -98,7 +98,9 @@ impl QueueType {
 pub struct CascadeSettings {
     /// Number of levels L; the longest delay is 2^L - 1 units.
     pub levels: u32,
-    /// The unit in milliseconds; every delay is rounded up to a whole number of units.
+    /// The unit in milliseconds: a task spends whole units in the levels
+    /// (rounded up without the release stage; with it, the release stage
+    /// holds the rest, see `precision_ms`).
     pub unit_ms: u64,
     pub queue_type: QueueType,
     /// Prefix of every level exchange and queue name.
@@ -123,19 +125,47 @@ pub struct CascadeSettings {
     /// every task released from then on, and a chain migrated to another
     /// version is delivered by the new chain's setting.
     pub delivery_key: DeliveryKey,
+    /// The granularity delays are honoured to, in milliseconds. Below the
+    /// unit, a task is routed by its delay rounded *down* to the unit and
+    /// the release stage holds it for what remains (see
+    /// `crate::scheduler::hold`). Unset: 1 with the release stage, the unit
+    /// without it (every delay rounded up to the unit). Not part of the
+    /// broker's objects: it takes effect when delayline restarts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision_ms: Option<u64>,
+    /// In a chain that holds: how long before its due time a task reaches
+    /// the release stage at the least, so that the cascade's own transit
+    /// (the broker's dead-lettering, slower under load) is absorbed by the
+    /// hold instead of making the task late. Unset: one unit. A task then
+    /// arrives between this and this plus one unit early.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_lead_ms: Option<u64>,
+    /// Most due messages the release stage holds at once (its prefetch,
+    /// beyond what it is releasing). It holds every task falling due within
+    /// one unit: at least the peak due rate per second times the unit in
+    /// seconds. Past it, due messages wait in the release queue: late, never
+    /// lost.
+    pub hold_limit: u32,
 }
 
 impl Default for CascadeSettings {
     fn default() -> Self {
         Self {
-            levels: 32,
-            unit_ms: 100,
+            // One-second units, held to the millisecond by the release
+            // stage: fewer hops per task than 100 ms units, so more due
+            // tasks per second, and more precise (BENCHMARKS.md, issue 31).
+            // 29 levels: the most a 1 s unit allows (about 17 years).
+            levels: 29,
+            unit_ms: 1000,
             queue_type: QueueType::Quorum,
             prefix: "delayline".to_owned(),
             version: 1,
             business_exchange: "delayline.business".to_owned(),
             release_stage: None,
             delivery_key: DeliveryKey::Destination,
+            precision_ms: None,
+            release_lead_ms: None,
+            hold_limit: 20_000,
         }
     }
 }
@@ -160,7 +190,28 @@ pub enum SettingsError {
     },
     #[error("cascade.{field} {reason}")]
     InvalidName { field: &'static str, reason: String },
+    #[error(
+        "cascade.precision_ms = {precision_ms} must be at least 1 and at most unit_ms ({unit_ms})"
+    )]
+    PrecisionOutOfRange { precision_ms: u64, unit_ms: u64 },
+    #[error(
+        "cascade.precision_ms = {precision_ms} is finer than unit_ms = {unit_ms} and needs the \
+         release stage, which holds each task for what remains below the unit; without it every \
+         delay is rounded up to the unit (leave precision_ms unset)"
+    )]
+    PrecisionNeedsRelease { precision_ms: u64, unit_ms: u64 },
+    #[error("cascade.hold_limit must be between 1 and {MAX_HOLD_LIMIT}")]
+    HoldLimit,
+    #[error("cascade.release_lead_ms must be at most {MAX_RELEASE_LEAD_MS} (one hour)")]
+    ReleaseLead,
 }
+
+/// The largest `hold_limit`: a channel's prefetch is a 16-bit number, and
+/// the release stage's own windows take part of it.
+pub const MAX_HOLD_LIMIT: u32 = 60_000;
+
+/// The longest `release_lead_ms`: a task held longer is better kept by the broker.
+pub const MAX_RELEASE_LEAD_MS: u64 = 3_600_000;
 
 /// Validated cascade settings. Holding one proves every level's TTL and every
 /// object name is acceptable to the broker.
@@ -202,6 +253,7 @@ impl CascadeSettings {
                 hint,
             });
         }
+        self.check_precision()?;
         check_name("prefix", &self.prefix)?;
         check_name("business_exchange", &self.business_exchange)?;
         // The longest derived names must still be valid AMQP short strings.
@@ -217,6 +269,37 @@ impl CascadeSettings {
             &unroutable_queue_name(business, version),
         )?;
         Ok(Cascade { settings: self })
+    }
+}
+
+impl CascadeSettings {
+    fn check_precision(&self) -> Result<(), SettingsError> {
+        if self.hold_limit == 0 || self.hold_limit > MAX_HOLD_LIMIT {
+            return Err(SettingsError::HoldLimit);
+        }
+        if self
+            .release_lead_ms
+            .is_some_and(|lead| lead > MAX_RELEASE_LEAD_MS)
+        {
+            return Err(SettingsError::ReleaseLead);
+        }
+        let Some(precision_ms) = self.precision_ms else {
+            return Ok(());
+        };
+        let unit_ms = self.unit_ms;
+        if precision_ms == 0 || precision_ms > unit_ms {
+            return Err(SettingsError::PrecisionOutOfRange {
+                precision_ms,
+                unit_ms,
+            });
+        }
+        if precision_ms < unit_ms && self.release_stage != Some(true) {
+            return Err(SettingsError::PrecisionNeedsRelease {
+                precision_ms,
+                unit_ms,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -288,6 +371,37 @@ impl Cascade {
         }
     }
 
+    /// The granularity delays are honoured to (see
+    /// [`CascadeSettings::precision_ms`]): 1 ms by default with the release
+    /// stage, the unit without it.
+    pub fn precision_ms(&self) -> u64 {
+        match self.settings.precision_ms {
+            Some(precision_ms) => precision_ms,
+            None if self.release_stage() => 1,
+            None => self.unit_ms(),
+        }
+    }
+
+    /// Whether tasks are routed by their delay rounded down to the unit and
+    /// held by the release stage for the rest.
+    pub fn holds(&self) -> bool {
+        self.precision_ms() < self.unit_ms()
+    }
+
+    /// How long before its due time a held task reaches the release stage
+    /// at the least: one unit unless set; 0 in a chain that does not hold.
+    pub fn release_lead_ms(&self) -> u64 {
+        if !self.holds() {
+            return 0;
+        }
+        self.settings.release_lead_ms.unwrap_or(self.unit_ms())
+    }
+
+    /// Most due messages the release stage holds at once.
+    pub fn hold_limit(&self) -> u32 {
+        self.settings.hold_limit
+    }
+
     /// 2^L - 1: every digit of the routing key set.
     pub fn max_delay_units(&self) -> u64 {
         // levels <= 39 after validation, so this cannot overflow.
@@ -317,10 +431,54 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid_and_reach_over_thirteen_years() {
+    fn defaults_are_valid_and_reach_over_seventeen_years() {
         let cascade = CascadeSettings::default().validate().unwrap();
-        assert_eq!(cascade.max_delay_ms(), 429_496_729_500);
-        assert!(cascade.max_delay_ms() > 13 * 365 * 24 * 3600 * 1000);
+        assert_eq!(cascade.max_delay_ms(), 536_870_911_000);
+        assert!(cascade.max_delay_ms() > 17 * 365 * 24 * 3600 * 1000);
+        assert_eq!(
+            max_levels_for_unit(cascade.unit_ms()),
+            Some(cascade.levels())
+        );
+    }
+
+    #[test]
+    fn a_precision_below_the_unit_needs_the_release_stage() {
+        let precise = |release_stage, precision_ms| {
+            CascadeSettings {
+                release_stage: Some(release_stage),
+                precision_ms,
+                ..CascadeSettings::default()
+            }
+            .validate()
+        };
+        // Unset: to the millisecond with the stage, the unit without.
+        assert_eq!(precise(true, None).unwrap().precision_ms(), 1);
+        assert!(precise(true, None).unwrap().holds());
+        assert_eq!(precise(false, None).unwrap().precision_ms(), 1000);
+        assert!(!precise(false, None).unwrap().holds());
+        assert_eq!(precise(false, None).unwrap().release_lead_ms(), 0);
+        assert_eq!(precise(true, None).unwrap().release_lead_ms(), 1000);
+        assert!(matches!(
+            precise(false, Some(10)),
+            Err(SettingsError::PrecisionNeedsRelease { .. })
+        ));
+        assert!(precise(false, Some(1000)).is_ok());
+        for out_of_range in [0, 1001] {
+            assert!(matches!(
+                precise(true, Some(out_of_range)),
+                Err(SettingsError::PrecisionOutOfRange { .. })
+            ));
+        }
+        let unbounded = CascadeSettings {
+            hold_limit: 0,
+            ..CascadeSettings::default()
+        };
+        assert_eq!(unbounded.validate(), Err(SettingsError::HoldLimit));
+        let far = CascadeSettings {
+            release_lead_ms: Some(MAX_RELEASE_LEAD_MS + 1),
+            ..CascadeSettings::default()
+        };
+        assert_eq!(far.validate(), Err(SettingsError::ReleaseLead));
     }
 
     #[test]

@@ -190,6 +190,7 @@ mod tests {
                 levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: "biz".into(),
                 release_stage: Some(release_stage),
                 delivery_key: if digits { DeliveryKey::Digits } else { DeliveryKey::Destination },
+                ..CascadeSettings::default()
             };
             let fits = max_levels_for_unit(unit_ms).is_some_and(|max| levels <= max);
             let Ok(c) = settings.validate() else {
@@ -206,7 +207,7 @@ mod tests {
                 Ok(route) => {
                     let effective = Duration::from_millis(route.delay_ms);
                     prop_assert!(effective >= requested, "early");
-                    prop_assert!(effective < requested + Duration::from_millis(unit_ms));
+                    prop_assert!(effective < requested + Duration::from_millis(c.precision_ms()));
                     prop_assert!(route.routing_key.len() <= 255);
                     // A consumer's binding matches what is delivered, whichever key.
                     let delivered = c.delivered_routing_key(&route.routing_key);
@@ -217,12 +218,15 @@ mod tests {
                     let plan = c.plan();
                     let arrivals = Simulator::new(&plan).publish(&route.entry_exchange, &route.routing_key);
                     // With the release stage, a task arrives in the release
-                    // queue (where delayline takes it) instead of at the business exchange.
+                    // queue (where delayline takes it, and holds it for the
+                    // rest of its delay) instead of at the business exchange.
                     let due = if release_stage { c.release_queue() } else { "biz".to_owned() };
+                    prop_assert!(route.held || route.hold_ms == 0);
+                    prop_assert!(release_stage || !route.held);
                     prop_assert_eq!(arrivals, vec![Arrival {
                         exchange: due,
                         routing_key: route.routing_key.clone(),
-                        elapsed_ms: route.delay_ms,
+                        elapsed_ms: route.delay_ms - route.hold_ms,
                     }]);
                 }
             }

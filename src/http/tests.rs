@@ -354,12 +354,25 @@ async fn a_move_is_a_new_revision_published_with_its_revision() {
     assert_eq!(moved.status, StatusCode::OK, "{}", moved.text);
     assert_eq!(moved.body["revision"], 2);
     assert_eq!(moved.body["state"], "scheduled");
-    // Rounded up to the 100 ms unit, never early.
-    assert_eq!(moved.body["delay_ms"], 300);
+    // Held to the millisecond by the release stage, never early: one unit
+    // in the levels (a unit's lead left), the rest held, with a stamp
+    // saying when it is due.
+    assert_eq!(moved.body["delay_ms"], 250);
+    assert!(
+        moved.body["routing_key"]
+            .as_str()
+            .unwrap()
+            .ends_with("0.1.d")
+    );
     assert_eq!(harness.broker.published(), 2);
     assert_eq!(harness.published_revision(1), Some(2));
     // The new copy keeps payload, headers and destination.
     let copy = harness.broker.published.lock().unwrap()[1].clone();
+    let stamp = crate::message::Stamp::read(&copy.properties).expect("a hold stamp");
+    assert!(
+        stamp.own_hold_us() > 100_000 && stamp.own_hold_us() <= 151_000,
+        "{stamp:?}"
+    );
     assert_eq!(copy.payload, br#"{"n":1}"#);
     assert!(copy.routing_key.ends_with(".d"));
 

@@ -259,9 +259,11 @@ mod tests {
         assert_eq!(task.id, "m-1");
         assert!(task.client_id && taken.fingerprint.is_some());
         assert_eq!(task.destination, "eu.order");
-        // 55 ms rounded up to the 10 ms unit: never early.
-        assert_eq!(task.route.delay_ms, 60);
-        assert_eq!(task.deliver_at_ms, NOW_MS + 60);
+        // 55 ms: four 10 ms units in the levels, 15 ms held by the release
+        // stage (a unit's lead, and the 5 ms below the unit).
+        assert_eq!(task.route.delay_ms, 55);
+        assert_eq!((task.route.delay_units, task.route.hold_ms), (4, 15));
+        assert_eq!(task.deliver_at_ms, NOW_MS + 55);
         let message = message::of_task(task);
         let released = message::released(
             &message.routing_key,
@@ -288,6 +290,9 @@ mod tests {
             Some(&AMQPValue::LongString("someone".into()))
         );
         assert!(!headers.contains_key(message::DELIVERY_KEY_HEADER));
+        // The stamp it waited with is delayline's, not the consumer's.
+        assert!(message::Stamp::read(&message.properties).is_some());
+        assert!(!headers.contains_key(message::HOLD_HEADER));
         assert_eq!(
             headers.get(message::DELIVER_TO_HEADER),
             Some(&AMQPValue::LongString("orders".into()))

@@ -2,7 +2,8 @@
 //! task may not set. A leaf: task validation reads it without depending on
 //! how messages are built.
 
-/// The delay granted, in milliseconds (the request rounded up to the unit).
+/// The delay granted, in milliseconds (the request rounded up to the
+/// chain's precision).
 pub const DELAY_HEADER: &str = "x-delay-ms";
 /// Epoch milliseconds before which the message is never delivered.
 pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
@@ -77,6 +78,7 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower == DELIVER_AT_HEADER
         || lower == REVISION_HEADER
         || INGRESS_HEADERS.contains(&lower.as_str())
+        || lower == super::HOLD_HEADER
         || lower == SCHEDULE_HEADER
         || lower == OCCURRENCE_HEADER
         || is_dead_letter_header(name)

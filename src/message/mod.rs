@@ -21,6 +21,7 @@ use crate::task::{FieldValue, Task};
 
 mod headers;
 mod plugin;
+mod stamp;
 
 pub use headers::{
     DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
@@ -28,6 +29,7 @@ pub use headers::{
     USER_ID_HEADER, is_dead_letter_header, is_reserved_header, is_routing_header,
 };
 pub use plugin::{BadDelay, Due, PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER, due};
+pub use stamp::{HOLD_HEADER, Stamp};
 
 /// A message ready to publish: owned, because the publish outlives its caller
 /// when the broker is slow to confirm.
@@ -39,26 +41,40 @@ pub struct Message {
     pub properties: BasicProperties,
 }
 
-/// The message of a task, to its entry exchange.
+/// The message of a task, to its entry exchange, sent now: the one place a
+/// message is stamped with this process's clocks (see [`Stamp`]).
 pub fn of_task(task: &Task) -> Message {
+    of_task_at(task, &crate::clock::read())
+}
+
+/// [`of_task`], sent at `now`.
+pub fn of_task_at(task: &Task, now: &crate::clock::Reading) -> Message {
+    let stamp = task
+        .route
+        .held
+        .then(|| Stamp::new(&task.route, task.deliver_at_ms, now));
     Message {
         exchange: task.route.entry_exchange.clone(),
         routing_key: task.route.routing_key.clone(),
         payload: task.payload.clone(),
-        properties: properties_of(task),
+        properties: properties_of(task, stamp.as_ref()),
     }
 }
 
 /// A task's message properties, as consumers see them (see the module's
-/// documentation). A message taken in over AMQP keeps its own properties;
-/// delayline's headers are added to its headers.
-pub fn properties_of(task: &Task) -> BasicProperties {
+/// documentation), with its hold stamp while it waits. A message taken in
+/// over AMQP keeps its own properties; delayline's headers are added to
+/// its headers.
+pub fn properties_of(task: &Task, stamp: Option<&Stamp>) -> BasicProperties {
     let mut headers = FieldTable::default();
     match &task.carried {
-        // As the client encoded them: `task.headers` is only a copy.
+        // As the client encoded them: `task.headers` is only a copy. A hold
+        // stamp is delayline's alone to write.
         Some(carried) => {
             for (name, value) in carried.headers().iter().flat_map(|h| h.inner()) {
-                headers.insert(name.clone(), value.clone());
+                if !name.as_str().eq_ignore_ascii_case(HOLD_HEADER) {
+                    headers.insert(name.clone(), value.clone());
+                }
             }
         }
         None => {
@@ -71,6 +87,9 @@ pub fn properties_of(task: &Task) -> BasicProperties {
     headers.insert(DELAY_HEADER.into(), as_i64(task.granted_delay_ms()));
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
     headers.insert(REVISION_HEADER.into(), as_i64(task.revision));
+    if let Some(stamp) = stamp {
+        headers.insert(HOLD_HEADER.into(), stamp.value());
+    }
     if let Some(exchange) = &task.exchange {
         let exchange = AMQPValue::LongString(LongString::from(exchange.as_str()));
         headers.insert(DELIVER_TO_HEADER.into(), exchange);
@@ -196,7 +215,10 @@ pub fn released(
     let expiration = text_header(properties, EXPIRATION_HEADER);
     // The exchange stays named: a message parked in the unroutable queue
     // goes back there (`requeue-unroutable`).
-    let mut kept = without_headers(properties, &[DELIVERY_KEY_HEADER, EXPIRATION_HEADER]);
+    let mut kept = without_headers(
+        properties,
+        &[DELIVERY_KEY_HEADER, EXPIRATION_HEADER, HOLD_HEADER],
+    );
     if let Some(expiration) = expiration {
         kept = kept.with_expiration(expiration.as_str().into());
     }
@@ -357,6 +379,24 @@ fn field_value(value: &AMQPValue) -> Option<FieldValue> {
 /// task's own headers.
 pub fn republished(properties: &BasicProperties) -> BasicProperties {
     with_headers(properties, &[])
+}
+
+/// [`republished`] into another chain by `route`: its old hold stamp
+/// replaced by one of `now` (another chain, another least time), or
+/// removed when the new chain does not hold.
+pub fn restamped(
+    properties: &BasicProperties,
+    route: &crate::cascade::Route,
+    now: &crate::clock::Reading,
+) -> BasicProperties {
+    let kept = without_headers(properties, &[HOLD_HEADER]);
+    let Some(deliver_at_ms) = deliver_at_ms(properties).filter(|_| route.held) else {
+        return kept;
+    };
+    let mut headers = kept.headers().clone().unwrap_or_default();
+    let stamp = Stamp::new(route, deliver_at_ms, now);
+    headers.insert(HOLD_HEADER.into(), stamp.value());
+    kept.with_headers(headers)
 }
 
 /// As [`republished`], for the poison queue: with the routing key it had

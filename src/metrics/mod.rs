@@ -106,6 +106,9 @@ pub struct Metrics {
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
     pub release_queue_messages: Gauge,
     pub delivery_lateness: Histogram,
+    /// Due messages the release stage holds until their time (a chain that holds).
+    pub release_held: Gauge,
+    pub release_hold: Histogram,
     pub tasks_delivered: Counter,
     pub tasks_cancelled: Counter,
     pub tasks_rescheduled: Counter,
@@ -268,12 +271,26 @@ impl Metrics {
              or the business exchange is slow to confirm",
             release_queue_messages.clone(),
         );
-        // 1 ms to about 65 s.
-        let delivery_lateness = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        // 0.25 ms to about 65 s.
+        let delivery_lateness = Histogram::new(exponential_buckets(0.000_25, 2.0, 19));
         registry.register(
             "delivery_lateness_seconds",
             "From a task's deliver_at to the business exchange's confirm of its release",
             delivery_lateness.clone(),
+        );
+        let release_held = Gauge::default();
+        registry.register(
+            "release_held",
+            "Due messages the release stage holds, unacknowledged, until their time \
+             (at most cascade.hold_limit)",
+            release_held.clone(),
+        );
+        // 1 ms to about 65 s.
+        let release_hold = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        registry.register(
+            "release_hold_seconds",
+            "How long the release stage held each due message before releasing it",
+            release_hold.clone(),
         );
         let tasks_delivered = Counter::default();
         registry.register(
@@ -410,6 +427,8 @@ impl Metrics {
             retired_chain_messages,
             release_queue_messages,
             delivery_lateness,
+            release_held,
+            release_hold,
             tasks_delivered,
             tasks_cancelled,
             tasks_rescheduled,

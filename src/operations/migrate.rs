@@ -218,7 +218,7 @@ mod tests {
 
         let example = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/delayline.example.toml");
         let by_file = old_chain(example, &new).unwrap();
-        assert_eq!((by_file.version, by_file.levels), (1, Some(32)));
+        assert_eq!((by_file.version, by_file.levels), (1, Some(29)));
 
         let missing = old_chain("no-such.toml", &new).unwrap_err().to_string();
         assert!(missing.contains("--from no-such.toml"), "{missing}");

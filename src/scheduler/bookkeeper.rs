@@ -231,6 +231,7 @@ impl Bookkeeper {
                 metrics: self.metrics.clone(),
                 in_flight: Default::default(),
                 exchanges: Default::default(),
+                offsets: Default::default(),
             };
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),
@@ -485,7 +486,7 @@ impl Bookkeeper {
 }
 
 /// The task of a stored (pending) row, routed by what remains of its delay
-/// at `now_ms`, rounded up to the unit so it is never early; a task already
+/// at `now_ms`, routed as a new task (held, or rounded up) so it is never early; a task already
 /// due goes straight to the business exchange. The error says why the row
 /// can never be published.
 fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, String> {

@@ -21,6 +21,7 @@
 
 mod bookkeeper;
 mod broker;
+pub mod hold;
 mod recurring;
 mod release;
 

@@ -2,7 +2,11 @@
 //! to the business exchange.
 //!
 //! Level 0 of the cascade dead-letters into the release queue, which every
-//! replica consumes (competing consumers). For each window of due messages:
+//! replica consumes (competing consumers). In a chain that holds
+//! (`cascade.precision_ms` below the unit), a message arrives up to a unit
+//! early and waits, unacknowledged, for its time ([`super::hold`]): a
+//! cancel or a move until then still applies, and a replica that dies
+//! gives what it held back to the queue. For each group of due messages:
 //! 1. the ledger is asked, in one transaction, about all of them: a task that
 //!    is neither cancelled nor delivered, in the revision its message carries,
 //!    becomes `releasing` (from then on a cancel is too late);
@@ -33,8 +37,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::broker::Broker;
+use super::hold::Offsets;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::Cascade;
+use crate::clock;
 use crate::ledger::{Finding, Ledger};
 use crate::message;
 use crate::metrics::Metrics;
@@ -163,6 +169,58 @@ pub(super) struct Releaser {
     pub metrics: Arc<Metrics>,
     pub in_flight: InFlight,
     pub exchanges: SeenExchanges,
+    /// What this replica knows of the clocks of replicas whose held
+    /// messages it releases.
+    pub offsets: Arc<std::sync::Mutex<Offsets>>,
+}
+
+/// How the release queue is consumed: four windows at once, or in a chain
+/// that holds, enough more for `hold_limit` messages held.
+fn release_limits(hold_limit: Option<u32>) -> ConsumeLimits {
+    let held_windows = hold_limit.map_or(0, |limit| limit.div_ceil(u32::from(RELEASE_WINDOW)));
+    ConsumeLimits {
+        window: RELEASE_WINDOW,
+        windows: RELEASE_WINDOWS.saturating_add(u16::try_from(held_windows).unwrap_or(u16::MAX)),
+    }
+}
+
+/// A window's held messages, counted in `release_held` until released or
+/// given back.
+struct Held<'a> {
+    metrics: &'a Metrics,
+    arrived_us: u64,
+    count: i64,
+}
+
+impl<'a> Held<'a> {
+    fn new(metrics: &'a Metrics, targets: &[u64], arrived_us: u64) -> Self {
+        let count = targets.iter().filter(|&&at| at > arrived_us).count();
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        metrics.release_held.inc_by(count);
+        Held {
+            metrics,
+            arrived_us,
+            count,
+        }
+    }
+
+    /// Messages due by `targets` released at `now_us`.
+    fn released(&mut self, targets: impl Iterator<Item = u64>, now_us: u64) {
+        for target in targets.filter(|&at| at > self.arrived_us) {
+            let held_us = now_us
+                .saturating_sub(self.arrived_us)
+                .max(target - self.arrived_us);
+            self.metrics.release_hold.observe(held_us as f64 / 1e6);
+            self.metrics.release_held.dec();
+            self.count -= 1;
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.metrics.release_held.dec_by(self.count);
+    }
 }
 
 /// Exchanges other than the business exchange seen to exist, and when.
@@ -244,19 +302,20 @@ impl Drop for Entered<'_> {
 }
 
 impl Releaser {
-    /// Releases due tasks until `shutdown`, several windows at once.
+    /// Releases due tasks until `shutdown`, several windows at once. In a
+    /// chain that holds, every window waits for its messages' times: as
+    /// many windows are out as the hold limit allows.
     pub async fn run(self, shutdown: CancellationToken) {
-        let limits = ConsumeLimits {
-            window: RELEASE_WINDOW,
-            windows: RELEASE_WINDOWS,
-        };
+        let holds = self.cascade.holds();
+        let limits = release_limits(holds.then(|| self.cascade.hold_limit()));
         let windows = self
             .broker
             .consume(self.cascade.release_queue(), limits, shutdown.clone());
+        let concurrency = (!holds).then_some(usize::from(RELEASE_WINDOWS));
         windows
             .into_stream()
-            .for_each_concurrent(usize::from(RELEASE_WINDOWS), |window| async {
-                let settles = self.release(&window.messages).await;
+            .for_each_concurrent(concurrency, |window| async {
+                let settles = self.release_in_time(&window.messages, &shutdown).await;
                 let retry = settles.contains(&Settle::Requeue);
                 window.settle(settles);
                 if retry {
@@ -320,8 +379,60 @@ impl Releaser {
         }
     }
 
-    /// One window: how to settle each of its messages.
-    async fn release(&self, messages: &[Inbound]) -> Vec<Settle> {
+    /// One window, each message released at its time (see [`super::hold`]): those
+    /// due together in one claim. What `shutdown` finds still held goes
+    /// back to the queue, for another replica to hold.
+    async fn release_in_time(
+        &self,
+        messages: &[Inbound],
+        shutdown: &CancellationToken,
+    ) -> Vec<Settle> {
+        let arrived_us = clock::mono_us();
+        let targets = self.release_times(messages, arrived_us);
+        let mut order: Vec<usize> = (0..messages.len()).collect();
+        order.sort_by_key(|&i| targets[i]);
+        let mut held = Held::new(&self.metrics, &targets, arrived_us);
+        let mut settles = vec![Settle::Requeue; messages.len()];
+        let mut next = 0;
+        while next < order.len() {
+            let wait_us = targets[order[next]].saturating_sub(clock::mono_us());
+            if wait_us > 0 {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_micros(wait_us)) => {}
+                }
+            }
+            let now_us = clock::mono_us();
+            let end = next + order[next..].partition_point(|&i| targets[i] <= now_us);
+            let due = &order[next..end.max(next + 1)];
+            held.released(due.iter().map(|&i| targets[i]), now_us);
+            let batch: Vec<&Inbound> = due.iter().map(|&i| &messages[i]).collect();
+            for (&i, settle) in due.iter().zip(self.release(&batch).await) {
+                settles[i] = settle;
+            }
+            next += due.len();
+        }
+        settles
+    }
+
+    /// When to release each message, by this process's monotonic clock:
+    /// on arrival unless it carries a hold stamp.
+    fn release_times(&self, messages: &[Inbound], arrived_us: u64) -> Vec<u64> {
+        let mut offsets = self
+            .offsets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        messages
+            .iter()
+            .map(|message| match message::Stamp::read(&message.properties) {
+                Some(stamp) => offsets.release_at(&stamp, arrived_us, clock::source()),
+                None => arrived_us,
+            })
+            .collect()
+    }
+
+    /// Some of a window's messages: how to settle each.
+    async fn release(&self, messages: &[&Inbound]) -> Vec<Settle> {
         if !self.broker.status().ready {
             return vec![Settle::Requeue; messages.len()];
         }

@@ -17,7 +17,7 @@ use delayline::broker::{
     content_header_frame_size,
 };
 use delayline::cascade::QueueType;
-use delayline::message::properties_of;
+use delayline::message::of_task;
 use delayline::task::{Task, epoch_ms};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -78,7 +78,7 @@ async fn a_task_the_broker_could_never_take_is_refused_at_admission() {
     let size_of = |body: &Value| {
         let task =
             Task::parse(body.to_string().as_bytes(), &app.cascade, SystemTime::now()).unwrap();
-        content_header_frame_size(&properties_of(&task))
+        content_header_frame_size(&of_task(&task).properties)
     };
     // An empty filler header takes its name and framing: what it holds is the rest.
     let filler = limit - size_of(&at_limit(0));

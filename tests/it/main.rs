@@ -19,6 +19,7 @@ mod ledger;
 mod lifecycle;
 mod limits;
 mod migrate;
+mod precision;
 mod provision;
 mod release;
 mod schedules;

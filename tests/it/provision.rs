@@ -290,13 +290,33 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
         );
         String::from_utf8(output.stdout).unwrap()
     };
+    // The default chain holds: 9 units (1001) in the levels, a unit's lead
+    // held by the release stage, as many hops as 10 (1010).
     let route = run(&["route", "--delay", "10s", "--destination", "d"]);
-    assert!(route.contains("routing_key     1.0.1.0.d"), "{route}");
+    assert!(route.contains("routing_key     1.0.0.1.d"), "{route}");
     assert!(
         route.contains("entry_exchange  delayline.v1.level03"),
         "{route}"
     );
     assert!(route.contains("delay_ms        10000"), "{route}");
+    assert!(route.contains("hold_ms         1000"), "{route}");
+    // 12 s (1100) would take a hop more with the lead (11 is 1011): rounded down.
+    let route = run(&["route", "--delay", "12s", "--destination", "d"]);
+    assert!(route.contains("routing_key     1.1.0.0.d"), "{route}");
+    assert!(route.contains("hold_ms         0"), "{route}");
+    // Without the release stage, rounded up to the unit.
+    let stateless = Command::new(env!("CARGO_BIN_EXE_delayline"))
+        .args(["route", "--delay", "9.5s", "--destination", "d"])
+        .env("DELAYLINE__CASCADE__LEVELS", "4")
+        .env("DELAYLINE__STORE__URL", "none")
+        .output()
+        .unwrap();
+    let stateless = String::from_utf8(stateless.stdout).unwrap();
+    assert!(
+        stateless.contains("routing_key     1.0.1.0.d"),
+        "{stateless}"
+    );
+    assert!(stateless.contains("hold_ms         0"), "{stateless}");
     let plan = run(&["provision", "--dry-run"]);
     // Four levels, the unroutable queue and, with the default ledger, the
     // release stage and its notices of unroutable tasks.

@@ -38,7 +38,7 @@ async fn post_task(app: &TestApp, destination: &str, delay_ms: u64) -> Value {
 
 /// `delayline serve` as an operator runs it, expected to stop by itself
 /// (refusing to start): its exit code and what it printed.
-async fn serve_until_it_stops(settings: &Settings) -> (Option<i32>, String) {
+pub(crate) async fn serve_until_it_stops(settings: &Settings) -> (Option<i32>, String) {
     let mut serve = delayline_command(settings, &["serve"]);
     serve.env(
         "DELAYLINE__HTTP__BIND",

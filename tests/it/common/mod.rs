@@ -903,10 +903,25 @@ pub fn serve_command(settings: &Settings, port: u16) -> tokio::process::Command 
 /// `delayline ARGS` configured by the environment with `settings`' broker,
 /// chain and ledger, as an operator would run it.
 pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::Command {
-    let c = &settings.cascade;
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline"));
+    let mut command = configured(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_delayline")),
+        settings,
+    );
+    command.args(args);
     command
-        .args(args)
+}
+
+/// `command` with `settings` in its environment.
+fn configured(
+    mut command: tokio::process::Command,
+    settings: &Settings,
+) -> tokio::process::Command {
+    let c = &settings.cascade;
+    if let Some(precision_ms) = c.precision_ms {
+        command.env("DELAYLINE__CASCADE__PRECISION_MS", precision_ms.to_string());
+    }
+    command
+        .env("DELAYLINE__CASCADE__HOLD_LIMIT", c.hold_limit.to_string())
         .env("DELAYLINE__AMQP__URI", settings.amqp.uri.expose())
         .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
         .env(
