@@ -384,93 +384,86 @@ impl Measured<'_> {
     }
 }
 
-/// `tasks` tasks falling due at `due_per_sec`, all submitted (in batches,
-/// by absolute `deliver_at`) before the first is due: the lateness of a
-/// steady due rate, without ingest competing for the machine.
-pub async fn paced(
+/// A steady state at `rate` tasks/s: submitted at that rate for `seconds`
+/// (in batches every 50 ms, open loop), each due 3-5 s after it is sent,
+/// so that tasks fall due at that rate too, while others keep coming in.
+/// Submitting them all first instead synchronises the levels: every task
+/// with the same high digit expires at once, a burst no steady load makes.
+pub async fn steady(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
     label: &str,
-    tasks: usize,
-    due_per_sec: f64,
+    rate: f64,
+    seconds: f64,
     progress: &ProgressBar,
 ) -> anyhow::Result<Precision> {
-    let destination = format!("paced-{label}");
+    const TICK: Duration = Duration::from_millis(50);
+    let destination = format!("steady-{label}");
     let mut arrivals = consume(sut, &destination, amqp_uri).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let url = format!("{}/v1/tasks/batch", sut.base);
+    let tasks = (rate * seconds) as usize;
     progress.set_length(tasks as u64);
     progress.set_position(0);
-    progress.set_message(format!("{label}: submitting"));
-    // Submission runs at a few thousand tasks/s: it ends before the first is due.
-    let first_due_us = (now_us() + 4_000_000 + tasks as i64 * 400) / 1000 * 1000;
-    // Whole milliseconds: what `deliver_at` states.
-    let due_us = |n: usize| first_due_us + (n as f64 * 1e3 / due_per_sec) as i64 * 1000;
-    let batches: Vec<Vec<usize>> = (0..tasks)
-        .collect::<Vec<_>>()
-        .chunks(500)
-        .map(<[usize]>::to_vec)
-        .collect();
-    let answers = futures_util::stream::iter(batches)
-        .map(|batch| {
-            let client = client.clone();
-            let url = url.clone();
-            let destination = destination.clone();
-            async move {
-                let body: Vec<_> = batch
-                    .iter()
-                    .map(|&n| {
-                        let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(due_us(n)) * 1000)
-                            .expect("a time")
-                            .format(&time::format_description::well_known::Rfc3339)
-                            .expect("formats");
-                        serde_json::json!({"destination": destination, "deliver_at": at, "id": format!("{destination}-{n}")})
-                    })
-                    .collect();
-                let response = client.post(&url).json(&serde_json::json!({"tasks": body})).send().await.ok()?;
-                let answer: serde_json::Value = response.json().await.ok()?;
-                let results = answer["results"].as_array()?.clone();
-                Some(batch.into_iter().zip(results).collect::<Vec<_>>())
-            }
-        })
-        .buffer_unordered(4)
-        .collect::<Vec<_>>()
-        .await;
-    let mut submitted = HashMap::new();
-    for (n, result) in answers.into_iter().flatten().flatten() {
-        let Some(deliver_at) = result["task"]["deliver_at"].as_str() else {
+    progress.set_message(format!("{label}: submitting at {rate}/s"));
+    let mut ticker = tokio::time::interval(TICK);
+    let mut sent = 0usize;
+    let mut batches = Vec::new();
+    let started = Instant::now();
+    while sent < tasks {
+        ticker.tick().await;
+        // As many as the rate says by now: a late tick catches up.
+        let due_by_now = ((started.elapsed().as_secs_f64() + TICK.as_secs_f64()) * rate) as usize;
+        let batch: Vec<usize> = (sent..due_by_now.min(tasks)).collect();
+        sent += batch.len();
+        if batch.is_empty() {
             continue;
-        };
-        let deliver_at = time::OffsetDateTime::parse(
-            deliver_at,
-            &time::format_description::well_known::Rfc3339,
-        )?;
-        let id = result["task"]["id"].as_str().unwrap_or_default().to_owned();
-        let requested_due_us = due_us(n);
-        submitted.insert(
-            id,
-            Submitted {
-                requested_due_us,
-                deliver_at_us: (deliver_at.unix_timestamp_nanos() / 1000) as i64,
-            },
-        );
+        }
+        let client = client.clone();
+        let url = url.clone();
+        let destination = destination.clone();
+        batches.push(tokio::spawn(async move {
+            let delays: Vec<u64> = batch.iter().map(|&n| 3_000 + (n as u64 * 104_729) % 2_000).collect();
+            let body: Vec<_> = batch
+                .iter()
+                .zip(&delays)
+                .map(|(&n, delay_ms)| serde_json::json!({"destination": destination, "delay_ms": delay_ms, "id": format!("{destination}-{n}")}))
+                .collect();
+            let before_us = now_us();
+            let response = client.post(&url).json(&serde_json::json!({"tasks": body})).send().await.ok()?;
+            let answer: serde_json::Value = response.json().await.ok()?;
+            let results = answer["results"].as_array()?.clone();
+            let mut submitted = Vec::new();
+            for (delay_ms, result) in delays.iter().zip(results) {
+                let deliver_at = result["task"]["deliver_at"].as_str()?;
+                let deliver_at = time::OffsetDateTime::parse(deliver_at, &time::format_description::well_known::Rfc3339).ok()?;
+                let id = result["task"]["id"].as_str()?.to_owned();
+                let task = Submitted {
+                    // Sent no earlier than this: the requested time is no earlier.
+                    requested_due_us: before_us + *delay_ms as i64 * 1000,
+                    deliver_at_us: (deliver_at.unix_timestamp_nanos() / 1000) as i64,
+                };
+                submitted.push((id, task));
+            }
+            Some(submitted)
+        }));
+    }
+    let mut submitted = HashMap::new();
+    for batch in batches {
+        submitted.extend(batch.await?.unwrap_or_default());
     }
     if submitted.len() != tasks {
         bail!(
-            "{} of {tasks} paced tasks were not accepted",
+            "{} of {tasks} steady tasks were not accepted",
             tasks - submitted.len()
         );
     }
-    if now_us() > first_due_us {
-        bail!("submitting took longer than planned: the first tasks were due before all were sent");
-    }
-    let wait =
-        Duration::from_micros((due_us(tasks) - now_us()).max(0) as u64) + Duration::from_secs(60);
+    let wait = Duration::from_secs(70);
     let measured = Measured {
         label,
         submitted: &submitted,
         wait,
-        due_per_sec,
+        due_per_sec: rate,
     };
     Ok(measured.receive(sut, &mut arrivals, progress).await)
 }

@@ -61,6 +61,9 @@ struct Args {
     /// The hold phase's steady due rates (tasks/s), each for 20 s (4 s with --quick).
     #[arg(long, value_delimiter = ',', default_values_t = [250.0, 500.0, 1000.0])]
     hold_rates: Vec<f64>,
+    /// The hold phase's steady runs only (no spread, no drain).
+    #[arg(long)]
+    hold_steady_only: bool,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
     /// `+auth` (`sqlite+auth`) requires a token on every request.
     #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
@@ -535,20 +538,23 @@ async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
         };
         let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
         let progress = bar(&format!("hold {label}"));
-        let mut precision =
-            delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
-        precision.mean_hops = Some(delivery::mean_hops(delays, &sut.cascade));
-        results.precision.push(precision);
-        // A steady due rate with nothing else on the machine.
+        if !args.hold_steady_only {
+            let mut precision =
+                delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
+            precision.mean_hops = Some(delivery::mean_hops(delays, &sut.cascade));
+            results.precision.push(precision);
+        }
+        // Steady states: tasks coming in and falling due at the same rate.
         for &rate in &args.hold_rates {
-            let paced = format!("{label}-paced-{rate}");
-            let tasks = (rate * if args.quick { 4.0 } else { 20.0 }) as usize;
+            let steady = format!("{label}-steady-{rate}");
+            let seconds = if args.quick { 4.0 } else { 20.0 };
             let precision =
-                delivery::paced(&mut sut, &args.amqp_uri, &paced, tasks, rate, &progress).await?;
+                delivery::steady(&mut sut, &args.amqp_uri, &steady, rate, seconds, &progress)
+                    .await?;
             results.precision.push(precision);
         }
         progress.finish_and_clear();
-        if label != "hold-1s-up" {
+        if label != "hold-1s-up" && !args.hold_steady_only {
             let tasks = if args.quick { 2_000 } else { 20_000 };
             let progress = bar(&format!("drain ({label})"));
             let drain = delivery::burst(&mut sut, &args.amqp_uri, label, tasks, &progress).await?;
