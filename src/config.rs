@@ -96,6 +96,7 @@ pub struct AmqpSettings {
     /// connects to the first that answers and moves on when it is lost.
     pub uri: Secret,
     /// Channels publishes are spread over; confirms are pipelined on each.
+    /// With two or more, the first is the release stage's alone.
     pub publish_channels: usize,
     /// How long a publish waits for the broker's confirm: then the task is
     /// answered `pending` and its confirm still awaited (with a ledger), or
@@ -144,7 +145,7 @@ impl Default for AmqpSettings {
     fn default() -> Self {
         Self {
             uri: Secret::from("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            publish_channels: 4,
+            publish_channels: 5,
             confirm_timeout_ms: 10_000,
             reconnect_max_backoff_ms: 5_000,
             connect_timeout_ms: 3_000,

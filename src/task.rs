@@ -443,6 +443,15 @@ pub fn epoch_ms(time: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// The whole millisecond at or after `time`: where a delay asked for at
+/// `time` starts, so that its `deliver_at` is never before the moment
+/// asked for, even by the fraction of a millisecond the clock had run.
+pub fn epoch_ms_ceil(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// RFC 3339 in UTC with exactly three digits of milliseconds, so that
 /// times sort and align as text: `2026-11-22T14:05:00.060Z`.
 const MILLIS_RFC3339: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
@@ -514,9 +523,10 @@ pub fn fingerprint(body: &[u8]) -> Result<String, TaskError> {
 
 impl TaskRequest<'_> {
     fn validate(self, cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
-        // The delay starts at the whole millisecond before `now`, so that
-        // `deliver_at_ms` is a bound the broker can only meet late, never early.
-        let accepted_at_ms = epoch_ms(now);
+        // The delay starts at the whole millisecond at or after `now`: then
+        // `deliver_at_ms` is no earlier than `now` plus the delay, and the
+        // message, published later still, meets it late, never early.
+        let accepted_at_ms = epoch_ms_ceil(now);
         let delay = self.requested_delay(accepted_at_ms)?;
         let route = cascade.route(delay, &self.destination).map_err(|error| {
             let field = match error {
@@ -641,7 +651,7 @@ pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskErr
         &request.delay_ms,
         &request.delay,
         &request.deliver_at,
-        epoch_ms(now),
+        epoch_ms_ceil(now),
     )?;
     let field = match (&request.delay_ms, &request.delay) {
         (Some(_), _) => "/delay_ms",
@@ -830,6 +840,25 @@ mod tests {
         Task::parse(body.as_bytes(), &cascade(), now())
     }
 
+    proptest::proptest! {
+        /// `deliver_at` is never before the moment asked for: the instant
+        /// the request was taken plus its delay, to the nanosecond.
+        #[test]
+        fn deliver_at_is_never_before_now_plus_the_delay(
+            now_ns in 1_700_000_000_000_000_000u64..1_800_000_000_000_000_000,
+            delay_ms in 0u64..25_000,
+        ) {
+            let now = UNIX_EPOCH + Duration::from_nanos(now_ns);
+            let body = format!(r#"{{"destination":"a.b","delay_ms":{delay_ms}}}"#);
+            let task = Task::parse(body.as_bytes(), &cascade(), now).unwrap();
+            proptest::prop_assert!(
+                u128::from(task.deliver_at_ms) * 1_000_000
+                    >= u128::from(now_ns) + u128::from(delay_ms) * 1_000_000
+            );
+            proptest::prop_assert!(task.accepted_at_ms * 1_000_000 < now_ns + 1_000_000);
+        }
+    }
+
     #[test]
     fn json_payload_is_delivered_as_its_bytes() {
         let task =
@@ -838,11 +867,12 @@ mod tests {
         assert_eq!(task.content_type, "application/json");
         assert_eq!(task.route.delay_ms, 200);
         assert_eq!(task.route.routing_key, "0.0.0.0.0.0.1.0.a.b");
-        assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
-        assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
+        // From the whole millisecond after `now`: never before now + 200 ms.
+        assert_eq!(task.accepted_at_ms, 1_767_225_600_251);
+        assert_eq!(task.deliver_at_ms, 1_767_225_600_451);
         assert_eq!(
             task.accepted(TaskState::Scheduled).deliver_at,
-            "2026-01-01T00:00:00.450Z"
+            "2026-01-01T00:00:00.451Z"
         );
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());
     }

@@ -9,7 +9,10 @@
 //!
 //! Publishes are spread over several channels and never wait for one another:
 //! each awaits only its own confirm, so confirms are pipelined and throughput
-//! grows with the number of concurrent requests.
+//! grows with the number of concurrent requests. With two channels or more,
+//! the first carries only due tasks ([`Publisher::publish_due`]): a task
+//! released at its millisecond does not queue in a channel's mailbox behind
+//! a batch of new tasks on their way into the cascade.
 //!
 //! What one message can do to the others is bounded:
 //! - A message whose properties cannot fit the negotiated frame (the content
@@ -185,6 +188,25 @@ impl LateConfirm {
                 refused: false,
             })
         })
+    }
+}
+
+/// Which of a session's channels a publish takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// New tasks, retries, copies: any channel but the first, in turn.
+    Intake,
+    /// Tasks released when due: the first channel, theirs alone.
+    Due,
+}
+
+impl Lane {
+    /// The channel of `channels` for the `turn`th publish.
+    fn channel(self, turn: usize, channels: usize) -> usize {
+        match (self, channels) {
+            (_, 0 | 1) | (Lane::Due, _) => 0,
+            (Lane::Intake, _) => 1 + turn % (channels - 1),
+        }
     }
 }
 
@@ -397,14 +419,23 @@ impl Publisher {
     /// broker owns the message; the whole call takes at most the confirm
     /// timeout, after which the publish goes on as a [`LateConfirm`].
     pub async fn publish_bounded(&self, message: Message) -> Result<Published, PublishError> {
+        self.publish_on(Lane::Intake, message).await
+    }
+
+    /// As [`Publisher::publish_bounded`], on the channel kept for due tasks.
+    pub async fn publish_due(&self, message: Message) -> Result<Published, PublishError> {
+        self.publish_on(Lane::Due, message).await
+    }
+
+    async fn publish_on(&self, lane: Lane, message: Message) -> Result<Published, PublishError> {
         let session = self.shared.session.borrow().clone();
         let session = session.ok_or_else(|| self.shared.unavailable())?;
         if let Some(reason) = session.blocked() {
             return Err(PublishError::Blocked(reason));
         }
         fits(&message.properties, self.properties_limit())?;
-        let index =
-            self.shared.next_channel.fetch_add(1, Ordering::Relaxed) % session.channels.len();
+        let turn = self.shared.next_channel.fetch_add(1, Ordering::Relaxed);
+        let index = lane.channel(turn, session.channels.len());
         let channel = session.channel(index, &self.shared.plan).await?;
         let latency = self.shared.options.confirm_latency.clone();
         let mut publish = tokio::spawn(publish_confirmed(channel, message, latency));
@@ -804,6 +835,16 @@ mod tests {
     use lapin::types::{AMQPValue, FieldTable};
 
     use super::*;
+
+    #[test]
+    fn due_tasks_have_the_first_channel_to_themselves_when_there_are_two_or_more() {
+        for turn in 0..10 {
+            assert_eq!(Lane::Due.channel(turn, 4), 0);
+            assert_eq!(Lane::Intake.channel(turn, 4), 1 + turn % 3);
+            assert_eq!(Lane::Intake.channel(turn, 1), 0);
+            assert_eq!(Lane::Due.channel(turn, 1), 0);
+        }
+    }
 
     #[test]
     fn the_frame_size_is_the_size_of_the_frame_sent() {

@@ -35,6 +35,18 @@ pub struct TopologyView {
     /// the stage is on; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub release_queue: Option<String>,
+    /// How close to `deliver_at` a task is delivered, never before it: 1
+    /// when the release stage holds each task to its millisecond, the unit
+    /// when delays are rounded up to it.
+    pub precision_ms: u64,
+    /// When the release stage holds: how long before its time a task
+    /// reaches it at least (`cascade.release_lead_ms`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub release_lead_ms: Option<u64>,
+    /// When the release stage holds: the most tasks it holds at once
+    /// (`cascade.hold_limit`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hold_limit: Option<u32>,
     /// `destination` (a task is delivered with its destination as routing
     /// key) or `digits` (the cascade's digits come first).
     pub delivery_key: String,
@@ -54,6 +66,9 @@ impl TopologyView {
             max_delay_ms: cascade.max_delay_ms(),
             queue_type: cascade.queue_type().as_str().to_owned(),
             release_queue: cascade.release_stage().then(|| cascade.release_queue()),
+            precision_ms: cascade.precision_ms(),
+            release_lead_ms: cascade.holds().then(|| cascade.release_lead_ms()),
+            hold_limit: cascade.holds().then(|| cascade.hold_limit()),
             delivery_key: cascade.delivery_key().as_str().to_owned(),
             binding_key: cascade.binding_key("{destination}"),
             queues: (0..cascade.levels())

@@ -27,6 +27,7 @@
 //! `sql` and the [`Ledger`] handle defined here.
 
 mod admit;
+mod checkpoint;
 mod claim;
 mod cursor;
 mod record;
@@ -311,7 +312,8 @@ fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, LedgerError> 
     connection
         .execute_batch(&format!(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY;"
+             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY; {}",
+            checkpoint::WRITER_NEVER_CHECKPOINTS
         ))
         .map_err(failed)?;
     connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
@@ -389,6 +391,10 @@ pub async fn open(
     };
     ledger.pending_tasks().await?;
     tokio::spawn(ledger.clone().recount_until_closed());
+    if let Pool::Sqlite(pool) = &ledger.pool {
+        let path = pool.connect_options().get_filename().to_owned();
+        tokio::spawn(checkpoint::until_closed(path, ledger.closing.clone()));
+    }
     Ok(Some(ledger))
 }
 

@@ -38,7 +38,7 @@ use crate::cascade::Cascade;
 use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
 use crate::metrics::Metrics;
-use crate::task::{Task, TaskState, epoch_ms};
+use crate::task::{Task, TaskState, epoch_ms, epoch_ms_ceil};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
@@ -176,7 +176,8 @@ impl Bookkeeper {
         if !current.within_scope(owner) {
             return Ok(Reschedule::NotFound);
         }
-        let now_ms = epoch_ms(SystemTime::now());
+        let now = SystemTime::now();
+        let now_ms = epoch_ms(now);
         // The destination never changes, so the route can be planned before
         // the row is changed.
         let route = self
@@ -184,7 +185,8 @@ impl Bookkeeper {
             .route(delay, &current.destination)
             .map_err(ChangeError::Route)?;
         let change = Move {
-            deliver_at_ms: now_ms + route.delay_ms,
+            // From the whole ms at or after now: never before now + delay.
+            deliver_at_ms: epoch_ms_ceil(now) + route.delay_ms,
             delay_ms: route.delay_ms,
             routing_key: route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,

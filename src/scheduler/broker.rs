@@ -25,6 +25,12 @@ pub trait Broker: Send + Sync + 'static {
     /// the confirm timeout; after that the confirm is a [`Published::Late`].
     fn publish_bounded(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>>;
 
+    /// As [`Broker::publish_bounded`], for a task released when due: where
+    /// new tasks' publishes do not delay it.
+    fn publish_due(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>> {
+        self.publish_bounded(message)
+    }
+
     /// A connection of its own, for messages that must be published alone.
     fn isolated(&self) -> Box<dyn PublishAlone>;
 
@@ -55,6 +61,10 @@ impl Broker for Publisher {
 
     fn publish_bounded(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>> {
         Publisher::publish_bounded(self, message).boxed()
+    }
+
+    fn publish_due(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>> {
+        Publisher::publish_due(self, message).boxed()
     }
 
     fn isolated(&self) -> Box<dyn PublishAlone> {

@@ -107,6 +107,24 @@ impl Offsets {
     }
 }
 
+/// A window's messages as claimed together, by their release times
+/// `targets`: indexes in order of time, each group the messages due
+/// within `span_us` of its first. One claim (one ledger commit) per group,
+/// made before the group's first time, keeps the commit off the path
+/// without claiming any message much earlier than its time.
+pub fn claim_groups(targets: &[u64], span_us: u64) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..targets.len()).collect();
+    order.sort_by_key(|&i| targets[i]);
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in order {
+        match groups.last_mut() {
+            Some(group) if targets[i] - targets[group[0]] <= span_us => group.push(i),
+            _ => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
 /// The most two clocks may drift apart over `us`.
 fn drift_over(us: u64) -> u64 {
     us.div_ceil(1_000_000 / DRIFT_PPM)
@@ -193,6 +211,29 @@ mod tests {
     }
 
     proptest! {
+
+        /// Every message is in exactly one group, groups follow one another
+        /// in time, and a group spans at most `span`.
+        #[test]
+        fn claim_groups_cover_each_message_once_in_order_within_the_span(
+            targets in proptest::collection::vec(0u64..50_000, 0..300),
+            span in 0u64..10_000,
+        ) {
+            let groups = claim_groups(&targets, span);
+            let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..targets.len()).collect::<Vec<_>>());
+            for group in &groups {
+                let first = targets[group[0]];
+                prop_assert!(group.iter().all(|&i| targets[i] >= first && targets[i] - first <= span));
+            }
+            for pair in groups.windows(2) {
+                let last = pair[0].iter().map(|&i| targets[i]).max().unwrap_or(0);
+                prop_assert!(targets[pair[1][0]] > last);
+                // Not split needlessly: the next group starts past the span.
+                prop_assert!(targets[pair[1][0]] - targets[pair[0][0]] > span);
+            }
+        }
         /// Whatever the offset of the two clocks (and a rate within the
         /// drift allowed), however late each message, none is released
         /// before it is due by the sender's clock, none is held past its

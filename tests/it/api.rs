@@ -313,7 +313,11 @@ async fn topology_tells_consumers_how_to_bind() {
     assert_eq!(topology["levels"], 4);
     assert_eq!(topology["max_delay_ms"], 3750);
     assert_eq!(topology["queue_type"], "quorum");
-    // Stateless, so no release stage: the digits stay in front.
+    // Stateless, so no release stage: rounded up to the unit, nothing held.
+    assert_eq!(topology["precision_ms"], 250);
+    assert!(topology.get("release_lead_ms").is_none());
+    assert!(topology.get("hold_limit").is_none());
+    // And the digits stay in front.
     assert_eq!(topology["delivery_key"], "digits");
     assert_eq!(topology["binding_key"], "*.*.*.*.{destination}");
     let queues = topology["queues"].as_array().unwrap();

@@ -77,6 +77,11 @@ async fn the_default_chain_delivers_to_the_millisecond_never_early() {
     let unit_ms = CascadeSettings::default().unit_ms;
     let mut app = TestApp::spawn(holding(8, unit_ms, Backend::Sqlite)).await;
     assert!(app.cascade.holds(), "the default chain holds");
+    let (status, topology) = app.get("/v1/topology").await;
+    assert_eq!(status, 200);
+    assert_eq!(topology["precision_ms"], 1, "{topology}");
+    assert_eq!(topology["release_lead_ms"], unit_ms, "{topology}");
+    assert_eq!(topology["hold_limit"], 20_000, "{topology}");
     let key = app.cascade.binding_key("precise");
     let mut consumer = TestConsumer::bind(&mut app, &key).await;
     let mut ids = HashSet::new();

@@ -1,0 +1,113 @@
+//! The SQLite ledger's checkpoints, off the writer's path.
+//!
+//! In WAL mode every commit appends to the write-ahead log, and a checkpoint
+//! copies the log back into the database file. Left to itself, SQLite
+//! checkpoints inside the commit that takes the log past 1,000 pages, on the
+//! committing connection: the group-commit writer's. That commit, and every
+//! write queued behind it (requests, and the release stage's claims of tasks
+//! due in the next milliseconds), then waits for the database file's writes
+//! and fsync: hundreds of milliseconds on a disk the broker is busy with.
+//! So the writer never checkpoints (`wal_autocheckpoint = 0`), and a
+//! connection of its own does, every [`CHECKPOINT_EVERY`], `PASSIVE`: it
+//! takes no lock a writer needs, and copies what no reader still uses.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// How often the log is copied into the database file.
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// What the writer's connection runs so that it never checkpoints itself.
+pub(super) const WRITER_NEVER_CHECKPOINTS: &str = "PRAGMA wal_autocheckpoint = 0;";
+
+/// Checkpoints the ledger at `path` every [`CHECKPOINT_EVERY`] until `closing`.
+pub(super) async fn until_closed(path: PathBuf, closing: CancellationToken) {
+    let mut connection = None;
+    loop {
+        tokio::select! {
+            () = closing.cancelled() => return,
+            () = tokio::time::sleep(CHECKPOINT_EVERY) => {}
+        }
+        let path = path.clone();
+        let taken = connection.take();
+        // Blocking (file writes, fsync): not on the service's workers.
+        let done = tokio::task::spawn_blocking(move || once(taken, &path)).await;
+        match done {
+            Ok(Ok(kept)) => connection = Some(kept),
+            Ok(Err(error)) => warn!(%error, "cannot checkpoint the SQLite ledger; trying again"),
+            Err(error) => warn!(%error, "the SQLite ledger's checkpoint stopped abnormally"),
+        }
+    }
+}
+
+/// One `PASSIVE` checkpoint on `connection` (opened if `None`); the
+/// connection, to keep for the next.
+fn once(
+    connection: Option<rusqlite::Connection>,
+    path: &std::path::Path,
+) -> Result<rusqlite::Connection, rusqlite::Error> {
+    let connection = match connection {
+        Some(connection) => connection,
+        None => rusqlite::Connection::open(path)?,
+    };
+    let started = Instant::now();
+    // (busy, frames in the log, frames copied): a busy checkpoint copies
+    // what it can and the next one goes on.
+    let (busy, logged, copied): (i64, i64, i64) =
+        connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?;
+    debug!(
+        busy,
+        logged,
+        copied,
+        took_ms = started.elapsed().as_millis() as u64,
+        "checkpointed the SQLite ledger"
+    );
+    Ok(connection)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writer's commits leave the log to the checkpointer, which copies
+    /// it all into the database file.
+    #[test]
+    fn the_writer_leaves_the_log_and_a_passive_checkpoint_copies_all_of_it() {
+        let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.db");
+        let writer = rusqlite::Connection::open(&path).unwrap();
+        writer
+            .execute_batch(&format!(
+                "PRAGMA journal_mode = WAL; {WRITER_NEVER_CHECKPOINTS} \
+                 CREATE TABLE t (x BLOB);"
+            ))
+            .unwrap();
+        let page = vec![0u8; 4096];
+        for _ in 0..1500 {
+            writer
+                .execute("INSERT INTO t VALUES (?1)", [&page])
+                .unwrap();
+        }
+        let frames = |connection: &rusqlite::Connection| -> (i64, i64) {
+            connection
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                    Ok((row.get(1)?, row.get(2)?))
+                })
+                .unwrap()
+        };
+        let kept = once(None, &path).unwrap();
+        let (logged, copied) = frames(&kept);
+        // Past SQLite's 1,000 pages, the writer did not checkpoint: the
+        // log holds every commit, and the checkpoint copied all of it.
+        assert!(logged > 1000, "{logged} frames in the log");
+        assert_eq!(logged, copied);
+        drop((kept, writer));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
