@@ -108,6 +108,10 @@ pub struct Precision {
     /// The hops the mix takes on this chain (the hold phase computes it).
     #[serde(default)]
     pub mean_hops: Option<f64>,
+    /// The broker's floor measured alongside (steady runs): the bench's
+    /// own publishes at set moments, under the same load.
+    #[serde(default)]
+    pub floor: Option<crate::floor::Floor>,
     #[serde(skip)]
     pub lateness_ms: Vec<f64>,
 }
@@ -379,6 +383,7 @@ impl Measured<'_> {
             after_deliver_at_p50_ms: quantile(&after_deliver_at, 0.5),
             after_deliver_at_p99_ms: quantile(&after_deliver_at, 0.99),
             mean_hops: None,
+            floor: None,
             lateness_ms: late,
         }
     }
@@ -400,6 +405,18 @@ pub async fn steady(
     const TICK: Duration = Duration::from_millis(50);
     let destination = format!("steady-{label}");
     let mut arrivals = consume(sut, &destination, amqp_uri).await?;
+    // While the tasks fall due (3 to 5 s after they are sent), a tenth as
+    // many publishes of the bench's own at set moments.
+    let floor_rate = (rate / 10.0).max(50.0);
+    let probe = crate::floor::start(
+        sut,
+        amqp_uri,
+        label,
+        Duration::from_secs(4),
+        floor_rate,
+        seconds,
+    )
+    .await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let url = format!("{}/v1/tasks/batch", sut.base);
     let tasks = (rate * seconds) as usize;
@@ -465,7 +482,9 @@ pub async fn steady(
         wait,
         due_per_sec: rate,
     };
-    Ok(measured.receive(sut, &mut arrivals, progress).await)
+    let mut precision = measured.receive(sut, &mut arrivals, progress).await;
+    precision.floor = Some(probe.finish(Duration::from_secs(10)).await?);
+    Ok(precision)
 }
 
 #[derive(Clone, Debug, Serialize)]

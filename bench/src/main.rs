@@ -10,6 +10,7 @@ mod backlog;
 mod capacity;
 mod cpu;
 mod delivery;
+mod floor;
 mod ledger;
 mod load;
 mod plot;
@@ -882,6 +883,14 @@ fn print_report(results: &Results) {
         println!(
             "(lateness in ms relative to the requested time; 'vs due' relative to deliver_at, the time rounded up to the unit)"
         );
+        for p in &results.precision {
+            if let Some(f) = &p.floor {
+                println!(
+                    "{:<14} broker floor ({} of {} timed publishes): p50 {:.1}, p90 {:.1}, p99 {:.1}, max {:.1} ms",
+                    p.label, f.received, f.probes, f.p50_ms, f.p90_ms, f.p99_ms, f.max_ms
+                );
+            }
+        }
     }
     if !results.capacity.is_empty() {
         println!(
