@@ -81,13 +81,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.db");
-        let writer = rusqlite::Connection::open(&path).unwrap();
-        writer
-            .execute_batch(&format!(
-                "PRAGMA journal_mode = WAL; {WRITER_NEVER_CHECKPOINTS} \
-                 CREATE TABLE t (x BLOB);"
-            ))
-            .unwrap();
+        let writer = super::super::open_sqlite_writer(&path).unwrap();
+        writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
         let page = vec![0u8; 4096];
         for _ in 0..1500 {
             writer
