@@ -7,9 +7,17 @@
 //! write queued behind it (requests, and the release stage's claims of tasks
 //! due in the next milliseconds), then waits for the database file's writes
 //! and fsync: hundreds of milliseconds on a disk the broker is busy with.
-//! So the writer never checkpoints (`wal_autocheckpoint = 0`), and a
-//! connection of its own does, every [`CHECKPOINT_EVERY`], `PASSIVE`: it
-//! takes no lock a writer needs, and copies what no reader still uses.
+//! So a connection of its own checkpoints every [`CHECKPOINT_EVERY`],
+//! `PASSIVE`: it takes no lock a writer needs, and copies what no reader
+//! still uses; the database file's writes and fsync are its own.
+//!
+//! That alone would let the log grow for as long as writes never pause: a
+//! log starts over only when a write begins after a checkpoint that copied
+//! all of it, and beside a steady writer a `PASSIVE` checkpoint never gets
+//! to the end. So the writer still checkpoints, past
+//! [`WRITER_CHECKPOINT_PAGES`] (four times SQLite's default): it has only
+//! what came in since the last of those (a quarter second's worth) to copy,
+//! and its next write starts the log over.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,10 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 /// How often the log is copied into the database file.
-pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
-/// What the writer's connection runs so that it never checkpoints itself.
-pub(super) const WRITER_NEVER_CHECKPOINTS: &str = "PRAGMA wal_autocheckpoint = 0;";
+/// Pages of log (4 KiB each) past which the writer checkpoints itself:
+/// the log's bound, 16 MB.
+pub(super) const WRITER_CHECKPOINT_PAGES: u32 = 4_000;
 
 /// Checkpoints the ledger at `path` every [`CHECKPOINT_EVERY`] until `closing`.
 pub(super) async fn until_closed(path: PathBuf, closing: CancellationToken) {
@@ -54,8 +63,8 @@ fn once(
         None => rusqlite::Connection::open(path)?,
     };
     let started = Instant::now();
-    // (busy, frames in the log, frames copied): a busy checkpoint copies
-    // what it can and the next one goes on.
+    // (busy, pages in the log, pages copied): a busy checkpoint copies
+    // what it can, and the next one goes on.
     let (busy, logged, copied): (i64, i64, i64) =
         connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
@@ -83,8 +92,9 @@ mod tests {
         let path = dir.join("ledger.db");
         let writer = super::super::open_sqlite_writer(&path).unwrap();
         writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
-        let page = vec![0u8; 4096];
-        for _ in 0..1500 {
+        // A row a page: past SQLite's 1,000 pages, short of the writer's bound.
+        let page = vec![0u8; 3000];
+        for _ in 0..600 {
             writer
                 .execute("INSERT INTO t VALUES (?1)", [&page])
                 .unwrap();
@@ -101,8 +111,48 @@ mod tests {
         // Past SQLite's 1,000 pages, the writer did not checkpoint: the
         // log holds every commit, and the checkpoint copied all of it.
         assert!(logged > 1000, "{logged} frames in the log");
+        assert!(logged < i64::from(WRITER_CHECKPOINT_PAGES));
         assert_eq!(logged, copied);
         drop((kept, writer));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Under writes that never pause, with the checkpointer beside them,
+    /// the log stays near its bound instead of holding every write (100 MB
+    /// here).
+    #[test]
+    fn the_log_stays_bounded_under_writes_that_never_pause() {
+        let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.db");
+        let writer = super::super::open_sqlite_writer(&path).unwrap();
+        writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
+        let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let checkpointer = {
+            let (path, writing) = (path.clone(), writing.clone());
+            std::thread::spawn(move || {
+                let mut connection = None;
+                while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    connection = Some(once(connection, &path).unwrap());
+                }
+            })
+        };
+        let page = vec![7u8; 4000];
+        for _ in 0..250 {
+            let tx = writer.unchecked_transaction().unwrap();
+            for _ in 0..100 {
+                tx.execute("INSERT INTO t VALUES (?1)", [&page]).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        writing.store(false, std::sync::atomic::Ordering::Relaxed);
+        checkpointer.join().unwrap();
+        let log = std::fs::metadata(dir.join("ledger.db-wal")).unwrap().len();
+        // The bound, and what comes in while a checkpoint runs.
+        let bound = u64::from(WRITER_CHECKPOINT_PAGES) * 4096;
+        assert!(log < 3 * bound, "{log} bytes of log");
+        drop(writer);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -312,8 +312,9 @@ fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, LedgerError> 
     connection
         .execute_batch(&format!(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY; {}",
-            checkpoint::WRITER_NEVER_CHECKPOINTS
+             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY; \
+             PRAGMA wal_autocheckpoint = {};",
+            checkpoint::WRITER_CHECKPOINT_PAGES
         ))
         .map_err(failed)?;
     connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
