@@ -83,16 +83,24 @@ fn once(
 mod tests {
     use super::*;
 
-    /// The writer's commits leave the log to the checkpointer, which copies
-    /// it all into the database file.
-    #[test]
-    fn the_writer_leaves_the_log_and_a_passive_checkpoint_copies_all_of_it() {
+    /// A scratch directory, its ledger file, and the group writer's own
+    /// connection to it (its settings) with a table `t (x BLOB)`.
+    fn writer_of_a_new_ledger() -> (PathBuf, PathBuf, rusqlite::Connection) {
         let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.db");
         let writer = super::super::open_sqlite_writer(&path).unwrap();
         writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
-        // A row a page: past SQLite's 1,000 pages, short of the writer's bound.
+        (dir, path, writer)
+    }
+
+    /// The writer's commits leave the log to the checkpointer, which copies
+    /// it all into the database file.
+    #[test]
+    fn the_writer_leaves_the_log_and_a_passive_checkpoint_copies_all_of_it() {
+        let (dir, path, writer) = writer_of_a_new_ledger();
+        // Rows of most of a page: past SQLite's 1,000 pages of log, short of
+        // the writer's bound.
         let page = vec![0u8; 3000];
         for _ in 0..600 {
             writer
@@ -122,11 +130,7 @@ mod tests {
     /// here).
     #[test]
     fn the_log_stays_bounded_under_writes_that_never_pause() {
-        let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("ledger.db");
-        let writer = super::super::open_sqlite_writer(&path).unwrap();
-        writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
+        let (dir, path, writer) = writer_of_a_new_ledger();
         let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let checkpointer = {
             let (path, writing) = (path.clone(), writing.clone());
