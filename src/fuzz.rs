@@ -146,10 +146,12 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
         asked["destination"].as_str()
     );
     assert!(task.route.routing_key.ends_with(&task.destination));
-    assert_eq!(task.route.delay_ms % 100, 0, "rounded to the unit");
+    // Whole units of quorum queues, less a millisecond a hop.
+    let hops = u64::from(task.route.delay_units.count_ones());
+    assert_eq!(task.route.delay_ms, task.route.delay_units * 100 - hops);
     if let Some(ms) = asked["delay_ms"].as_u64() {
         assert!(task.route.delay_ms >= ms, "never early");
-        assert!(task.route.delay_ms < ms + 100);
+        assert!(task.route.delay_ms < ms + 100 + 32);
     }
     // The properties a publish sends are built without panicking, and
     // every header kept its JSON type as an AMQP value.
@@ -181,7 +183,7 @@ fn body_parsers() -> [(&'static str, BodyParser); 4] {
         ("task", |b| Task::parse(b, &cascade(), now()).map(drop)),
         ("batch", |b| crate::task::parse_batch(b).map(drop)),
         ("reschedule", |b| {
-            crate::task::parse_new_delay(b, now()).map(drop)
+            crate::task::parse_new_delay(b, cascade().delay_start_ms(now())).map(drop)
         }),
         ("cancel", |b| {
             crate::http::changes::parse_cancel(b).map(drop)
@@ -359,11 +361,21 @@ proptest! {
             });
         prop_assert_eq!(units, Some(route.delay_units));
         // Never early: rounded up to the precision; what the levels do not
-        // hold, the release stage holds, and only below one unit.
+        // hold, the release stage holds, and only below one unit. Without
+        // the stage, what the quorum levels are sure to keep: a millisecond
+        // less for each set digit, which may cost up to `levels` ms more.
         let precision_ms = cascade.precision_ms();
+        let hops = digits[..levels as usize].iter().filter(|d| **d == "1").count() as u64;
+        let (lost, slack) = if route.held { (0, 0) } else { (hops, u64::from(levels)) };
         prop_assert!(u128::from(route.delay_ms) * 1_000_000 >= u128::from(delay_ns));
-        prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(precision_ms) * 1_000_000);
-        prop_assert_eq!(route.delay_ms, route.delay_units * unit_ms + route.hold_ms);
+        prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(precision_ms + slack) * 1_000_000);
+        prop_assert_eq!(route.delay_ms, route.delay_units * unit_ms - lost + route.hold_ms);
+        if !route.held && route.delay_units > 0 {
+            // The fewest units that keep it that long.
+            let fewer = route.delay_units - 1;
+            let fewer_keep = fewer * unit_ms - u64::from(fewer.count_ones());
+            prop_assert!(u128::from(fewer_keep) * 1_000_000 < u128::from(delay_ns));
+        }
         prop_assert!(route.hold_ms < unit_ms + cascade.release_lead_ms());
         if route.held {
             // Never more hops than rounding down; and the lead held, unless

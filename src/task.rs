@@ -32,7 +32,8 @@ pub(crate) struct TaskRequest<'a> {
     // reported as a delay out of range, not as a type error.
     /// One of `delay_ms`, `delay`, `deliver_at`: milliseconds from now,
     /// rounded up to the chain's precision (the millisecond with the
-    /// release stage, else the unit).
+    /// release stage, else the unit, and on quorum queues to what the
+    /// levels are sure to keep: see the README's Precision).
     #[schema(value_type = Option<u64>, minimum = 0, example = 90000)]
     delay_ms: Option<serde_json::Number>,
     /// A human duration: `"90s"`, `"1h30m"`, `"2s 500ms"`.
@@ -135,7 +136,8 @@ pub struct Task {
     pub client_id: bool,
     pub destination: String,
     pub route: Route,
-    /// Epoch milliseconds at acceptance, rounded down: the start of the delay.
+    /// Epoch milliseconds at acceptance: the start of the delay
+    /// ([`Cascade::delay_start_ms`]).
     pub accepted_at_ms: u64,
     /// `accepted_at_ms + route.delay_ms`: the earliest moment of delivery.
     pub deliver_at_ms: u64,
@@ -443,15 +445,6 @@ pub fn epoch_ms(time: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// The whole millisecond at or after `time`: where a delay asked for at
-/// `time` starts, so that its `deliver_at` is never before the moment
-/// asked for, even by the fraction of a millisecond the clock had run.
-pub fn epoch_ms_ceil(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 /// RFC 3339 in UTC with exactly three digits of milliseconds, so that
 /// times sort and align as text: `2026-11-22T14:05:00.060Z`.
 const MILLIS_RFC3339: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
@@ -523,10 +516,9 @@ pub fn fingerprint(body: &[u8]) -> Result<String, TaskError> {
 
 impl TaskRequest<'_> {
     fn validate(self, cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
-        // The delay starts at the whole millisecond at or after `now`: then
-        // `deliver_at_ms` is no earlier than `now` plus the delay, and the
-        // message, published later still, meets it late, never early.
-        let accepted_at_ms = epoch_ms_ceil(now);
+        // Where the delay counts from depends on the chain: see
+        // `Cascade::delay_start_ms`.
+        let accepted_at_ms = cascade.delay_start_ms(now);
         let delay = self.requested_delay(accepted_at_ms)?;
         let route = cascade.route(delay, &self.destination).map_err(|error| {
             let field = match error {
@@ -630,10 +622,11 @@ pub struct NewDelay {
     pub field: &'static str,
 }
 
-/// A task's new delay from `now`, from the body of a reschedule: exactly one
-/// of `delay_ms`, `delay` or `deliver_at`, as on submit. Only the due time
-/// of a task can change.
-pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskError> {
+/// A task's new delay from `start_ms` (the chain's
+/// [`Cascade::delay_start_ms`] of now), from the body of a reschedule:
+/// exactly one of `delay_ms`, `delay` or `deliver_at`, as on submit. Only
+/// the due time of a task can change.
+pub fn parse_new_delay(body: &[u8], start_ms: u64) -> Result<NewDelay, TaskError> {
     require_object(body, "", "a new due time: {\"delay_ms\": …}")?;
     let request: RescheduleRequest = deserialize_whole(body).map_err(|error| {
         let unknown = error.inner().to_string().starts_with("unknown field");
@@ -651,7 +644,7 @@ pub fn parse_new_delay(body: &[u8], now: SystemTime) -> Result<NewDelay, TaskErr
         &request.delay_ms,
         &request.delay,
         &request.deliver_at,
-        epoch_ms_ceil(now),
+        start_ms,
     )?;
     let field = match (&request.delay_ms, &request.delay) {
         (Some(_), _) => "/delay_ms",
@@ -827,8 +820,10 @@ fn header_value(name: &str, json: &str) -> Result<FieldValue, TaskError> {
 mod tests {
     use super::*;
 
+    /// Classic queues, whose TTLs are exact: a delay is its units (see
+    /// the proptest below for quorum queues).
     fn cascade() -> Cascade {
-        crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Quorum)
+        crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Classic)
     }
 
     /// 2026-01-01T00:00:00.250Z plus half a millisecond.
@@ -840,22 +835,78 @@ mod tests {
         Task::parse(body.as_bytes(), &cascade(), now())
     }
 
+    /// A chain of `queue_type` that holds (1 ms precision) or not.
+    fn chain(holds: bool, queue_type: crate::cascade::QueueType) -> Cascade {
+        crate::cascade::CascadeSettings {
+            levels: 8,
+            unit_ms: 100,
+            queue_type,
+            release_stage: Some(holds),
+            ..crate::cascade::CascadeSettings::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    /// The soonest, in ns, that a message published at `sent_ns` with
+    /// `routing_key` can leave the levels: each set digit a TTL, less just
+    /// under a millisecond on a quorum queue, which counts whole ms.
+    fn soonest_out_ns(routing_key: &str, cascade: &Cascade, sent_ns: u128) -> u128 {
+        let loss_ns = match cascade.queue_type() {
+            crate::cascade::QueueType::Quorum => 999_999,
+            crate::cascade::QueueType::Classic => 0,
+        };
+        let levels = cascade.levels() as usize;
+        let digits: Vec<&str> = routing_key.split('.').take(levels).collect();
+        let spent: u128 = digits
+            .iter()
+            .enumerate()
+            .filter(|(_, digit)| **digit == "1")
+            .map(|(i, _)| {
+                let level = (levels - 1 - i) as u32;
+                u128::from(cascade.level_ttl_ms(level)) * 1_000_000 - loss_ns
+            })
+            .sum();
+        sent_ns + spent
+    }
+
     proptest::proptest! {
-        /// `deliver_at` is never before the moment asked for: the instant
-        /// the request was taken plus its delay, to the nanosecond.
+        /// No consumer sees a task before the moment asked for (the instant
+        /// the request was taken plus its delay, to the nanosecond), nor
+        /// before its `deliver_at`. A chain that holds releases it at
+        /// `deliver_at` exactly; one that does not lets it out of the levels
+        /// no sooner than the model of the broker's TTLs says, published at
+        /// the instant of the request at the soonest. And the latter takes
+        /// no unit more than that needs.
         #[test]
-        fn deliver_at_is_never_before_now_plus_the_delay(
+        fn no_task_is_seen_before_the_moment_asked_for_or_its_deliver_at(
             now_ns in 1_700_000_000_000_000_000u64..1_800_000_000_000_000_000,
             delay_ms in 0u64..25_000,
+            holds in proptest::bool::ANY,
+            quorum in proptest::bool::ANY,
         ) {
+            use crate::cascade::QueueType;
+            let queue_type = if quorum { QueueType::Quorum } else { QueueType::Classic };
+            let cascade = chain(holds, queue_type);
             let now = UNIX_EPOCH + Duration::from_nanos(now_ns);
+            let asked_ns = u128::from(now_ns) + u128::from(delay_ms) * 1_000_000;
             let body = format!(r#"{{"destination":"a.b","delay_ms":{delay_ms}}}"#);
-            let task = Task::parse(body.as_bytes(), &cascade(), now).unwrap();
-            proptest::prop_assert!(
-                u128::from(task.deliver_at_ms) * 1_000_000
-                    >= u128::from(now_ns) + u128::from(delay_ms) * 1_000_000
-            );
-            proptest::prop_assert!(task.accepted_at_ms * 1_000_000 < now_ns + 1_000_000);
+            let task = Task::parse(body.as_bytes(), &cascade, now).unwrap();
+            let deliver_at_ns = u128::from(task.deliver_at_ms) * 1_000_000;
+            let accepted_ns = i128::from(task.accepted_at_ms) * 1_000_000;
+            proptest::prop_assert!((accepted_ns - i128::from(now_ns)).abs() < 1_000_000);
+            if holds {
+                proptest::prop_assert!(task.route.held);
+                proptest::prop_assert!(deliver_at_ns >= asked_ns);
+            } else {
+                let out_ns = soonest_out_ns(&task.route.routing_key, &cascade, now_ns.into());
+                proptest::prop_assert!(out_ns >= asked_ns, "out {} < asked {}", out_ns, asked_ns);
+                proptest::prop_assert!(deliver_at_ns <= out_ns, "deliver_at {} > out {}", deliver_at_ns, out_ns);
+                if let Some(fewer) = task.route.delay_units.checked_sub(1) {
+                    let fewer = cascade.route_units(fewer, "a.b");
+                    proptest::prop_assert!(soonest_out_ns(&fewer.routing_key, &cascade, now_ns.into()) < asked_ns);
+                }
+            }
         }
     }
 
@@ -867,12 +918,13 @@ mod tests {
         assert_eq!(task.content_type, "application/json");
         assert_eq!(task.route.delay_ms, 200);
         assert_eq!(task.route.routing_key, "0.0.0.0.0.0.1.0.a.b");
-        // From the whole millisecond after `now`: never before now + 200 ms.
-        assert_eq!(task.accepted_at_ms, 1_767_225_600_251);
-        assert_eq!(task.deliver_at_ms, 1_767_225_600_451);
+        // A chain that does not hold counts from the whole ms at or before
+        // `now`: the message cannot leave the levels before now + 200 ms.
+        assert_eq!(task.accepted_at_ms, 1_767_225_600_250);
+        assert_eq!(task.deliver_at_ms, 1_767_225_600_450);
         assert_eq!(
             task.accepted(TaskState::Scheduled).deliver_at,
-            "2026-01-01T00:00:00.451Z"
+            "2026-01-01T00:00:00.450Z"
         );
         assert!(uuid::Uuid::parse_str(&task.id).is_ok());
     }

@@ -1,6 +1,6 @@
 //! From a requested delay and a destination to a routing key and an entry exchange.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::settings::{Cascade, DeliveryKey, MAX_NAME_BYTES};
 
@@ -14,8 +14,10 @@ pub struct Route {
     /// stage (when on) or the business exchange.
     pub entry_exchange: String,
     pub delay_units: u64,
-    /// The delay granted: the requested delay rounded up to the precision
-    /// (`delay_units * unit_ms + hold_ms`).
+    /// The delay granted. In a chain that holds, the requested delay
+    /// rounded up to the precision (`delay_units * unit_ms + hold_ms`); in
+    /// one that does not, what the levels are sure to keep the message for
+    /// ([`Cascade::least_ms`]), at least the delay requested.
     pub delay_ms: u64,
     /// What the release stage holds the task for after its `delay_units`:
     /// below one unit plus the release lead, and only in a chain that holds
@@ -83,15 +85,45 @@ impl Cascade {
         MAX_NAME_BYTES - 2 * self.levels() as usize
     }
 
-    /// Rounds `delay` UP to a whole number of units: a task is never early.
+    /// The fewest whole units the levels are sure to keep a message for
+    /// at least `delay` ([`Cascade::least_ms`]): `delay` rounded UP to the
+    /// unit, and one unit more where a quorum queue's whole milliseconds
+    /// could take that rounding's last millisecond off. A task is never early.
     pub fn delay_units(&self, delay: Duration) -> Result<u64, RouteError> {
         let unit_ns = u128::from(self.unit_ms()) * 1_000_000;
-        let units = delay.as_nanos().div_ceil(unit_ns);
-        if units > u128::from(self.max_delay_units()) {
-            return Err(self.too_long(delay));
+        let delay_ms = delay.as_nanos().div_ceil(1_000_000);
+        let mut units = delay.as_nanos().div_ceil(unit_ns);
+        loop {
+            if units > u128::from(self.max_delay_units()) {
+                return Err(self.too_long(delay));
+            }
+            // Bounded by max_delay_units above, which is a u64.
+            if u128::from(self.least_ms(units as u64)) >= delay_ms {
+                return Ok(units as u64);
+            }
+            units += 1;
         }
-        // Bounded by max_delay_units above, which is a u64.
-        Ok(units as u64)
+    }
+
+    /// The whole millisecond (epoch) a delay asked for at `now` counts
+    /// from; `deliver_at` is that plus the delay granted.
+    ///
+    /// In a chain that holds, the millisecond at or after `now`: the release
+    /// stage publishes at `deliver_at` exactly, so it must not be before
+    /// `now` plus the delay, even by the fraction of a millisecond the clock
+    /// had run. In one that does not, the millisecond at or before `now`:
+    /// the message leaves the levels no sooner than `now` plus what they are
+    /// sure to keep it for, so a `deliver_at` counted from later could fall
+    /// after the message arrives. Both are never early; each is a due time
+    /// the consumer sees no message before.
+    pub fn delay_start_ms(&self, now: SystemTime) -> u64 {
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let ms = if self.holds() {
+            since_epoch.as_nanos().div_ceil(1_000_000)
+        } else {
+            since_epoch.as_millis()
+        };
+        u64::try_from(ms).unwrap_or(u64::MAX)
     }
 
     /// Rounds `delay` UP to the precision, in milliseconds: a task is never
@@ -184,7 +216,9 @@ impl Cascade {
             routing_key,
             entry_exchange,
             delay_units,
-            delay_ms: delay_units * self.unit_ms(),
+            // What the levels are sure to keep it for: granted in a chain
+            // that does not hold (one that holds grants its own).
+            delay_ms: self.least_ms(delay_units),
             hold_ms: 0,
             held: false,
             unit_ms: self.unit_ms(),
@@ -237,8 +271,44 @@ pub fn destination_of(routing_key: &str, levels: u32) -> Option<&str> {
 mod tests {
     use super::*;
 
+    /// Classic queues: their TTLs are exact, so a delay is its units.
     fn cascade(levels: u32, unit_ms: u64) -> Cascade {
+        crate::cascade::for_tests(levels, unit_ms, crate::cascade::QueueType::Classic)
+    }
+
+    fn quorum(levels: u32, unit_ms: u64) -> Cascade {
         crate::cascade::for_tests(levels, unit_ms, crate::cascade::QueueType::Quorum)
+    }
+
+    #[test]
+    fn a_quorum_chain_grants_what_its_levels_keep_less_a_millisecond_a_hop() {
+        let c = quorum(4, 1000);
+        // 10 units keep it for 9,998 ms at the least: one unit more.
+        let ten = c.route(Duration::from_secs(10), "d").unwrap();
+        assert_eq!(ten.routing_key, "1.0.1.1.d");
+        assert_eq!(ten.delay_units, 11);
+        assert_eq!(ten.delay_ms, 10_997);
+        let just_under = c.route(Duration::from_millis(9_998), "d").unwrap();
+        assert_eq!(just_under.routing_key, "1.0.1.0.d");
+        assert_eq!(just_under.delay_ms, 9_998);
+        // The README's figures: 10 s on 100 ms units.
+        let readme = quorum(32, 100).route(Duration::from_secs(10), "d").unwrap();
+        assert_eq!((readme.delay_units, readme.delay_ms), (101, 10_096));
+        let exact = cascade(32, 100)
+            .route(Duration::from_secs(10), "d")
+            .unwrap();
+        assert_eq!((exact.delay_units, exact.delay_ms), (100, 10_000));
+        // The longest: every level, less a millisecond each.
+        let c = quorum(4, 10);
+        assert_eq!(c.max_delay_ms(), 146);
+        let max = c.route(Duration::from_millis(146), "d").unwrap();
+        assert_eq!(max.routing_key, "1.1.1.1.d");
+        assert_eq!(max.delay_ms, 146);
+        let err = c.route(Duration::from_millis(147), "d").unwrap_err();
+        assert!(
+            matches!(err, RouteError::DelayTooLong { max_ms: 146, .. }),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -201,7 +201,8 @@ pub async fn reschedule_task(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Reschedule)?;
-    let new_delay = parse_new_delay(&body, SystemTime::now())?;
+    let start_ms = state.scheduler.cascade().delay_start_ms(SystemTime::now());
+    let new_delay = parse_new_delay(&body, start_ms)?;
     let key = match idempotency_key(headers.get(IDEMPOTENCY_KEY))? {
         None => None,
         Some(key) => Some(ChangeKey {

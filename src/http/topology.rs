@@ -29,6 +29,9 @@ pub struct TopologyView {
     pub unroutable_queue: String,
     pub unit_ms: u64,
     pub levels: u32,
+    /// The longest delay a task is granted; without the release stage, on
+    /// quorum queues, a millisecond less for each level (README, "Without
+    /// the release stage").
     pub max_delay_ms: u64,
     pub queue_type: String,
     /// The release stage's queue (and exchange), where level 0 leads when

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::settings::Ingress;
 use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError, validate_destination};
 use crate::message::{self, BadDelay, Due, PLUGIN_DELAY_HEADER};
-use crate::task::{FieldValue, Task, epoch_ms_ceil};
+use crate::task::{FieldValue, Task};
 
 /// The destination of a task whose routing key cannot be one (empty, as
 /// for a fanout or headers exchange, or with characters a destination may
@@ -72,7 +72,7 @@ pub fn take(
     if !ingress.accepts(routing_key) {
         return Err(Refusal::KeyNotAccepted(routing_key.to_owned()));
     }
-    let accepted_at_ms = epoch_ms_ceil(now);
+    let accepted_at_ms = cascade.delay_start_ms(now);
     let (delay_ms, asked_delay) = match message::due(properties)? {
         Due::In(ms) => (
             ms,

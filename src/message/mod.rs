@@ -532,7 +532,8 @@ mod tests {
         let message = of_task(&task);
         let stamp = TaskStamp::read(&message.routing_key, &message.properties, 8).unwrap();
         assert_eq!(stamp.destination.as_deref(), Some("billing.invoice"));
-        assert_eq!(stamp.delay_ms, Some(250));
+        assert_eq!(stamp.delay_ms, Some(task.granted_delay_ms()));
+        assert!(task.granted_delay_ms() >= 250);
         assert_eq!(stamp.headers.len(), 2);
     }
 

@@ -38,7 +38,7 @@ use crate::cascade::Cascade;
 use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
 use crate::metrics::Metrics;
-use crate::task::{Task, TaskState, epoch_ms, epoch_ms_ceil};
+use crate::task::{Task, TaskState, epoch_ms};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
@@ -185,8 +185,7 @@ impl Bookkeeper {
             .route(delay, &current.destination)
             .map_err(ChangeError::Route)?;
         let change = Move {
-            // From the whole ms at or after now: never before now + delay.
-            deliver_at_ms: epoch_ms_ceil(now) + route.delay_ms,
+            deliver_at_ms: self.cascade.delay_start_ms(now) + route.delay_ms,
             delay_ms: route.delay_ms,
             routing_key: route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,
@@ -592,9 +591,10 @@ mod tests {
     #[test]
     fn rerouting_counts_what_remains_and_is_never_early() {
         let stored = stored(b"hi", 2);
-        // 349 ms of the delay passed in the ledger: 651 ms remain, 700 after rounding up.
+        // 349 ms of the delay passed in the ledger: 651 ms remain; 7 units
+        // of quorum queues keep it 697 ms at the least (a ms a hop).
         let task = reroute(&stored, &cascade(), 10_349).unwrap();
-        assert_eq!(task.route.delay_ms, 700);
+        assert_eq!(task.route.delay_ms, 697);
         assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
         assert_eq!(
             task.granted_delay_ms(),
@@ -615,7 +615,9 @@ mod tests {
         };
         let task = reroute(&moved, &cascade(), 55_100).unwrap();
         assert_eq!(task.granted_delay_ms(), 5_000, "the move's delay");
-        assert_eq!(task.route.delay_ms, 4_900);
+        // 4,900 ms remain: 49 units keep it 4,897 at the least, so 50.
+        assert_eq!(task.route.delay_units, 50);
+        assert_eq!(task.route.delay_ms, 4_997);
         // Overdue: straight to the business exchange.
         let task = reroute(&stored, &cascade(), 11_005).unwrap();
         assert_eq!(task.route.delay_ms, 0);

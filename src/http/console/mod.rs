@@ -463,7 +463,8 @@ async fn reschedule(
     };
     let delay = form.delay.unwrap_or_default();
     let body = serde_json::json!({ "delay": delay }).to_string();
-    let outcome = match crate::task::parse_new_delay(body.as_bytes(), SystemTime::now()) {
+    let start_ms = state.scheduler.cascade().delay_start_ms(SystemTime::now());
+    let outcome = match crate::task::parse_new_delay(body.as_bytes(), start_ms) {
         Ok(new) => super::changes::move_one(&state, &id, new.delay, session.caller.owner_scope())
             .await
             .map(|task| {
