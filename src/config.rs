@@ -231,6 +231,10 @@ pub struct StoreSettings {
     pub retention_ms: u64,
     /// How often rows past their retention are deleted.
     pub prune_interval_ms: u64,
+    /// With the release stage: a task still `scheduled` this long after its
+    /// due time never reached the stage (the broker lost its message) and is
+    /// published again. 0 never does.
+    pub resend_after_ms: u64,
     /// Bytes of the payload kept after publishing, for inspection; 0 keeps none.
     /// Until then the whole payload is kept: the forwarder may need it.
     pub payload_copy_bytes: u32,
@@ -245,6 +249,7 @@ impl Default for StoreSettings {
             max_pending: 100_000,
             retention_ms: 7 * 24 * 3600 * 1000,
             prune_interval_ms: 60_000,
+            resend_after_ms: 60_000,
             payload_copy_bytes: 64 * 1024,
         }
     }

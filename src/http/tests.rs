@@ -128,6 +128,7 @@ fn settings() -> SchedulerSettings {
         misconfiguration_grace: Duration::from_secs(30),
         retention: Duration::from_secs(3600),
         prune_every: Duration::from_secs(3600),
+        resend_after: Duration::from_secs(60),
         schedule_lead: Duration::from_secs(30),
         schedule_poll: Duration::from_secs(1),
     }

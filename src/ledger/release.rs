@@ -1,7 +1,7 @@
 //! What the release stage and the operator's commands record about due
 //! tasks: claims (group-committed, see [`super::claim`]), deliveries,
-//! unroutable releases and their requeue, and which copies a migration must
-//! not deliver.
+//! unroutable releases and their requeue, which copies a migration must
+//! not deliver, and the tasks the release stage never saw.
 
 use std::collections::HashMap;
 
@@ -41,6 +41,29 @@ impl Ledger {
                 (id, keep_from)
             })
             .collect())
+    }
+
+    /// Tasks still `scheduled` that fell due in [`from_ms`, `to_ms`):
+    /// their message never reached the release stage, which marks every
+    /// task it takes. Each becomes `pending` at once (for the forwarder to
+    /// publish again) with `reason` as its last error. Returns their ids.
+    pub async fn resend_unreleased(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        now_ms: u64,
+        reason: &str,
+    ) -> Result<Vec<String>, LedgerError> {
+        let ids: Vec<(String,)> = on_pool!(&self.pool, p => sqlx::query_as(sql::RESEND_UNRELEASED)
+            .bind(db_ms(now_ms))
+            .bind(reason)
+            .bind(db_ms(from_ms))
+            .bind(db_ms(to_ms))
+            .fetch_all(p)
+            .await)
+        .context("publishing again the tasks the release stage never saw")?;
+        self.pending.add(ids.len() as u64);
+        Ok(ids.into_iter().map(|(id,)| id).collect())
     }
 
     /// Tasks the release stage released whose message reached no queue (the

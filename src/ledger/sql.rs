@@ -93,6 +93,13 @@ pub fn mark_delivered(ids: usize) -> String {
     )
 }
 
+/// Tasks still `scheduled` whose due time is in [`$3`, `$4`): pending
+/// again from `$1`, with `$2` as their last error. By the due-time index:
+/// only the tasks due in that span are read.
+pub const RESEND_UNRELEASED: &str = "UPDATE tasks SET state = 'pending', \
+     next_attempt_at_ms = $1, last_error = $2 \
+     WHERE state = 'scheduled' AND deliver_at_ms >= $3 AND deliver_at_ms < $4 RETURNING id";
+
 pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
      publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
      refusals = refusals + $4 \
@@ -315,6 +322,24 @@ mod tests {
                 "{statement}\n{plan:?}"
             );
         }
+    }
+
+    /// The resender reads only the tasks due in its span, by the due-time
+    /// index, however many tasks the ledger holds.
+    #[tokio::test]
+    async fn the_resender_reads_its_span_by_the_due_time_index() {
+        let pool = super::super::migrated_sqlite().await;
+        let plan = super::super::query_plan(&pool, RESEND_UNRELEASED, 4).await;
+        assert!(
+            plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+            "{plan:?}"
+        );
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("USING INDEX tasks_by_deliver_at")
+                    || step.contains("USING COVERING INDEX tasks_by_deliver_at")),
+            "{plan:?}"
+        );
     }
 
     /// A lookup by idempotency key uses the key's partial unique index

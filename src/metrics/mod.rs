@@ -95,6 +95,7 @@ pub struct Metrics {
     pub ledger_commit_group: Histogram,
     pub forwarded: Family<OutcomeLabel, Counter>,
     pub tasks_failed: Counter,
+    pub tasks_resent: Counter,
     pub publish_late: Counter,
     pub publish_unconfirmed: Counter,
     pub level_messages: Family<LevelLabel, Gauge>,
@@ -204,6 +205,12 @@ impl Metrics {
             "tasks_failed",
             "Tasks quarantined because the broker can never take them (state failed)",
             tasks_failed.clone(),
+        );
+        let tasks_resent = Counter::default();
+        registry.register(
+            "tasks_resent",
+            "Tasks published again because the release stage had not seen them store.resend_after_ms after their due time",
+            tasks_resent.clone(),
         );
         let publish_late = Counter::default();
         registry.register(
@@ -416,6 +423,7 @@ impl Metrics {
             ledger_commit_group,
             forwarded,
             tasks_failed,
+            tasks_resent,
             publish_late,
             publish_unconfirmed,
             level_messages,

@@ -42,6 +42,8 @@ use crate::task::{Task, TaskState, epoch_ms};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
+/// How often the resender looks for tasks the release stage never saw.
+const RESEND_POLL: Duration = Duration::from_secs(1);
 /// Pending tasks published concurrently per round; confirms are pipelined.
 const FORWARD_BATCH: u32 = 256;
 const PRUNE_BATCH: u32 = 1000;
@@ -208,22 +210,28 @@ impl Bookkeeper {
     }
 
     /// Starts the forwarder, the retention pruner and, when the chain has
-    /// one, the release stage; all end with `shutdown`.
+    /// one, the release stage and the resender of what it never saw; all
+    /// end with `shutdown`.
     pub fn spawn_background(
         &self,
-        retention: Duration,
-        prune_every: Duration,
+        settings: &super::SchedulerSettings,
         shutdown: CancellationToken,
     ) -> Vec<JoinHandle<()>> {
         let mut tasks = vec![
             tokio::spawn(self.clone().forward(shutdown.clone())),
             tokio::spawn(prune(
                 self.ledger.clone(),
-                retention,
-                prune_every,
+                settings.retention,
+                settings.prune_every,
                 shutdown.clone(),
             )),
         ];
+        if self.cascade.release_stage() && !settings.resend_after.is_zero() {
+            tasks.push(tokio::spawn(
+                self.clone()
+                    .resend_unreleased(settings.resend_after, shutdown.clone()),
+            ));
+        }
         if self.cascade.release_stage() {
             let releaser = Releaser {
                 broker: self.broker.clone(),
@@ -240,6 +248,52 @@ impl Bookkeeper {
             tasks.push(tokio::spawn(releaser.run(shutdown)));
         }
         tasks
+    }
+
+    /// Publishes again each task still `scheduled` `after` past its due
+    /// time, until `shutdown`. The release stage marks every task it takes,
+    /// so such a task's message never reached it: the broker lost a message
+    /// it had confirmed (seen on RabbitMQ 3.10 after losing a cluster node),
+    /// or someone purged a level queue. Published again by what remains
+    /// (nothing: straight to the release stage), it is late, not lost; if
+    /// the first copy turns up after all, the release stage drops whichever
+    /// comes second. Each due time is looked at once, as it passes `after`
+    /// ago, from `after` before this process started on.
+    async fn resend_unreleased(self, after: Duration, shutdown: CancellationToken) {
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        let mut from_ms = epoch_ms(SystemTime::now()).saturating_sub(after_ms);
+        let reason = format!(
+            "not seen at the release stage {after_ms} ms after its due time: published again"
+        );
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESEND_POLL) => {}
+            }
+            let now_ms = epoch_ms(SystemTime::now());
+            let to_ms = now_ms.saturating_sub(after_ms).max(from_ms);
+            match self
+                .ledger
+                .resend_unreleased(from_ms, to_ms, now_ms, &reason)
+                .await
+            {
+                Ok(ids) => {
+                    from_ms = to_ms;
+                    if !ids.is_empty() {
+                        self.metrics.tasks_resent.inc_by(ids.len() as u64);
+                        warn!(
+                            tasks = ids.len(),
+                            // The first few, to look up.
+                            task_ids = ?&ids[..ids.len().min(20)],
+                            after_ms,
+                            "tasks never reached the release stage after their due time \
+                             (the broker lost their messages): published again"
+                        );
+                    }
+                }
+                Err(error) => warn!(%error, "cannot look for tasks the release stage never saw"),
+            }
+        }
     }
 
     /// Publishes pending tasks whenever the broker is ready, until `shutdown`.
@@ -521,6 +575,7 @@ fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, 
 fn retry_at(now_ms: u64, attempts: u64) -> u64 {
     now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
 }
+
 /// Deletes published tasks once they have been due for `retention`.
 async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: CancellationToken) {
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);

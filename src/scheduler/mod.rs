@@ -156,6 +156,9 @@ pub struct SchedulerSettings {
     /// How long a published task's row is kept once due.
     pub retention: Duration,
     pub prune_every: Duration,
+    /// When a task still `scheduled` past its due time is published again
+    /// (`store.resend_after_ms`); zero never.
+    pub resend_after: Duration,
     /// How long before its time an occurrence of a schedule becomes a task.
     pub schedule_lead: Duration,
     /// How often the planner looks for due schedules.
@@ -169,6 +172,7 @@ impl From<&Settings> for SchedulerSettings {
             misconfiguration_grace: Duration::from_millis(settings.amqp.misconfiguration_grace_ms),
             retention: Duration::from_millis(settings.store.retention_ms),
             prune_every: Duration::from_millis(settings.store.prune_interval_ms),
+            resend_after: Duration::from_millis(settings.store.resend_after_ms),
             schedule_lead: Duration::from_millis(settings.schedules.lead_ms),
             schedule_poll: Duration::from_millis(settings.schedules.poll_ms),
         }
@@ -454,11 +458,9 @@ impl Scheduler {
     pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         let mut background = match &self.inner.mode {
             Mode::Stateless => Vec::new(),
-            Mode::Ledger(bookkeeper) => bookkeeper.spawn_background(
-                self.inner.settings.retention,
-                self.inner.settings.prune_every,
-                shutdown.clone(),
-            ),
+            Mode::Ledger(bookkeeper) => {
+                bookkeeper.spawn_background(&self.inner.settings, shutdown.clone())
+            }
         };
         background.extend(self.spawn_planner(shutdown));
         background

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::nodes::{Cluster, NodeOptions, drain};
 use crate::common::{
-    Backend, TestConsumer, free_port, spawn_binary, steady_load, test_settings, wait_ready_at,
-    with_ledger,
+    Backend, TestConsumer, free_port, sample, serve_command, steady_load, test_settings,
+    wait_ready_at, with_ledger,
 };
 use delayline::cascade::QueueType;
 use serde_json::{Value, json};
@@ -27,9 +27,15 @@ const STALL_ALLOWANCE: Duration = Duration::from_secs(120);
 
 struct Fault {
     name: &'static str,
+    /// When it was injected, wall clock: to read beside the service's log.
+    at: String,
     /// From the fault's injection (or its end, for a fault that lasts) until
     /// `/readyz` says publishing works again.
     recovered_in: Option<Duration>,
+}
+
+fn now_text() -> String {
+    delayline::task::format_epoch_ms(delayline::task::epoch_ms(std::time::SystemTime::now()))
 }
 
 /// The service as the load sees it.
@@ -88,7 +94,25 @@ async fn every_accepted_task_arrives_through_every_fault() {
         http: reqwest::Client::new(),
         base: format!("http://127.0.0.1:{port}"),
     };
-    let mut child = spawn_binary(&settings, port);
+    // The service's log, kept for whoever reads a failure.
+    let log = std::env::temp_dir().join(format!("{}.log", cascade.prefix()));
+    let spawn = || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        serve_command(&settings, port)
+            .env(
+                "RUST_LOG",
+                "info,delayline::scheduler=debug,delayline::broker=debug",
+            )
+            .stderr(file.try_clone().unwrap())
+            .stdout(file)
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn();
     wait_ready_at(&service.http, &service.base).await;
     service.recovery(Instant::now()).await;
     // The consumer's node is never faulted; its queue is replicated anyway.
@@ -110,6 +134,7 @@ async fn every_accepted_task_arrives_through_every_fault() {
     tokio::time::sleep(CALM).await;
 
     // 1. A task whose headers cannot fit a frame: refused, nothing else happens.
+    let mut injected_at = now_text();
     let response = service
         .http
         .post(format!("{}/v1/tasks", service.base))
@@ -120,12 +145,14 @@ async fn every_accepted_task_arrives_through_every_fault() {
         .unwrap();
     assert_eq!(response.status(), 422);
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "oversized task (200 KB header)",
         recovered_in: None,
     });
     tokio::time::sleep(CALM).await;
 
     // 2. The broker closes delayline's connection, three times.
+    injected_at = now_text();
     let mut slowest = Duration::ZERO;
     for _ in 0..3 {
         let node = service.node(&cluster).await;
@@ -134,32 +161,38 @@ async fn every_accepted_task_arrives_through_every_fault() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "3 forced connection closes (the slowest)",
         recovered_in: Some(slowest),
     });
     tokio::time::sleep(CALM).await;
 
     // 3. A memory alarm blocks publishing for 5 s.
+    injected_at = now_text();
     cluster.nodes[0].raise_memory_alarm();
     tokio::time::sleep(Duration::from_secs(5)).await;
     cluster.nodes[0].clear_memory_alarm();
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "memory alarm, 5 s",
         recovered_in: Some(service.recovery(Instant::now()).await),
     });
     tokio::time::sleep(CALM).await;
 
     // 4. delayline is killed and started again on the same ledger.
+    injected_at = now_text();
     let injected = Instant::now();
     child.kill().await.unwrap();
-    child = spawn_binary(&settings, port);
+    child = spawn();
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "delayline SIGKILL and restart",
         recovered_in: Some(service.recovery(injected).await),
     });
     tokio::time::sleep(CALM).await;
 
     // 5. The node in use stops its broker for 10 s.
+    injected_at = now_text();
     let node = service.node(&cluster).await;
     assert_ne!(node, 2, "delayline connects to the first addresses");
     cluster.nodes[node].ctl(&["stop_app"]);
@@ -169,17 +202,20 @@ async fn every_accepted_task_arrives_through_every_fault() {
     cluster.nodes[node].ctl(&["start_app"]);
     cluster.nodes[node].ctl(&["await_startup"]);
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "broker stop_app on the node in use, 10 s",
         recovered_in: Some(moved),
     });
     tokio::time::sleep(CALM).await;
 
     // 6. The node in use is lost for good.
+    injected_at = now_text();
     let node = service.node(&cluster).await;
     assert_ne!(node, 2);
     let injected = Instant::now();
     cluster.nodes[node].stop();
     faults.push(Fault {
+        at: injected_at.clone(),
         name: "node in use lost (rabbitmqctl stop)",
         recovered_in: Some(service.recovery(injected).await),
     });
@@ -234,13 +270,30 @@ async fn every_accepted_task_arrives_through_every_fault() {
             .filter(|(_, _, _, all)| *all > 0)
             .map(|q| format!("{q:?}"))
             .collect();
+        for fault in &faults {
+            writeln!(diagnosis, "fault at {}: {}", fault.at, fault.name).unwrap();
+        }
         panic!(
-            "{} of {} accepted tasks never arrived:\n{diagnosis}queues holding messages: {queues:?}",
+            "{} of {} accepted tasks never arrived:\n{diagnosis}queues holding messages: \
+             {queues:?}\nthe service's log: {}",
             drained.missing.len(),
-            accepted.len()
+            accepted.len(),
+            log.display()
         );
     }
+    // What the ledger published again because the broker had lost it.
+    let metrics = service
+        .http
+        .get(format!("{}/metrics", service.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let resent = sample(&metrics, "delayline_tasks_resent_total").unwrap_or(0.0);
     child.kill().await.unwrap();
+    let _ = std::fs::remove_file(&log);
 
     let mut report = String::new();
     writeln!(report, "| fault | publishing again after |").unwrap();
@@ -266,6 +319,10 @@ async fn every_accepted_task_arrives_through_every_fault() {
         ("lost", "0".to_owned()),
         ("delivered early", "0".to_owned()),
         ("duplicates", drained.duplicates.to_string()),
+        (
+            "published again by the ledger: never reached the release stage",
+            resent.to_string(),
+        ),
         (
             "requests without an answer (cut off by the kill)",
             unanswered.to_string(),

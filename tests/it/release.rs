@@ -757,3 +757,74 @@ async fn a_chain_made_by_an_older_delayline_is_served_as_it_is() {
     assert_eq!(message.message_id(), id_of(&task));
     app.stop().await.unwrap();
 }
+
+/// A task whose message the broker lost (here: purged from its level queue)
+/// is still `scheduled` after its time: the ledger sees it never reached
+/// the release stage and publishes it again, late rather than lost. A task
+/// beside it that was not lost is neither late nor sent twice. The default
+/// chain (1 s units held to the millisecond, quorum, SQLite), then PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_the_broker_lost_is_published_again_after_its_time_and_arrives_once() {
+    a_lost_task_is_published_again(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_the_broker_lost_is_published_again_by_a_postgresql_ledger() {
+    a_lost_task_is_published_again(Backend::Postgres).await;
+}
+
+async fn a_lost_task_is_published_again(backend: Backend) {
+    let mut settings = with_ledger(test_settings(8, 1000, QueueType::Quorum), backend);
+    settings.store.resend_after_ms = 1_500;
+    let mut app = TestApp::spawn(settings).await;
+    assert!(app.cascade.holds(), "the default chain holds");
+    let key = app.cascade.binding_key("lost");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+
+    // 3 s: two units in level 1's queue (TTL 2 s), held for the rest.
+    let lost = post_task(&app, "lost", 3_000).await;
+    let lost_id = lost["id"].as_str().unwrap().to_owned();
+    let purged = consumer
+        .channel
+        .queue_purge(
+            app.cascade.level_queue(1).as_str().into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(purged, 1, "the task waited in level 1: {lost}");
+    // 1.5 s: no whole unit after the lead, so held at the release stage.
+    let kept = post_task(&app, "lost", 1_500).await;
+
+    let first = consumer.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(first.message_id(), kept["id"].as_str().unwrap());
+    let deliver_at = first.header_i64("x-deliver-at-ms").unwrap();
+    assert!(first.received_at_ms as i64 >= deliver_at, "early");
+
+    let second = consumer
+        .next(Duration::from_secs(15))
+        .await
+        .expect("the lost task is published again");
+    assert_eq!(second.message_id(), lost_id);
+    let deliver_at = second.header_i64("x-deliver-at-ms").unwrap();
+    assert_eq!(
+        delayline::task::format_epoch_ms(deliver_at as u64),
+        lost["deliver_at"]
+    );
+    let late = second.received_at_ms as i64 - deliver_at;
+    assert!(
+        late >= 1_500,
+        "published again only once overdue: {late} ms"
+    );
+    assert!(
+        consumer.next(Duration::from_secs(3)).await.is_none(),
+        "once"
+    );
+
+    let (status, seen) = app.get(&format!("/v1/tasks/{lost_id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(seen["state"], "delivered", "{seen}");
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_tasks_resent_total"), Some(1.0));
+    app.stop().await.unwrap();
+}
