@@ -47,6 +47,8 @@ impl Ledger {
     /// their message never reached the release stage, which marks every
     /// task it takes. Each becomes `pending` at once (for the forwarder to
     /// publish again) with `reason` as its last error. Returns their ids.
+    /// Looked for first by a read: most spans hold none, and a write would
+    /// take the lock the group writer commits with.
     pub async fn resend_unreleased(
         &self,
         from_ms: u64,
@@ -54,6 +56,15 @@ impl Ledger {
         now_ms: u64,
         reason: &str,
     ) -> Result<Vec<String>, LedgerError> {
+        let any: Option<(String,)> = on_pool!(&self.pool, p => sqlx::query_as(sql::ANY_UNRELEASED)
+            .bind(db_ms(from_ms))
+            .bind(db_ms(to_ms))
+            .fetch_optional(p)
+            .await)
+        .context("looking for tasks the release stage never saw")?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let ids: Vec<(String,)> = on_pool!(&self.pool, p => sqlx::query_as(sql::RESEND_UNRELEASED)
             .bind(db_ms(now_ms))
             .bind(reason)

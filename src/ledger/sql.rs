@@ -93,6 +93,12 @@ pub fn mark_delivered(ids: usize) -> String {
     )
 }
 
+/// Whether any task still `scheduled` fell due in [`$1`, `$2`): a read,
+/// so that the resender takes no write lock (which the group writer needs)
+/// unless there is something to write.
+pub const ANY_UNRELEASED: &str = "SELECT id FROM tasks \
+     WHERE state = 'scheduled' AND deliver_at_ms >= $1 AND deliver_at_ms < $2 LIMIT 1";
+
 /// Tasks still `scheduled` whose due time is in [`$3`, `$4`): pending
 /// again from `$1`, with `$2` as their last error. By the due-time index:
 /// only the tasks due in that span are read.
@@ -329,17 +335,19 @@ mod tests {
     #[tokio::test]
     async fn the_resender_reads_its_span_by_the_due_time_index() {
         let pool = super::super::migrated_sqlite().await;
-        let plan = super::super::query_plan(&pool, RESEND_UNRELEASED, 4).await;
-        assert!(
-            plan.iter().all(|step| !step.starts_with("SCAN tasks")),
-            "{plan:?}"
-        );
-        assert!(
-            plan.iter()
-                .any(|step| step.contains("USING INDEX tasks_by_deliver_at")
-                    || step.contains("USING COVERING INDEX tasks_by_deliver_at")),
-            "{plan:?}"
-        );
+        for (statement, parameters) in [(ANY_UNRELEASED, 2), (RESEND_UNRELEASED, 4)] {
+            let plan = super::super::query_plan(&pool, statement, parameters).await;
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+                "{statement}\n{plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("USING INDEX tasks_by_deliver_at")
+                        || step.contains("USING COVERING INDEX tasks_by_deliver_at")),
+                "{statement}\n{plan:?}"
+            );
+        }
     }
 
     /// A lookup by idempotency key uses the key's partial unique index
