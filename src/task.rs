@@ -374,6 +374,10 @@ impl TaskError {
         let field = pointer.rsplit('/').next().unwrap_or_default();
         if let Some(unknown) = text.strip_prefix("unknown field ") {
             let name = unknown.split(',').next().unwrap_or(unknown);
+            // serde lists the struct's own fields, so the list cannot drift.
+            let fields = unknown
+                .split_once("expected one of ")
+                .map_or(String::new(), |(_, list)| list.replace('"', ""));
             let container = pointer
                 .rsplit_once('/')
                 .map_or("", |(container, _)| container);
@@ -384,7 +388,7 @@ impl TaskError {
                 } else {
                     container
                 },
-                TASK_FIELDS.join(", ")
+                fields
             ));
         }
         let found = text
@@ -398,19 +402,6 @@ impl TaskError {
         ))
     }
 }
-
-/// The fields of a task, as a misspelt one is told.
-const TASK_FIELDS: [&str; 9] = [
-    "destination",
-    "delay_ms",
-    "delay",
-    "deliver_at",
-    "payload",
-    "payload_base64",
-    "content_type",
-    "headers",
-    "id",
-];
 
 /// What a request field accepts, in the reference's words.
 fn accepted(field: &str) -> Option<&'static str> {
@@ -1107,6 +1098,17 @@ mod reference_tests {
     fn parse(body: &str) -> Result<Task, TaskError> {
         let cascade = crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Quorum);
         Task::parse(body.as_bytes(), &cascade, UNIX_EPOCH)
+    }
+
+    #[test]
+    fn a_misspelt_field_is_told_every_field_of_a_task() {
+        let error = parse(r#"{"destination":"d","delay_ms":0,"exchnage":"x"}"#).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "/exchnage: unknown field \"exchnage\"; the fields of a task are destination, \
+             delay_ms, delay, deliver_at, payload, payload_base64, content_type, headers, id, \
+             exchange"
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub fn take(
     properties: &BasicProperties,
     now: SystemTime,
 ) -> Result<Taken, Refusal> {
+    let properties = &message::as_published(properties);
     if !ingress.accepts(routing_key) {
         return Err(Refusal::KeyNotAccepted(routing_key.to_owned()));
     }
@@ -329,6 +330,49 @@ mod tests {
         let first = super::take(&ingress(&[]), &chain(), "k", b"", &anonymous, now()).unwrap();
         assert_eq!(first.fingerprint, None);
         assert!(!first.task.client_id);
+    }
+
+    #[test]
+    fn a_redelivery_is_the_message_as_published_without_the_queues_counts() {
+        let published = with_headers(&[("x-delay", AMQPValue::LongInt(20)), ("kept", text())])
+            .with_message_id("m".into());
+        let redelivered = with_headers(&[
+            ("x-delay", AMQPValue::LongInt(20)),
+            ("kept", text()),
+            ("x-delivery-count", AMQPValue::LongLongInt(1)),
+            ("x-acquired-count", AMQPValue::LongLongInt(2)),
+        ])
+        .with_message_id("m".into());
+        let take =
+            |p: &BasicProperties| take(&ingress(&[]), &chain(), "k", b"a", p, now()).unwrap();
+        let (first, again) = (take(&published), take(&redelivered));
+        assert_eq!(
+            first.fingerprint, again.fingerprint,
+            "a retry, not a conflict"
+        );
+        assert_eq!(again.task.headers, first.task.headers);
+        assert!(
+            again
+                .task
+                .headers
+                .iter()
+                .all(|(name, _)| !message::is_queue_delivery_header(name)),
+            "{:?}",
+            again.task.headers
+        );
+        let delivered = message::of_task(&again.task).properties;
+        let names: Vec<String> = delivered
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        assert!(
+            names.iter().all(|n| !message::is_queue_delivery_header(n)),
+            "{names:?}"
+        );
     }
 
     #[test]

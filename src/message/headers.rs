@@ -56,6 +56,17 @@ const DEAD_LETTER_HEADER_PREFIXES: [&str; 3] = ["x-death", "x-first-death", "x-l
 /// publishing channel), so they are never passed through.
 const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 
+/// What a quorum queue adds to a message it delivers again: the count of
+/// deliveries (`x-delivery-count`) and, on RabbitMQ 4, of acquisitions
+/// (`x-acquired-count`). They describe the queue delayline consumed, not the
+/// message its producer sent.
+const QUEUE_DELIVERY_HEADERS: [&str; 2] = ["x-delivery-count", "x-acquired-count"];
+
+/// A header a queue adds when it delivers a message again.
+pub fn is_queue_delivery_header(name: &str) -> bool {
+    QUEUE_DELIVERY_HEADERS.contains(&name.to_ascii_lowercase().as_str())
+}
+
 /// A header RabbitMQ adds while dead-lettering (case as the broker may spell it).
 pub fn is_dead_letter_header(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();

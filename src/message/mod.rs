@@ -26,7 +26,8 @@ mod stamp;
 pub use headers::{
     DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
     OCCURRENCE_HEADER, POISON_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, SCHEDULE_HEADER,
-    USER_ID_HEADER, is_dead_letter_header, is_reserved_header, is_routing_header,
+    USER_ID_HEADER, is_dead_letter_header, is_queue_delivery_header, is_reserved_header,
+    is_routing_header,
 };
 pub use plugin::{BadDelay, Due, PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER, due};
 pub use stamp::{HOLD_HEADER, Stamp};
@@ -105,6 +106,30 @@ pub fn properties_of(task: &Task, stamp: Option<&Stamp>) -> BasicProperties {
         .with_message_id(task.id.as_str().into())
         .with_delivery_mode(2)
         .with_headers(headers)
+}
+
+/// A message consumed from a queue as its producer published it: without
+/// the headers the queue added when it delivered the message again (after a
+/// crash before the ack), so that a redelivery is the same message, with the
+/// same headers and the same fingerprint, and the consumer never sees them.
+pub fn as_published(properties: &BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties.clone();
+    };
+    if !headers
+        .inner()
+        .keys()
+        .any(|name| is_queue_delivery_header(name.as_str()))
+    {
+        return properties.clone();
+    }
+    let mut table = FieldTable::default();
+    for (name, value) in headers.inner() {
+        if !is_queue_delivery_header(name.as_str()) {
+            table.insert(name.clone(), value.clone());
+        }
+    }
+    properties.clone().with_headers(table)
 }
 
 /// The properties of a message taken in over AMQP, as delayline keeps them

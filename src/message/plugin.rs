@@ -2,9 +2,10 @@
 //! as delayline takes them over AMQP (see [`crate::ingress`]). Pure.
 //!
 //! `x-delay`: milliseconds, in any AMQP integer type (a client library picks
-//! the width), a string of decimal digits (the plugin converts those too), or
-//! a floating-point number with no fraction (JavaScript clients may send
-//! one). Absent, zero or negative: due now, as with the plugin. Anything
+//! the width), a string (or byte array) of decimal digits (the plugin
+//! converts those too), a floating-point number with no fraction (JavaScript
+//! clients may send one), or a decimal that is a whole number (some clients
+//! send a decimal for a number they were given as one). Absent, zero or negative: due now, as with the plugin. Anything
 //! else is refused: the plugin would deliver it at once, which for a delay
 //! the producer meant is early.
 //!
@@ -71,10 +72,22 @@ fn delay_ms(value: &AMQPValue) -> Option<i128> {
         AMQPValue::LongLongInt(v) => i128::from(*v),
         AMQPValue::Float(v) => whole(f64::from(*v))?,
         AMQPValue::Double(v) => whole(*v)?,
+        AMQPValue::DecimalValue(v) => whole_decimal(v.value, v.scale)?,
         AMQPValue::ShortString(s) => digits(s.as_str())?,
         AMQPValue::LongString(s) => digits(std::str::from_utf8(s.as_bytes()).ok()?)?,
+        AMQPValue::ByteArray(b) => digits(std::str::from_utf8(b.as_slice()).ok()?)?,
         _ => return None,
     })
+}
+
+/// An AMQP decimal is `value / 10^scale`: a delay when that is whole.
+fn whole_decimal(value: u32, scale: u8) -> Option<i128> {
+    match 10u128.checked_pow(u32::from(scale)) {
+        Some(divisor) => (u128::from(value) % divisor == 0)
+            .then(|| i128::from(value) / i128::try_from(divisor).unwrap_or(i128::MAX)),
+        // 10^scale beyond 128 bits: only 0 is whole.
+        None => (value == 0).then_some(0),
+    }
 }
 
 /// Not positive: 0 (now); beyond 64 bits: the largest, which no chain
@@ -126,15 +139,32 @@ fn deliver_at_ms(value: &AMQPValue) -> Option<u64> {
     Some(clamped(ms))
 }
 
-/// A header's value as an error message shows it: its type and, shortened,
-/// its content.
+/// A header's value as an error message shows it, in AMQP's words: its
+/// type and, shortened, its content (never Rust's debug form, which a
+/// producer in another language cannot read).
 fn shown(value: &AMQPValue) -> String {
     let text = match value {
         AMQPValue::LongString(s) => {
             format!("the string {:?}", String::from_utf8_lossy(s.as_bytes()))
         }
-        AMQPValue::ShortString(s) => format!("the string {:?}", s.as_str()),
-        other => format!("{other:?}"),
+        AMQPValue::ShortString(s) => format!("the short string {:?}", s.as_str()),
+        AMQPValue::ByteArray(b) => format!(
+            "the byte array {:?} ({} bytes)",
+            String::from_utf8_lossy(b.as_slice()),
+            b.len()
+        ),
+        AMQPValue::Boolean(b) => format!("the boolean {b}"),
+        AMQPValue::Float(v) => format!("the float {v}"),
+        AMQPValue::Double(v) => format!("the double {v}"),
+        AMQPValue::DecimalValue(d) => decimal_shown(d.value, d.scale),
+        AMQPValue::Timestamp(t) => format!("the timestamp {t}"),
+        AMQPValue::FieldArray(a) => format!("an array of {} values", a.as_slice().len()),
+        AMQPValue::FieldTable(t) => format!("a table of {} fields", t.inner().len()),
+        AMQPValue::Void => "void (no value)".to_owned(),
+        integer => match delay_ms(integer) {
+            Some(v) => format!("the integer {v}"),
+            None => "a value of an unknown type".to_owned(),
+        },
     };
     match text.char_indices().nth(60) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
@@ -142,9 +172,20 @@ fn shown(value: &AMQPValue) -> String {
     }
 }
 
+/// `value / 10^scale` written out: the decimal 2000.5.
+fn decimal_shown(value: u32, scale: u8) -> String {
+    let digits = format!("{value:0>width$}", width = usize::from(scale) + 1);
+    let (whole, fraction) = digits.split_at(digits.len() - usize::from(scale));
+    if fraction.is_empty() {
+        format!("the decimal {whole}")
+    } else {
+        format!("the decimal {whole}.{fraction}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use lapin::types::{FieldTable, LongString, ShortString};
+    use lapin::types::{DecimalValue, FieldTable, LongString, ShortString};
 
     use super::*;
 
@@ -168,6 +209,15 @@ mod tests {
             AMQPValue::Float(50.0),
             AMQPValue::LongString(LongString::from("50")),
             AMQPValue::ShortString(ShortString::from(" 50 ")),
+            AMQPValue::ByteArray(b"50".to_vec().into()),
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 0,
+                value: 50,
+            }),
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 2,
+                value: 5000,
+            }),
         ] {
             assert_eq!(
                 due(&with("x-delay", value.clone())),
@@ -198,6 +248,14 @@ mod tests {
             AMQPValue::LongString(LongString::from("")),
             AMQPValue::Boolean(true),
             AMQPValue::Void,
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 1,
+                value: 15,
+            }),
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 255,
+                value: 1,
+            }),
         ] {
             let refused = due(&with("x-delay", value.clone()));
             assert!(
@@ -205,6 +263,55 @@ mod tests {
                 "{value:?}: {refused:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_refusal_says_what_was_sent_in_amqps_words() {
+        let reason = |value| match due(&with("x-delay", value)) {
+            Err(refused) => refused.to_string(),
+            Ok(due) => panic!("{due:?} accepted"),
+        };
+        let cases = [
+            (
+                AMQPValue::DecimalValue(DecimalValue {
+                    scale: 3,
+                    value: 2_000_500,
+                }),
+                "x-delay is the decimal 2000.500, not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 5 }),
+                "x-delay is the decimal 0.05, not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::Boolean(true),
+                "x-delay is the boolean true, not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::ByteArray(b"3s".to_vec().into()),
+                "x-delay is the byte array \"3s\" (2 bytes), not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::Double(1.5),
+                "x-delay is the double 1.5, not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::FieldTable(FieldTable::default()),
+                "x-delay is a table of 0 fields, not a whole number of milliseconds",
+            ),
+            (
+                AMQPValue::Void,
+                "x-delay is void (no value), not a whole number of milliseconds",
+            ),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(reason(value), expected);
+        }
+        let at = due(&with("x-deliver-at", AMQPValue::Boolean(false)));
+        assert_eq!(
+            at.unwrap_err().to_string(),
+            "x-deliver-at is the boolean false, neither epoch milliseconds nor an RFC 3339 time"
+        );
     }
 
     #[test]

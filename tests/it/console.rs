@@ -376,7 +376,7 @@ async fn the_console_works_in_chromium() {
     let chromium = std::env::var("DLTEST_CHROMIUM").unwrap_or("/usr/bin/chromium".to_owned());
     assert!(
         std::path::Path::new(&chromium).exists(),
-        "{chromium} is missing: apt-get install chromium (.ci/run installs it)"
+        "{chromium} is missing: `bash tests/run` installs it (apt-get install chromium)"
     );
     let defaults = delayline::config::Settings::default().cascade;
     let mut settings = with_ledger(

@@ -405,6 +405,134 @@ fn the_dockerfile_builds_in_stages_and_runs_unprivileged() {
     assert!(ignored.lines().any(|l| l == "target"));
 }
 
+/// The build stage's `COPY` lines from the context: (sources, destination).
+fn build_context_copies(dockerfile: &str) -> Vec<(Vec<String>, String)> {
+    let build = dockerfile.split("\nFROM ").nth(1).expect("a build stage");
+    build
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY "))
+        .filter(|l| !l.contains("--from="))
+        .map(|l| {
+            let mut words: Vec<String> = l.split_whitespace().map(str::to_owned).collect();
+            let destination = words.pop().expect("a destination");
+            (words, destination)
+        })
+        .collect()
+}
+
+/// Copies a file or folder, leaving out what .dockerignore names.
+fn copy_context(from: &Path, to: &Path, ignored: &[&str]) {
+    let name = from.file_name().unwrap().to_str().unwrap();
+    if ignored.contains(&name) {
+        return;
+    }
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap().path();
+            copy_context(&entry, &to.join(entry.file_name().unwrap()), ignored);
+        }
+    } else {
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    }
+}
+
+/// No container engine runs here, so the image's build context is built
+/// the way its build stage builds it: exactly the files its `COPY` lines
+/// take (less .dockerignore), resolved by cargo with the lock file as it
+/// is (`cargo metadata --locked`, which fails as `docker build` did when a
+/// workspace member is missing). A new workspace member, a file the build reads that is not copied,
+/// or a target the `RUN` line names that the copied files lack fails here
+/// rather than in `docker build`.
+#[test]
+fn the_images_build_context_resolves_and_holds_what_the_build_names() {
+    let dockerfile = read("deploy/Dockerfile");
+    let ignore_file = read(".dockerignore");
+    let ignored: Vec<&str> = ignore_file.lines().map(str::trim).collect();
+    let context = tempdir("docker-context");
+    for (sources, destination) in build_context_copies(&dockerfile) {
+        for source in sources {
+            let target = if destination.ends_with('/') {
+                context.join(&destination).join(&source)
+            } else {
+                context.join(&destination)
+            };
+            copy_context(&repo(&source), &target, &ignored);
+        }
+    }
+    // Not offline: the benchmark's dependencies, which `cargo test` never
+    // builds, may not be downloaded yet (crates.io is reachable here).
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .current_dir(&context)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the image's build context does not resolve: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: Json = serde_json::from_slice(&output.stdout).unwrap();
+    let root = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "delayline")
+        .expect("the delayline package");
+    // Each target the RUN line builds is in the copied files.
+    let run = dockerfile.replace("\\\n", " ");
+    let build_line = run
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("a cargo build");
+    let words: Vec<&str> = build_line.split_whitespace().collect();
+    let mut named = 0;
+    for pair in words.windows(2) {
+        let kind = match pair[0] {
+            "--bin" => "bin",
+            "--example" => "example",
+            _ => continue,
+        };
+        let target = root["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == pair[1] && t["kind"][0] == kind)
+            .unwrap_or_else(|| panic!("{kind} {} is not in the build context", pair[1]));
+        let source = Path::new(target["src_path"].as_str().unwrap());
+        assert!(
+            source.starts_with(&context) && source.exists(),
+            "{source:?}"
+        );
+        named += 1;
+    }
+    assert_eq!(named, 2, "{build_line}");
+    // The build script and what it reads (the migrations) are copied.
+    assert!(context.join("src/build.rs").exists() && context.join("migrations").is_dir());
+    // What the runtime stage copies from the build stage is what the RUN
+    // line put there.
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    for line in runtime
+        .lines()
+        .filter(|l| l.starts_with("COPY --from=build "))
+    {
+        let from = line.split_whitespace().nth(2).unwrap();
+        assert!(
+            run.contains(&format!(" {from}")),
+            "{from} is copied from the build stage but never made there"
+        );
+    }
+    // The user it runs as is the one it creates, and the entrypoint is the
+    // binary it installs.
+    assert!(runtime.contains("--uid 10001") && runtime.contains("USER 10001:10001"));
+    assert!(runtime.contains("ENTRYPOINT [\"delayline\"]"));
+    assert!(
+        runtime.contains("COPY --from=build /usr/local/bin/delayline /usr/local/bin/delayline")
+    );
+    std::fs::remove_dir_all(&context).unwrap();
+}
+
 /// A compose service's launch: the image's, with the service's environment over it.
 fn compose_launch(file: &Value, service: &str) -> Launch {
     let mut launch = image_launch();

@@ -9,11 +9,12 @@ use std::time::{Duration, SystemTime};
 use delayline::broker::connect;
 use delayline::cascade::QueueType;
 use delayline::config::Settings;
-use delayline::ingress::{IngressSettings, REFUSAL_CODE_HEADER};
+use delayline::ingress::{IngressSettings, REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER};
 use delayline::task::epoch_ms;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, DecimalValue, FieldTable, LongString, ShortString};
+use tokio::io::AsyncBufReadExt;
 
 use crate::common::node::node;
 use crate::common::python::tool;
@@ -269,7 +270,23 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
     let once = with_delay(AMQPValue::LongInt(50)).with_message_id("once".into());
     publish(&ingress, "eu.order", b"d", once.clone()).await;
     publish(&ingress, "eu.order", b"d", once.clone()).await;
+    // The same message as the ingress queue hands it over again after a
+    // crash, with the count it adds: the same task, not a conflict.
+    let redelivered = BasicProperties::default()
+        .with_headers(headers(&[
+            ("x-delay", AMQPValue::LongInt(50)),
+            ("x-delivery-count", AMQPValue::LongLongInt(1)),
+        ]))
+        .with_message_id("once".into());
+    publish(&ingress, "eu.order", b"d", redelivered).await;
     publish(&ingress, "eu.order", b"other", once).await;
+    // A decimal that is a whole number is a delay.
+    let decimal = with_delay(AMQPValue::DecimalValue(DecimalValue {
+        scale: 0,
+        value: 60,
+    }))
+    .with_message_id("decimal".into());
+    publish(&ingress, "eu.decimal", b"f", decimal).await;
 
     let mut refused = TestConsumer::existing(&refused_queue).await;
     let mut codes = Vec::new();
@@ -281,6 +298,15 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
         let Some(AMQPValue::LongString(code)) = message.header(REFUSAL_CODE_HEADER) else {
             panic!("no refusal code");
         };
+        if message.body == b"a" {
+            // The reason in AMQP's words, not Rust's.
+            assert_eq!(
+                message.header(REFUSAL_REASON_HEADER),
+                Some(&text(
+                    "x-delay is the string \"soon\", not a whole number of milliseconds"
+                ))
+            );
+        }
         codes.push((
             String::from_utf8_lossy(code.as_bytes()).into_owned(),
             message.body,
@@ -297,14 +323,27 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
             ("too_large".to_owned(), b"e".to_vec()),
         ]
     );
-    let message = consumer
-        .next(Duration::from_secs(10))
-        .await
-        .expect("delivered");
-    assert_eq!(message.body, b"d");
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let message = consumer
+            .next(Duration::from_secs(10))
+            .await
+            .expect("delivered");
+        // Nothing the ingress queue added reaches the consumer.
+        assert_eq!(message.header("x-delivery-count"), None);
+        bodies.push(message.body);
+    }
+    bodies.sort();
+    assert_eq!(bodies, [b"d".to_vec(), b"f".to_vec()]);
     assert!(
         consumer.next(Duration::from_millis(500)).await.is_none(),
         "delivered twice"
+    );
+    let (_, once) = app.get("/v1/tasks/once").await;
+    assert_eq!(
+        once["headers"],
+        serde_json::json!({"x-delay": 50}),
+        "{once}"
     );
 
     // An ingress task is a task: cancelled or moved by its message id, and
@@ -350,7 +389,7 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
         "a cancelled or moved copy was delivered"
     );
     let scrape = app.scrape().await;
-    for (outcome, count) in [("accepted", 3.0), ("replayed", 1.0), ("bad_delay", 1.0)] {
+    for (outcome, count) in [("accepted", 4.0), ("replayed", 2.0), ("bad_delay", 1.0)] {
         let series = format!(
             "delayline_ingress_messages_total{{ingress=\"{ingress}\",outcome=\"{outcome}\"}}"
         );
@@ -380,14 +419,18 @@ channel.basic_publish(exchange=exchange, routing_key="",
 connection.close()
 "#;
 
-/// Node's amqplib, as its users publish to the plugin's exchange.
+/// Node's amqplib, as its users publish to the plugin's exchange, with the
+/// README's changed declare lines: both exchanges checked (passive), as
+/// delayline declared them.
 const AMQPLIB_PRODUCER: &str = r#"
 const amqp = require("amqplib");
 // `node -e`: the arguments follow the interpreter.
-const [uri, exchange] = process.argv.slice(1);
+const [uri, exchange, deliverTo] = process.argv.slice(1);
 (async () => {
   const connection = await amqp.connect(uri);
   const channel = await connection.createConfirmChannel();
+  await channel.checkExchange(deliverTo);
+  await channel.checkExchange(exchange);
   channel.publish(exchange, "jobs.email", Buffer.from("hello from node"), {
     headers: { "x-delay": 250 }, persistent: true, messageId: "node-1",
     contentType: "text/plain",
@@ -435,6 +478,7 @@ async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
         AMQPLIB_PRODUCER,
         amqp_uri(),
         &format!("{prefix}.js.delayed"),
+        &format!("{prefix}.js"),
     ]);
     run_producer(amqplib).await;
 
@@ -459,10 +503,23 @@ async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
     app.stop().await.unwrap();
 }
 
+/// The README's pika programs with the test's names: every `"my-…"` name
+/// under the test's prefix, and the broker the tests use.
+fn readme_program(block: usize, prefix: &str) -> String {
+    const SECTION: &str = "## Coming from the x-delayed-message plugin";
+    readme_block(SECTION, "python", block)
+        .replace("\"my-", &format!("\"{prefix}.my-"))
+        .replace("amqp://guest:guest@localhost:5672/%2f", amqp_uri())
+}
+
+/// The plugin migration exactly as the README gives it: its configuration
+/// block as the file delayline is started with, then the plugin README's
+/// consumer and producer with their declare lines changed as it shows,
+/// declares included. The declare a plugin user had fails on this broker,
+/// as the README says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_plugin_section_runs_as_written() {
     const SECTION: &str = "## Coming from the x-delayed-message plugin";
-    // The configuration block, as a file; only the names get the test's prefix.
     let file = std::env::temp_dir().join(format!("dltest-{}.toml", uuid::Uuid::new_v4()));
     std::fs::write(&file, readme_block(SECTION, "toml", 0)).unwrap();
     let (from_readme, _) = Settings::load(Some(&file)).unwrap();
@@ -484,33 +541,79 @@ async fn the_readme_plugin_section_runs_as_written() {
     ingress.deliver_to = ingress.deliver_to.map(|to| format!("{prefix}.{to}"));
     settings.ingress = vec![ingress];
     let mut app = TestApp::spawn(settings).await;
-    let deliver_to = format!("{prefix}.my-exchange");
-    let mut consumer = TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &deliver_to, "").await;
+    app.cleanup.queues.push(format!("{prefix}.my-queue"));
 
-    let publish = readme_block(SECTION, "python", 0).replace(
-        "\"my-exchange.delayed\"",
-        &format!("\"{prefix}.my-exchange.delayed\""),
-    );
-    let script = format!(
+    // The plugin's own declare, as the user had it: refused by the broker.
+    let old_declare = format!(
         "import sys\nimport pika\nconnection = pika.BlockingConnection(pika.URLParameters(sys.argv[1]))\n\
-         channel = connection.channel()\nchannel.confirm_delivery()\n{publish}\nconnection.close()\n"
+         connection.channel().exchange_declare(exchange=\"{prefix}.my-exchange\", \
+         exchange_type=\"x-delayed-message\", durable=True, arguments={{\"x-delayed-type\": \"direct\"}})\n"
     );
-    let sent_at_ms = epoch_ms(SystemTime::now());
-    let mut readme_producer = tokio::process::Command::new(tool("python"));
-    readme_producer.args(["-c", &script, amqp_uri()]);
-    run_producer(readme_producer).await;
-    let message = consumer
-        .next(Duration::from_millis(5_000 + LATE_ALLOWED_MS))
+    let refused = tokio::process::Command::new(tool("python"))
+        .args(["-c", &old_declare, amqp_uri()])
+        .output()
         .await
-        .expect("the README's message");
-    assert!(message.received_at_ms >= sent_at_ms + 5_000, "early");
-    assert_eq!(message.body, b"delayed payload");
-    assert_eq!(
-        message.header("x-delay"),
-        Some(&AMQPValue::LongLongInt(-5000))
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("unknown exchange type 'x-delayed-message'"),
+        "{stderr}"
     );
-    drop(consumer);
+
+    let mut consumer = tokio::process::Command::new(tool("python"))
+        .args(["-c", &readme_program(0, &prefix)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The consumer's queue is bound before anything is published.
+    let queue = format!("{prefix}.my-queue");
+    eventually("the README consumer's queue is declared", async || {
+        queue_exists(&queue).await
+    })
+    .await;
+    let sent_at_ms = epoch_ms(SystemTime::now());
+    let mut producer = tokio::process::Command::new(tool("python"));
+    producer.args(["-c", &readme_program(1, &prefix)]);
+    run_producer(producer).await;
+
+    let mut lines = tokio::io::BufReader::new(consumer.stdout.take().unwrap()).lines();
+    let printed = tokio::time::timeout(
+        Duration::from_millis(5_000 + LATE_ALLOWED_MS),
+        lines.next_line(),
+    )
+    .await
+    .expect("the consumer printed the message in time")
+    .unwrap()
+    .expect("a line");
+    let received_at_ms = epoch_ms(SystemTime::now());
+    assert_eq!(printed, "delayed payload -5000");
+    assert!(received_at_ms >= sent_at_ms + 5_000, "early");
+    consumer.kill().await.unwrap();
+    let (status, task) = app.get("/v1/tasks/order-17").await;
+    assert_eq!((status, task["state"].as_str()), (200, Some("delivered")));
     app.stop().await.unwrap();
+}
+
+/// Whether a queue of that name is declared (a passive declare).
+async fn queue_exists(name: &str) -> bool {
+    let connection = connect(amqp_uri(), "queue check").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    let _ = connection.close(200, "checked".into()).await;
+    declared
 }
 
 /// Declares a direct exchange of the test's own, as a user would.

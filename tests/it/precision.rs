@@ -176,7 +176,7 @@ async fn a_replica_whose_clock_runs_ahead_releases_nothing_early() {
     let faketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
     assert!(
         std::path::Path::new(faketime).exists(),
-        "needs libfaketime: apt-get install -y faketime"
+        "needs libfaketime: `bash tests/run` installs it (apt-get install -y faketime)"
     );
     let settings = holding(4, 1000, Backend::Postgres);
     let mut first = TestApp::spawn(settings.clone()).await;
