@@ -61,6 +61,8 @@ pub struct AppState {
     intake: limits::Intake,
     /// Per process: the console's form tokens are derived from it.
     console_secret: [u8; 32],
+    /// The console's signed-in sessions.
+    console_sessions: Arc<console::Sessions>,
     /// The API is served over HTTPS: the console's cookie is `Secure`.
     https: bool,
     /// For operations that take a connection of their own (a requeue).
@@ -88,6 +90,7 @@ impl AppState {
             },
             intake: limits::Intake::new(http.max_tasks_in_flight),
             console_secret: rand::random(),
+            console_sessions: Arc::default(),
             https: http.tls.enabled(),
             amqp: None,
         }

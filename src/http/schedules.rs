@@ -62,16 +62,21 @@ pub struct ScheduleView {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
     pub headers: Option<BTreeMap<String, Box<RawValue>>>,
-    /// The next occurrences (RFC 3339, UTC), the first not yet a task or
-    /// about to be; empty while paused or finished.
+    /// The next occurrences due (RFC 3339, UTC), whether already planned
+    /// (made tasks ahead of their time) or not; empty while paused or
+    /// finished.
     pub next_occurrences: Vec<String>,
-    /// The task id the next occurrence will have (`GET /v1/tasks/{id}`).
+    /// The task id the next occurrence due has, or will have
+    /// (`GET /v1/tasks/{id}`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub next_task_id: Option<String>,
-    /// The last occurrence made a task.
+    /// The last occurrence that fell due (its time has come).
     pub last_occurrence: Option<String>,
-    /// Occurrences made tasks so far.
+    /// Occurrences that fell due so far (made tasks whose time has come).
     pub occurrences: u64,
+    /// Occurrences made tasks ahead of their time (within
+    /// `schedules.lead_ms`) and not yet due.
+    pub planned: u64,
     /// Occurrences passed over because no replica ran at their time.
     pub missed: u64,
     pub created_at: String,
@@ -81,7 +86,15 @@ pub struct ScheduleView {
 }
 
 impl From<ScheduleState> for ScheduleView {
-    fn from(ScheduleState { stored, upcoming }: ScheduleState) -> Self {
+    fn from(
+        ScheduleState {
+            stored,
+            upcoming,
+            planned,
+            fell_due,
+            last_fell_due,
+        }: ScheduleState,
+    ) -> Self {
         let state = match (stored.paused, stored.next_at_ms) {
             (true, _) => "paused",
             (false, Some(_)) => "active",
@@ -107,8 +120,9 @@ impl From<ScheduleState> for ScheduleView {
             payload_base64: stored.content.payload_base64,
             content_type: stored.content.content_type,
             headers: stored.content.headers,
-            last_occurrence: stored.last_occurrence_ms.map(format_epoch_ms),
-            occurrences: stored.occurrences,
+            last_occurrence: last_fell_due.map(format_epoch_ms),
+            occurrences: fell_due,
+            planned,
             missed: stored.missed,
             created_at: format_epoch_ms(stored.created_at_ms),
             updated_at: format_epoch_ms(stored.updated_at_ms),
@@ -138,8 +152,10 @@ fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, 
     deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, "").into())
 }
 
+/// The answer as of now: the clock read once, at the edge.
 fn view(state: &AppState, stored: crate::ledger::StoredSchedule) -> ScheduleView {
-    ScheduleView::from(state.scheduler.schedule_state(stored, UPCOMING))
+    let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+    ScheduleView::from(state.scheduler.schedule_state(stored, UPCOMING, now_ms))
 }
 
 /// Creates a schedule; the same request again answers the same, 200.

@@ -758,6 +758,88 @@ async fn readiness_follows_the_mode_and_the_broker() {
     assert_eq!(answer.code(), "broker_misconfigured");
 }
 
+/// A console session lives only as long as its client's token: once the
+/// token leaves the clients file and the file is reloaded, the session's
+/// cookie opens nothing.
+#[tokio::test]
+async fn a_console_session_ends_when_its_token_is_removed() {
+    let dir = std::env::temp_dir().join(format!("dl-console-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("clients.toml");
+    let entry = |name: &str| {
+        format!(
+            "[[clients]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\ndestinations = [\"#\"]\npermissions = [\"read\"]\n",
+            crate::auth::token::hash_hex(&format!("tok-{name}"))
+        )
+    };
+    std::fs::write(&file, entry("kept") + &entry("gone")).unwrap();
+    let auth = Arc::new(
+        crate::auth::Authenticator::from_settings(
+            &crate::config::AuthSettings {
+                clients_file: file.display().to_string(),
+                ..crate::config::AuthSettings::default()
+            },
+            "127.0.0.1:8080",
+            false,
+        )
+        .unwrap(),
+    );
+    let metrics = Arc::new(Metrics::new());
+    let broker = Arc::new(ScriptedBroker::ready());
+    let scheduler = Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+    let http = HttpSettings::default();
+    let harness = Harness {
+        app: router(
+            AppState::new(scheduler, metrics, &http, auth.clone()),
+            &http,
+            crate::http::MetricsRoute::WithApi,
+            true,
+        ),
+        broker,
+        _data: None,
+    };
+    let sign_in = async |name: &str| {
+        let answer = harness
+            .call(
+                Request::post("/console/login")
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(Body::from(format!("token=tok-{name}")))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER);
+        let set = answer.headers["set-cookie"].to_str().unwrap().to_owned();
+        set.split(';').next().unwrap().to_owned()
+    };
+    let (kept, gone) = (sign_in("kept").await, sign_in("gone").await);
+    let levels = async |cookie: &str| {
+        harness
+            .call(
+                Request::get("/console/levels")
+                    .header("cookie", cookie)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .status
+    };
+    assert_eq!(levels(&kept).await, StatusCode::OK);
+    assert_eq!(levels(&gone).await, StatusCode::OK);
+    std::fs::write(&file, entry("kept")).unwrap();
+    auth.reload().unwrap();
+    assert_eq!(levels(&kept).await, StatusCode::OK);
+    assert_eq!(
+        levels(&gone).await,
+        StatusCode::SEE_OTHER,
+        "to the sign-in page"
+    );
+    // Giving the token back does not bring the session back.
+    std::fs::write(&file, entry("kept") + &entry("gone")).unwrap();
+    auth.reload().unwrap();
+    assert_eq!(levels(&gone).await, StatusCode::SEE_OTHER);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `console.enabled = false`: no console route answers but as an unknown
 /// route does; on (the default), the console answers.
 #[tokio::test]

@@ -181,16 +181,20 @@ impl Ledger {
     }
 
     /// Replaces a schedule's content, timing and state as of `revision`,
-    /// making it revision + 1; `false` if it changed since (or is gone).
+    /// making it revision + 1, with the `withdrawn` occurrences (made, not
+    /// yet due, cancelled by the change) off its count; `false` if it
+    /// changed since (or is gone).
     pub async fn change_schedule(
         &self,
         id: &str,
         revision: u64,
         change: &ScheduleChange,
+        withdrawn: u64,
         now_ms: u64,
     ) -> Result<bool, LedgerError> {
         const SQL: &str = "UPDATE schedules SET revision = revision + 1, destination = $3, \
-             timing = $4, template = $5, paused = $6, next_at_ms = $7, updated_at_ms = $8 \
+             timing = $4, template = $5, paused = $6, next_at_ms = $7, updated_at_ms = $8, \
+             occurrences = CASE WHEN occurrences > $9 THEN occurrences - $9 ELSE 0 END \
              WHERE id = $1 AND revision = $2";
         let (timing, template) = (json(&change.spec), json(&change.content));
         let changed = on_pool!(&self.pool, p => sqlx::query(SQL)
@@ -202,6 +206,7 @@ impl Ledger {
             .bind(i32::from(change.paused))
             .bind(change.next_at_ms.map(db_ms))
             .bind(db_ms(now_ms))
+            .bind(db_ms(withdrawn))
             .execute(p)
             .await
             .map(|r| r.rows_affected()))

@@ -71,11 +71,21 @@ impl From<ChangeError> for RecurringError {
     }
 }
 
-/// A schedule as an answer gives it: as stored, with its next occurrences.
+/// A schedule as an answer gives it at one moment: as stored, with what
+/// that moment makes of it. The planner makes occurrences tasks a lead
+/// ahead of their time, so what was *planned* (made, not yet due) and what
+/// *fell due* are told apart here.
 #[derive(Clone, Debug)]
 pub struct ScheduleState {
     pub stored: StoredSchedule,
+    /// The next occurrences due after the moment, planned already or not.
     pub upcoming: Vec<u64>,
+    /// Occurrences made tasks and not yet due.
+    pub planned: u64,
+    /// Occurrences whose time has come (tasks made, due by now).
+    pub fell_due: u64,
+    /// The last of those.
+    pub last_fell_due: Option<u64>,
 }
 
 /// What a planner's attempt at an occurrence came to.
@@ -91,23 +101,64 @@ fn now_ms() -> u64 {
     epoch_ms(SystemTime::now())
 }
 
+/// How many of `stored`'s occurrences are tasks made ahead and not yet due
+/// at `now_ms`: those after it and before its next occurrence to make (the
+/// planner makes them in order), or, past its end, up to the last made.
+pub fn planned_at(stored: &StoredSchedule, timing: &Timing, now_ms: u64) -> u64 {
+    if stored.paused {
+        return 0;
+    }
+    let Some(first) = timing.next_after(now_ms) else {
+        return 0;
+    };
+    let last_made = match stored.next_at_ms {
+        Some(next) if next > first => timing.last_at_or_before(next - 1),
+        Some(_) => None,
+        None => stored.last_occurrence_ms,
+    };
+    match last_made {
+        Some(last) if last >= first => timing.count_from_to(first, last),
+        _ => 0,
+    }
+}
+
 impl Scheduler {
     fn timing_of(&self, schedule: &StoredSchedule) -> Result<Timing, ScheduleError> {
         Timing::compile(&schedule.spec, self.cascade().unit_ms())
     }
 
-    /// `stored` with its next `n` occurrences (none while paused).
-    pub fn schedule_state(&self, stored: StoredSchedule, n: usize) -> ScheduleState {
-        let upcoming = match (&stored.next_at_ms, self.timing_of(&stored)) {
-            (Some(next), Ok(timing)) if !stored.paused => {
-                let mut times = vec![*next];
-                times.extend(timing.upcoming(*next, n.saturating_sub(1)));
-                times.truncate(n);
-                times
-            }
-            _ => Vec::new(),
+    /// `stored` as of `now_ms`, with its next `n` occurrences (none while
+    /// paused).
+    pub fn schedule_state(&self, stored: StoredSchedule, n: usize, now_ms: u64) -> ScheduleState {
+        let Ok(timing) = self.timing_of(&stored) else {
+            return ScheduleState {
+                fell_due: stored.occurrences,
+                last_fell_due: stored.last_occurrence_ms,
+                stored,
+                upcoming: Vec::new(),
+                planned: 0,
+            };
         };
-        ScheduleState { stored, upcoming }
+        let planned = planned_at(&stored, &timing, now_ms);
+        let fell_due = stored.occurrences.saturating_sub(planned);
+        let last_fell_due = match stored.last_occurrence_ms {
+            _ if fell_due == 0 => None,
+            Some(last) if last <= now_ms => Some(last),
+            _ => timing.last_at_or_before(now_ms),
+        };
+        let upcoming = match stored.next_at_ms {
+            _ if stored.paused => Vec::new(),
+            Some(_) => timing.upcoming(now_ms, n),
+            // Past its end: only what was made and is still ahead.
+            None => timing.upcoming(now_ms, n.min(planned as usize)),
+        };
+        ScheduleState {
+            stored,
+            upcoming,
+            planned,
+            fell_due,
+            last_fell_due,
+        }
     }
 
     /// Creates a schedule for `client`. The same request again (a retry
@@ -256,7 +307,14 @@ impl Scheduler {
             let held = self.schedule(id, owner).await?;
             let now = now_ms();
             let new = change(&held, now)?;
-            if ledger.change_schedule(id, held.revision, &new, now).await? {
+            // What the change withdraws no longer counts as made.
+            let withdrawn = self
+                .timing_of(&held)
+                .map_or(0, |timing| planned_at(&held, &timing, now));
+            if ledger
+                .change_schedule(id, held.revision, &new, withdrawn, now)
+                .await?
+            {
                 self.withdraw(&held, now).await?;
                 self.inner.wake_planner.notify_one();
                 return self.schedule(id, owner).await;
@@ -266,7 +324,9 @@ impl Scheduler {
     }
 
     /// Cancels the tasks `old` made whose time is still ahead: those of its
-    /// revision before its next occurrence. One already due is delivered.
+    /// revision before its next occurrence (as many as [`planned_at`]
+    /// counts, which the change took off its count). One already due is
+    /// delivered.
     async fn withdraw(&self, old: &StoredSchedule, now: u64) -> Result<(), RecurringError> {
         let (Some(next), Ok(timing)) = (old.next_at_ms, self.timing_of(old)) else {
             return Ok(());

@@ -99,7 +99,16 @@ async function fitsNarrow(page, where) {
 async function signIn(browser, token, viewport) {
   const context = await browser.newContext({ viewport });
   const page = await context.newPage();
-  page.on("dialog", (dialog) => dialog.accept());
+  page.on("dialog", (dialog) => {
+    seen.confirmations = (seen.confirmations || 0) + 1;
+    dialog.accept();
+  });
+  // The console's Content-Security-Policy must block nothing it serves.
+  page.on("console", (message) => {
+    if (message.type() === "error" && /Content Security Policy/i.test(message.text())) {
+      cspViolations.push(message.text());
+    }
+  });
   await page.goto(`${BASE}/console`);
   assert.match(page.url(), /\/console\/login$/);
   for (let i = 0; i < 12; i++) {
@@ -182,8 +191,10 @@ async function cancelByKeyboard(page) {
     if (focused === "Cancel task") break;
     await page.keyboard.press("Tab");
   }
+  const asked = seen.confirmations || 0;
   await page.keyboard.press("Enter");
   await page.waitForURL(/done=/);
+  assert.equal(seen.confirmations, asked + 1, "the cancel asked for a confirmation");
   assert.match(await page.locator("[role=status]").innerText(), /cancelled/);
   assert.match(await page.locator("p", { hasText: "State:" }).innerText(), /State: cancelled/);
   assert.equal(await page.getByRole("button", { name: "Cancel task" }).count(), 0);
@@ -249,7 +260,7 @@ async function viewerCannotCancel(browser) {
     return [response.status, await response.text()];
   });
   assert.equal(refused[0], 403, refused[1]);
-  assert.match(refused[1], /^forbidden: /);
+  assert.match(refused[1], /<code>forbidden<\/code>: /);
   seen.viewer_refused = refused[1];
 }
 
@@ -262,6 +273,8 @@ async function narrowScreens(browser) {
   await page.goto(`${BASE}/console/tasks/b-move`);
   await shot(page, "task-narrow");
 }
+
+const cspViolations = [];
 
 async function main() {
   const browser = await chromium.launch({
@@ -285,6 +298,8 @@ async function main() {
     await schedulesAndProblems(page);
     await viewerCannotCancel(browser);
     await narrowScreens(browser);
+    assert.deepEqual(cspViolations, [], "the policy blocked something the console uses");
+    seen.csp_violations = cspViolations.length;
   } finally {
     await browser.close();
   }

@@ -494,3 +494,114 @@ async fn get_json(app: &TestApp, route: &str) -> (u16, Value) {
         .unwrap();
     (answer.status().as_u16(), answer.json().await.unwrap())
 }
+
+/// Every console answer carries the headers that keep it from being
+/// framed, sniffed or leaking its URLs, with a policy that allows nothing
+/// but the console's own files (and the pages need nothing else: no inline
+/// script or style). The cookie is a session, not the token: useless
+/// against the API, and dead once signed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_sends_its_security_headers_and_holds_sessions_not_tokens() {
+    let mut settings = with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.auth.clients = vec![client("ops", &["admin"])];
+    let app = TestApp::spawn(settings).await;
+    let ops = Browser::sign_in(&app, "tok-ops").await;
+    let session = ops.cookie.split_once('=').unwrap().1.to_owned();
+    assert_ne!(session, "tok-ops");
+    assert_eq!(session.len(), 43, "256 random bits");
+
+    let anonymous = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let get = |path: &str, cookie: Option<&str>| {
+        let mut request = anonymous.get(format!("{}{path}", app.base));
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        request.send()
+    };
+    for (path, cookie, status) in [
+        ("/console", Some(ops.cookie.as_str()), 200),
+        ("/console/login", None, 200),
+        ("/console", None, 303),
+        ("/console/levels", Some(ops.cookie.as_str()), 200),
+        ("/console/tasks/none-such", Some(ops.cookie.as_str()), 404),
+        ("/console/assets/console.css", None, 200),
+        ("/console/assets/console.js", None, 200),
+    ] {
+        let answer = get(path, cookie).await.unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{path}");
+        let headers = answer.headers();
+        let policy = headers["content-security-policy"].to_str().unwrap();
+        for directive in [
+            "default-src 'self'",
+            "frame-ancestors 'none'",
+            "script-src 'self'",
+        ] {
+            assert!(policy.contains(directive), "{path}: {policy}");
+        }
+        assert_eq!(headers["x-frame-options"], "DENY", "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(headers["referrer-policy"], "no-referrer", "{path}");
+        if status != 303 && !path.contains("/assets/") {
+            assert!(
+                headers["content-type"].to_str().unwrap().starts_with(
+                    if path.ends_with("levels") {
+                        "application/json"
+                    } else {
+                        "text/html"
+                    }
+                ),
+                "{path}"
+            );
+            let body = answer.text().await.unwrap();
+            // Nothing the policy would block: no inline script or style.
+            assert!(
+                !body.contains("style=")
+                    && !body.contains("<style")
+                    && !body.contains("<script>")
+                    && !body.contains("onsubmit"),
+                "{path}: {body}"
+            );
+            if path.ends_with("none-such") {
+                assert!(body.contains("task_not_found"), "{body}");
+            }
+            if path.ends_with("levels") {
+                let levels: Value = serde_json::from_str(&body).unwrap();
+                assert!(
+                    levels
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .all(|l| l["messages"].is_u64()),
+                    "counts, not floats: {body}"
+                );
+            }
+        }
+    }
+
+    // The cookie's value is no API token.
+    let as_token = app
+        .http
+        .get(format!("{}/v1/tasks", app.base))
+        .bearer_auth(&session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(as_token.status(), 401);
+
+    // Signed out, the same cookie opens nothing.
+    let (_, page) = ops.get("/console").await;
+    let (status, location) = ops
+        .post(
+            "/console/logout",
+            &[("csrf", &csrf_of(&page))],
+            "same-origin",
+        )
+        .await;
+    assert_eq!((status, location.as_str()), (303, "/console/login"));
+    let (status, _) = ops.get("/console").await;
+    assert_eq!(status, 303, "the old cookie after sign-out");
+    app.stop().await.unwrap();
+}

@@ -170,6 +170,81 @@ async fn each_occurrence_is_delivered_once_never_early_and_a_delete_withdraws_th
     }
 }
 
+/// What a schedule says is what happened: occurrences made ahead (the
+/// lead) are `planned`, not counted as occurrences, until their time comes;
+/// `last_occurrence` is the last that fell due, never one in the future;
+/// `next_occurrences` are the next due, planned or not, with no gap after
+/// the last; a change withdraws what was planned and it no longer counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_tells_what_was_planned_from_what_fell_due() {
+    let mut app = TestApp::spawn(default_settings()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "reports.told").await;
+    create(
+        &app,
+        json!({"id": "told", "destination": "reports.told", "every": "1s"}),
+    )
+    .await;
+    let mut arrived = 0;
+    while arrived < 3 {
+        let message = consumer
+            .next(Duration::from_secs(10))
+            .await
+            .expect("an occurrence");
+        occurrence_of(&message, "told");
+        arrived += 1;
+    }
+    let before = epoch_ms(std::time::SystemTime::now());
+    let (_, told) = app.get("/v1/schedules/told").await;
+    let after = epoch_ms(std::time::SystemTime::now());
+    let fell_due = told["occurrences"].as_u64().unwrap();
+    let planned = told["planned"].as_u64().unwrap();
+    // The default lead (30 s) holds about 30 occurrences of a 1 s schedule.
+    assert!((3..=6).contains(&fell_due), "{told}");
+    assert!((25..=31).contains(&planned), "{told}");
+    let last = parse_epoch_ms(told["last_occurrence"].as_str().unwrap()).unwrap();
+    assert!(last <= after, "a last occurrence in the future: {told}");
+    let next: Vec<u64> = told["next_occurrences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| parse_epoch_ms(t.as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(next.len(), 5);
+    assert!(
+        next[0] > before && next[0] - last == 1_000,
+        "no gap: {told}"
+    );
+    assert!(next.windows(2).all(|w| w[1] - w[0] == 1_000), "{told}");
+    assert_eq!(
+        told["next_task_id"],
+        format!("told~1@{}", delayline::task::format_epoch_ms(next[0]))
+    );
+    let (_, task) = app
+        .get(&format!(
+            "/v1/tasks/told~1@{}",
+            delayline::task::format_epoch_ms(next[0])
+        ))
+        .await;
+    assert_eq!(
+        task["state"], "scheduled",
+        "the next is planned already: {task}"
+    );
+
+    // A change withdraws the planned occurrences: they are not counted.
+    let (status, changed) = app
+        .patch("/v1/schedules/told", &json!({"every": "2s"}))
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    let (_, told) = app.get("/v1/schedules/told").await;
+    let now_due = told["occurrences"].as_u64().unwrap();
+    assert!(
+        (fell_due..=fell_due + 2).contains(&now_due),
+        "withdrawn occurrences still counted: {told}"
+    );
+    drop(consumer);
+    app.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_resume_and_patch_change_what_is_delivered_from_then_on() {
     let mut app = TestApp::spawn(default_settings()).await;

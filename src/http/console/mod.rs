@@ -3,15 +3,20 @@
 //! refresh), nothing fetched from elsewhere.
 //!
 //! It reads and acts only through the scheduler, as the API does, and with
-//! the API's permissions: a client signs in with its token, which is kept in
-//! an HttpOnly, SameSite=Strict cookie; every form that changes something
-//! carries a token derived from the session (`csrf`) and is refused from
-//! another site. A button the caller may not use is not shown, and the
-//! server refuses the action anyway.
+//! the API's permissions: a client signs in with its token and gets a
+//! server-side session (`sessions`), whose id is kept in an HttpOnly,
+//! SameSite=Strict cookie; every form that changes something carries a
+//! token derived from the session (`csrf`) and is refused from another
+//! site. A button the caller may not use is not shown, and the server
+//! refuses the action anyway. Every answer carries a Content-Security-Policy
+//! that allows nothing but this origin's own files (`assets`: the style
+//! sheet and the chart's script), and refuses framing.
 
+mod assets;
+mod sessions;
 mod views;
 
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -60,16 +65,22 @@ impl IntoResponse for Refusal {
         match self {
             Refusal::SignIn => Redirect::to("/console/login").into_response(),
             Refusal::Refused(error) => refused(*error),
-            Refusal::StaleForm => (
-                StatusCode::FORBIDDEN,
-                "the form is stale or from another site",
-            )
-                .into_response(),
+            Refusal::StaleForm => {
+                let page = views::refusal(
+                    "Forbidden",
+                    "stale_form",
+                    "the form is stale or from another site",
+                );
+                (StatusCode::FORBIDDEN, html(page)).into_response()
+            }
         }
     }
 }
 
-fn cookie_token(headers: &HeaderMap) -> Option<String> {
+pub use sessions::Sessions;
+
+/// The session id the cookie carries.
+fn cookie_session(headers: &HeaderMap) -> Option<String> {
     let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
     cookies.split(';').find_map(|pair| {
         let (name, value) = pair.trim().split_once('=')?;
@@ -77,16 +88,22 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
     })
 }
 
-/// The session of a request, or the sign-in page.
+/// The session of a request, or the sign-in page. Its token is
+/// authenticated again: one no longer known ends the session.
 fn session(state: &AppState, headers: &HeaderMap) -> Result<Session, Refusal> {
-    let token = cookie_token(headers);
-    let caller = state
-        .auth
-        .authenticate(token.as_deref())
-        .map_err(|_| Refusal::SignIn)?;
+    let id = cookie_session(headers);
+    let token = id
+        .as_deref()
+        .and_then(|id| state.console_sessions.token(id, Instant::now()));
+    let Ok(caller) = state.auth.authenticate(token.as_deref()) else {
+        if let (Some(id), Some(_)) = (&id, &token) {
+            state.console_sessions.close(id);
+        }
+        return Err(Refusal::SignIn);
+    };
     let mut hash = Sha256::new();
     hash.update(state.console_secret);
-    hash.update(token.as_deref().unwrap_or("").as_bytes());
+    hash.update(id.as_deref().unwrap_or("").as_bytes());
     Ok(Session {
         signed_in: token.is_some(),
         caller,
@@ -143,9 +160,12 @@ fn html(markup: Markup) -> Response {
         .into_response()
 }
 
+/// The API's refusal as a page: its status, code and message.
 fn refused(error: ApiError) -> Response {
     let body = error.body();
-    (error.status, format!("{}: {}", body.code, body.message)).into_response()
+    let title = error.status.canonical_reason().unwrap_or("Refused");
+    let page = views::refusal(title, &body.code, &body.message);
+    (error.status, html(page)).into_response()
 }
 
 async fn login_page() -> Response {
@@ -162,11 +182,12 @@ async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Re
         let page = views::login(Some("That token is not known."));
         return (StatusCode::UNAUTHORIZED, html(page)).into_response();
     }
+    let id = state.console_sessions.open(&form.token, Instant::now());
     // Over HTTPS, never sent over plain HTTP.
     let secure = if state.https { "; Secure" } else { "" };
     let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/console{secure}",
-        form.token
+        "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/console; Max-Age={}{secure}",
+        sessions::LIFETIME.as_secs()
     );
     ([(header::SET_COOKIE, cookie)], Redirect::to("/console")).into_response()
 }
@@ -180,6 +201,9 @@ async fn logout(
         && let Err(refusal) = check_form(&session, &headers, &form.csrf)
     {
         return refusal.into_response();
+    }
+    if let Some(id) = cookie_session(&headers) {
+        state.console_sessions.close(&id);
     }
     let cookie = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0");
     (
@@ -232,7 +256,7 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
 }
 
 /// Messages held per level, as the metrics last read them from the broker.
-fn levels(state: &AppState, scrape: &str) -> Vec<(u32, f64)> {
+fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
     (0..state.scheduler.cascade().levels())
         .rev()
         .map(|level| {
@@ -240,7 +264,9 @@ fn levels(state: &AppState, scrape: &str) -> Vec<(u32, f64)> {
                 "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
                 state.scheduler.cascade().level_queue(level)
             );
-            (level, sample(scrape, &series).unwrap_or(0.0))
+            // A gauge of whole messages: a count, not a float.
+            let messages = sample(scrape, &series).unwrap_or(0.0).max(0.0).round() as u64;
+            (level, messages)
         })
         .collect()
 }
@@ -405,11 +431,17 @@ async fn task_page(
         Err(error) => return refused(error.into()),
     };
     let Some(task) = found else {
-        return (StatusCode::NOT_FOUND, format!("no task {id:?}")).into_response();
+        let page = views::refusal(
+            "Not Found",
+            crate::http::codes::ErrorCode::TaskNotFound.as_str(),
+            &format!("no task {id:?}"),
+        );
+        return (StatusCode::NOT_FOUND, html(page)).into_response();
     };
     let cascade = state.scheduler.cascade();
     let view = views::TaskPage {
         levels: waits(&task.routing_key, cascade.levels(), cascade.unit_ms()),
+        release_stage: cascade.release_stage(),
         task: &task,
         may_cancel: session.caller.may(Permission::Cancel),
         may_reschedule: session.caller.may(Permission::Reschedule),
@@ -491,9 +523,10 @@ async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Respons
         Ok(found) => found,
         Err(error) => return refused(error.into()),
     };
+    let now_ms = crate::task::epoch_ms(SystemTime::now());
     let states: Vec<_> = found
         .into_iter()
-        .map(|s| state.scheduler.schedule_state(s, 3))
+        .map(|s| state.scheduler.schedule_state(s, 3, now_ms))
         .collect();
     html(views::schedules(
         &states,
@@ -597,4 +630,9 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/schedules/{id}/{action}", post(pause))
         .route("/console/problems", get(problems))
         .route("/console/problems/requeue", post(requeue))
+        .route(assets::STYLE_PATH, get(assets::style))
+        .route(assets::SCRIPT_PATH, get(assets::script))
+        .layer(axum::middleware::map_response(
+            assets::with_security_headers,
+        ))
 }

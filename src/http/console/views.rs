@@ -1,30 +1,12 @@
 //! The console's pages as HTML (maud escapes every value it is given), from
 //! data the handlers read through the scheduler. Pure: no I/O here.
 
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 
 use crate::ledger::StoredTask;
 use crate::metrics::recent::{LatenessSummary, WINDOW_MINUTES};
 use crate::scheduler::ScheduleState;
 use crate::task::{TaskState, format_epoch_ms};
-
-/// Small, and readable on a narrow screen; contrast at least 4.5:1.
-const CSS: &str = "body{font:16px/1.5 system-ui,sans-serif;margin:0;color:#111;background:#fff}\
-header{background:#1d3557;padding:.5rem 1rem}header a{color:#fff;margin-right:1rem}\
-header a:focus{outline:3px solid #ffb703}main{padding:1rem;max-width:70rem}\
-table{border-collapse:collapse;width:100%;display:block;overflow-x:auto}\
-th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #ccc;vertical-align:top}\
-.bar{background:#1d3557;height:1rem;min-width:1px}.notice{background:#fff3cd;padding:.5rem}\
-.error{background:#f8d7da;padding:.5rem}pre{white-space:pre-wrap;word-break:break-all;\
-background:#f4f4f4;padding:.5rem}label{display:inline-block;margin:.2rem .8rem .2rem 0}\
-button,input,select{font:inherit;padding:.2rem .4rem}";
-
-/// Refreshes the level chart from `/console/levels` every 5 s.
-const LEVELS_JS: &str = "setInterval(async()=>{try{const r=await fetch('/console/levels');\
-if(!r.ok)return;const l=await r.json();const m=Math.max(1,...l.map(x=>x.messages));\
-for(const x of l){const b=document.getElementById('bar-'+x.level);\
-const n=document.getElementById('n-'+x.level);if(b)b.style.width=(100*x.messages/m)+'%';\
-if(n)n.textContent=x.messages;}}catch(e){}},5000);";
 
 /// One page: navigation, a heading, the body.
 /// `signed_in`: the session's form token, when signed in with a token.
@@ -36,7 +18,8 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · delayline" }
-                style { (PreEscaped(CSS)) }
+                link rel="stylesheet" href=(super::assets::STYLE_PATH);
+                script src=(super::assets::SCRIPT_PATH) defer {}
             }
             body {
                 header {
@@ -46,7 +29,7 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
                         a href="/console/schedules" { "Schedules" }
                         a href="/console/problems" { "Problems" }
                         @if let Some(csrf) = signed_in {
-                            form method="post" action="/console/logout" style="display:inline" {
+                            form.inline method="post" action="/console/logout" {
                                 input type="hidden" name="csrf" value=(csrf);
                                 button type="submit" { "Sign out" }
                             }
@@ -57,6 +40,18 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
             }
         }
     }
+}
+
+/// A refusal (the API's code and message) as a page of its own.
+pub fn refusal(title: &str, code: &str, message: &str) -> Markup {
+    page(
+        title,
+        None,
+        html! {
+            p.error role="alert" { code { (code) } ": " (message) }
+            p { a href="/console" { "Back to the overview" } }
+        },
+    )
 }
 
 pub fn login(error: Option<&str>) -> Markup {
@@ -86,14 +81,14 @@ pub struct Readiness {
 pub struct Overview {
     pub chain: Vec<(&'static str, String)>,
     pub ready: Readiness,
-    pub levels: Vec<(u32, f64)>,
+    pub levels: Vec<(u32, u64)>,
     pub counts: Vec<(&'static str, String)>,
     /// Deliveries over the last minutes on this replica.
     pub recent: Option<LatenessSummary>,
 }
 
 pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
-    let most = data.levels.iter().map(|(_, n)| *n).fold(1.0, f64::max);
+    let most = data.levels.iter().map(|(_, n)| *n).fold(1, u64::max);
     page(
         "Overview",
         signed_in,
@@ -121,19 +116,19 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
             p { small { "Over the last " (WINDOW_MINUTES) " minutes, on this replica, after each task's due time." } }
             h2 #levels-heading { "Tasks held per level" }
             table aria-labelledby="levels-heading" {
-                thead { tr { th { "level" } th { "messages" } th style="width:60%" { "" } } }
+                thead { tr { th { "level" } th { "messages" } th.wide { "" } } }
                 tbody {
                     @for (level, messages) in &data.levels {
                         tr {
                             td { (level) }
                             td id=(format!("n-{level}")) { (messages) }
-                            td { div.bar id=(format!("bar-{level}"))
-                                style=(format!("width:{}%", 100.0 * messages / most)) {} }
+                            td { progress.bar id=(format!("bar-{level}")) value=(messages) max=(most)
+                                aria-label=(format!("level {level}")) { (messages) } }
                         }
                     }
                 }
             }
-            script { (PreEscaped(LEVELS_JS)) }
+
         },
     )
 }
@@ -214,6 +209,8 @@ fn task_table(found: &[StoredTask]) -> Markup {
 pub struct TaskPage<'a> {
     pub task: &'a StoredTask,
     pub levels: Vec<(u32, u64)>,
+    /// The chain's release stage takes the task at the end of the levels.
+    pub release_stage: bool,
     pub may_cancel: bool,
     pub may_reschedule: bool,
     pub csrf: &'a str,
@@ -231,17 +228,17 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
             (notice(&view.notice))
             p { "State: " strong { (task.state.as_str()) } ", revision " (task.revision) }
             h2 { "Timeline" }
-            ol { @for (when, what) in timeline(task, &view.levels) { li { (when) ": " (what) } } }
+            ol { @for (when, what) in timeline(task, &view.levels, view.release_stage) { li { (when) ": " (what) } } }
             @if changeable && view.may_cancel {
                 form method="post" action=(format!("{path}/cancel"))
-                    onsubmit="return confirm('Cancel this task? It will never be delivered.')" {
+                    data-confirm="Cancel this task? It will never be delivered." {
                     input type="hidden" name="csrf" value=(view.csrf);
                     button type="submit" { "Cancel task" }
                 }
             }
             @if changeable && view.may_reschedule {
                 form method="post" action=(format!("{path}/reschedule"))
-                    onsubmit="return confirm('Move this task to its new due time?')" {
+                    data-confirm="Move this task to its new due time?" {
                     input type="hidden" name="csrf" value=(view.csrf);
                     label { "Due in " input type="text" name="delay" placeholder="10m" required; }
                     button type="submit" { "Reschedule" }
@@ -257,36 +254,50 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
     )
 }
 
-/// What happened to a task, in order, with the levels it waits in.
-fn timeline(task: &StoredTask, levels: &[(u32, u64)]) -> Vec<(String, String)> {
-    let mut events = vec![(format_epoch_ms(task.created_at_ms), "accepted".to_owned())];
+/// What happened to a task, in time order, with the levels it waits in
+/// (each for its TTL from the moment it enters: the broker's transit comes
+/// on top) and, with the release stage, when it reaches the stage: before
+/// its due time it is held until then; after it, it is late by that much.
+fn timeline(
+    task: &StoredTask,
+    levels: &[(u32, u64)],
+    release_stage: bool,
+) -> Vec<(String, String)> {
+    // `None`: now, after everything that has a time.
+    let mut events: Vec<(Option<u64>, String)> =
+        vec![(Some(task.created_at_ms), "accepted".to_owned())];
     match (task.published_at_ms, &task.last_error) {
-        (Some(at), _) => {
-            events.push((format_epoch_ms(at), "published into the cascade".to_owned()))
-        }
-        (None, Some(error)) => events.push(("now".to_owned(), format!("pending: {error}"))),
+        (Some(at), _) => events.push((Some(at), "published into the cascade".to_owned())),
+        (None, Some(error)) => events.push((None, format!("pending: {error}"))),
         (None, None) => {}
     }
     let mut at = task.published_at_ms.unwrap_or(task.created_at_ms);
     for (level, ms) in levels {
-        events.push((
-            format_epoch_ms(at),
-            format!("waits in level {level} for {ms} ms"),
-        ));
+        events.push((Some(at), format!("waits in level {level} for {ms} ms")));
         at += ms;
     }
-    events.push((format_epoch_ms(task.deliver_at_ms), "due".to_owned()));
+    let due = task.deliver_at_ms;
+    if release_stage {
+        let what = if at <= due {
+            format!("reaches the release stage, held {} ms until due", due - at)
+        } else {
+            format!("reaches the release stage {} ms after due", at - due)
+        };
+        events.push((Some(at), what));
+    }
+    events.push((Some(due), "due".to_owned()));
     if let Some(at) = task.delivered_at_ms {
         let late = task.lateness_ms().unwrap_or_default();
-        events.push((
-            format_epoch_ms(at),
-            format!("delivered, {late} ms after due"),
-        ));
+        events.push((Some(at), format!("delivered, {late} ms after due")));
     }
     if let Some(at) = task.cancelled_at_ms {
-        events.push((format_epoch_ms(at), "cancelled".to_owned()));
+        events.push((Some(at), "cancelled".to_owned()));
     }
+    events.sort_by_key(|(at, _)| at.unwrap_or(u64::MAX));
     events
+        .into_iter()
+        .map(|(at, what)| (at.map_or("now".to_owned(), format_epoch_ms), what))
+        .collect()
 }
 
 fn payload(task: &StoredTask) -> Markup {
@@ -367,7 +378,7 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
                 code { "delayline requeue-unroutable" } " does)." }
             @if view.may_requeue {
                 form method="post" action="/console/problems/requeue"
-                    onsubmit="return confirm('Send the unroutable messages back to the business exchange?')" {
+                    data-confirm="Send the unroutable messages back to the business exchange?" {
                     input type="hidden" name="csrf" value=(view.csrf);
                     button type="submit" { "Requeue unroutable messages" }
                 }
@@ -396,4 +407,79 @@ pub fn urlencode(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(deliver_at_ms: u64, delivered_at_ms: Option<u64>) -> StoredTask {
+        StoredTask {
+            id: "t".into(),
+            idempotency_key: None,
+            state: TaskState::Delivered,
+            destination: "d".into(),
+            routing_key: "0.1.1.d".into(),
+            delay_ms: deliver_at_ms - 10_000,
+            deliver_at_ms,
+            created_at_ms: 10_000,
+            published_at_ms: Some(10_005),
+            content_type: "text/plain".into(),
+            headers: Default::default(),
+            payload: None,
+            payload_bytes: 0,
+            attempts: 1,
+            last_error: None,
+            client: None,
+            exchange: None,
+            carried: None,
+            publish_alone: false,
+            refusals: 0,
+            revision: 1,
+            delivered_at_ms,
+            cancelled_at_ms: None,
+        }
+    }
+
+    fn times(events: &[(String, String)]) -> Vec<u64> {
+        events
+            .iter()
+            .map(|(at, _)| crate::task::parse_epoch_ms(at).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_timeline_is_in_time_order_and_says_where_the_release_stage_took_over() {
+        // 3 s of levels (2 s and 1 s) for a 3.5 s delay: held 495 ms.
+        let levels = [(1, 2_000), (0, 1_000)];
+        let held = timeline(&task(13_500, Some(13_501)), &levels, true);
+        let at = times(&held);
+        assert!(at.windows(2).all(|w| w[0] <= w[1]), "{held:?}");
+        let whats: Vec<&str> = held.iter().map(|(_, what)| what.as_str()).collect();
+        assert_eq!(
+            whats,
+            [
+                "accepted",
+                "published into the cascade",
+                "waits in level 1 for 2000 ms",
+                "waits in level 0 for 1000 ms",
+                "reaches the release stage, held 495 ms until due",
+                "due",
+                "delivered, 1 ms after due",
+            ]
+        );
+        // A delay of whole units with no lead: the levels end after "due",
+        // and the timeline says so in order, not a wait ending past due.
+        let late = timeline(&task(13_000, Some(13_009)), &levels, true);
+        let whats: Vec<&str> = late.iter().map(|(_, what)| what.as_str()).collect();
+        assert_eq!(
+            whats[4..],
+            [
+                "due",
+                "reaches the release stage 5 ms after due",
+                "delivered, 9 ms after due"
+            ]
+        );
+        assert!(times(&late).windows(2).all(|w| w[0] <= w[1]), "{late:?}");
+    }
 }
