@@ -376,17 +376,24 @@ proptest! {
             let fewer_keep = fewer * unit_ms - u64::from(fewer.count_ones());
             prop_assert!(u128::from(fewer_keep) * 1_000_000 < u128::from(delay_ns));
         }
-        prop_assert!(route.hold_ms < unit_ms + cascade.release_lead_ms());
         if route.held {
-            // Never more hops than rounding down; and the lead held, unless
-            // holding it would have cost a hop.
+            // Never more hops than rounding down; the lead held unless no
+            // count of units within the round-delay allowance below the
+            // lead has so few hops (searched one by one), and then rounded
+            // down; held longer than the lead only by that allowance.
             let rounded_down = route.delay_ms / unit_ms;
-            prop_assert!(route.delay_units.count_ones() <= rounded_down.count_ones());
+            let hops = rounded_down.count_ones();
+            prop_assert!(route.delay_units.count_ones() <= hops);
             let lead = cascade.release_lead_ms();
-            prop_assert!(
-                route.hold_ms >= lead.min(route.delay_ms) || route.delay_units == rounded_down,
-                "held {} ms, lead {lead}", route.hold_ms
-            );
+            let with_lead = route.delay_ms.saturating_sub(lead) / unit_ms;
+            let allowance = cascade.round_hold_allowance_units(rounded_down);
+            let best = (with_lead.saturating_sub(allowance)..=with_lead)
+                .rev()
+                .find(|units| units.count_ones() <= hops);
+            prop_assert_eq!(route.delay_units, best.unwrap_or(rounded_down));
+            prop_assert!(route.hold_ms < unit_ms + lead + allowance * unit_ms);
+        } else {
+            prop_assert!(route.hold_ms < unit_ms + cascade.release_lead_ms());
         }
         prop_assert_eq!(route.held, precision_ms < unit_ms);
         if !route.held {

@@ -177,20 +177,37 @@ impl Cascade {
 
     /// The units a held task of `delay_ms` spends in the levels: enough
     /// fewer than its delay to reach the release stage the release lead
-    /// early, so that the broker's transit is absorbed by the hold, unless
-    /// that would cost a hop (a set digit) more than rounding down: then
-    /// rounded down, reaching the stage its remainder early. So a held task
-    /// never takes more hops than the coarse unit rounding down, and a
-    /// fixed delay of whole units (24 h is 86,400 s, 5 set digits; 86,399
-    /// has 11) keeps its few.
+    /// early, so that the broker's transit is absorbed by the hold, and
+    /// never with more hops (set digits) than rounding down would take.
+    ///
+    /// Leaving the lead costs a round delay hops: 60 s is `111100`, 59 s
+    /// `111011`. So it gets the most units below the lead that have no more
+    /// set digits than rounding down (58 s, `111010`: held 2 s), provided
+    /// that holds it at most [`Cascade::round_hold_allowance_units`] longer
+    /// than the lead would; otherwise it is rounded down, and reaches the
+    /// stage its remainder early (late by the transit when that is nothing).
     fn held_units(&self, delay_ms: u64) -> u64 {
         let rounded_down = delay_ms / self.unit_ms();
         let with_lead = delay_ms.saturating_sub(self.release_lead_ms()) / self.unit_ms();
-        if with_lead.count_ones() <= rounded_down.count_ones() {
-            with_lead
+        let hops = rounded_down.count_ones();
+        if with_lead.count_ones() <= hops {
+            return with_lead;
+        }
+        let fewer = highest_set_digits(with_lead, hops);
+        if with_lead - fewer <= self.round_hold_allowance_units(rounded_down) {
+            fewer
         } else {
             rounded_down
         }
+    }
+
+    /// How many units longer than the lead a round delay of `units` may be
+    /// held to keep its few hops: 1/256 of the delay (the release stage
+    /// holds at most that share of what the levels hold), at least 8 units,
+    /// and never more than [`MAX_ROUND_HOLD_MS`], far below RabbitMQ's
+    /// consumer timeout (30 minutes by default) for a message held unacked.
+    pub fn round_hold_allowance_units(&self, units: u64) -> u64 {
+        (units / 256).max(8).min(MAX_ROUND_HOLD_MS / self.unit_ms())
     }
 
     /// The route of a delay already expressed in units (`<= max_delay_units`),
@@ -267,6 +284,24 @@ pub fn destination_of(routing_key: &str, levels: u32) -> Option<&str> {
     (!rest.is_empty()).then_some(rest)
 }
 
+/// The longest a round delay is held beyond the lead to keep its hops.
+pub const MAX_ROUND_HOLD_MS: u64 = 64_000;
+
+/// The largest number no greater than `n` with at most `digits` set binary
+/// digits: `n`'s highest `digits` set digits.
+fn highest_set_digits(n: u64, digits: u32) -> u64 {
+    let mut kept = 0;
+    let mut rest = n;
+    for _ in 0..digits {
+        let Some(top) = rest.checked_ilog2() else {
+            break;
+        };
+        kept |= 1 << top;
+        rest &= !(1 << top);
+    }
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +344,60 @@ mod tests {
             matches!(err, RouteError::DelayTooLong { max_ms: 146, .. }),
             "{err:?}"
         );
+    }
+
+    /// The default chain (29 levels of 1 s, held), as a user has it.
+    fn default_held() -> Cascade {
+        crate::cascade::CascadeSettings {
+            release_stage: Some(true),
+            ..crate::cascade::CascadeSettings::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn round_delays_reach_the_release_stage_a_lead_early_with_no_more_hops() {
+        let chain = default_held();
+        assert_eq!((chain.unit_ms(), chain.release_lead_ms()), (1_000, 1_000));
+        for (seconds, units) in [
+            (30, 29),
+            (60, 58),
+            (120, 116),
+            (300, 298),
+            (3_600, 3_592),
+            (7_200, 7_184),
+            (86_400, 86_336),
+            // Not round: the lead costs no hop, so it is one unit less.
+            (59, 58),
+            (61, 60),
+        ] {
+            let route = chain.route(Duration::from_secs(seconds), "d").unwrap();
+            assert_eq!(route.delay_units, units, "{seconds} s");
+            assert!(
+                route.delay_units.count_ones() <= seconds.count_ones(),
+                "{seconds} s"
+            );
+            assert!(
+                route.hold_ms >= chain.release_lead_ms(),
+                "{seconds} s: a lead"
+            );
+            assert_eq!(route.delay_ms, seconds * 1_000);
+        }
+        // A power of two would be held for half its delay: beyond the
+        // allowance, it is rounded down (reaching the stage with no lead).
+        let far = chain.route(Duration::from_secs(1 << 20), "d").unwrap();
+        assert_eq!((far.delay_units, far.hold_ms), (1 << 20, 0));
+    }
+
+    #[test]
+    fn the_highest_set_digits_are_the_largest_number_with_that_many() {
+        for n in 0..2_048u64 {
+            for digits in 0..12 {
+                let expected = (0..=n).rev().find(|m| m.count_ones() <= digits).unwrap();
+                assert_eq!(highest_set_digits(n, digits), expected, "{n} {digits}");
+            }
+        }
     }
 
     #[test]

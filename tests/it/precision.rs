@@ -112,6 +112,63 @@ async fn the_default_chain_delivers_to_the_millisecond_never_early() {
     assert_eq!(sample(&scrape, "delayline_release_held"), Some(0.0));
 }
 
+/// Units a routing key encodes (its binary digits before the destination).
+fn units_of(routing_key: &str, levels: u32) -> u64 {
+    routing_key
+        .split('.')
+        .take(levels as usize)
+        .fold(0, |units, digit| units << 1 | u64::from(digit == "1"))
+}
+
+/// Round delays (whole minutes, hours: the most common) reach the release
+/// stage a lead early like any other, with no more hops than rounding
+/// down: on the default chain 60 s waits 58 units and 1 h 3,592; on 10 ms
+/// units 600 ms waits 58 units, and each is held, then delivered, never
+/// early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_delays_reach_the_release_stage_a_lead_early_and_are_held() {
+    let defaults = CascadeSettings::default();
+    let app = TestApp::spawn(holding(defaults.levels, defaults.unit_ms, Backend::Sqlite)).await;
+    for (delay_ms, units) in [(60_000, 58), (3_600_000, 3_592), (86_400_000, 86_336)] {
+        let accepted = post(&base(&app), "round", delay_ms).await;
+        assert_eq!(accepted["delay_ms"], delay_ms);
+        let key = accepted["routing_key"].as_str().unwrap();
+        assert_eq!(
+            units_of(key, defaults.levels),
+            units,
+            "{delay_ms} ms: {key}"
+        );
+        let (status, _) = app
+            .delete(&format!("/v1/tasks/{}", accepted["id"].as_str().unwrap()))
+            .await;
+        assert_eq!(status, 200);
+    }
+    app.stop().await.unwrap();
+
+    let mut app = TestApp::spawn(holding(12, 10, Backend::Sqlite)).await;
+    let key = app.cascade.binding_key("round");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    let mut ids = HashSet::new();
+    for (delay_ms, units) in [(600, 58), (1_200, 116), (3_000, 298), (600, 58)] {
+        let accepted = post(&base(&app), "round", delay_ms).await;
+        assert_eq!(
+            units_of(accepted["routing_key"].as_str().unwrap(), 12),
+            units
+        );
+        ids.insert(accepted["id"].as_str().unwrap().to_owned());
+    }
+    let lateness = receive_all(&mut consumer, &ids).await;
+    assert!(*lateness.last().unwrap() < 300, "{lateness:?}");
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sample(&scrape, "delayline_release_hold_seconds_count"),
+        Some(ids.len() as f64),
+        "each round delay was held"
+    );
+    drop(consumer);
+    app.stop().await.unwrap();
+}
+
 /// A held task is still the client's: cancelled, it never arrives; moved,
 /// only its new revision arrives, at its new time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
