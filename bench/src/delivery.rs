@@ -394,29 +394,60 @@ impl Measured<'_> {
 /// so that tasks fall due at that rate too, while others keep coming in.
 /// Submitting them all first instead synchronises the levels: every task
 /// with the same high digit expires at once, a burst no steady load makes.
+/// The delays of a steady run's tasks.
+#[derive(Clone, Copy, Debug)]
+pub enum Mix {
+    /// 3 to 5 s, spread to the millisecond.
+    Spread,
+    /// Whole seconds, as users most often ask (30 s, 1 min), in turn:
+    /// delays whose set digits rounding down would keep. The bench sends a
+    /// batch every 50 ms; a task gets the millisecond of the tick its own
+    /// request would have come in (n % 50) on top, so that 1,000 requests
+    /// a second fall due spread as they came, not 50 at one millisecond.
+    Round(&'static [u64]),
+}
+
+impl Mix {
+    fn delay_ms(self, n: usize) -> u64 {
+        match self {
+            Mix::Spread => 3_000 + (n as u64 * 104_729) % 2_000,
+            Mix::Round(seconds) => seconds[n % seconds.len()] * 1_000 + (n % 50) as u64,
+        }
+    }
+
+    /// When the first tasks fall due after they are sent.
+    fn first_due(self) -> Duration {
+        match self {
+            Mix::Spread => Duration::from_secs(4),
+            Mix::Round(seconds) => Duration::from_secs(seconds.iter().copied().min().unwrap_or(0)),
+        }
+    }
+
+    fn longest(self) -> Duration {
+        match self {
+            Mix::Spread => Duration::from_secs(5),
+            Mix::Round(seconds) => Duration::from_secs(seconds.iter().copied().max().unwrap_or(0)),
+        }
+    }
+}
+
 pub async fn steady(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
     label: &str,
     rate: f64,
     seconds: f64,
+    mix: Mix,
     progress: &ProgressBar,
 ) -> anyhow::Result<Precision> {
     const TICK: Duration = Duration::from_millis(50);
     let destination = format!("steady-{label}");
     let mut arrivals = consume(sut, &destination, amqp_uri).await?;
-    // While the tasks fall due (3 to 5 s after they are sent), a tenth as
-    // many publishes of the bench's own at set moments.
+    // While the tasks fall due, a tenth as many publishes of the bench's
+    // own at set moments.
     let floor_rate = (rate / 10.0).max(50.0);
-    let probe = crate::floor::start(
-        sut,
-        amqp_uri,
-        label,
-        Duration::from_secs(4),
-        floor_rate,
-        seconds,
-    )
-    .await?;
+    let probe =
+        crate::floor::start(sut, amqp_uri, label, mix.first_due(), floor_rate, seconds).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let url = format!("{}/v1/tasks/batch", sut.base);
     let tasks = (rate * seconds) as usize;
@@ -440,7 +471,7 @@ pub async fn steady(
         let url = url.clone();
         let destination = destination.clone();
         batches.push(tokio::spawn(async move {
-            let delays: Vec<u64> = batch.iter().map(|&n| 3_000 + (n as u64 * 104_729) % 2_000).collect();
+            let delays: Vec<u64> = batch.iter().map(|&n| mix.delay_ms(n)).collect();
             let body: Vec<_> = batch
                 .iter()
                 .zip(&delays)
@@ -475,7 +506,7 @@ pub async fn steady(
             tasks - submitted.len()
         );
     }
-    let wait = Duration::from_secs(70);
+    let wait = Duration::from_secs(65) + mix.longest();
     let measured = Measured {
         label,
         submitted: &submitted,

@@ -18,6 +18,7 @@ mod rabbitmqctl;
 mod routing;
 mod schedules;
 mod sut;
+mod timer;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,7 +53,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules); all by default.
+    /// backlog, ledger, schedules, timer); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -65,6 +66,10 @@ struct Args {
     /// The hold phase's steady runs only (no spread, no drain).
     #[arg(long)]
     hold_steady_only: bool,
+    /// The held 1 s chain's steady runs with round delays (30 s and 1 min in
+    /// turn) beside the spread ones.
+    #[arg(long)]
+    hold_round: bool,
     /// Ledgers the HTTP ingest is measured with (none, sqlite, postgres);
     /// `+auth` (`sqlite+auth`) requires a token on every request.
     #[arg(long, value_delimiter = ',', default_value = "none,sqlite,postgres")]
@@ -108,6 +113,8 @@ struct Results {
     ledger: Vec<ledger::LedgerRun>,
     /// Held schedules' cost, and their occurrences' lateness.
     schedules: Option<schedules::Schedules>,
+    /// How late a waiting task runs (the release stage's wait), by waiter.
+    timer: Vec<timer::Timer>,
 }
 
 #[derive(Debug, Serialize)]
@@ -181,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
         backlog: None,
         ledger: Vec::new(),
         schedules: None,
+        timer: Vec::new(),
     };
 
     if run("ingest") {
@@ -462,6 +470,23 @@ async fn main() -> anyhow::Result<()> {
         results.ledger = ledger::phase(tasks, &args.ledger_drop_index).await?;
     }
 
+    if run("timer") {
+        let timers = timer::phase(1_000.0, if args.quick { 2.0 } else { 10.0 }).await?;
+        for timer in &timers {
+            println!(
+                "timer ({}): {} waits at {}/s, late p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
+                timer.waiter,
+                timer.waits,
+                timer.waits_per_sec,
+                timer.late_p50_us,
+                timer.late_p90_us,
+                timer.late_p99_us,
+                timer.late_max_us
+            );
+        }
+        results.timer = timers;
+    }
+
     if run("schedules") {
         let held = args
             .schedules_held
@@ -546,13 +571,27 @@ async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
             results.precision.push(precision);
         }
         // Steady states: tasks coming in and falling due at the same rate.
+        let mut mixes = vec![("steady", delivery::Mix::Spread)];
+        if args.hold_round && label == "hold-1s-hold" {
+            print_round_routes(&sut.cascade);
+            mixes.push(("round", delivery::Mix::Round(&[30, 60])));
+        }
         for &rate in &args.hold_rates {
-            let steady = format!("{label}-steady-{rate}");
-            let seconds = if args.quick { 4.0 } else { 20.0 };
-            let precision =
-                delivery::steady(&mut sut, &args.amqp_uri, &steady, rate, seconds, &progress)
-                    .await?;
-            results.precision.push(precision);
+            for &(name, mix) in &mixes {
+                let steady = format!("{label}-{name}-{rate}");
+                let seconds = if args.quick { 4.0 } else { 20.0 };
+                let precision = delivery::steady(
+                    &mut sut,
+                    &args.amqp_uri,
+                    &steady,
+                    rate,
+                    seconds,
+                    mix,
+                    &progress,
+                )
+                .await?;
+                results.precision.push(precision);
+            }
         }
         progress.finish_and_clear();
         if label != "hold-1s-up" && !args.hold_steady_only {
@@ -565,6 +604,22 @@ async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
         sut.stop().await?;
     }
     Ok(())
+}
+
+/// Where round delays wait on a chain: units in the levels, hops, and what
+/// the release stage holds (the lead that absorbs the transit).
+fn print_round_routes(cascade: &delayline::cascade::Cascade) {
+    println!("round delays on this chain: delay, units in the levels, hops, held");
+    for seconds in [30u64, 60, 300, 3_600, 86_400] {
+        if let Ok(route) = cascade.route(std::time::Duration::from_secs(seconds), "d") {
+            println!(
+                "  {seconds:>6} s  {:>6} units  {} hops  held {:.1} s",
+                route.delay_units,
+                route.delay_units.count_ones(),
+                route.hold_ms as f64 / 1000.0
+            );
+        }
+    }
 }
 
 fn replot(out: &std::path::Path) -> anyhow::Result<()> {

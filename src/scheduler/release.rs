@@ -248,18 +248,12 @@ struct Due<'a> {
     at_us: u64,
 }
 
-/// Waits until `at_us` by this process's monotonic clock (checked by that
-/// clock, not taken from the timer's word); false if `shutdown` came first.
+/// Waits until `at_us` by this process's monotonic clock, to a tenth of a
+/// millisecond ([`clock::until_mono_us`]); false if `shutdown` came first.
 async fn until(at_us: u64, shutdown: &CancellationToken) -> bool {
-    loop {
-        let wait_us = at_us.saturating_sub(clock::mono_us());
-        if wait_us == 0 {
-            return true;
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return false,
-            () = tokio::time::sleep(Duration::from_micros(wait_us)) => {}
-        }
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = clock::until_mono_us(at_us) => true,
     }
 }
 
