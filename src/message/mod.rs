@@ -399,9 +399,11 @@ fn field_value(value: &AMQPValue) -> Option<FieldValue> {
 
 /// The properties of a message delayline publishes again (released, moved
 /// to another chain): as they were, without the broker's dead-letter
-/// history. Those headers name the old queues, and took the room the frame
-/// kept for them, which the new publish would otherwise count against the
-/// task's own headers.
+/// history and without the count a quorum queue adds when it delivers a
+/// message again (a release queue's message taken again after a crash).
+/// Those headers name the old queues, and took the room the frame kept for
+/// them, which the new publish would otherwise count against the task's
+/// own headers.
 pub fn republished(properties: &BasicProperties) -> BasicProperties {
     with_headers(properties, &[])
 }
@@ -443,7 +445,7 @@ fn with_headers(properties: &BasicProperties, extra: &[(&str, &str)]) -> BasicPr
     let mut kept = FieldTable::default();
     if let Some(headers) = properties.headers() {
         for (name, value) in headers.inner() {
-            if !is_dead_letter_header(name.as_str()) {
+            if !is_dead_letter_header(name.as_str()) && !is_queue_delivery_header(name.as_str()) {
                 kept.insert(name.clone(), value.clone());
             }
         }
@@ -576,6 +578,8 @@ mod tests {
         );
         headers.insert("mine".into(), AMQPValue::LongLongInt(1));
         headers.insert(REVISION_HEADER.into(), AMQPValue::LongLongInt(2));
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(1));
+        headers.insert("x-acquired-count".into(), AMQPValue::LongLongInt(2));
         let properties = BasicProperties::default()
             .with_message_id("t".into())
             .with_headers(headers);
@@ -593,7 +597,7 @@ mod tests {
 
         let poisoned = poisoned(&properties, "1.0.d", "why");
         let headers = poisoned.headers().clone().unwrap();
-        assert_eq!(headers.inner().len(), 4);
+        assert_eq!(headers.inner().len(), 4, "{headers:?}");
         assert_eq!(
             headers.inner().get(POISON_REASON_HEADER),
             Some(&AMQPValue::LongString("why".into()))

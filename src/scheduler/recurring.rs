@@ -104,7 +104,7 @@ fn now_ms() -> u64 {
 /// How many of `stored`'s occurrences are tasks made ahead and not yet due
 /// at `now_ms`: those after it and before its next occurrence to make (the
 /// planner makes them in order), or, past its end, up to the last made.
-pub fn planned_at(stored: &StoredSchedule, timing: &Timing, now_ms: u64) -> u64 {
+fn planned_at(stored: &StoredSchedule, timing: &Timing, now_ms: u64) -> u64 {
     if stored.paused {
         return 0;
     }
@@ -307,10 +307,12 @@ impl Scheduler {
             let held = self.schedule(id, owner).await?;
             let now = now_ms();
             let new = change(&held, now)?;
-            // What the change withdraws no longer counts as made.
-            let withdrawn = self
-                .timing_of(&held)
-                .map_or(0, |timing| planned_at(&held, &timing, now));
+            // What the change withdraws (`withdraw`: none once past its
+            // end) no longer counts as made.
+            let withdrawn = match (held.next_at_ms, self.timing_of(&held)) {
+                (Some(_), Ok(timing)) => planned_at(&held, &timing, now),
+                _ => 0,
+            };
             if ledger
                 .change_schedule(id, held.revision, &new, withdrawn, now)
                 .await?

@@ -16,6 +16,8 @@ mod assets;
 mod sessions;
 mod views;
 
+pub use sessions::Sessions;
+
 use std::time::{Instant, SystemTime};
 
 use axum::Form;
@@ -76,8 +78,6 @@ impl IntoResponse for Refusal {
         }
     }
 }
-
-pub use sessions::Sessions;
 
 /// The session id the cookie carries.
 fn cookie_session(headers: &HeaderMap) -> Option<String> {
