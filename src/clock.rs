@@ -139,19 +139,29 @@ fn ring(inbox: &mpsc::Receiver<Alarm>) {
     }
 }
 
+/// How long after the moment tokio's timer wakes a wait the alarm has not
+/// woken: the alarm is for precision, never the only way a wait ends.
+const BACKSTOP_US: u64 = 3_000;
+
 /// Resolves once this process's monotonic clock ([`mono_us`]) reads
 /// `at_us` or later: within about a tenth of a millisecond of it, where
-/// tokio's timer would take 1 to 2.5 ms.
+/// tokio's timer would take 1 to 2.5 ms. Should the alarm thread not wake
+/// it (it could not start, or its timed waits misbehave, as under a
+/// library that fakes the clock), tokio's timer ends the wait a little
+/// later, as it did before the alarm.
 pub async fn until_mono_us(at_us: u64) {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    while mono_us() < at_us {
+    while let Some(left_us) = at_us.checked_sub(mono_us()).filter(|left| *left > 0) {
         let (wake, woken) = tokio::sync::oneshot::channel();
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sent = alarms().is_some_and(|alarms| alarms.send(Alarm { at_us, seq, wake }).is_ok());
-        if !sent || woken.await.is_err() {
-            // No alarm thread (it could not start): tokio's timer.
-            let left = at_us.saturating_sub(mono_us());
-            tokio::time::sleep(Duration::from_micros(left)).await;
+        let backstop = tokio::time::sleep(Duration::from_micros(left_us + BACKSTOP_US));
+        if alarms().is_some_and(|alarms| alarms.send(Alarm { at_us, seq, wake }).is_ok()) {
+            tokio::select! {
+                _ = woken => {}
+                () = backstop => {}
+            }
+        } else {
+            backstop.await;
         }
     }
 }

@@ -451,11 +451,12 @@ async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
         .await;
     let mut ids = HashSet::new();
     for _ in 0..5 {
-        // 8 units: level 3 only, which holds them 800 ms and then cannot dead-letter.
+        // 8 units and 100 ms held at the release stage: level 3 only, which
+        // holds them 800 ms and then cannot dead-letter.
         let (status, body) = app
             .post(
                 "/v1/tasks",
-                &json!({"destination": "held", "delay_ms": 800}),
+                &json!({"destination": "held", "delay_ms": 900}),
             )
             .await;
         assert_eq!(status, 202);
@@ -501,7 +502,7 @@ async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
     let (status, body) = app
         .post(
             "/v1/tasks",
-            &json!({"destination": "held", "delay_ms": 800}),
+            &json!({"destination": "held", "delay_ms": 900}),
         )
         .await;
     assert_eq!(status, 202);
