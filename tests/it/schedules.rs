@@ -51,6 +51,16 @@ fn occurrence_of(message: &Received, schedule: &str) -> u64 {
     at
 }
 
+/// A schedule's `next_occurrences`, as epoch milliseconds.
+fn next_occurrences(schedule: &Value) -> Vec<u64> {
+    schedule["next_occurrences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| parse_epoch_ms(t.as_str().unwrap()).unwrap())
+        .collect()
+}
+
 async fn create(app: &TestApp, body: Value) -> Value {
     let (status, schedule) = app.post("/v1/schedules", &body).await;
     assert_eq!(status, 201, "{schedule}");
@@ -82,12 +92,7 @@ async fn each_occurrence_is_delivered_once_never_early_and_a_delete_withdraws_th
     .await;
     assert_eq!(created["state"], "active");
     assert_eq!(created["revision"], 1);
-    let next: Vec<u64> = created["next_occurrences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| parse_epoch_ms(t.as_str().unwrap()).unwrap())
-        .collect();
+    let next = next_occurrences(&created);
     assert_eq!(next.len(), 5);
     assert!(next.windows(2).all(|w| w[1] - w[0] == 1_000), "{next:?}");
 
@@ -205,12 +210,7 @@ async fn a_schedule_tells_what_was_planned_from_what_fell_due() {
     assert!((20..=31).contains(&planned), "{told}");
     let last = parse_epoch_ms(told["last_occurrence"].as_str().unwrap()).unwrap();
     assert!(last <= after, "a last occurrence in the future: {told}");
-    let next: Vec<u64> = told["next_occurrences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| parse_epoch_ms(t.as_str().unwrap()).unwrap())
-        .collect();
+    let next = next_occurrences(&told);
     assert_eq!(next.len(), 5);
     assert!(
         next[0] > before && next[0] - last == 1_000,
@@ -240,7 +240,8 @@ async fn a_schedule_tells_what_was_planned_from_what_fell_due() {
     let (_, told) = app.get("/v1/schedules/told").await;
     let now_due = told["occurrences"].as_u64().unwrap();
     assert!(
-        (fell_due..=fell_due + 2).contains(&now_due),
+        // The withdrawn ones were 20 or more; a few may fall due meanwhile.
+        (fell_due..=fell_due + 5).contains(&now_due),
         "withdrawn occurrences still counted: {told}"
     );
     drop(consumer);

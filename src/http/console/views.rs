@@ -128,7 +128,6 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
                     }
                 }
             }
-
         },
     )
 }
