@@ -237,14 +237,16 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             from,
             dry_run: true,
         } => {
-            let found = migrate::dry_run(&settings, &cascade, &from).await?;
+            let old = old_chain(&from, &cascade)?;
+            let found = migrate::dry_run(&settings.operator(&cascade), &cascade, old).await?;
             print!("{}", describe_dry_run(&found, &cascade));
         }
         Command::MigrateTopology {
             from,
             dry_run: false,
         } => {
-            let migrated = migrate::migrate(&settings, &cascade, &from).await?;
+            let old = old_chain(&from, &cascade)?;
+            let migrated = migrate::migrate(&settings.operator(&cascade), &cascade, old).await?;
             if let Some(why) = &migrated.management_unavailable {
                 eprintln!("delayline: {why}; counting ready messages only");
             }
@@ -255,7 +257,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
-            let done = unroutable::requeue_unroutable(&settings, &cascade).await?;
+            let done =
+                unroutable::requeue_unroutable(&settings.operator(&cascade), &cascade).await?;
             print!("{}", describe_requeue(&done, &cascade));
         }
         Command::Probe { path } => return probe(&settings, &path).await,
@@ -270,6 +273,17 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
 }
 
 /// Prints a new token, and its clients-file entry unless it was appended.
+/// The chain `--from` names: a version number (same prefix as `new`), or a
+/// settings file.
+fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
+    if let Ok(version) = from.parse::<u32>() {
+        return Ok(OldChain::version_of(new, version));
+    }
+    let (_, old) = Settings::load(Some(std::path::Path::new(from)))
+        .map_err(|error| anyhow::anyhow!("--from {from}: {error}"))?;
+    Ok(OldChain::from_settings(&old))
+}
+
 fn create_token(new: NewToken) -> anyhow::Result<()> {
     let append_to = new.append_to.clone();
     let created = token::create_token(new.into(), append_to.as_deref())?;
@@ -491,4 +505,24 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
         out += &format!("binding  {} -> {target} key={}\n", b.source, b.routing_key);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_is_a_version_or_a_settings_file() {
+        let new = Settings::default().cascade().unwrap();
+        let by_version = old_chain("3", &new).unwrap();
+        assert_eq!(by_version, OldChain::version_of(&new, 3));
+        assert_eq!(by_version.levels, None);
+
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/delayline.example.toml");
+        let by_file = old_chain(example, &new).unwrap();
+        assert_eq!((by_file.version, by_file.levels), (1, Some(29)));
+
+        let missing = old_chain("no-such.toml", &new).unwrap_err().to_string();
+        assert!(missing.contains("--from no-such.toml"), "{missing}");
+    }
 }

@@ -1,4 +1,5 @@
-//! This process's clocks, read in one place.
+//! This process's clocks, read in one place, and time as delayline writes
+//! it (epoch milliseconds, RFC 3339 with three digits of milliseconds).
 //!
 //! Two clocks, for two jobs. The wall clock (epoch milliseconds) names due
 //! times: it is what clients and the ledger speak. A monotonic clock, known
@@ -20,13 +21,55 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::task::epoch_ms;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The wall clock, now: the one place delayline reads it. A request reads
+/// it once, at its edge, and hands the instant down.
+pub fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+/// The wall clock, now, in epoch milliseconds.
+pub fn now_ms() -> u64 {
+    epoch_ms(now())
+}
+
+/// `time` in epoch milliseconds, rounded down; 0 before the epoch.
+pub fn epoch_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// RFC 3339 in UTC with exactly three digits of milliseconds, so that
+/// times sort and align as text: `2026-11-22T14:05:00.060Z`.
+const MILLIS_RFC3339: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+);
+
+/// Formats epoch milliseconds as RFC 3339 in UTC, with millisecond precision.
+pub fn format_epoch_ms(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(MILLIS_RFC3339).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// Parses an RFC 3339 time into epoch milliseconds, rounded down.
+pub fn parse_epoch_ms(text: &str) -> Option<u64> {
+    let at = OffsetDateTime::parse(text, &Rfc3339).ok()?;
+    u64::try_from(at.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
 
 /// The clocks read at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reading {
+    /// The wall clock, whole: a due time is counted from it, rounded up.
+    pub wall: SystemTime,
     /// The wall clock, epoch milliseconds.
     pub wall_ms: u64,
     /// The monotonic clock of [`source`], microseconds.
@@ -62,8 +105,10 @@ pub fn mono_us() -> u64 {
 /// Both clocks, now.
 pub fn read() -> Reading {
     let mono_us = mono_us();
+    let wall = now();
     Reading {
-        wall_ms: epoch_ms(SystemTime::now()),
+        wall,
+        wall_ms: epoch_ms(wall),
         mono_us,
         source: source(),
     }

@@ -18,8 +18,9 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use crate::cascade::{Cascade, QueueType};
+use crate::message::FieldValue;
 use crate::message::properties_of;
-use crate::task::{FieldValue, Task, TaskError};
+use crate::task::{Task, TaskError};
 
 fn cascade() -> Cascade {
     crate::cascade::for_tests(32, 100, QueueType::Quorum)
@@ -155,7 +156,7 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     }
     // The properties a publish sends are built without panicking, and
     // every header kept its JSON type as an AMQP value.
-    let properties = properties_of(task, None);
+    let properties = properties_of(&task.message(), None);
     let table = properties.headers().clone().unwrap_or_default();
     for (name, value) in &task.headers {
         let sent = table

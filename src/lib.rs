@@ -2,38 +2,46 @@
 //!
 //! # Layout
 //!
-//! One room per concern, in the order a task travels. Each module's first
-//! lines say what it may touch.
+//! One room per concern, listed from the top floor down: a room imports
+//! only rooms listed after it, and no two files import each other, however
+//! far apart (`tests/layout.rs` checks both, and every other claim below).
+//! Each module's first lines say what it may touch.
 //!
-//! - [`cascade`]: the algorithm as pure logic. Settings and their limits, the
-//!   routing key of a delay, the entry exchange, and the topology plan as data
-//!   (shared by the provisioner, `--dry-run` and the routing simulator). No
-//!   I/O; proven exhaustively and with property tests.
-//! - [`task`]: a task as submitted over HTTP, validated into what is
-//!   scheduled. Pure as well: the clock is an argument.
-//! - [`message`]: the message format, pure. Every header name delayline
-//!   writes or reads (change the headers here), a task's message built and
-//!   read back (its id, revision, due time, destination, hold stamp), and which of the
-//!   broker's headers a republished message leaves behind.
-//! - [`schedule`]: recurring schedules, pure. A schedule as a client states
-//!   it, validated (its content by a task's rules); when it fires (a cron
-//!   expression in an IANA zone, by `croner` and `jiff` with the zone
-//!   database compiled in, or a fixed interval); each occurrence's task id
-//!   and body; what the planner does with missed occurrences.
-//! - [`auth`]: who may do what. Clients (from the configuration and a
-//!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
-//!   destination topic patterns, permissions, rate limits and quotas. No
-//!   HTTP and no broker; the one I/O is reading the clients file.
+//! - [`cli`]: the command line. It parses arguments, loads the
+//!   configuration, calls [`operations`] or [`service`], and prints.
+//!   `main.rs` only calls [`cli::main`].
+//! - [`service`]: three visible stages: builds each component from its own
+//!   settings section, runs them (HTTP or HTTPS, an optional metrics
+//!   listener, reloads on SIGHUP), and stops them in
+//!   [`service::STOP_ORDER`], the order that loses nothing.
+//! - [`remote`]: `delayline schedules`, which acts through a running
+//!   service's API.
+//! - [`config`]: **where configuration is decided.** It gathers the
+//!   sections (defaults, then a file, then the environment), applies the
+//!   rules that span sections, and derives the settings made of several
+//!   (the cascade with its release stage, the ingresses, the scheduler's
+//!   timings, the operator's). Each section is defined, defaulted and
+//!   validated by the room it configures, in that room's `settings.rs`
+//!   (`cascade`, `broker`, `ledger`, `auth`, `http`, `scheduler`,
+//!   `ingress`, `metrics`; `telemetry`'s in its one file). Nothing listed
+//!   below imports it.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
 //!   `changes` (cancel and move), `schedules` (recurring schedules), the web
-//!   `console` (server-rendered, signed in by cookie, same permissions), topology, health, the metrics scrape; the
-//!   gate in front of all but the probes (401/403/429); the JSON extractor;
-//!   the error shape, every code one variant of `http::codes::ErrorCode`
-//!   with its status and the README's words; the OpenAPI description,
-//!   generated from the handlers' and types' annotations; its own accept
-//!   loop and the bounds on what one client may hold. It knows the
-//!   scheduler's methods, nothing below them.
+//!   `console` (server-rendered, signed in by cookie, same permissions),
+//!   topology, health, the metrics scrape; the gate in front of all but the
+//!   probes (401/403/429); the JSON extractor; the error shape, every code
+//!   one variant of `http::codes::ErrorCode` with its status and the
+//!   README's words; the OpenAPI description, generated from the handlers'
+//!   and types' annotations; its own accept loop and the bounds on what one
+//!   client may hold. A request's instant is read here, once, and handed
+//!   down. It speaks to the [`scheduler`] (whose types it shows) and, for a
+//!   requeue, to [`operations`]: never to the ledger or the broker.
+//! - [`operations`]: the operator's commands as an application layer
+//!   (provision and check, migrate-topology, requeue-unroutable, token
+//!   create), each coordinating ledger and broker with the settings
+//!   `config` hands it. Where migrate decides what to do with a task (its
+//!   revision, whether it is still wanted): `operations::migrate`.
 //! - [`ingress`]: AMQP ingresses speaking the `x-delayed-message` plugin's
 //!   contract: an ingress's settings and broker objects, a message turned
 //!   into a task or refused (`intake`, pure; the plugin's delay headers are
@@ -46,19 +54,24 @@
 //!   a task a lead before its time, changes withdrawing what was made);
 //!   runs the release stage, which holds a due task to its millisecond
 //!   (`hold`: when to release, by bounding other replicas' clocks from
-//!   what arrives, pure) and looks every due task up in
-//!   the ledger before it goes to the business exchange (its verdicts per
-//!   message are pure functions); answers readiness and inspection. It sees
-//!   the broker through the [`scheduler::Broker`] trait (publishing, and
-//!   consuming a queue as [`broker::Windows`]), which tests replace.
+//!   what arrives, pure) and looks every due task up in the ledger before
+//!   it goes to the business exchange (its verdicts per message are pure
+//!   functions); answers readiness and inspection. It sees the broker
+//!   through the [`scheduler::Broker`] trait (publishing, and consuming a
+//!   queue as [`broker::Windows`]), which tests replace.
+//! - [`metrics`]: the Prometheus registry, and the poller that reads queue
+//!   depths into it.
 //! - [`ledger`]: the task ledger (sqlx; SQLite by default, PostgreSQL for
-//!   replicas). One operation in one place: the writer task's group commit
-//!   (`writer`), a group's transaction per backend (`transaction`), its
-//!   steps `admit` and `claim` with their result types, cancel and move
-//!   (`change`), what the release stage records (`release`), recurring
-//!   schedules (`schedules`, each change guarded by the revision read), and the text
-//!   of every statement (`sql`: the SQL of a claim is there). Its rows stay
-//!   inside; it hands out [`ledger::StoredTask`].
+//!   replicas). **Where a task's state changes:** the text of every
+//!   statement on tasks is in `ledger/sql.rs`, and nowhere else; `mod.rs`
+//!   only declares. One operation in one place: the writer task's group
+//!   commit (`writer`), a group's transaction per backend (`transaction`),
+//!   its steps `admit` and `claim`, cancel and move (`change`), what the
+//!   release stage records (`release`), reads and sweeps (`tasks`),
+//!   recurring schedules (`schedules`, each change guarded by the revision
+//!   read, the one file that writes the schedules table). Whether there is
+//!   a ledger at all is decided once, by `ledger::StoreSettings`. Its rows
+//!   stay inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
 //!   cluster's nodes that answers), declaring the plan (with a full diagnosis
 //!   when the broker holds something else), publishing a message it is given
@@ -67,30 +80,39 @@
 //!   reading queue depths, moving a chain's messages (survey, drain, move,
 //!   delete), requeueing the unroutable queue. It knows nothing of tasks or
 //!   ledgers: what becomes of a task is decided above it.
-//! - [`operations`]: the operator's commands as an application layer
-//!   (provision and check, migrate-topology, requeue-unroutable, token
-//!   create), each coordinating ledger and broker. Where migrate decides
-//!   what to do with a task (its revision, whether it is still wanted):
-//!   `operations::migrate`.
-//! - [`metrics`]: the Prometheus registry, and the poller that reads queue
-//!   depths into it.
-//! - [`service`]: three visible stages: builds each component from its own
-//!   settings section, runs them (HTTP or HTTPS, an optional metrics
-//!   listener, reloads on SIGHUP), and stops them in
-//!   [`service::STOP_ORDER`], the order that loses nothing.
-//! - [`clock`]: this process's wall clock (due times) and its named
-//!   monotonic clock (holds), read in one place.
-//! - [`config`], [`telemetry`], [`cli`], [`probe`], [`remote`]: settings (validated once;
-//!   secrets never print), logs, the command line (it parses arguments,
-//!   calls [`operations`] or [`service`], and prints), the health check
-//!   that containers run, and `delayline schedules`, which acts through a
-//!   running service's API. `main.rs` only calls [`cli::main`].
+//! - [`schedule`]: recurring schedules, pure. A schedule as a client states
+//!   it, validated (its content by a task's rules); when it fires (a cron
+//!   expression in an IANA zone, by `croner` and `jiff` with the zone
+//!   database compiled in, or a fixed interval); each occurrence's task id
+//!   and body; what the planner does with missed occurrences.
+//! - [`task`]: a task as submitted over HTTP, validated into what is
+//!   scheduled. Pure as well: the instant is an argument.
+//! - [`message`]: **where headers are decided:** the message format, pure.
+//!   Every header name delayline writes or reads is in `message/headers.rs`
+//!   (no other file names one), a task's message is built from what the
+//!   task hands it ([`message::TaskMessage`]) and read back (its id,
+//!   revision, due time, destination, hold stamp), and which of the
+//!   broker's headers a republished message leaves behind.
+//! - [`auth`]: who may do what. Clients (from the configuration and a
+//!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
+//!   destination topic patterns, permissions, rate limits and quotas. No
+//!   HTTP and no broker; the one I/O is reading the clients file.
+//! - [`telemetry`], [`probe`]: logs, and the health check that containers
+//!   run.
+//! - [`clock`]: **where time is read and written.** This process's wall
+//!   clock (due times) and its named monotonic clock (holds), read here
+//!   and nowhere else, and time as delayline writes it (epoch
+//!   milliseconds, RFC 3339).
+//! - [`secret`]: settings that carry a password, and URIs shown without it.
+//! - [`cascade`]: the algorithm as pure logic. Settings and their limits,
+//!   the routing key of a delay, the entry exchange, and the topology plan
+//!   as data (shared by the provisioner, `--dry-run` and the routing
+//!   simulator). No I/O; proven exhaustively and with property tests.
 //!
-//! Files of one folder import one another one way only, and no product
-//! function is longer than a screen: `tests/layout.rs` checks both.
-//!
-//! Tests of the untrusted-input parsers with arbitrary input (property-based
-//! fuzzing) are in `fuzz.rs`, compiled for tests only.
+//! No product function is longer than a screen, and a folder's `mod.rs`
+//! declares and hands on more than it works: `tests/layout.rs` checks the
+//! first. Tests of the untrusted-input parsers with arbitrary input
+//! (property-based fuzzing) are in `fuzz.rs`, compiled for tests only.
 
 pub mod auth;
 pub mod broker;
@@ -110,6 +132,7 @@ pub mod probe;
 pub mod remote;
 pub mod schedule;
 pub mod scheduler;
+pub mod secret;
 pub mod service;
 pub mod task;
 pub mod telemetry;

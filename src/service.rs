@@ -25,7 +25,7 @@ use crate::http::{AppState, MetricsRoute, metrics_router, router};
 use crate::ingress::{Ingress, IngressRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
-use crate::scheduler::{Broker, Scheduler, SchedulerSettings};
+use crate::scheduler::{Broker, Scheduler};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -123,7 +123,7 @@ impl Components {
         let auth = Arc::new(Authenticator::from_settings(
             &settings.auth,
             &address.to_string(),
-            settings.has_ledger(),
+            settings.store.has_ledger(),
         )?);
         let tls = match &settings.http.tls {
             tls if tls.enabled() => Some(RustlsConfig::from_config(
@@ -199,7 +199,7 @@ impl Components {
             self.ledger.take(),
             self.cascade.clone(),
             self.metrics.clone(),
-            SchedulerSettings::from(settings),
+            settings.scheduler(),
         );
         let mut running = Running {
             stop_serving: CancellationToken::new(),
@@ -226,7 +226,7 @@ impl Components {
             running.background_shutdown.clone(),
         ));
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
-            .with_amqp(&settings.amqp);
+            .with_operator(settings.operator(&self.cascade));
         let limits = connection_limits(&settings.http);
         let metrics_route = match &self.metrics_listener {
             Some(_) => MetricsRoute::Elsewhere,
@@ -411,7 +411,7 @@ async fn stop_serving_on(
 /// How long requests in progress may take to finish once shutdown began.
 const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
 
-fn connection_limits(http: &crate::config::HttpSettings) -> ConnectionLimits {
+fn connection_limits(http: &crate::http::HttpSettings) -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
         max_connections: http.max_connections.max(1),
@@ -467,7 +467,7 @@ fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {
 /// to read is logged and the old one kept: a reload never stops the service.
 async fn reload_on_hangup(
     auth: Arc<Authenticator>,
-    tls: Option<(RustlsConfig, crate::config::HttpTlsSettings)>,
+    tls: Option<(RustlsConfig, crate::http::HttpTlsSettings)>,
     shutdown: CancellationToken,
 ) {
     #[cfg(unix)]

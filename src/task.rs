@@ -4,7 +4,7 @@
 //! past `deliver_at` means now, never early) is unit-tested without a clock.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::cascade::{Cascade, MAX_NAME_BYTES, Route, RouteError};
-use crate::message::is_reserved_header;
+use crate::clock::format_epoch_ms;
+use crate::message::{FieldValue, TaskMessage, is_reserved_header};
 
 /// The JSON body of `POST /v1/tasks`, as received.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -94,39 +95,6 @@ pub struct BatchRequest<'a> {
     #[schema(value_type = Vec<TaskRequest>)]
     pub tasks: Vec<&'a RawValue>,
 }
-
-/// A caller-supplied header value; AMQP tables carry each as its own type.
-/// Stored in the ledger as plain JSON, which the untagged form reads back
-/// into the same variants (an integer stays an integer).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum FieldValue {
-    Str(String),
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-}
-
-/// Written by hand: the derived `oneOf` of string, integer, number and
-/// boolean lets an integer match two branches, which a strict client reads
-/// as invalid. Each JSON value matches exactly one of these.
-impl utoipa::PartialSchema for FieldValue {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-        OneOfBuilder::new()
-            .description(Some(
-                "A header value: a string (AMQP long string), a number (an integer that \
-                 fits 64 bits becomes a signed 64-bit integer, any other number a double) \
-                 or a boolean.",
-            ))
-            .item(ObjectBuilder::new().schema_type(Type::String))
-            .item(ObjectBuilder::new().schema_type(Type::Number))
-            .item(ObjectBuilder::new().schema_type(Type::Boolean))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for FieldValue {}
 
 /// A valid task, ready to publish.
 #[derive(Clone, Debug, PartialEq)]
@@ -430,33 +398,6 @@ impl From<RouteError> for TaskError {
     }
 }
 
-pub fn epoch_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// RFC 3339 in UTC with exactly three digits of milliseconds, so that
-/// times sort and align as text: `2026-11-22T14:05:00.060Z`.
-const MILLIS_RFC3339: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
-    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-);
-
-/// Formats epoch milliseconds as RFC 3339 in UTC, with millisecond precision.
-pub fn format_epoch_ms(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| t.format(MILLIS_RFC3339).ok())
-        .unwrap_or_else(|| ms.to_string())
-}
-
-/// Parses an RFC 3339 time into epoch milliseconds, rounded down.
-pub fn parse_epoch_ms(text: &str) -> Option<u64> {
-    let at = OffsetDateTime::parse(text, &Rfc3339).ok()?;
-    u64::try_from(at.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
-}
-
 impl Task {
     /// Parses and validates one task body received at `now`.
     pub fn parse(body: &[u8], cascade: &Cascade, now: SystemTime) -> Result<Task, TaskError> {
@@ -491,6 +432,22 @@ impl Task {
     /// The delay the client was granted, whatever route the message takes now.
     pub fn granted_delay_ms(&self) -> u64 {
         self.deliver_at_ms - self.accepted_at_ms
+    }
+
+    /// What its message is made of ([`crate::message::of_task`]).
+    pub fn message(&self) -> TaskMessage<'_> {
+        TaskMessage {
+            id: &self.id,
+            route: &self.route,
+            accepted_at_ms: self.accepted_at_ms,
+            deliver_at_ms: self.deliver_at_ms,
+            revision: self.revision,
+            payload: &self.payload,
+            content_type: &self.content_type,
+            headers: &self.headers,
+            exchange: self.exchange.as_deref(),
+            carried: self.carried.as_ref(),
+        }
     }
 }
 
@@ -810,6 +767,7 @@ fn header_value(name: &str, json: &str) -> Result<FieldValue, TaskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     /// Classic queues, whose TTLs are exact: a delay is its units (see
     /// the proptest below for quorum queues).
@@ -1094,6 +1052,7 @@ mod tests {
 #[cfg(test)]
 mod reference_tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     fn parse(body: &str) -> Result<Task, TaskError> {
         let cascade = crate::cascade::for_tests(8, 100, crate::cascade::QueueType::Quorum);

@@ -1,7 +1,10 @@
-//! The code's shape, as the README's Development section promises it: no
-//! import cycle between the files of one folder of `src/`, and no function
-//! of product code longer than a screen (80 lines), but for declarative
-//! registration. Read off the source text; no broker needed.
+//! The code's shape, as the map at the top of `src/lib.rs` and the README's
+//! Development section promise it: no import circle between any two files
+//! of `src/`; every room imports only rooms the map lists after it;
+//! configuration, the wall clock, header names and the statements on tasks
+//! each in the one place the map names; and no function of product code
+//! longer than a screen (80 lines), but for declarative registration. Read
+//! off the source text; no broker needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -36,7 +39,7 @@ fn product_text(path: &Path) -> Option<String> {
         return None;
     }
     let text = std::fs::read_to_string(path).ok()?;
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    let text = match text.find("#[cfg(test)]\nmod tests {") {
         Some(at) => &text[..at],
         None => &text[..],
     };
@@ -146,56 +149,228 @@ fn group_items(group: &str) -> Vec<String> {
     items
 }
 
-#[test]
-fn no_import_cycle_between_the_files_of_one_folder() {
+/// The child modules a `mod.rs` (or `lib.rs`) declares.
+fn declared_children(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = ["pub mod ", "pub(crate) mod ", "mod "]
+                .iter()
+                .find_map(|prefix| line.strip_prefix(prefix))?;
+            rest.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+/// What a folder's root says of its children, without what it only hands
+/// on: `pub use child::…` re-exports and `mod child;` declarations are no
+/// arrows; any other mention of a child (`child::f()`, `use child::X`) is.
+fn uses_of_children(text: &str, own: &[String]) -> Vec<Vec<String>> {
+    let children = declared_children(text);
+    let mut paths = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("pub use ")
+            || trimmed.starts_with("pub(crate) use ")
+            || trimmed.starts_with("mod ")
+            || trimmed.starts_with("pub mod ")
+            || trimmed.starts_with("pub(crate) mod ")
+        {
+            continue;
+        }
+        for child in &children {
+            let needle = format!("{child}::");
+            for (at, _) in line.match_indices(&needle) {
+                let before = line[..at].chars().last();
+                if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    let mut path = own.to_vec();
+                    path.push(child.clone());
+                    paths.push(path);
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// Every product file of `src/` with the files it imports (`crate::` and
+/// `super::` paths, and a folder root's own uses of its children).
+fn import_graph() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
-    // Edges between sibling files; a folder's mod.rs (or lib.rs) is its
-    // root, which declares the others, and is left out.
     let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
     for file in &files {
         let name = file.file_name().unwrap().to_str().unwrap();
-        if matches!(name, "mod.rs" | "lib.rs" | "main.rs") {
+        if name == "main.rs" {
             continue;
         }
         let Some(text) = product_text(file) else {
             continue;
         };
         let own = module_of(file);
+        let mut paths = named_paths(&text, &own);
+        if matches!(name, "mod.rs" | "lib.rs") {
+            paths.extend(uses_of_children(&text, &own));
+        }
         let targets = edges.entry(file.clone()).or_default();
-        for path in named_paths(&text, &own) {
-            let Some(target) = file_of(path) else {
-                continue;
-            };
-            let root = target.file_name().unwrap() == "mod.rs";
-            if target != *file && !root && target.parent() == file.parent() {
+        for path in paths {
+            if let Some(target) = file_of(path).filter(|t| t != file) {
                 targets.insert(target);
             }
         }
     }
+    edges
+}
+
+fn shown(path: &Path) -> String {
+    path.strip_prefix(src()).unwrap().display().to_string()
+}
+
+#[test]
+fn no_import_circle_between_any_two_files() {
+    let edges = import_graph();
     for start in edges.keys() {
-        // Depth-first from each file: reaching it again is a cycle.
+        // Depth-first from each file: reaching it again is a circle.
         let mut stack: Vec<(PathBuf, Vec<PathBuf>)> = vec![(start.clone(), vec![start.clone()])];
         let mut seen = BTreeSet::new();
         while let Some((at, trail)) = stack.pop() {
             for next in edges.get(&at).into_iter().flatten() {
                 let mut trail = trail.clone();
                 trail.push(next.clone());
-                assert!(
-                    next != start,
-                    "an import cycle: {:?}",
-                    trail
-                        .iter()
-                        .map(|p| p.strip_prefix(src()).unwrap().display().to_string())
-                        .collect::<Vec<_>>()
-                );
+                let circle: Vec<String> = trail.iter().map(|p| shown(p)).collect();
+                assert!(next != start, "an import circle: {circle:?}");
                 if seen.insert(next.clone()) {
                     stack.push((next.clone(), trail));
                 }
             }
         }
     }
-    assert!(edges.len() > 40, "too few files read: {}", edges.len());
+    assert!(edges.len() > 80, "too few files read: {}", edges.len());
+}
+
+/// The rooms of `lib.rs`'s map, in the order it lists them (top floor first).
+fn rooms_of_the_map() -> Vec<String> {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let mut rooms = Vec::new();
+    for line in lib.lines() {
+        let Some(bullet) = line.strip_prefix("//! - ") else {
+            continue;
+        };
+        let head = bullet.split(':').next().unwrap_or_default();
+        for link in head.split(", ") {
+            if let Some(room) = link.strip_prefix("[`").and_then(|l| l.strip_suffix("`]")) {
+                rooms.push(room.to_owned());
+            }
+        }
+    }
+    rooms
+}
+
+/// The room a file belongs to: `src/ledger/sql.rs` is `ledger`.
+fn room_of(path: &Path) -> String {
+    let first = path.strip_prefix(src()).unwrap().iter().next().unwrap();
+    first.to_str().unwrap().trim_end_matches(".rs").to_owned()
+}
+
+#[test]
+fn every_room_imports_only_rooms_the_map_lists_after_it() {
+    let rooms = rooms_of_the_map();
+    assert!(rooms.len() >= 20, "the map lists too few rooms: {rooms:?}");
+    let place = |room: &str| rooms.iter().position(|r| r == room);
+    let mut wrong = Vec::new();
+    for (file, targets) in import_graph() {
+        let from = room_of(&file);
+        if from == "lib" {
+            continue;
+        }
+        let Some(from_at) = place(&from) else {
+            panic!("{} is in no room of the map", shown(&file));
+        };
+        for target in targets {
+            let to = room_of(&target);
+            if to != from && place(&to).is_none_or(|to_at| to_at < from_at) {
+                wrong.push(format!("{} -> {}", shown(&file), shown(&target)));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "imports running up the map: {wrong:#?}");
+}
+
+/// Product files (as `src/`-relative paths) whose code `matches`.
+fn files_where(matches: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut found: Vec<String> = files
+        .iter()
+        .filter(|file| product_text(file).is_some_and(|text| matches(&text)))
+        .map(|file| shown(file))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Whether `text` holds one of `words` not followed by a letter, digit or `_`.
+fn has_word(text: &str, words: &[String]) -> bool {
+    words.iter().any(|word| {
+        text.match_indices(word.as_str()).any(|(at, _)| {
+            let after = text[at + word.len()..].chars().next();
+            !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    })
+}
+
+#[test]
+fn configuration_is_imported_only_by_the_rooms_above_config() {
+    let rooms = rooms_of_the_map();
+    let config = rooms.iter().position(|r| r == "config").unwrap();
+    let above = &rooms[..config];
+    let importers = files_where(|text| has_word(text, &["crate::config".to_owned()]));
+    let below: Vec<&String> = importers
+        .iter()
+        .filter(|file| !above.contains(&room_of(&src().join(file))))
+        .filter(|file| file.as_str() != "config.rs")
+        .collect();
+    assert!(below.is_empty(), "config imported below it: {below:?}");
+    assert!(importers.len() >= 3, "{importers:?}");
+}
+
+#[test]
+fn the_wall_clock_is_read_only_in_the_clock_room() {
+    let readers = files_where(|text| text.contains("SystemTime::now()"));
+    assert_eq!(readers, ["clock.rs"]);
+}
+
+#[test]
+fn header_names_are_written_only_in_message_headers() {
+    // The quoted start of every header name delayline writes or reads.
+    let names = [
+        "\"x-delay\"",
+        "\"x-delay-ms\"",
+        "\"x-deliver-at\"",
+        "\"x-deliver-at-ms\"",
+        "\"x-delayline-",
+        "\"x-death",
+        "\"x-first-death",
+        "\"x-last-death",
+        "\"x-delivery-count\"",
+        "\"x-acquired-count\"",
+    ];
+    let writers = files_where(|text| names.iter().any(|name| text.contains(name)));
+    assert_eq!(writers, ["message/headers.rs"]);
+}
+
+#[test]
+fn statements_on_tasks_are_written_only_in_the_ledgers_sql() {
+    let statements = |tables: &[&str]| -> Vec<String> {
+        let verbs = ["INSERT INTO", "UPDATE", "DELETE FROM", "FROM", "JOIN"];
+        let words: Vec<String> = verbs
+            .iter()
+            .flat_map(|verb| tables.iter().map(move |table| format!("{verb} {table}")))
+            .collect();
+        files_where(|text| has_word(text, &words))
+    };
+    assert_eq!(statements(&["tasks", "task_changes"]), ["ledger/sql.rs"]);
+    assert_eq!(statements(&["schedules"]), ["ledger/schedules.rs"]);
 }
 
 #[test]

@@ -336,8 +336,8 @@ pub async fn load_and_inspect(
     })
     .await?;
     // Half the backlog is due within four hours of now.
-    let midpoint = delayline::task::format_epoch_ms(
-        delayline::task::epoch_ms(std::time::SystemTime::now())
+    let midpoint = delayline::clock::format_epoch_ms(
+        delayline::clock::epoch_ms(std::time::SystemTime::now())
             + backlog_delay_ms(0)
             + 2 * 3_600_000,
     );

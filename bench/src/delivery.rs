@@ -554,7 +554,7 @@ pub async fn burst(
     let url = format!("{}/v1/tasks/batch", sut.base);
     // Submission runs at several thousand tasks/s; leave room for it before the due time.
     let due_us = now_us() + 3_000_000 + tasks as i64 * 400;
-    let due_at = delayline::task::format_epoch_ms((due_us / 1000) as u64);
+    let due_at = delayline::clock::format_epoch_ms((due_us / 1000) as u64);
     progress.set_length(tasks as u64);
     progress.set_position(0);
     progress.set_message("burst: submitting");

@@ -21,9 +21,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use delayline::cascade::CascadeSettings;
-use delayline::config::{Secret, StoreSettings};
+use delayline::clock::epoch_ms;
+use delayline::ledger::StoreSettings;
 use delayline::ledger::{Admission, Finding, Ledger};
-use delayline::task::{Task, epoch_ms};
+use delayline::secret::Secret;
+use delayline::task::Task;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};

@@ -169,7 +169,7 @@ pub async fn raw_amqp(
             .map(|n| {
                 let task = Task::parse(&task_body(n), cascade, now).expect("valid bench task");
                 // What the service sends: with its hold stamp where the chain holds.
-                let mut properties = delayline::message::of_task(&task).properties;
+                let mut properties = delayline::message::of_task(&task.message()).properties;
                 if let RawTarget::Ingress(_) = target {
                     properties = plugin_properties(&task);
                 }
@@ -254,7 +254,7 @@ pub async fn raw_amqp(
 fn plugin_properties(task: &Task) -> BasicProperties {
     let mut headers = FieldTable::default();
     for (name, value) in &task.headers {
-        if let delayline::task::FieldValue::Str(text) = value {
+        if let delayline::message::FieldValue::Str(text) = value {
             headers.insert(
                 name.as_str().into(),
                 AMQPValue::LongString(text.as_str().into()),

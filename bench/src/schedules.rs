@@ -147,8 +147,8 @@ async fn lateness(
     for n in 0..TICKING {
         let body = serde_json::json!({
             "id": format!("tick-{n}"), "destination": "bench.tick", "every": "1s",
-            "start_at": delayline::task::format_epoch_ms(first_ms),
-            "end_at": delayline::task::format_epoch_ms(last_ms)});
+            "start_at": delayline::clock::format_epoch_ms(first_ms),
+            "end_at": delayline::clock::format_epoch_ms(last_ms)});
         let response = client
             .post(format!("{}/v1/schedules", sut.base))
             .json(&body)
@@ -165,7 +165,7 @@ async fn lateness(
             let due = first_ms + (n / TICKING) * 1000;
             async move {
                 let body = serde_json::json!({"id": format!("plain-{n}"), "destination": "bench.tick",
-                    "deliver_at": delayline::task::format_epoch_ms(due)});
+                    "deliver_at": delayline::clock::format_epoch_ms(due)});
                 let response = client.post(&url).json(&body).send().await.ok()?;
                 (response.status() == 202).then_some(())
             }
@@ -189,7 +189,7 @@ async fn lateness(
             break;
         };
         let due_ms = match id.split_once('@') {
-            Some((_, occurrence)) => delayline::task::parse_epoch_ms(occurrence),
+            Some((_, occurrence)) => delayline::clock::parse_epoch_ms(occurrence),
             None => id
                 .strip_prefix("plain-")
                 .and_then(|n| n.parse::<u64>().ok())

@@ -7,6 +7,7 @@
 //! lets nobody publish.
 
 pub mod pattern;
+mod settings;
 pub mod token;
 
 use std::collections::{HashMap, HashSet};
@@ -24,7 +25,7 @@ use subtle::ConstantTimeEq;
 
 pub use pattern::{DestinationPattern, PatternError};
 
-use crate::config::{AuthMode, AuthSettings, ClientSettings};
+pub use settings::{AuthMode, AuthSettings, ClientSettings, TokenHashes};
 
 /// What a client may do. `admin` implies every other permission, and
 /// reaches every client's tasks instead of only its own.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::TokenHashes;
+use crate::auth::TokenHashes;
 
 fn client(name: &str, token: &str, destinations: &[&str], permissions: &[&str]) -> ClientSettings {
     ClientSettings {

@@ -37,7 +37,7 @@
 //! the ready count a passive declare gives. Only then is it deleted, and the
 //! report says which check each deletion rested on.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -61,7 +61,6 @@ use crate::cascade::{
     unroutable_seen_queue_name,
 };
 use crate::message;
-use crate::task::epoch_ms;
 
 /// Messages taken, published and confirmed together.
 const WINDOW: u16 = 256;
@@ -595,8 +594,9 @@ impl Mover<'_> {
         match kind {
             Kind::Level { levels } => {
                 let deliver_at = message::deliver_at_ms(&delivery.properties);
-                let now_ms = epoch_ms(SystemTime::now());
-                match self.new.reschedule(key, *levels, deliver_at, now_ms) {
+                // One reading for the route and its stamp alike.
+                let now = crate::clock::read();
+                match self.new.reschedule(key, *levels, deliver_at, now.wall_ms) {
                     Ok(route) => {
                         // Due already (not merely within the new chain's release lead).
                         if route.delay_ms == 0 {
@@ -605,7 +605,6 @@ impl Mover<'_> {
                             self.report.rescheduled += 1;
                         }
                         // Stamped afresh: another chain, another least time.
-                        let now = crate::clock::read();
                         let properties = message::restamped(&delivery.properties, &route, &now);
                         (route.entry_exchange, route.routing_key, properties)
                     }

@@ -16,6 +16,7 @@ mod migrate;
 mod options;
 mod provision;
 mod publisher;
+mod settings;
 mod unroutable;
 
 use std::time::Duration;
@@ -35,13 +36,14 @@ pub use migrate::{
 };
 pub use provision::{ProvisionReport, provision, teardown};
 pub use publisher::{
-    BrokerProblem, BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Message,
-    PublishError, Published, Publisher, PublisherOptions, SharedConnection,
-    content_header_frame_size,
+    BrokerProblem, BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, PublishError,
+    Published, Publisher, PublisherOptions, SharedConnection, content_header_frame_size,
 };
+pub use settings::{AmqpSettings, AmqpTlsSettings};
 pub use unroutable::requeue_unroutable;
 
 use crate::cascade::{ArgValue, Arguments};
+use crate::secret::redact_uri;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -152,7 +154,7 @@ impl std::fmt::Debug for BrokerTls {
 }
 
 impl BrokerTls {
-    pub fn from_settings(tls: &crate::config::AmqpTlsSettings) -> Result<BrokerTls, BrokerError> {
+    pub fn from_settings(tls: &AmqpTlsSettings) -> Result<BrokerTls, BrokerError> {
         let read = |what: &str, path: &str| {
             std::fs::read(path)
                 .map_err(|error| BrokerError::Tls(format!("{what} {path:?}: {error}")))
@@ -210,21 +212,6 @@ impl<T> Context<T> for Result<T, lapin::Error> {
             context: context(),
             source,
         })
-    }
-}
-
-/// The URI without its password, for logs and error messages.
-pub fn redact_uri(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_owned();
-    };
-    match rest.split_once('@') {
-        // Only a password is hidden; a URI without one shows none.
-        Some((credentials, host)) => match credentials.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-            None => uri.to_owned(),
-        },
-        None => uri.to_owned(),
     }
 }
 
@@ -331,23 +318,5 @@ pub(crate) fn precondition_failed(error: &lapin::Error) -> Option<String> {
             )
         }
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_reach_logs() {
-        assert_eq!(
-            redact_uri("amqp://guest:secret@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(redact_uri("amqp://host"), "amqp://host");
-        assert_eq!(
-            redact_uri("postgres://postgres@127.0.0.1/test"),
-            "postgres://postgres@127.0.0.1/test"
-        );
     }
 }

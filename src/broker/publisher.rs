@@ -48,12 +48,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{
-    BrokerError, Context, confirm_outcome, connect_with, open_channel, provision, redact_uri,
-};
+use super::settings::AmqpSettings;
+use super::{BrokerError, Context, confirm_outcome, connect_with, open_channel, provision};
 use crate::cascade::{Cascade, TopologyPlan};
-use crate::config::AmqpSettings;
-pub use crate::message::Message;
+use crate::message::Message;
+use crate::secret::redact_uri;
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the supervisor double-checks a connection that reported no error.

@@ -2,7 +2,7 @@
 //!
 //! A message inside a level queue carries its whole routing key (L digits,
 //! then the destination) and the due time set when it was accepted
-//! ([`crate::message::DELIVER_AT_HEADER`]). That is enough to route it afresh
+//! (its deliver-at header). That is enough to route it afresh
 //! in another chain by what remains of its delay, rounded up to the new
 //! unit: never early.
 
@@ -14,7 +14,7 @@ use super::settings::Cascade;
 /// Why a message cannot be rescheduled; it goes to the poison queue.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unschedulable {
-    #[error("no {} header", crate::message::DELIVER_AT_HEADER)]
+    #[error("no due time: the message carries no deliver-at header")]
     NoDeliverAt,
     #[error("routing key {0:?} does not start with {1} binary digits and a destination")]
     MalformedKey(String, u32),

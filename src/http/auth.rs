@@ -9,8 +9,8 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
 use super::error::{ApiError, ErrorCode};
+use super::state::AppState;
 use crate::auth::{Caller, Client, Permission, Throttled, Unauthenticated};
 
 /// Authenticates every request to the routes it wraps; the probes are not

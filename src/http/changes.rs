@@ -1,23 +1,21 @@
 //! `DELETE /v1/tasks/{id}`, `POST /v1/tasks/cancel` and `PATCH
 //! /v1/tasks/{id}`: withdrawing and moving tasks that are not yet due.
 
-use std::time::SystemTime;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::AppState;
 use super::auth::{require, scoped_fingerprint, scoped_key};
 use super::error::{ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
 use super::inspect::TaskView;
+use super::state::AppState;
 use super::tasks::{IDEMPOTENCY_KEY, REPLAYED, idempotency_key};
 use crate::auth::{Caller, Permission};
-use crate::ledger::{Cancel, ChangeKey, Reschedule, StoredTask};
 use crate::scheduler::ChangeError;
+use crate::scheduler::{Cancel, ChangeKey, Reschedule, StoredTask};
 use crate::task::{
     TaskError, TaskState, deserialize_whole, fingerprint, parse_new_delay, require_object,
 };
@@ -201,7 +199,8 @@ pub async fn reschedule_task(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Reschedule)?;
-    let start_ms = state.scheduler.cascade().delay_start_ms(SystemTime::now());
+    let now = crate::clock::read();
+    let start_ms = state.scheduler.cascade().delay_start_ms(now.wall);
     let new_delay = parse_new_delay(&body, start_ms)?;
     let key = match idempotency_key(headers.get(IDEMPOTENCY_KEY))? {
         None => None,
@@ -214,7 +213,7 @@ pub async fn reschedule_task(
     };
     let rescheduled = state
         .scheduler
-        .reschedule(&id, new_delay.delay, key, caller.owner_scope())
+        .reschedule(&id, new_delay.delay, key, caller.owner_scope(), &now)
         .await
         .map_err(|error| match error {
             // Said of the field the new delay was given in.
@@ -238,8 +237,12 @@ pub(super) async fn move_one(
     id: &str,
     delay: std::time::Duration,
     owner: Option<&str>,
+    now: &crate::clock::Reading,
 ) -> Result<StoredTask, ApiError> {
-    let rescheduled = state.scheduler.reschedule(id, delay, None, owner).await?;
+    let rescheduled = state
+        .scheduler
+        .reschedule(id, delay, None, owner, now)
+        .await?;
     move_answer(id, rescheduled).map(|(task, _)| task)
 }
 

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use tracing::error;
 
-use crate::broker::PublishError;
-use crate::ledger::LedgerError;
 use crate::operations::OperationError;
 use crate::schedule::ScheduleError;
+use crate::scheduler::LedgerError;
+use crate::scheduler::PublishError;
 use crate::scheduler::{ChangeError, InspectError, NotReady, RecurringError, SubmitError};
 use crate::task::TaskError;
 

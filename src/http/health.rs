@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use serde::Serialize;
 
-use super::AppState;
 use super::error::ApiError;
+use super::state::AppState;
 use crate::scheduler::Readiness;
 
 #[derive(Serialize, utoipa::ToSchema)]

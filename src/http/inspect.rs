@@ -8,13 +8,14 @@ use axum::extract::{Path, Query, State};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use super::AppState;
 use super::auth::{require, unscoped_key};
 use super::error::{ApiError, ErrorCode};
+use super::state::AppState;
 use crate::auth::{Caller, Permission};
-use crate::ledger::{Cursor, StoredTask, TaskFilter};
+use crate::clock::{format_epoch_ms, parse_epoch_ms};
 use crate::scheduler::InspectError;
-use crate::task::{TaskState, format_epoch_ms, parse_epoch_ms};
+use crate::scheduler::{Cursor, StoredTask, TaskFilter};
+use crate::task::TaskState;
 
 /// A task as the ledger knows it.
 #[derive(Debug, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
@@ -33,7 +34,7 @@ pub struct TaskView {
     pub published_at: Option<String>,
     pub idempotency_key: Option<String>,
     pub content_type: String,
-    pub headers: BTreeMap<String, crate::task::FieldValue>,
+    pub headers: BTreeMap<String, crate::message::FieldValue>,
     /// The payload's size as submitted.
     pub payload_bytes: u64,
     /// What the ledger still holds of the payload (see store.payload_copy_bytes).
@@ -192,7 +193,10 @@ pub async fn list_tasks(
     }
     let Query(query) = query.map_err(|e| invalid_query(e.body_text()))?;
     let filter = query.filter(&caller)?;
-    let stored = state.scheduler.tasks(&filter).await?;
+    let stored = state
+        .scheduler
+        .tasks(&filter, crate::clock::now_ms())
+        .await?;
     let next_cursor = Cursor::after_page(&stored, filter.limit);
     let tasks = stored.into_iter().map(TaskView::from).collect();
     Ok(Json(TaskPage { tasks, next_cursor }))

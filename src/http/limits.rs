@@ -15,12 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::AppState;
 use super::error::{ApiError, ErrorCode};
 
 /// How long a request's body may take to arrive, and how large it may be;
@@ -76,36 +72,7 @@ impl Intake {
     }
 }
 
-/// Every API request: its body's deadline for the extractor, and its own.
-pub async fn deadlines(
-    State(state): State<AppState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let limits = state.limits;
-    request.extensions_mut().insert(BodyLimits {
-        read_timeout: limits.body_read_timeout,
-        max_bytes: limits.body_max_bytes,
-    });
-    match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            state.metrics.request_deadline_exceeded.inc();
-            ApiError::new(
-                ErrorCode::DeadlineExceeded,
-                format!(
-                    "no answer within http.request_timeout_ms ({} ms); the request may have \
-                     taken effect: retry with the same Idempotency-Key or task id",
-                    limits.request_timeout.as_millis()
-                ),
-            )
-            .retry_after(1)
-            .into_response()
-        }
-    }
-}
-
-/// The deadlines [`deadlines`] applies.
+/// The deadlines every API request is given (`router::deadlines`).
 #[derive(Clone, Copy, Debug)]
 pub struct RequestLimits {
     pub body_read_timeout: Duration,

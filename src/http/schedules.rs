@@ -14,15 +14,17 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::AppState;
 use super::auth::{check_destination, check_exchange, require};
 use super::error::{ApiError, ErrorCode};
 use super::extract::JsonBody;
+use super::state::AppState;
 use super::tasks::REPLAYED;
 use crate::auth::{Caller, Permission};
+use crate::clock::format_epoch_ms;
+use crate::message::FieldValue;
 use crate::schedule::{CatchUp, SchedulePatch, ScheduleRequest, occurrence_id};
 use crate::scheduler::ScheduleState;
-use crate::task::{FieldValue, TaskError, deserialize_whole, format_epoch_ms, require_object};
+use crate::task::{TaskError, deserialize_whole, require_object};
 
 /// Next occurrences an answer lists.
 const UPCOMING: usize = 5;
@@ -153,8 +155,8 @@ fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, 
 }
 
 /// The answer as of now: the clock read once, at the edge.
-fn view(state: &AppState, stored: crate::ledger::StoredSchedule) -> ScheduleView {
-    let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+fn view(state: &AppState, stored: crate::scheduler::StoredSchedule) -> ScheduleView {
+    let now_ms = crate::clock::now_ms();
     ScheduleView::from(state.scheduler.schedule_state(stored, UPCOMING, now_ms))
 }
 

@@ -4,9 +4,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
 use super::auth::require;
 use super::error::ApiError;
+use super::state::AppState;
 use crate::auth::{Caller, Permission};
 
 /// Prometheus scrape. Values that live elsewhere are read now, not mirrored.

@@ -1,8 +1,6 @@
 //! `POST /v1/tasks` and `POST /v1/tasks/batch`: taking tasks in, with the
 //! idempotency rules, and counting what is refused.
 
-use std::time::SystemTime;
-
 use axum::Json;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -11,15 +9,16 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info_span, warn};
 
-use super::AppState;
 use super::auth::{
     admit, check_destination, check_exchange, require, scoped_fingerprint, scoped_key,
 };
 use super::batch;
 use super::error::{AnsweredCode, ApiError, ErrorBody, ErrorCode};
 use super::extract::JsonBody;
+use super::state::AppState;
 use crate::auth::{Caller, Permission};
 use crate::cascade::MAX_NAME_BYTES;
+use crate::clock::Reading;
 use crate::scheduler::{Idempotency, Submitted};
 use crate::task::{Task, TaskAccepted, fingerprint, parse_batch};
 
@@ -133,10 +132,10 @@ fn parse_for(
     state: &AppState,
     caller: &Caller,
     body: &[u8],
-    now: SystemTime,
+    now: &Reading,
     at: &str,
 ) -> Result<Task, ApiError> {
-    let mut task = Task::parse_at(body, state.scheduler.cascade(), now, at)?;
+    let mut task = Task::parse_at(body, state.scheduler.cascade(), now.wall, at)?;
     check_destination(caller, &task.destination)?;
     check_exchange(caller, task.exchange.as_deref())?;
     task.client = caller.client_name().map(str::to_owned);
@@ -147,11 +146,12 @@ async fn submit(
     state: &AppState,
     task: &Task,
     idempotency: Idempotency,
+    now: &Reading,
 ) -> Result<Submitted, ApiError> {
     let span = info_span!("task", task_id = %task.id);
     state
         .scheduler
-        .submit(task, idempotency)
+        .submit(task, idempotency, now)
         .instrument(span)
         .await
         .map_err(|error| {
@@ -179,7 +179,9 @@ pub async fn create_task(
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Submit)?;
     let _intake = state.intake.admit(1)?;
-    let parsed = parse_for(&state, &caller, &body, SystemTime::now(), "").and_then(|task| {
+    // The request's one instant: its due time and its hold stamp both count from it.
+    let now = crate::clock::read();
+    let parsed = parse_for(&state, &caller, &body, &now, "").and_then(|task| {
         let idempotency = idempotency(
             &caller,
             headers.get(IDEMPOTENCY_KEY),
@@ -192,7 +194,7 @@ pub async fn create_task(
     // Even an invalid task takes from the rate: refusing it costs work too.
     let reserved = admit_unless_replays(&state, &caller, 1, std::slice::from_ref(&parsed)).await?;
     let submitted = match parsed {
-        Ok((task, idempotency)) => submit(&state, &task, idempotency).await,
+        Ok((task, idempotency)) => submit(&state, &task, idempotency, &now).await,
         Err(error) => Err(error),
     };
     let accepted = submitted.as_ref().is_ok_and(|s| !s.replayed);
@@ -242,8 +244,8 @@ fn parse_each(
     state: &AppState,
     caller: &Caller,
     tasks: &[&serde_json::value::RawValue],
+    now: &Reading,
 ) -> Vec<batch::Parsed> {
-    let now = SystemTime::now();
     let has_ledger = state.scheduler.has_ledger();
     tasks
         .iter()
@@ -290,7 +292,8 @@ pub async fn create_batch(
             ),
         ));
     }
-    let parsed = parse_each(&state, &caller, &request.tasks);
+    let now = crate::clock::read();
+    let parsed = parse_each(&state, &caller, &request.tasks, &now);
     // The rate and quota are taken for the whole batch or not at all: a 429
     // means that nothing in it was taken.
     let valid = parsed.iter().filter(|item| item.is_ok()).count();
@@ -300,13 +303,13 @@ pub async fn create_batch(
     // the first's answer (as a replay), or a conflict if its body differs.
     let repeats = batch::earlier_with_same_id(&batch::client_ids(&parsed));
     let outcomes = parsed.iter().zip(&repeats).map(|(item, repeat)| {
-        let state = &state;
+        let (state, now) = (&state, &now);
         async move {
             if repeat.is_some() {
                 return None;
             }
             Some(match item {
-                Ok((task, idempotency)) => submit(state, task, idempotency.clone()).await,
+                Ok((task, idempotency)) => submit(state, task, idempotency.clone(), now).await,
                 Err(error) => Err(error.clone()),
             })
         }

@@ -18,10 +18,12 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::{AppState, router};
-use crate::broker::{BrokerProblem, BrokerStatus, Message, PublishError, Published};
+use crate::broker::{BrokerProblem, BrokerStatus, PublishError, Published};
 use crate::cascade::{Cascade, QueueType};
-use crate::config::{HttpSettings, StoreSettings};
+use crate::http::HttpSettings;
 use crate::ledger;
+use crate::ledger::StoreSettings;
+use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::scheduler::{Broker, PublishAlone, Scheduler, SchedulerSettings};
 
@@ -775,9 +777,9 @@ async fn a_console_session_ends_when_its_token_is_removed() {
     std::fs::write(&file, entry("kept") + &entry("gone")).unwrap();
     let auth = Arc::new(
         crate::auth::Authenticator::from_settings(
-            &crate::config::AuthSettings {
+            &crate::auth::AuthSettings {
                 clients_file: file.display().to_string(),
-                ..crate::config::AuthSettings::default()
+                ..crate::auth::AuthSettings::default()
             },
             "127.0.0.1:8080",
             false,
@@ -989,8 +991,8 @@ fn every_error_code_the_api_answers_is_in_the_readmes_table() {
 /// The 401/403/429 matrix, on the default ledger (SQLite, release stage).
 mod access {
     use super::*;
+    use crate::auth::{AuthSettings, ClientSettings, TokenHashes};
     use crate::auth::{Authenticator, token};
-    use crate::config::{AuthSettings, ClientSettings, TokenHashes};
 
     fn client(name: &str, destinations: &[&str], permissions: &[&str]) -> ClientSettings {
         ClientSettings {

@@ -6,10 +6,10 @@
 use axum::Json;
 use axum::extract::State;
 
-use super::AppState;
 use super::auth::require;
 use super::codes::ErrorCode;
 use super::error::ApiError;
+use super::state::AppState;
 use crate::auth::{Caller, Permission};
 use crate::operations::unroutable::{Requeued, requeue};
 
@@ -17,14 +17,14 @@ use crate::operations::unroutable::{Requeued, requeue};
 /// they are every client's).
 pub async fn requeue_unroutable(state: &AppState, caller: &Caller) -> Result<Requeued, ApiError> {
     require(caller, Permission::Admin)?;
-    let Some(amqp) = state.amqp.as_deref() else {
+    let Some(operator) = state.operator.as_deref() else {
         return Err(ApiError::new(
             ErrorCode::BrokerUnavailable,
             "this service has no broker settings to requeue with",
         ));
     };
     let cascade = state.scheduler.cascade();
-    Ok(requeue(state.scheduler.own_ledger(), amqp, cascade).await?)
+    Ok(requeue(state.scheduler.own_ledger(), &operator.amqp, cascade).await?)
 }
 
 #[utoipa::path(post, summary = "Requeue the unroutable queue's messages", path = "/v1/unroutable/requeue", tag = "operations",

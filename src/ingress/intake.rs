@@ -9,8 +9,9 @@ use sha2::{Digest, Sha256};
 
 use super::settings::Ingress;
 use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError, validate_destination};
+use crate::message::FieldValue;
 use crate::message::{self, BadDelay, Due, PLUGIN_DELAY_HEADER};
-use crate::task::{FieldValue, Task};
+use crate::task::Task;
 
 /// The destination of a task whose routing key cannot be one (empty, as
 /// for a fanout or headers exchange, or with characters a destination may
@@ -265,7 +266,7 @@ mod tests {
         assert_eq!(task.route.delay_ms, 55);
         assert_eq!((task.route.delay_units, task.route.hold_ms), (4, 15));
         assert_eq!(task.deliver_at_ms, NOW_MS + 55);
-        let message = message::of_task(task);
+        let message = message::of_task(&task.message());
         let released = message::released(
             &message.routing_key,
             message.payload.clone(),
@@ -309,7 +310,7 @@ mod tests {
         let task = take(&ingress(&[]), &chain(), "k", b"", &properties, now())
             .unwrap()
             .task;
-        let message = message::of_task(&task);
+        let message = message::of_task(&task.message());
         let headers = message.properties.headers().clone().unwrap();
         assert!(!headers.inner().contains_key("CC") && !headers.inner().contains_key("BCC"));
         assert!(headers.inner().contains_key("kept"));
@@ -360,7 +361,7 @@ mod tests {
             "{:?}",
             again.task.headers
         );
-        let delivered = message::of_task(&again.task).properties;
+        let delivered = message::of_task(&again.task.message()).properties;
         let names: Vec<String> = delivered
             .headers()
             .as_ref()
@@ -413,7 +414,7 @@ mod tests {
             .unwrap()
             .task;
             assert_eq!(task.destination, KEYLESS_DESTINATION);
-            let message = message::of_task(&task);
+            let message = message::of_task(&task.message());
             let released =
                 message::released(&message.routing_key, vec![], &message.properties, &chain());
             assert_eq!(released.routing_key, key);

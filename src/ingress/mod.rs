@@ -18,23 +18,21 @@ mod intake;
 mod settings;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use intake::{KEYLESS_DESTINATION, Refusal, Taken, take};
-pub use settings::{
-    Ingress, IngressError, IngressSettings, REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER, plan_with,
-};
+pub use settings::{Ingress, IngressError, IngressSettings, plan_with};
 
-use crate::broker::{ConsumeLimits, Inbound, Message, Published, Settle};
+use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
 use crate::cascade::Cascade;
+use crate::clock::Reading;
 use crate::message;
+use crate::message::Message;
 use crate::metrics::{IngressLabel, Metrics};
 use crate::scheduler::{Broker, Idempotency, Scheduler, SubmitError};
 
@@ -73,8 +71,9 @@ impl IngressRunner {
         windows
             .into_stream()
             .for_each_concurrent(usize::from(INGRESS_WINDOWS), |window| async {
-                let now = SystemTime::now();
-                let settles = join_all(window.messages.iter().map(|m| self.take_one(m, now))).await;
+                let now = crate::clock::read();
+                let settles =
+                    join_all(window.messages.iter().map(|m| self.take_one(m, &now))).await;
                 let retried = settles.iter().filter(|s| **s == Settle::Requeue).count();
                 window.settle(settles);
                 if retried > 0 {
@@ -94,14 +93,14 @@ impl IngressRunner {
     }
 
     /// One message: its task committed, or it refused; else back to the queue.
-    async fn take_one(&self, message: &Inbound, now: SystemTime) -> Settle {
+    async fn take_one(&self, message: &Inbound, now: &Reading) -> Settle {
         let taken = take(
             &self.ingress,
             &self.cascade,
             &message.routing_key,
             &message.payload,
             &message.properties,
-            now,
+            now.wall,
         );
         let Taken { task, fingerprint } = match taken {
             Ok(taken) => taken,
@@ -111,7 +110,7 @@ impl IngressRunner {
             key: None,
             fingerprint,
         };
-        match self.scheduler.submit(&task, idempotency).await {
+        match self.scheduler.submit(&task, idempotency, now).await {
             Ok(submitted) => {
                 let outcome = if submitted.replayed {
                     "replayed"
@@ -144,19 +143,15 @@ impl IngressRunner {
     /// its headers, and says so.
     async fn refuse(&self, message: &Inbound, refusal: &Refusal) -> Settle {
         let properties = message::set_aside(&message.properties);
+        let reason = refusal.to_string();
         let mut copy = Message {
             exchange: String::new(),
             routing_key: self.ingress.refused_queue.clone(),
             payload: message.payload.clone(),
-            properties: with_reason(&properties, properties.headers().clone(), refusal),
+            properties: message::refused(&properties, refusal.code(), &reason, false),
         };
         if self.broker.check_fits(&copy).is_err() {
-            let mut note = FieldTable::default();
-            note.insert(
-                ShortString::from(HEADERS_DROPPED_HEADER),
-                AMQPValue::Boolean(true),
-            );
-            copy.properties = with_reason(&properties, Some(note), refusal);
+            copy.properties = message::refused(&properties, refusal.code(), &reason, true);
         }
         match self.broker.publish_bounded(copy).await {
             Ok(Published::Confirmed) => {
@@ -185,26 +180,4 @@ impl IngressRunner {
             })
             .inc();
     }
-}
-
-/// On a refused copy that had to leave its headers behind.
-pub const HEADERS_DROPPED_HEADER: &str = "x-delayline-refused-headers-dropped";
-
-/// `properties` with `headers` and the refusal's code and reason.
-fn with_reason(
-    properties: &BasicProperties,
-    headers: Option<FieldTable>,
-    refusal: &Refusal,
-) -> BasicProperties {
-    let mut headers = headers.unwrap_or_default();
-    let text = |value: String| AMQPValue::LongString(LongString::from(value));
-    headers.insert(
-        ShortString::from(REFUSAL_CODE_HEADER),
-        text(refusal.code().to_owned()),
-    );
-    headers.insert(
-        ShortString::from(REFUSAL_REASON_HEADER),
-        text(refusal.to_string()),
-    );
-    properties.clone().with_headers(headers)
 }

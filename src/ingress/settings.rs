@@ -57,11 +57,6 @@ pub struct Ingress {
     pub refused_queue: String,
 }
 
-/// Why a refused message was refused: a stable code.
-pub const REFUSAL_CODE_HEADER: &str = "x-delayline-refused";
-/// Why a refused message was refused: in words.
-pub const REFUSAL_REASON_HEADER: &str = "x-delayline-refused-reason";
-
 impl IngressSettings {
     pub fn validate(self, cascade: &Cascade) -> Result<Ingress, IngressError> {
         let error = |reason: String| IngressError {

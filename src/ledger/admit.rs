@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::LedgerError;
+use super::error::LedgerError;
 use super::record::{Row, StoredTask};
 use super::sql::statement_sized_chunks;
 use super::transaction::Tx;

@@ -12,9 +12,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::record::{COLUMNS, Row, StoredTask};
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::pool::Pool;
+use super::record::{COLUMNS, Row, StoredTask, db_ms};
 use super::sql::{self, statement_sized_chunks};
-use super::{Ledger, LedgerError, Pool, QueryContext, db_ms};
 use crate::task::TaskState;
 
 /// What a cancel found.

@@ -89,7 +89,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dl-checkpoint-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ledger.db");
-        let writer = super::super::open_sqlite_writer(&path).unwrap();
+        let writer = super::super::pool::open_sqlite_writer(&path).unwrap();
         writer.execute_batch("CREATE TABLE t (x BLOB);").unwrap();
         (dir, path, writer)
     }

@@ -5,9 +5,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::error::LedgerError;
+use super::record::db_ms;
 use super::sql::statement_sized_chunks;
 use super::transaction::Tx;
-use super::{LedgerError, db_ms};
 use crate::task::TaskState;
 
 /// What the ledger says of a message that reached the release stage.

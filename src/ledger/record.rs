@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{LedgerError, db_ms};
+use super::error::LedgerError;
+use crate::clock::format_epoch_ms;
 use crate::message;
-use crate::task::{FieldValue, Task, TaskAccepted, TaskState, format_epoch_ms};
+use crate::message::FieldValue;
+use crate::task::{Task, TaskAccepted, TaskState};
 
 /// The columns a new row is inserted with, in the order of [`Row`]'s fields;
 /// the others start at their defaults.
@@ -276,6 +278,11 @@ impl Row {
 }
 
 /// Decodes every row, failing on the first that is corrupt.
+/// Epoch milliseconds as the ledger stores them.
+pub(super) fn db_ms(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
 pub(super) fn decode_all(rows: Vec<Row>) -> Result<Vec<StoredTask>, LedgerError> {
     rows.into_iter().map(Row::decode).collect()
 }

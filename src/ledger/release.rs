@@ -6,8 +6,10 @@
 use std::collections::HashMap;
 
 use super::claim::Finding;
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::record::db_ms;
 use super::sql;
-use super::{Ledger, LedgerError, QueryContext, db_ms};
 use crate::task::TaskState;
 
 impl Ledger {

@@ -7,8 +7,9 @@
 //! occurrence a planner made), so they go straight to the pool rather than
 //! through the tasks' group commit.
 
-use super::{LedgerError, QueryContext, db_ms};
-use crate::ledger::Ledger;
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::record::db_ms;
 use crate::schedule::{ScheduleContent, TimingSpec};
 
 /// A schedule as the ledger holds it.

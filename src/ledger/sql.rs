@@ -6,7 +6,9 @@
 //! query plans). Statements over many ids come in a few fixed sizes
 //! ([`statement_sized_chunks`]).
 
+use super::filter::{TaskFilter, is_rare};
 use super::record::{COLUMNS, INSERT_COLUMNS};
+use crate::task::TaskState;
 
 /// The statement SQLite is given: every `$N` becomes `?N`, SQLite's
 /// parameter number N, so that the same text binds the same way on both
@@ -211,6 +213,107 @@ pub const MARK_UNROUTABLE: &str = "UPDATE tasks SET state = 'unroutable', \
 pub const REQUEUE_UNROUTABLE: &str =
     "UPDATE tasks SET state = 'delivered' WHERE state = 'unroutable'";
 
+/// A client's waiting tasks. Both counts read an index alone
+/// (`tasks_by_deliver_at` carries the client): a task not yet due is waiting
+/// unless it was withdrawn.
+pub const WAITING_TASKS: &str = "SELECT \
+    (SELECT COUNT(*) FROM tasks WHERE client = $1 AND deliver_at_ms > $2) \
+    - (SELECT COUNT(*) FROM tasks WHERE client = $1 AND deliver_at_ms > $2 \
+       AND state IN ('cancelled', 'failed'))";
+
+/// The ledger's identity, made by its migration.
+pub const IDENTITY: &str = "SELECT id FROM ledger_identity";
+
+pub const PENDING_COUNT: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'pending'";
+
+/// One task by id.
+pub fn get() -> String {
+    format!("SELECT {COLUMNS} FROM tasks WHERE id = $1")
+}
+
+/// What an earlier request under an idempotency key, or for an id, was.
+pub const REQUEST_BY_KEY: &str =
+    "SELECT idempotency_key, fingerprint FROM tasks WHERE idempotency_key = $1";
+pub const REQUEST_BY_ID: &str = "SELECT idempotency_key, fingerprint FROM tasks WHERE id = $1";
+
+/// Takes up to `$3` pending tasks whose lease has expired at `$1`, leasing
+/// them until `$2`. The condition is repeated outside the subquery so that,
+/// on PostgreSQL, a replica that waited for another replica's claim
+/// re-checks it and skips what was just taken.
+pub fn claim_pending() -> String {
+    format!(
+        "UPDATE tasks SET next_attempt_at_ms = $2, attempts = attempts + 1 \
+         WHERE state = 'pending' AND next_attempt_at_ms <= $1 AND id IN ( \
+             SELECT id FROM tasks WHERE state = 'pending' AND next_attempt_at_ms <= $1 \
+             ORDER BY next_attempt_at_ms LIMIT $3) \
+         RETURNING {COLUMNS}"
+    )
+}
+
+/// Up to `$2` tasks no longer pending and due before `$1`.
+pub const PRUNE_TASKS: &str = "DELETE FROM tasks WHERE id IN ( \
+     SELECT id FROM tasks WHERE state <> 'pending' AND deliver_at_ms < $1 LIMIT $2)";
+/// Up to `$2` idempotency keys of changes made before `$1`.
+pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
+     SELECT idempotency_key FROM task_changes WHERE created_at_ms < $1 LIMIT $2)";
+
+/// The statement `Ledger::list` runs for `filter`, its parameters in the
+/// order the filter's fields are declared.
+///
+/// A rare state is written as a literal (it is one of a fixed set), which a
+/// partial index can be matched against, and the destination as an
+/// expression, so that the planner reads the state's few tasks rather than
+/// every task of the destination. The pending tasks' index is in attempt
+/// order: they are sorted (there are at most `store.max_pending`).
+pub fn list_sql(filter: &TaskFilter) -> String {
+    let rare = filter.state.filter(|state| is_rare(*state));
+    let mut conditions = Vec::new();
+    let mut parameters = 0;
+    let mut next = || {
+        parameters += 1;
+        format!("${parameters}")
+    };
+    if filter.client.is_some() {
+        conditions.push(format!("client = {}", next()));
+    }
+    if filter.destination.is_some() {
+        let column = if rare.is_some() {
+            "destination || ''"
+        } else {
+            "destination"
+        };
+        conditions.push(format!("{column} = {}", next()));
+    }
+    match (filter.state, rare) {
+        (Some(_), Some(state)) => conditions.push(format!("state = '{}'", state.as_str())),
+        (Some(_), None) => conditions.push(format!("state = {}", next())),
+        (None, _) => {}
+    }
+    if filter.due_before_ms.is_some() {
+        conditions.push(format!("deliver_at_ms < {}", next()));
+    }
+    if filter.after.is_some() {
+        let (at, id) = (next(), next());
+        conditions.push(format!(
+            "(deliver_at_ms > {at} OR (deliver_at_ms = {at} AND id > {id}))"
+        ));
+    }
+    let limit = next();
+    let condition = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {} ", conditions.join(" AND "))
+    };
+    let order = match rare {
+        Some(TaskState::Pending) => "+deliver_at_ms",
+        _ => "deliver_at_ms",
+    };
+    format!(
+        "SELECT {} FROM tasks {condition}ORDER BY {order}, id LIMIT {limit}",
+        COLUMNS
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,7 +405,7 @@ mod tests {
     /// each, on a migrated SQLite ledger, searches and never scans `tasks`.
     #[tokio::test]
     async fn statements_by_id_use_the_primary_key_on_sqlite() {
-        let pool = super::super::migrated_sqlite().await;
+        let pool = super::super::pool::migrated_sqlite().await;
         let statements = [
             mark_published(3, true),
             mark_published(3, false),
@@ -316,7 +419,7 @@ mod tests {
         ];
         for statement in statements {
             let count = parameters(&statement).into_iter().max().unwrap_or(0);
-            let plan = super::super::query_plan(&pool, &statement, count).await;
+            let plan = super::super::pool::query_plan(&pool, &statement, count).await;
             assert!(
                 plan.iter().all(|step| !step.starts_with("SCAN tasks")),
                 "{statement}\n{plan:?}"
@@ -334,9 +437,9 @@ mod tests {
     /// index, however many tasks the ledger holds.
     #[tokio::test]
     async fn the_resender_reads_its_span_by_the_due_time_index() {
-        let pool = super::super::migrated_sqlite().await;
+        let pool = super::super::pool::migrated_sqlite().await;
         for (statement, parameters) in [(ANY_UNRELEASED, 2), (RESEND_UNRELEASED, 4)] {
-            let plan = super::super::query_plan(&pool, statement, parameters).await;
+            let plan = super::super::pool::query_plan(&pool, statement, parameters).await;
             assert!(
                 plan.iter().all(|step| !step.starts_with("SCAN tasks")),
                 "{statement}\n{plan:?}"
@@ -354,8 +457,8 @@ mod tests {
     /// (migration 0009), which holds only the tasks that have a key.
     #[tokio::test]
     async fn a_lookup_by_key_uses_the_partial_index_of_keys() {
-        let pool = super::super::migrated_sqlite().await;
-        let plan = super::super::query_plan(&pool, &holder_by_key(), 1).await;
+        let pool = super::super::pool::migrated_sqlite().await;
+        let plan = super::super::pool::query_plan(&pool, &holder_by_key(), 1).await;
         assert!(
             plan.iter()
                 .any(|step| step.contains("USING INDEX tasks_by_idempotency_key")),

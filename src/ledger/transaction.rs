@@ -10,9 +10,10 @@
 use rusqlite::{Connection, ToSql};
 use sqlx::{PgPool, Postgres, Transaction};
 
+use super::error::{LedgerError, QueryContext};
+use super::record::db_ms;
 use super::record::{INSERT_COLUMNS, Retry, Row};
 use super::sql;
-use super::{LedgerError, QueryContext, db_ms};
 
 /// What the writer writes to: the ledger's database, through the driver
 /// that serves its group commit.

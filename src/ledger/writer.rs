@@ -15,6 +15,7 @@
 //! [`super::sql`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
@@ -22,11 +23,11 @@ use tracing::error;
 
 use super::admit::{Admission, Judged, admit};
 use super::claim::{Finding, claim};
+use super::error::LedgerError;
+use super::record::db_ms;
 use super::record::{Retry, Row};
 use super::sql::statement_sized_chunks;
 use super::transaction::{Store, Tx};
-use super::{LedgerError, PendingCount, db_ms};
-use crate::task::epoch_ms;
 
 /// Most writes in one transaction.
 const MAX_GROUP: usize = 512;
@@ -294,7 +295,7 @@ impl Writer {
             .iter()
             .map(|((id, revision), _)| (id.as_str(), *revision))
             .collect();
-        let now_ms = db_ms(epoch_ms(std::time::SystemTime::now()));
+        let now_ms = db_ms(crate::clock::now_ms());
         let trim_on_publish = !self.keep_payload_until_delivered;
         let mut published = 0;
         for chunk in statement_sized_chunks(&ids) {
@@ -332,13 +333,41 @@ impl Writer {
     }
 }
 
+/// Tasks waiting for the broker: the bound that answers 503 before the disk
+/// fills. The writer follows what it commits; a recount every
+/// a periodic recount (`handle`) adds what other replicas did.
+#[derive(Debug, Default)]
+pub(crate) struct PendingCount(AtomicU64);
+
+impl PendingCount {
+    pub(super) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set(&self, count: u64) {
+        self.0.store(count, Ordering::Relaxed);
+    }
+
+    pub(super) fn add(&self, added: u64) {
+        self.0.fetch_add(added, Ordering::Relaxed);
+    }
+
+    pub(super) fn remove(&self, removed: u64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(removed))
+            });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::SystemTime;
 
     use super::*;
     use crate::cascade::CascadeSettings;
-    use crate::config::StoreSettings;
+    use crate::ledger::StoreSettings;
     use crate::task::Task;
 
     fn row() -> Row {

@@ -1,6 +1,6 @@
 //! The names of the headers delayline writes and reads, and which names a
 //! task may not set. A leaf: task validation reads it without depending on
-//! how messages are built.
+//! how messages are built, and it imports nothing.
 
 /// The delay granted, in milliseconds (the request rounded up to the
 /// chain's precision).
@@ -31,6 +31,23 @@ pub const EXPIRATION_HEADER: &str = "x-delayline-expiration";
 /// connection's, so delayline cannot publish it again as a property; it
 /// travels, and is delivered, as this header.
 pub const USER_ID_HEADER: &str = "x-delayline-user-id";
+
+/// The header carrying a hold stamp (`super::Stamp`), as
+/// `<source>:<sent_us>:<due_us>:<least_us>`, each number 16 hexadecimal
+/// digits. Removed on delivery.
+pub const HOLD_HEADER: &str = "x-delayline-hold";
+
+/// On a message an ingress refused: why, as a stable code.
+pub const REFUSAL_CODE_HEADER: &str = "x-delayline-refused";
+/// On a message an ingress refused: why, in words.
+pub const REFUSAL_REASON_HEADER: &str = "x-delayline-refused-reason";
+/// On a refused copy that had to leave its headers behind.
+pub const HEADERS_DROPPED_HEADER: &str = "x-delayline-refused-headers-dropped";
+
+/// The `x-delayed-message` plugin's delay header, read by an ingress.
+pub const PLUGIN_DELAY_HEADER: &str = "x-delay";
+/// A due time, delayline's addition to the plugin's contract.
+pub const PLUGIN_DELIVER_AT_HEADER: &str = "x-deliver-at";
 
 /// An occurrence of a recurring schedule: the schedule's id.
 pub const SCHEDULE_HEADER: &str = "x-delayline-schedule";
@@ -89,7 +106,7 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower == DELIVER_AT_HEADER
         || lower == REVISION_HEADER
         || INGRESS_HEADERS.contains(&lower.as_str())
-        || lower == super::HOLD_HEADER
+        || lower == HOLD_HEADER
         || lower == SCHEDULE_HEADER
         || lower == OCCURRENCE_HEADER
         || is_dead_letter_header(name)

@@ -17,10 +17,7 @@ use lapin::types::AMQPValue;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// The plugin's delay header.
-pub const PLUGIN_DELAY_HEADER: &str = "x-delay";
-/// A due time, delayline's addition to the plugin's contract.
-pub const PLUGIN_DELIVER_AT_HEADER: &str = "x-deliver-at";
+use super::headers::{PLUGIN_DELAY_HEADER, PLUGIN_DELIVER_AT_HEADER};
 
 /// When a message taken in over AMQP is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,12 +13,9 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, LongString};
 
+use super::headers::HOLD_HEADER;
 use crate::cascade::Route;
 use crate::clock::Reading;
-
-/// The header carrying a [`Stamp`], as `<source>:<sent_us>:<due_us>:<least_us>`,
-/// each number 16 hexadecimal digits. Removed on delivery.
-pub const HOLD_HEADER: &str = "x-delayline-hold";
 
 /// A held message's timing, in the monotonic clock named `source`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +112,7 @@ mod tests {
 
     fn reading(wall_ms: u64, mono_us: u64) -> Reading {
         Reading {
+            wall: std::time::UNIX_EPOCH + std::time::Duration::from_millis(wall_ms),
             wall_ms,
             mono_us,
             source: "c0ffee",

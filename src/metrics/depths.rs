@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use lapin::Connection;
 use tokio_util::sync::CancellationToken;
@@ -176,8 +176,8 @@ impl DepthPoller {
     /// also shows when they were read; true when a level has held messages
     /// longer than it should.
     fn record_counts(&mut self, counts: &[QueueCounts], held_counts: HeldCounts) -> bool {
-        let polled_at = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
+        let polled_at = crate::clock::now()
+            .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         self.metrics.queue_depth_polled.set(polled_at);
         let now = Instant::now();

@@ -9,6 +9,7 @@
 
 mod depths;
 pub mod recent;
+mod settings;
 
 use std::sync::atomic::AtomicU64;
 
@@ -21,6 +22,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 pub use depths::poll_queue_depths;
+pub use settings::MetricsSettings;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -5,18 +5,16 @@
 //! poisoned message leaves failed.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::time::SystemTime;
 
 use lapin::BasicProperties;
 
-use super::{OperationError, on_broker, open_ledger};
+use super::{OperationError, OperatorSettings, on_broker, open_ledger};
 use crate::broker::{self, ManagementApi, MigrationReport, OldChain, Survey};
 use crate::cascade::Cascade;
-use crate::config::Settings;
+use crate::clock::format_epoch_ms;
 use crate::ledger::{Cursor, Ledger, TaskFilter};
 use crate::message;
-use crate::task::{TaskState, epoch_ms, format_epoch_ms};
+use crate::task::TaskState;
 
 /// Copies no longer to be delivered, by task id: those whose revision is
 /// below the one given. A cancelled task's is `u64::MAX`. Filled from the
@@ -37,20 +35,6 @@ impl Superseded {
     }
 }
 
-/// The chain `--from` names: a version number (same prefix as `new`), or a
-/// settings file.
-pub fn old_chain(from: &str, new: &Cascade) -> Result<OldChain, OperationError> {
-    if let Ok(version) = from.parse::<u32>() {
-        return Ok(OldChain::version_of(new, version));
-    }
-    let (_, old) =
-        Settings::load(Some(Path::new(from))).map_err(|e| OperationError::OldSettings {
-            from: from.to_owned(),
-            reason: e.to_string(),
-        })?;
-    Ok(OldChain::from_settings(&old))
-}
-
 /// What a migration would find, without taking anything.
 #[derive(Clone, Debug)]
 pub struct DryRun {
@@ -61,11 +45,10 @@ pub struct DryRun {
 }
 
 pub async fn dry_run(
-    settings: &Settings,
+    settings: &OperatorSettings,
     new: &Cascade,
-    from: &str,
+    old: OldChain,
 ) -> Result<DryRun, OperationError> {
-    let old = old_chain(from, new)?;
     let survey = on_broker(
         &settings.amqp,
         "delayline migrate-topology --dry-run",
@@ -92,7 +75,7 @@ async fn beyond_the_chain(
     ledger: &Ledger,
     cascade: &Cascade,
 ) -> Result<Vec<(String, String)>, OperationError> {
-    let now_ms = epoch_ms(SystemTime::now());
+    let now_ms = crate::clock::now_ms();
     let mut filter = TaskFilter {
         after: Some(Cursor {
             deliver_at_ms: now_ms + cascade.max_delay_ms(),
@@ -103,7 +86,7 @@ async fn beyond_the_chain(
     };
     let mut beyond = Vec::new();
     loop {
-        let page = ledger.list(&filter).await?;
+        let page = ledger.list(&filter, now_ms).await?;
         let Some(last) = page.last() else {
             return Ok(beyond);
         };
@@ -133,11 +116,10 @@ pub struct Migrated {
 /// Moves every waiting message of the chain `from` names into `new`, then
 /// deletes the old chain. Safe to run again after a crash.
 pub async fn migrate(
-    settings: &Settings,
+    settings: &OperatorSettings,
     new: &Cascade,
-    from: &str,
+    old: OldChain,
 ) -> Result<Migrated, OperationError> {
-    let old = old_chain(from, new)?;
     // Copies of cancelled tasks and older revisions of moved ones stay
     // behind: the new chain may have no release stage to drop them.
     let superseded = match open_ledger(settings).await? {
@@ -152,7 +134,7 @@ pub async fn migrate(
     // It alone counts what a quorum queue holds; without it, ready messages are counted.
     let (management, management_unavailable) = match amqp.uris().first() {
         None => (None, None),
-        Some(uri) => match ManagementApi::new(uri, settings.metrics.management_url.expose()) {
+        Some(uri) => match ManagementApi::new(uri, settings.management_url.expose()) {
             Ok(api) => (api, None),
             Err(error) => (None, Some(error.to_string())),
         },
@@ -177,7 +159,7 @@ pub async fn migrate(
 /// A task whose message went to the poison queue is never delivered: the
 /// ledger says so, with the reason.
 async fn mark_poisoned_failed(
-    settings: &Settings,
+    settings: &OperatorSettings,
     new: &Cascade,
     report: &MigrationReport,
 ) -> Result<Vec<(String, String)>, OperationError> {
@@ -208,21 +190,6 @@ mod tests {
     use lapin::types::{AMQPValue, FieldTable};
 
     use super::*;
-
-    #[test]
-    fn from_is_a_version_or_a_settings_file() {
-        let new = Settings::default().cascade().unwrap();
-        let by_version = old_chain("3", &new).unwrap();
-        assert_eq!(by_version, OldChain::version_of(&new, 3));
-        assert_eq!(by_version.levels, None);
-
-        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/delayline.example.toml");
-        let by_file = old_chain(example, &new).unwrap();
-        assert_eq!((by_file.version, by_file.levels), (1, Some(29)));
-
-        let missing = old_chain("no-such.toml", &new).unwrap_err().to_string();
-        assert!(missing.contains("--from no-such.toml"), "{missing}");
-    }
 
     #[test]
     fn a_copy_is_dropped_only_below_the_revision_the_ledger_keeps() {

@@ -9,6 +9,7 @@
 
 pub mod migrate;
 pub mod provision;
+mod settings;
 pub mod token;
 pub mod unroutable;
 
@@ -16,9 +17,11 @@ use lapin::Connection;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::auth::AuthError;
+use crate::broker::AmqpSettings;
 use crate::broker::{BrokerError, BrokerTls, MigrateError, connect_any};
-use crate::config::{AmqpSettings, ConfigError, Settings};
 use crate::ledger::{Ledger, LedgerError};
+
+pub use settings::OperatorSettings;
 
 /// Why a command could not do its work.
 #[derive(Debug, thiserror::Error)]
@@ -29,13 +32,8 @@ pub enum OperationError {
     Migrate(#[from] MigrateError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    #[error(transparent)]
-    Settings(#[from] ConfigError),
     #[error("{0}")]
     Clients(#[from] AuthError),
-    /// The settings of another chain (`--from FILE`) do not load.
-    #[error("--from {from}: {reason}")]
-    OldSettings { from: String, reason: String },
     /// Refused before anything was changed, with the reason.
     #[error("{0}")]
     Refused(String),
@@ -63,9 +61,9 @@ async fn on_broker<T>(
 }
 
 /// The ledger of `settings`, for a command; None without one.
-async fn open_ledger(settings: &Settings) -> Result<Option<Ledger>, OperationError> {
+async fn open_ledger(settings: &OperatorSettings) -> Result<Option<Ledger>, OperationError> {
     // A command's commits are not observed.
     let commit_group_size = Histogram::new([1.0]);
-    let release_stage = settings.cascade()?.release_stage();
+    let release_stage = settings.release_stage;
     Ok(crate::ledger::open(&settings.store, release_stage, commit_group_size).await?)
 }

@@ -2,9 +2,9 @@
 //! with the plan without changing anything.
 
 use super::{OperationError, on_broker};
+use crate::broker::AmqpSettings;
 use crate::broker::{self, CheckReport, ProvisionReport};
 use crate::cascade::{Cascade, TopologyPlan};
-use crate::config::AmqpSettings;
 
 /// Declares `plan` (a chain's, with its ingresses) on the broker.
 pub async fn provision(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::OperationError;
 use crate::auth::{ClientSet, parse_clients_file, token};
-use crate::config::{ClientSettings, TokenHashes};
+use crate::auth::{ClientSettings, TokenHashes};
 
 /// The client a token is made for.
 #[derive(Clone, Debug)]

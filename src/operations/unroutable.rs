@@ -1,10 +1,10 @@
 //! `requeue-unroutable`: the unroutable queue's messages back to the
 //! business exchange, once their destinations are bound.
 
-use super::{OperationError, on_broker, open_ledger};
+use super::{OperationError, OperatorSettings, on_broker, open_ledger};
+use crate::broker::AmqpSettings;
 use crate::broker::{self, queue_state};
 use crate::cascade::Cascade;
-use crate::config::{AmqpSettings, Settings};
 use crate::ledger::Ledger;
 
 /// What a requeue did.
@@ -20,7 +20,7 @@ pub struct Requeued {
 
 /// The CLI's `requeue-unroutable`: with the ledger of `settings`.
 pub async fn requeue_unroutable(
-    settings: &Settings,
+    settings: &OperatorSettings,
     cascade: &Cascade,
 ) -> Result<Requeued, OperationError> {
     let ledger = match cascade.release_stage() {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use super::timing::{CatchUp, Timing};
-use crate::task::format_epoch_ms;
+use crate::clock::format_epoch_ms;
 
 /// An occurrence that fell due while no planner ran, and that the planner
 /// reaches more than this after its time, was missed: the schedule's

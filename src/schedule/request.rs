@@ -13,7 +13,8 @@ use super::ScheduleError;
 use super::occurrence::{ScheduleContent, occurrence_body};
 use super::timing::{CatchUp, Timing, TimingSpec};
 use crate::cascade::Cascade;
-use crate::task::{FieldValue, Task};
+use crate::message::FieldValue;
+use crate::task::Task;
 
 /// The most bytes of a schedule id: an occurrence's task id adds its
 /// revision and time and must stay within a task id's 255.
@@ -244,7 +245,7 @@ fn validate_parts(
         let start = spec
             .start_at
             .as_deref()
-            .and_then(crate::task::parse_epoch_ms);
+            .and_then(crate::clock::parse_epoch_ms);
         let every = spec
             .every
             .as_deref()

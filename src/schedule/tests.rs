@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::*;
 use crate::cascade::{Cascade, QueueType, for_tests};
-use crate::task::{format_epoch_ms, parse_epoch_ms};
+use crate::clock::{format_epoch_ms, parse_epoch_ms};
 
 fn at(text: &str) -> u64 {
     parse_epoch_ms(text).expect("an RFC 3339 time")

@@ -273,7 +273,7 @@ fn parse_time(text: Option<&str>, field: &'static str) -> Result<Option<u64>, Sc
     let Some(text) = text else {
         return Ok(None);
     };
-    crate::task::parse_epoch_ms(text).map(Some).ok_or_else(|| {
+    crate::clock::parse_epoch_ms(text).map(Some).ok_or_else(|| {
         ScheduleError::invalid(
             field,
             format!("{text:?} is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\""),

@@ -22,7 +22,7 @@
 //!   meanwhile, so the forwarder does not publish a second copy.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::task::JoinHandle;
@@ -30,15 +30,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
+use super::answers::{ChangeError, Idempotency, SubmitError, Submitted};
 use super::broker::Broker;
 use super::release::Releaser;
-use super::{ChangeError, Idempotency, SubmitError, Submitted};
-use crate::broker::{LateConfirm, Message, PublishError, Published};
+use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::Cascade;
+use crate::clock::Reading;
 use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
+use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::task::{Task, TaskState, epoch_ms};
+use crate::task::{Task, TaskState};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
@@ -104,6 +106,7 @@ impl Bookkeeper {
         task: &Task,
         message: Message,
         idempotency: Idempotency,
+        now_ms: u64,
     ) -> Result<Submitted, SubmitError> {
         let ledger = &self.ledger;
         if ledger.is_full() {
@@ -111,7 +114,6 @@ impl Bookkeeper {
                 pending: ledger.max_pending(),
             });
         }
-        let now_ms = epoch_ms(SystemTime::now());
         let Idempotency { key, fingerprint } = idempotency;
         let admission = ledger
             .admit(task, key.clone(), fingerprint, now_ms + self.lease_ms)
@@ -171,6 +173,7 @@ impl Bookkeeper {
         delay: Duration,
         key: Option<ChangeKey>,
         owner: Option<&str>,
+        now: &Reading,
     ) -> Result<Reschedule, ChangeError> {
         let Some(current) = self.ledger.get(id).await? else {
             return Ok(Reschedule::NotFound);
@@ -178,8 +181,7 @@ impl Bookkeeper {
         if !current.within_scope(owner) {
             return Ok(Reschedule::NotFound);
         }
-        let now = SystemTime::now();
-        let now_ms = epoch_ms(now);
+        let now_ms = now.wall_ms;
         // The destination never changes, so the route can be planned before
         // the row is changed.
         let route = self
@@ -187,7 +189,7 @@ impl Bookkeeper {
             .route(delay, &current.destination)
             .map_err(ChangeError::Route)?;
         let change = Move {
-            deliver_at_ms: self.cascade.delay_start_ms(now) + route.delay_ms,
+            deliver_at_ms: self.cascade.delay_start_ms(now.wall) + route.delay_ms,
             delay_ms: route.delay_ms,
             routing_key: route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,
@@ -202,7 +204,7 @@ impl Bookkeeper {
         };
         self.metrics.tasks_rescheduled.inc();
         if let Some(task) = self.reroute(&moved).await {
-            self.publish_recorded(&task, message::of_task(&task), now_ms)
+            self.publish_recorded(&task, message::of_task_at(&task.message(), now), now_ms)
                 .await;
         }
         let after = self.ledger.get(id).await?.unwrap_or(moved);
@@ -214,7 +216,7 @@ impl Bookkeeper {
     /// end with `shutdown`.
     pub fn spawn_background(
         &self,
-        settings: &super::SchedulerSettings,
+        settings: &super::settings::SchedulerSettings,
         shutdown: CancellationToken,
     ) -> Vec<JoinHandle<()>> {
         let mut tasks = vec![
@@ -261,7 +263,7 @@ impl Bookkeeper {
     /// ago, from `after` before this process started on.
     async fn resend_unreleased(self, after: Duration, shutdown: CancellationToken) {
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-        let mut from_ms = epoch_ms(SystemTime::now()).saturating_sub(after_ms);
+        let mut from_ms = crate::clock::now_ms().saturating_sub(after_ms);
         let reason = format!(
             "not seen at the release stage {after_ms} ms after its due time: published again"
         );
@@ -270,7 +272,7 @@ impl Bookkeeper {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(RESEND_POLL) => {}
             }
-            let now_ms = epoch_ms(SystemTime::now());
+            let now_ms = crate::clock::now_ms();
             let to_ms = now_ms.saturating_sub(after_ms).max(from_ms);
             match self
                 .ledger
@@ -320,7 +322,7 @@ impl Bookkeeper {
     /// under suspicion are published one at a time on a connection of their
     /// own, beside (not among) the others.
     async fn forward_round(&self) -> usize {
-        let now_ms = epoch_ms(SystemTime::now());
+        let now_ms = crate::clock::now_ms();
         let claimed = match self
             .ledger
             .claim_due(now_ms, now_ms + self.lease_ms, FORWARD_BATCH)
@@ -336,7 +338,11 @@ impl Bookkeeper {
             claimed.iter().partition(|stored| stored.publish_alone);
         let together = join_all(together.iter().map(|stored| async {
             let outcome = match self.reroute(stored).await {
-                Some(task) => self.broker.publish_bounded(message::of_task(&task)).await,
+                Some(task) => {
+                    self.broker
+                        .publish_bounded(message::of_task(&task.message()))
+                        .await
+                }
                 None => return false,
             };
             self.record_forwarded(stored, outcome).await
@@ -346,7 +352,7 @@ impl Bookkeeper {
             let mut published = 0;
             for stored in &alone {
                 if let Some(task) = self.reroute(stored).await {
-                    let outcome = isolated.publish(message::of_task(&task)).await;
+                    let outcome = isolated.publish(message::of_task(&task.message())).await;
                     let outcome = outcome.map(|()| Published::Confirmed);
                     published += usize::from(self.record_forwarded(stored, outcome).await);
                 }
@@ -369,7 +375,7 @@ impl Bookkeeper {
     /// The task of a pending row, routed by what remains of its delay; a row
     /// that cannot be rebuilt is quarantined (retrying could never help).
     async fn reroute(&self, stored: &StoredTask) -> Option<Task> {
-        let now_ms = epoch_ms(SystemTime::now());
+        let now_ms = crate::clock::now_ms();
         match reroute(stored, &self.cascade, now_ms) {
             Ok(task) => Some(task),
             Err(reason) => {
@@ -418,7 +424,7 @@ impl Bookkeeper {
                     );
                     self.quarantine(&stored.id, revision, why).await;
                 } else {
-                    let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
+                    let retry_at = retry_at(crate::clock::now_ms(), attempts);
                     self.record_retry(&stored.id, revision, error, retry_at, true)
                         .await;
                 }
@@ -426,7 +432,7 @@ impl Bookkeeper {
             }
             Err(error) => {
                 self.metrics.forwarded("failed");
-                let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
+                let retry_at = retry_at(crate::clock::now_ms(), attempts);
                 self.record_retry(&stored.id, revision, &error, retry_at, false)
                     .await;
                 false
@@ -486,7 +492,7 @@ impl Bookkeeper {
     /// background, then records what the broker decided.
     async fn watch_late(&self, id: &str, revision: u64, late: LateConfirm, attempts: u64) {
         self.metrics.publish_late.inc();
-        let now_ms = epoch_ms(SystemTime::now());
+        let now_ms = crate::clock::now_ms();
         let waiting = PublishError::Timeout(Duration::from_millis(self.lease_ms - LEASE_MARGIN_MS));
         let lease = move |now_ms: u64| Retry {
             retry_at_ms: now_ms + LATE_LEASE_MS,
@@ -515,7 +521,7 @@ impl Bookkeeper {
                         let renewed = ledger.retry_later(
                             id.clone(),
                             revision,
-                            lease(epoch_ms(SystemTime::now())),
+                            lease(crate::clock::now_ms()),
                         );
                         if let Err(error) = renewed.await {
                             warn!(task_id = %id, %error, "cannot renew the lease of a late publish");
@@ -530,7 +536,7 @@ impl Bookkeeper {
                 }
                 Err(error) => {
                     debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
-                    let retry_at = retry_at(epoch_ms(SystemTime::now()), attempts);
+                    let retry_at = retry_at(crate::clock::now_ms(), attempts);
                     bookkeeper
                         .record_retry(&id, revision, &error, retry_at, false)
                         .await;
@@ -584,7 +590,7 @@ async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: C
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        let before_ms = epoch_ms(SystemTime::now()).saturating_sub(retention_ms);
+        let before_ms = crate::clock::now_ms().saturating_sub(retention_ms);
         let mut pruned = 0;
         loop {
             match ledger.prune(before_ms, PRUNE_BATCH).await {
@@ -627,7 +633,7 @@ mod tests {
             created_at_ms: 10_000,
             published_at_ms: None,
             content_type: "text/plain".into(),
-            headers: [("h".to_owned(), crate::task::FieldValue::Int(7))].into(),
+            headers: [("h".to_owned(), crate::message::FieldValue::Int(7))].into(),
             payload: Some(payload.to_vec()),
             payload_bytes,
             attempts: 1,
@@ -660,7 +666,7 @@ mod tests {
         assert_eq!(task.revision, 3, "a new copy carries the ledger's revision");
         assert_eq!(
             task.headers,
-            [("h".to_owned(), crate::task::FieldValue::Int(7))]
+            [("h".to_owned(), crate::message::FieldValue::Int(7))]
         );
         // A moved task: its revision's delay, counted from the move.
         let moved = StoredTask {

@@ -9,9 +9,9 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{
-    BrokerStatus, ConsumeLimits, IsolatedPublisher, Message, PublishError, Published, Publisher,
-    Windows,
+    BrokerStatus, ConsumeLimits, IsolatedPublisher, PublishError, Published, Publisher, Windows,
 };
+use crate::message::Message;
 
 /// What the scheduler needs from the broker.
 pub trait Broker: Send + Sync + 'static {

@@ -19,165 +19,44 @@
 //! [`Scheduler::refresh_metrics`]) and never reaches the broker or the ledger
 //! itself. The broker is seen through [`Broker`].
 
+mod answers;
 mod bookkeeper;
 mod broker;
 pub mod hold;
 mod recurring;
 mod release;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+pub use answers::{
+    ChangeError, Idempotency, InspectError, NotReady, Readiness, SubmitError, Submitted,
+};
 pub use bookkeeper::MAX_REFUSALS;
 pub use broker::{Broker, PublishAlone};
 pub use recurring::{RecurringError, ScheduleState};
 pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
+pub use settings::{ScheduleSettings, SchedulerSettings};
 
-use crate::broker::{PublishError, Published};
-use crate::cascade::{Cascade, RouteError};
-use crate::config::Settings;
-use crate::ledger::{Cancel, ChangeKey, Ledger, LedgerError, Reschedule, StoredTask, TaskFilter};
+// What the scheduler hands out and takes, named here so that the API above
+// it speaks the scheduler's words and imports nothing below it.
+pub use crate::broker::PublishError;
+pub use crate::ledger::{
+    Cancel, ChangeKey, Cursor, LedgerError, Reschedule, StoredSchedule, StoredTask, TaskFilter,
+};
+
+use crate::broker::Published;
+use crate::cascade::Cascade;
+use crate::clock::Reading;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::task::{Task, TaskAccepted, TaskState};
+use crate::task::{Task, TaskState};
 use bookkeeper::Bookkeeper;
-
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// Its properties could never be published; nothing was recorded.
-    #[error("{0}")]
-    TooLarge(PublishError),
-    /// Stateless mode: the broker did not take the task.
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
-    LedgerFull { pending: u64 },
-    #[error("{key} was already used for a different request (task {existing_id})")]
-    Conflict { key: String, existing_id: String },
-}
-
-/// The answer to a submitted task.
-#[derive(Clone, Debug)]
-pub struct Submitted {
-    pub accepted: TaskAccepted,
-    /// The same request was accepted before; nothing new was scheduled.
-    pub replayed: bool,
-}
-
-/// How a client names a request so that a retry is recognised.
-#[derive(Clone, Debug, Default)]
-pub struct Idempotency {
-    /// The Idempotency-Key header.
-    pub key: Option<String>,
-    /// The canonical request's hash; set when there is a key or a client id.
-    pub fingerprint: Option<String>,
-}
-
-/// Why inspecting tasks failed.
-#[derive(Debug, thiserror::Error)]
-pub enum InspectError {
-    #[error("this service runs without a ledger (store.url = \"none\"): tasks cannot be inspected")]
-    LedgerDisabled,
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-}
-
-/// Why a task could not be cancelled or moved.
-#[derive(Debug, thiserror::Error)]
-pub enum ChangeError {
-    #[error(
-        "this service runs without a ledger (store.url = \"none\"): tasks cannot be cancelled \
-         or moved"
-    )]
-    LedgerDisabled,
-    #[error(
-        "the release stage is off (cascade.release_stage = false): a scheduled task reaches the \
-         business exchange without passing delayline, so it cannot be cancelled or moved"
-    )]
-    ReleaseStageOff,
-    /// The new due time cannot be routed (beyond the chain's longest delay).
-    #[error(transparent)]
-    Route(#[from] RouteError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-}
-
-/// What `/readyz` answers when ready.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Readiness {
-    pub status: String,
-    /// `connected` (tasks are published as they come), `blocked` or
-    /// `disconnected` (they wait in the ledger).
-    pub broker: String,
-    /// The broker address in use (without its password).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub node: Option<String>,
-    /// Why the broker blocks publishing (a resource alarm), while it does.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub blocked: Option<String>,
-    /// Why the last attempt to connect failed, while disconnected.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub broker_error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub pending: Option<u64>,
-}
-
-/// Why a task posted now would not be accepted.
-#[derive(Debug, thiserror::Error)]
-pub enum NotReady {
-    /// RabbitMQ has refused delayline itself for longer than the grace.
-    #[error(
-        "RabbitMQ has refused delayline for {} s: {reason} (check amqp.uri: user, password, \
-         vhost, and the user's permissions)", .since.as_secs()
-    )]
-    Misconfigured { since: Duration, reason: String },
-    /// Stateless mode, and the broker cannot take a task now.
-    #[error("{0}")]
-    Broker(String),
-    #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
-    LedgerFull { pending: u64 },
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-}
-
-/// The scheduler's timings, from the configuration.
-#[derive(Clone, Debug)]
-pub struct SchedulerSettings {
-    /// How long a publish may wait for its confirm (`amqp.confirm_timeout_ms`).
-    pub confirm_timeout: Duration,
-    /// How long RabbitMQ may refuse delayline before it is not ready.
-    pub misconfiguration_grace: Duration,
-    /// How long a published task's row is kept once due.
-    pub retention: Duration,
-    pub prune_every: Duration,
-    /// When a task still `scheduled` past its due time is published again
-    /// (`store.resend_after_ms`); zero never.
-    pub resend_after: Duration,
-    /// How long before its time an occurrence of a schedule becomes a task.
-    pub schedule_lead: Duration,
-    /// How often the planner looks for due schedules.
-    pub schedule_poll: Duration,
-}
-
-impl From<&Settings> for SchedulerSettings {
-    fn from(settings: &Settings) -> Self {
-        SchedulerSettings {
-            confirm_timeout: Duration::from_millis(settings.amqp.confirm_timeout_ms),
-            misconfiguration_grace: Duration::from_millis(settings.amqp.misconfiguration_grace_ms),
-            retention: Duration::from_millis(settings.store.retention_ms),
-            prune_every: Duration::from_millis(settings.store.prune_interval_ms),
-            resend_after: Duration::from_millis(settings.store.resend_after_ms),
-            schedule_lead: Duration::from_millis(settings.schedules.lead_ms),
-            schedule_poll: Duration::from_millis(settings.schedules.poll_ms),
-        }
-    }
-}
 
 enum Mode {
     Stateless,
@@ -232,7 +111,7 @@ impl Scheduler {
                 metrics,
                 settings,
                 wake_planner: tokio::sync::Notify::new(),
-                started_ms: crate::task::epoch_ms(std::time::SystemTime::now()),
+                started_ms: crate::clock::now_ms(),
             }),
         }
     }
@@ -253,15 +132,20 @@ impl Scheduler {
         &self,
         task: &Task,
         idempotency: Idempotency,
+        now: &Reading,
     ) -> Result<Submitted, SubmitError> {
         // Built once: checked now, before anything is recorded, then published.
-        let message = crate::message::of_task(task);
+        let message = crate::message::of_task_at(&task.message(), now);
         self.inner
             .broker
             .check_fits(&message)
             .map_err(SubmitError::TooLarge)?;
         let submitted = match &self.inner.mode {
-            Mode::Ledger(bookkeeper) => bookkeeper.submit(task, message, idempotency).await?,
+            Mode::Ledger(bookkeeper) => {
+                bookkeeper
+                    .submit(task, message, idempotency, now.wall_ms)
+                    .await?
+            }
             Mode::Stateless => {
                 match self.inner.broker.publish_bounded(message).await? {
                     Published::Confirmed => {}
@@ -371,7 +255,7 @@ impl Scheduler {
         owner: Option<&str>,
     ) -> Result<Vec<Cancel>, ChangeError> {
         let bookkeeper = self.changeable()?;
-        let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+        let now_ms = crate::clock::now_ms();
         let outcomes = bookkeeper.ledger().cancel(ids, owner, now_ms).await?;
         let cancelled = outcomes
             .iter()
@@ -390,8 +274,11 @@ impl Scheduler {
         delay: Duration,
         key: Option<ChangeKey>,
         owner: Option<&str>,
+        now: &Reading,
     ) -> Result<Reschedule, ChangeError> {
-        self.changeable()?.reschedule(id, delay, key, owner).await
+        self.changeable()?
+            .reschedule(id, delay, key, owner, now)
+            .await
     }
 
     /// Whether submitting `task` under `idempotency` would repeat a request
@@ -420,13 +307,17 @@ impl Scheduler {
 
     /// How many of `client`'s tasks are waiting to fall due (for quotas).
     pub async fn waiting_tasks(&self, client: &str) -> Result<u64, InspectError> {
-        let now_ms = crate::task::epoch_ms(std::time::SystemTime::now());
+        let now_ms = crate::clock::now_ms();
         Ok(self.ledger()?.waiting_tasks(client, now_ms).await?)
     }
 
     /// Tasks in due order (`deliver_at`, then id), a page at a time.
-    pub async fn tasks(&self, filter: &TaskFilter) -> Result<Vec<StoredTask>, InspectError> {
-        Ok(self.ledger()?.list(filter).await?)
+    pub async fn tasks(
+        &self,
+        filter: &TaskFilter,
+        now_ms: u64,
+    ) -> Result<Vec<StoredTask>, InspectError> {
+        Ok(self.ledger()?.list(filter, now_ms).await?)
     }
 
     /// Sets the gauges whose values live elsewhere (the broker connection,

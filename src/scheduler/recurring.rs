@@ -12,22 +12,23 @@
 //! that loses to a change (a patch, a pause, a delete) withdraws the task it
 //! made, and the change withdraws the occurrences made before it.
 
-use std::time::SystemTime;
-
 use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{ChangeError, Idempotency, Scheduler, SubmitError};
+use super::Scheduler;
+use super::answers::{ChangeError, Idempotency, SubmitError};
+use crate::clock::format_epoch_ms;
 use crate::ledger::{Advance, LedgerError, ScheduleChange, StoredSchedule};
+use crate::message::FieldValue;
 use crate::message::{OCCURRENCE_HEADER, SCHEDULE_HEADER};
 use crate::metrics::{OutcomeLabel, StateLabel};
 use crate::schedule::{
     ScheduleError, SchedulePatch, ScheduleRequest, Step, Timing, ValidSchedule, occurrence_body,
     occurrence_id, step,
 };
-use crate::task::{FieldValue, Task, epoch_ms, fingerprint, format_epoch_ms};
+use crate::task::{Task, fingerprint};
 
 /// Due schedules read per query.
 const PLAN_BATCH: u32 = 256;
@@ -98,7 +99,7 @@ enum Made {
 }
 
 fn now_ms() -> u64 {
-    epoch_ms(SystemTime::now())
+    crate::clock::now_ms()
 }
 
 /// How many of `stored`'s occurrences are tasks made ahead and not yet due
@@ -475,7 +476,8 @@ impl Scheduler {
     async fn make_occurrence(&self, schedule: &StoredSchedule, at: u64) -> Made {
         let id = occurrence_id(&schedule.id, schedule.revision, at);
         let body = occurrence_body(&schedule.content, &id, at);
-        let parsed = Task::parse(&body, self.cascade(), SystemTime::now())
+        let now = crate::clock::read();
+        let parsed = Task::parse(&body, self.cascade(), now.wall)
             .and_then(|task| Ok((task, fingerprint(&body)?)));
         let (mut task, fingerprint) = match parsed {
             Ok(parsed) => parsed,
@@ -500,7 +502,7 @@ impl Scheduler {
             key: None,
             fingerprint: Some(fingerprint),
         };
-        match self.submit(&task, idempotency).await {
+        match self.submit(&task, idempotency, &now).await {
             Ok(_) => Made::Task(id),
             Err(error @ (SubmitError::TooLarge(_) | SubmitError::Conflict { .. })) => {
                 warn!(schedule = schedule.id, occurrence = id, %error,

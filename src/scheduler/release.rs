@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
@@ -49,7 +49,7 @@ use crate::clock;
 use crate::ledger::{Finding, Ledger};
 use crate::message;
 use crate::metrics::Metrics;
-use crate::task::{TaskState, epoch_ms};
+use crate::task::TaskState;
 
 /// Most due messages released together (one ledger claim, one commit).
 pub const RELEASE_WINDOW: u16 = 256;
@@ -385,7 +385,7 @@ impl Releaser {
                 .iter()
                 .filter_map(|message| message::identity(&message.properties))
                 .collect();
-            let at_ms = epoch_ms(SystemTime::now());
+            let at_ms = crate::clock::now_ms();
             let settle = match self.ledger.mark_unroutable(&released, at_ms).await {
                 Ok(marked) => {
                     self.metrics.tasks_unroutable.inc_by(marked);
@@ -529,7 +529,7 @@ impl Releaser {
         }
         held.released(due.at_us, clock::mono_us());
         let outcome = self.publish(due.message).await;
-        Some((outcome, epoch_ms(SystemTime::now())))
+        Some((outcome, crate::clock::now_ms()))
     }
 
     /// How to settle each message of a group, by its verdict and what its

@@ -35,7 +35,7 @@ struct Fault {
 }
 
 fn now_text() -> String {
-    delayline::task::format_epoch_ms(delayline::task::epoch_ms(std::time::SystemTime::now()))
+    delayline::clock::format_epoch_ms(delayline::clock::epoch_ms(std::time::SystemTime::now()))
 }
 
 /// The service as the load sees it.

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use delayline::auth::token::hash_hex;
+use delayline::auth::{ClientSettings, TokenHashes};
 use delayline::cascade::QueueType;
-use delayline::config::{ClientSettings, TokenHashes};
 use serde_json::{Value, json};
 
 use crate::common::node::node;

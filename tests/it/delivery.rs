@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::common::{TestApp, TestConsumer, queue_depth, test_settings};
 use delayline::cascade::QueueType;
-use delayline::task::epoch_ms;
+use delayline::clock::epoch_ms;
 use futures_util::StreamExt;
 use lapin::types::AMQPValue;
 use serde_json::{Value, json};
@@ -57,7 +57,7 @@ async fn tasks_arrive_never_early_and_intact(
     }
     // One by deliver_at and one by human duration.
     for body in [
-        json!({"destination": destination, "deliver_at": delayline::task::format_epoch_ms(epoch_ms(SystemTime::now()) + 333)}),
+        json!({"destination": destination, "deliver_at": delayline::clock::format_epoch_ms(epoch_ms(SystemTime::now()) + 333)}),
         json!({"destination": destination, "delay": "250ms"}),
     ] {
         let requested_at_ms = epoch_ms(SystemTime::now());
@@ -84,7 +84,7 @@ async fn tasks_arrive_never_early_and_intact(
         pending -= 1;
         let deliver_at_ms = message.header_i64("x-deliver-at-ms").unwrap() as u64;
         assert_eq!(
-            delayline::task::format_epoch_ms(deliver_at_ms),
+            delayline::clock::format_epoch_ms(deliver_at_ms),
             accepted["deliver_at"]
         );
         assert_eq!(

@@ -17,8 +17,9 @@ use delayline::broker::{
     content_header_frame_size,
 };
 use delayline::cascade::QueueType;
+use delayline::clock::epoch_ms;
 use delayline::message::of_task;
-use delayline::task::{Task, epoch_ms};
+use delayline::task::Task;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -78,7 +79,7 @@ async fn a_task_the_broker_could_never_take_is_refused_at_admission() {
     let size_of = |body: &Value| {
         let task =
             Task::parse(body.to_string().as_bytes(), &app.cascade, SystemTime::now()).unwrap();
-        content_header_frame_size(&of_task(&task).properties)
+        content_header_frame_size(&of_task(&task.message()).properties)
     };
     // An empty filler header takes its name and framing: what it holds is the rest.
     let filler = limit - size_of(&at_limit(0));

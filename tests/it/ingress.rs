@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use delayline::broker::connect;
 use delayline::cascade::QueueType;
+use delayline::clock::epoch_ms;
 use delayline::config::Settings;
-use delayline::ingress::{IngressSettings, REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER};
-use delayline::task::epoch_ms;
+use delayline::ingress::IngressSettings;
+use delayline::message::{REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, DecimalValue, FieldTable, LongString, ShortString};

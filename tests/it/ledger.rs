@@ -9,9 +9,9 @@ use crate::common::{
     Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, sample,
     test_settings, with_ledger,
 };
+use delayline::auth::{ClientSettings, TokenHashes};
 use delayline::cascade::QueueType;
-use delayline::config::{ClientSettings, TokenHashes};
-use delayline::task::parse_epoch_ms;
+use delayline::clock::parse_epoch_ms;
 use serde_json::{Value, json};
 
 /// Each test runs once on SQLite and once on PostgreSQL.

@@ -8,9 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use delayline::cascade::{CascadeSettings, QueueType};
+use delayline::clock::parse_epoch_ms;
 use delayline::config::Settings;
 use delayline::message::{DELIVER_AT_HEADER, REVISION_HEADER};
-use delayline::task::parse_epoch_ms;
 use serde_json::{Value, json};
 
 use crate::common::{

@@ -9,9 +9,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use delayline::cascade::QueueType;
+use delayline::clock::{epoch_ms, parse_epoch_ms};
 use delayline::config::Settings;
 use delayline::message::REVISION_HEADER;
-use delayline::task::{epoch_ms, parse_epoch_ms};
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 
@@ -808,7 +808,7 @@ async fn a_lost_task_is_published_again(backend: Backend) {
     assert_eq!(second.message_id(), lost_id);
     let deliver_at = second.header_i64("x-deliver-at-ms").unwrap();
     assert_eq!(
-        delayline::task::format_epoch_ms(deliver_at as u64),
+        delayline::clock::format_epoch_ms(deliver_at as u64),
         lost["deliver_at"]
     );
     let late = second.received_at_ms as i64 - deliver_at;

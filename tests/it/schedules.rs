@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use delayline::cascade::QueueType;
+use delayline::clock::{epoch_ms, parse_epoch_ms};
 use delayline::config::Settings;
 use delayline::message::{OCCURRENCE_HEADER, SCHEDULE_HEADER};
-use delayline::task::{epoch_ms, parse_epoch_ms};
 use lapin::types::AMQPValue;
 use serde_json::{Value, json};
 
@@ -116,7 +116,7 @@ async fn each_occurrence_is_delivered_once_never_early_and_a_delete_withdraws_th
     // Each occurrence is a task like any other.
     let first_id = format!(
         "every-second~1@{}",
-        delayline::task::format_epoch_ms(seen[0])
+        delayline::clock::format_epoch_ms(seen[0])
     );
     eventually("the first occurrence is seen delivered", async || {
         app.get(&format!("/v1/tasks/{first_id}")).await.1["state"] == "delivered"
@@ -219,12 +219,12 @@ async fn a_schedule_tells_what_was_planned_from_what_fell_due() {
     assert!(next.windows(2).all(|w| w[1] - w[0] == 1_000), "{told}");
     assert_eq!(
         told["next_task_id"],
-        format!("told~1@{}", delayline::task::format_epoch_ms(next[0]))
+        format!("told~1@{}", delayline::clock::format_epoch_ms(next[0]))
     );
     let (_, task) = app
         .get(&format!(
             "/v1/tasks/told~1@{}",
-            delayline::task::format_epoch_ms(next[0])
+            delayline::clock::format_epoch_ms(next[0])
         ))
         .await;
     assert_eq!(
@@ -529,7 +529,7 @@ async fn bad_schedules_are_refused_naming_the_field_and_a_retry_is_the_same_sche
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_are_under_access_control_and_the_cli_acts_through_the_api() {
     use delayline::auth::token::hash_hex;
-    use delayline::config::{ClientSettings, TokenHashes};
+    use delayline::auth::{ClientSettings, TokenHashes};
     let mut settings = default_settings();
     let client = |name: &str, permissions: &[&str]| ClientSettings {
         name: name.to_owned(),

@@ -555,14 +555,14 @@ async fn the_readmes_token_example_runs_as_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_on_their_own_listener_are_open_and_bounded_while_the_api_needs_tokens() {
     let mut settings = with_ledger(test_settings(4, 100, QueueType::Quorum), Backend::Sqlite);
-    settings.auth.clients = vec![delayline::config::ClientSettings {
+    settings.auth.clients = vec![delayline::auth::ClientSettings {
         name: "app".to_owned(),
-        token_sha256: delayline::config::TokenHashes::One(delayline::auth::token::hash_hex(
+        token_sha256: delayline::auth::TokenHashes::One(delayline::auth::token::hash_hex(
             "tok-app",
         )),
         destinations: vec!["#".to_owned()],
         permissions: vec!["submit".to_owned()],
-        ..delayline::config::ClientSettings::default()
+        ..delayline::auth::ClientSettings::default()
     }];
     let metrics = format!("127.0.0.1:{}", free_port());
     settings.metrics.bind = metrics.clone();

@@ -13,12 +13,10 @@
 //! sheet and the chart's script), and refuses framing.
 
 mod assets;
-mod sessions;
+pub(super) mod sessions;
 mod views;
 
-pub use sessions::Sessions;
-
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -29,11 +27,12 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::AppState;
 use super::error::ApiError;
+use super::state::AppState;
 use crate::auth::{Caller, Permission};
-use crate::ledger::{Cursor, TaskFilter};
-use crate::task::{TaskState, parse_epoch_ms};
+use crate::clock::parse_epoch_ms;
+use crate::scheduler::{Cursor, TaskFilter};
+use crate::task::TaskState;
 
 const COOKIE: &str = "delayline_console";
 const PAGE: u32 = 50;
@@ -311,9 +310,7 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ready,
         levels: levels(&state, &scrape),
         counts,
-        recent: state
-            .metrics
-            .recent_lateness(crate::task::epoch_ms(SystemTime::now())),
+        recent: state.metrics.recent_lateness(crate::clock::now_ms()),
     };
     html(views::overview(&data, session.page_token()))
 }
@@ -362,7 +359,7 @@ async fn tasks(
         after: query.cursor.as_deref().and_then(|c| Cursor::decode(c).ok()),
         limit: PAGE,
     };
-    let found = match state.scheduler.tasks(&filter).await {
+    let found = match state.scheduler.tasks(&filter, crate::clock::now_ms()).await {
         Ok(found) => found,
         Err(error) => return refused(error.into()),
     };
@@ -495,16 +492,19 @@ async fn reschedule(
     };
     let delay = form.delay.unwrap_or_default();
     let body = serde_json::json!({ "delay": delay }).to_string();
-    let start_ms = state.scheduler.cascade().delay_start_ms(SystemTime::now());
+    let now = crate::clock::read();
+    let start_ms = state.scheduler.cascade().delay_start_ms(now.wall);
     let outcome = match crate::task::parse_new_delay(body.as_bytes(), start_ms) {
-        Ok(new) => super::changes::move_one(&state, &id, new.delay, session.caller.owner_scope())
-            .await
-            .map(|task| {
-                format!(
-                    "moved: due {}",
-                    crate::task::format_epoch_ms(task.deliver_at_ms)
-                )
-            }),
+        Ok(new) => {
+            super::changes::move_one(&state, &id, new.delay, session.caller.owner_scope(), &now)
+                .await
+                .map(|task| {
+                    format!(
+                        "moved: due {}",
+                        crate::clock::format_epoch_ms(task.deliver_at_ms)
+                    )
+                })
+        }
         Err(error) => Err(error.into()),
     };
     back_to(&id, outcome)
@@ -523,7 +523,7 @@ async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Respons
         Ok(found) => found,
         Err(error) => return refused(error.into()),
     };
-    let now_ms = crate::task::epoch_ms(SystemTime::now());
+    let now_ms = crate::clock::now_ms();
     let states: Vec<_> = found
         .into_iter()
         .map(|s| state.scheduler.schedule_state(s, 3, now_ms))
@@ -568,10 +568,14 @@ async fn problems(
         limit: PAGE,
         ..TaskFilter::default()
     };
-    let failed = state.scheduler.tasks(&of_state(TaskState::Failed)).await;
+    let now_ms = crate::clock::now_ms();
+    let failed = state
+        .scheduler
+        .tasks(&of_state(TaskState::Failed), now_ms)
+        .await;
     let unroutable = state
         .scheduler
-        .tasks(&of_state(TaskState::Unroutable))
+        .tasks(&of_state(TaskState::Unroutable), now_ms)
         .await;
     let (failed, unroutable) = match (failed, unroutable) {
         (Ok(failed), Ok(unroutable)) => (failed, unroutable),

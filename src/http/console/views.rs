@@ -3,10 +3,11 @@
 
 use maud::{DOCTYPE, Markup, html};
 
-use crate::ledger::StoredTask;
+use crate::clock::format_epoch_ms;
 use crate::metrics::recent::{LatenessSummary, WINDOW_MINUTES};
 use crate::scheduler::ScheduleState;
-use crate::task::{TaskState, format_epoch_ms};
+use crate::scheduler::StoredTask;
+use crate::task::TaskState;
 
 /// One page: navigation, a heading, the body.
 /// `signed_in`: the session's form token, when signed in with a token.
@@ -443,7 +444,7 @@ mod tests {
     fn times(events: &[(String, String)]) -> Vec<u64> {
         events
             .iter()
-            .map(|(at, _)| crate::task::parse_epoch_ms(at).unwrap())
+            .map(|(at, _)| crate::clock::parse_epoch_ms(at).unwrap())
             .collect()
     }
 

@@ -13,10 +13,10 @@ use std::time::{Duration, SystemTime};
 
 use delayline::broker::{connect, queue_state, teardown};
 use delayline::cascade::{Cascade, QueueType, TopologyPlan};
+use delayline::clock::epoch_ms;
 use delayline::config::Settings;
 use delayline::message::DELIVER_AT_HEADER;
 use delayline::service::{self, ServiceError};
-use delayline::task::epoch_ms;
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,

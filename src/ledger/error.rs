@@ -1,0 +1,58 @@
+//! What can go wrong in the ledger, and the context every query adds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("store.url {0:?} is neither empty, \"none\", sqlite://… nor postgres://…")]
+    UnknownUrl(String),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the ledger at {target}: {source}")]
+    Connect { target: String, source: sqlx::Error },
+    #[error("migrating the ledger at {target}: {source}")]
+    Migrate {
+        target: String,
+        source: sqlx::migrate::MigrateError,
+    },
+    #[error("ledger: {context}: {source}")]
+    Query {
+        context: &'static str,
+        source: sqlx::Error,
+    },
+    #[error("ledger: {context}: {source}")]
+    Sqlite {
+        context: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("cannot start the ledger's writer: {0}")]
+    WriterThread(std::io::Error),
+    #[error("ledger row {id}: {reason}")]
+    Corrupt { id: String, reason: String },
+    #[error("the ledger writer has stopped")]
+    Closed,
+    /// One failure answered to every write of the group it broke.
+    #[error(transparent)]
+    Shared(Arc<LedgerError>),
+}
+
+/// Adds what was being done to a database error.
+pub(crate) trait QueryContext<T> {
+    fn context(self, context: &'static str) -> Result<T, LedgerError>;
+}
+
+impl<T> QueryContext<T> for Result<T, sqlx::Error> {
+    fn context(self, context: &'static str) -> Result<T, LedgerError> {
+        self.map_err(|source| LedgerError::Query { context, source })
+    }
+}
+
+impl<T> QueryContext<T> for Result<T, rusqlite::Error> {
+    fn context(self, context: &'static str) -> Result<T, LedgerError> {
+        self.map_err(|source| LedgerError::Sqlite { context, source })
+    }
+}

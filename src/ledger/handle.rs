@@ -1,0 +1,191 @@
+//! The [`Ledger`] handle: opening it (pool, migrations, the writer), the
+//! bound on pending tasks, and the writes that go through the group commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::histogram::Histogram;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::admit::Admission;
+use super::checkpoint;
+use super::error::{LedgerError, QueryContext};
+use super::pool::{Pool, migrate, open_pool, open_sqlite_writer};
+use super::record::{Retry, Row};
+use super::settings::{Location, StoreSettings};
+use super::sql;
+use super::transaction::Store;
+use super::writer::{self, PendingCount};
+use crate::task::Task;
+
+/// A cheap, cloneable handle to the ledger.
+#[derive(Clone)]
+pub struct Ledger {
+    pub(super) pool: Pool,
+    target: Arc<str>,
+    /// Made once per ledger (migration 0006): which ledger a chain belongs to.
+    identity: Arc<str>,
+    pub(super) writes: writer::Handle,
+    pub(super) pending: Arc<PendingCount>,
+    max_pending: u64,
+    /// Stops the recount of pending tasks when the ledger closes.
+    closing: CancellationToken,
+}
+
+/// How often the pending count is read back from the database.
+const RECOUNT_EVERY: Duration = Duration::from_secs(5);
+
+/// Opens (and migrates) the ledger `settings` name, or `None` in the
+/// stateless mode (`store.url = "none"`). `commit_group_size` observes how
+/// many writes each transaction commits. With `release_stage`, a task's
+/// whole payload is kept until it is delivered (a move publishes it again),
+/// not only until it is published.
+pub async fn open(
+    settings: &StoreSettings,
+    release_stage: bool,
+    commit_group_size: Histogram,
+) -> Result<Option<Ledger>, LedgerError> {
+    let Some(location) = Location::parse(settings)? else {
+        return Ok(None);
+    };
+    let pool = open_pool(&location, settings.max_connections).await?;
+    let target = location.describe();
+    migrate(&pool, &target).await?;
+    let identity = read_identity(&pool).await?;
+    let pending = Arc::new(PendingCount::default());
+    let store = match &pool {
+        Pool::Sqlite(pool) => {
+            Store::Sqlite(open_sqlite_writer(pool.connect_options().get_filename())?)
+        }
+        Pool::Postgres(pool) => Store::Postgres(pool.clone()),
+    };
+    let ledger = Ledger {
+        writes: writer::spawn(
+            store,
+            settings.payload_copy_bytes,
+            release_stage,
+            commit_group_size,
+            pending.clone(),
+        )?,
+        pool,
+        target: target.into(),
+        identity: identity.into(),
+        pending,
+        max_pending: settings.max_pending,
+        closing: CancellationToken::new(),
+    };
+    ledger.pending_tasks().await?;
+    tokio::spawn(ledger.clone().recount_until_closed());
+    if let Pool::Sqlite(pool) = &ledger.pool {
+        let path = pool.connect_options().get_filename().to_owned();
+        tokio::spawn(checkpoint::until_closed(path, ledger.closing.clone()));
+    }
+    Ok(Some(ledger))
+}
+
+/// The ledger's identity, made by its migration.
+async fn read_identity(pool: &Pool) -> Result<String, LedgerError> {
+    let read =
+        on_pool!(pool, p => sqlx::query_scalar::<_, String>(sql::IDENTITY).fetch_one(p).await);
+    read.context("reading the ledger's identity")
+}
+
+impl Ledger {
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The ledger's identity, the same for every replica that shares it.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Records `task` as pending, leased to the caller until
+    /// `lease_until_ms`; or finds the task this request repeats. A request is
+    /// named by its idempotency key, else its id, and recognised as the same
+    /// by its `fingerprint`.
+    pub async fn admit(
+        &self,
+        task: &Task,
+        idempotency_key: Option<String>,
+        fingerprint: Option<String>,
+        lease_until_ms: u64,
+    ) -> Result<Admission, LedgerError> {
+        let row = Row::pending(task, idempotency_key, fingerprint, lease_until_ms);
+        self.writes.admit(row).await
+    }
+
+    /// The broker confirmed revision `revision` of the task: it is
+    /// scheduled, unless it was moved since (its new copy is then awaited).
+    /// Only ever called after a confirm.
+    pub async fn mark_published(&self, id: String, revision: u64) -> Result<(), LedgerError> {
+        self.writes.published(id, revision).await
+    }
+
+    /// Publishing revision `revision` failed: the forwarder takes the task
+    /// from `retry.retry_at_ms` on.
+    pub async fn retry_later(
+        &self,
+        id: String,
+        revision: u64,
+        retry: Retry,
+    ) -> Result<(), LedgerError> {
+        self.writes.retry(id, revision, retry).await
+    }
+
+    /// The task can never be delivered: it never publishes (pending), or its
+    /// message was set aside (scheduled, then poisoned by a migration); for
+    /// good, with `reason` as its `last_error`. Only `revision` of it, when given.
+    pub async fn mark_failed(
+        &self,
+        id: String,
+        revision: Option<u64>,
+        reason: String,
+    ) -> Result<(), LedgerError> {
+        self.writes.failed(id, revision, reason).await
+    }
+
+    /// Whether the bound on waiting tasks is reached.
+    pub fn is_full(&self) -> bool {
+        self.pending.get() >= self.max_pending
+    }
+
+    pub fn max_pending(&self) -> u64 {
+        self.max_pending
+    }
+
+    /// The pending count as last known, without asking the database.
+    pub fn pending_estimate(&self) -> u64 {
+        self.pending.get()
+    }
+
+    /// Counts the pending tasks (other replicas add and forward too).
+    pub async fn pending_tasks(&self) -> Result<u64, LedgerError> {
+        let count: i64 =
+            on_pool!(&self.pool, p => sqlx::query_scalar(sql::PENDING_COUNT).fetch_one(p).await)
+                .context("counting pending tasks")?;
+        let count = u64::try_from(count).unwrap_or(0);
+        self.pending.set(count);
+        Ok(count)
+    }
+
+    async fn recount_until_closed(self) {
+        loop {
+            tokio::select! {
+                () = self.closing.cancelled() => return,
+                () = tokio::time::sleep(RECOUNT_EVERY) => {}
+            }
+            if let Err(error) = self.pending_tasks().await {
+                warn!(%error, "cannot count pending tasks");
+            }
+        }
+    }
+
+    /// Closes every connection. Call once nothing writes any more: every
+    /// write is awaited by its caller, so none is left queued then.
+    pub async fn close(&self) {
+        self.closing.cancel();
+        on_pool!(&self.pool, p => p.close().await);
+    }
+}

@@ -1,0 +1,277 @@
+//! Connections: the pool of either backend, the SQLite writer's own
+//! connection, and the migrations that bring a schema up to date.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Connection};
+
+use super::checkpoint;
+use super::error::LedgerError;
+use super::settings::{Location, StoreSettings};
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// How long SQLite waits for another connection's write lock before failing.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// 16 MiB per connection (negative: KiB, not pages); bounded, so the
+/// service's memory stays flat however many tasks the ledger holds.
+const SQLITE_CACHE_SIZE: &str = "-16384";
+
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Opens the pool, creating the SQLite file and its directory if needed.
+pub(super) async fn open_pool(
+    location: &Location,
+    max_connections: u32,
+) -> Result<Pool, LedgerError> {
+    let connect = |source| LedgerError::Connect {
+        target: location.describe(),
+        source,
+    };
+    match location {
+        Location::Sqlite(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| LedgerError::DataDir {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+            }
+            // WAL lets readers (inspection) run beside the writer; FULL makes
+            // every commit durable before a 202 leaves, and group commit
+            // shares each fsync between all the requests of a group.
+            let options = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+                // Each connection's page cache holds the hot ends of the
+                // indexes; at SQLite's default (2 MB) a ledger of more than a
+                // few thousand tasks reread index pages from the OS on every
+                // group commit.
+                .pragma("cache_size", SQLITE_CACHE_SIZE)
+                // A group's multi-row insert keeps its statement journal in
+                // memory, not in a temporary file created and deleted each time.
+                .pragma("temp_store", "memory");
+            let pool = SqlitePoolOptions::new()
+                .max_connections(max_connections)
+                .connect_with(options)
+                .await
+                .map_err(connect)?;
+            Ok(Pool::Sqlite(pool))
+        }
+        Location::Postgres(url) => {
+            let options = PgConnectOptions::from_str(url).map_err(connect)?;
+            // One connection first: the pool would only say "timed out",
+            // where this says "connection refused" or which database is missing.
+            let probe = options.connect().await.map_err(connect)?;
+            let _ = probe.close().await;
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_with(options)
+                .await
+                .map_err(connect)?;
+            Ok(Pool::Postgres(pool))
+        }
+    }
+}
+
+/// The group-commit writer's own connection to a migrated SQLite ledger,
+/// with the pool's settings (see [`open_pool`]). Statements are prepared
+/// once per shape and kept: a group's chunks come in a few fixed sizes.
+pub(super) fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, LedgerError> {
+    let failed = |source| LedgerError::Sqlite {
+        context: "opening the writer's connection",
+        source,
+    };
+    let connection = rusqlite::Connection::open(path).map_err(failed)?;
+    connection
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .map_err(failed)?;
+    connection
+        .execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+             PRAGMA cache_size = {SQLITE_CACHE_SIZE}; PRAGMA temp_store = MEMORY; \
+             PRAGMA wal_autocheckpoint = {};",
+            checkpoint::WRITER_CHECKPOINT_PAGES
+        ))
+        .map_err(failed)?;
+    connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
+    Ok(connection)
+}
+
+/// Statements the writer keeps prepared: every chunk size (7) of each
+/// statement over many rows (insert, two marks, two claims, states,
+/// delivered) and the fixed ones, with room to spare.
+const WRITER_STATEMENTS: usize = 128;
+
+/// Applies every migration not yet applied. Safe to run from several
+/// replicas at once: sqlx serialises them with a lock on PostgreSQL.
+pub(super) async fn migrate(pool: &Pool, target: &str) -> Result<(), LedgerError> {
+    let result = match pool {
+        Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
+        Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
+    };
+    result.map_err(|source| LedgerError::Migrate {
+        target: target.to_owned(),
+        source,
+    })
+}
+
+/// `delayline migrate`: brings the schema up to date and says where.
+pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, LedgerError> {
+    let Some(location) = Location::parse(settings)? else {
+        return Ok(None);
+    };
+    let pool = open_pool(&location, 1).await?;
+    let target = location.describe();
+    let result = migrate(&pool, &target).await;
+    on_pool!(&pool, p => p.close().await);
+    result.map(|()| Some(target))
+}
+
+/// An empty SQLite ledger in memory, migrated, for tests of its statements.
+#[cfg(test)]
+pub(crate) async fn migrated_sqlite() -> sqlx::SqlitePool {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .expect("an in-memory SQLite database");
+    SQLITE_MIGRATIONS
+        .run(&pool)
+        .await
+        .expect("the migrations run");
+    pool
+}
+
+/// SQLite's plan for `statement` (its `parameters` bound to numbers): one
+/// line per step, such as `SEARCH tasks USING INDEX …`.
+#[cfg(test)]
+pub(crate) async fn query_plan(
+    pool: &sqlx::SqlitePool,
+    statement: &str,
+    parameters: usize,
+) -> Vec<String> {
+    let explain = format!("EXPLAIN QUERY PLAN {statement}");
+    let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+    for n in 0..parameters {
+        query = query.bind(n as i64);
+    }
+    let rows = query.fetch_all(pool).await.expect("a query plan");
+    rows.into_iter().map(|(.., detail)| detail).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Migration 0009 rebuilds `tasks` (the idempotency key's uniqueness
+    /// becomes a partial index): a ledger of 0008 keeps every row, a key
+    /// still names one task, and tasks without a key are as many as before.
+    #[tokio::test]
+    async fn migration_0009_keeps_every_row_and_each_key_names_one_task() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let run = async |sql: &str| sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+        for before in [
+            include_str!("../../migrations/sqlite/0001_tasks.sql"),
+            include_str!("../../migrations/sqlite/0002_failed_tasks.sql"),
+            include_str!("../../migrations/sqlite/0003_task_lifecycle.sql"),
+            include_str!("../../migrations/sqlite/0004_task_clients.sql"),
+            include_str!("../../migrations/sqlite/0005_client_in_due_order.sql"),
+            include_str!("../../migrations/sqlite/0006_ledger_identity.sql"),
+            include_str!("../../migrations/sqlite/0007_unroutable_state.sql"),
+            include_str!("../../migrations/sqlite/0008_ingress_properties_and_exchange.sql"),
+        ] {
+            run(before).await;
+        }
+        let insert = |id: &str, key: Option<&str>| {
+            let key = key.map_or("NULL".to_owned(), |k| format!("'{k}'"));
+            format!(
+                "INSERT INTO tasks (id, idempotency_key, destination, routing_key, delay_ms, \
+                 deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
+                 created_at_ms, next_attempt_at_ms) VALUES ('{id}', {key}, 'd', '0.d', 5, 10, \
+                 'text/plain', '{{}}', x'01', 1, 'scheduled', 5, 5) ON CONFLICT DO NOTHING"
+            )
+        };
+        for (id, key) in [("a", Some("k")), ("b", None), ("c", None)] {
+            assert_eq!(run(&insert(id, key)).await.rows_affected(), 1);
+        }
+        run(include_str!(
+            "../../migrations/sqlite/0009_idempotency_keys_only_where_given.sql"
+        ))
+        .await;
+
+        let rows: Vec<(String, Option<String>, Option<Vec<u8>>)> =
+            sqlx::query_as("SELECT id, idempotency_key, payload FROM tasks ORDER BY id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("a".to_owned(), Some("k".to_owned()), Some(vec![1])),
+                ("b".to_owned(), None, Some(vec![1])),
+                ("c".to_owned(), None, Some(vec![1])),
+            ]
+        );
+        assert_eq!(run(&insert("d", Some("k"))).await.rows_affected(), 0);
+        assert_eq!(run(&insert("e", None)).await.rows_affected(), 1);
+        assert_eq!(run(&insert("a", None)).await.rows_affected(), 0);
+    }
+
+    /// Every connection of the pool, not only the first, gets the settings
+    /// the group commit was measured with (BENCHMARKS.md, issue 16).
+    #[tokio::test]
+    async fn every_sqlite_connection_has_the_measured_cache_and_journal_settings() {
+        let dir = std::env::temp_dir().join(format!("dl-pragmas-{}", uuid::Uuid::new_v4()));
+        let path = dir.join("ledger.db");
+        let Pool::Sqlite(pool) = open_pool(&Location::Sqlite(path), 2).await.unwrap() else {
+            panic!("a SQLite location opens a SQLite pool");
+        };
+        let mut connections = vec![pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+        for connection in &mut connections {
+            let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(cache.to_string(), SQLITE_CACHE_SIZE);
+            // 2 is MEMORY for temp_store, and FULL for synchronous.
+            let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(temp_store, 2);
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(synchronous, 2, "every commit is synced");
+            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut **connection)
+                .await
+                .unwrap();
+            assert_eq!(journal, "wal");
+        }
+        drop(connections);
+        pool.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,217 @@
+//! Reading tasks, and the two sweeps over many: the forwarder's claim of
+//! pending tasks and the pruning of old ones. The statements are in
+//! [`sql`]; this file binds them.
+
+use super::error::{LedgerError, QueryContext};
+use super::filter::{TaskFilter, is_rare};
+use super::handle::Ledger;
+use super::record::{Row, StoredTask, db_ms, decode_all};
+use super::sql;
+
+impl Ledger {
+    pub async fn get(&self, id: &str) -> Result<Option<StoredTask>, LedgerError> {
+        let sql = sql::get();
+        let row: Option<Row> =
+            on_pool!(&self.pool, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await)
+                .context("reading a task")?;
+        row.map(Row::decode).transpose()
+    }
+
+    /// Whether a request for task `id` (under `key`, when it has one) with
+    /// `fingerprint` repeats one the ledger accepted before, as
+    /// [`Ledger::admit`] would judge it; read-only.
+    pub async fn is_replay(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        fingerprint: &str,
+    ) -> Result<bool, LedgerError> {
+        let (sql, name) = match key {
+            Some(key) => (sql::REQUEST_BY_KEY, key),
+            None => (sql::REQUEST_BY_ID, id),
+        };
+        let held: Option<(Option<String>, Option<String>)> = on_pool!(&self.pool, p =>
+            sqlx::query_as(sql).bind(name).fetch_optional(p).await)
+        .context("looking for an earlier request")?;
+        Ok(held.is_some_and(|(held_key, held_fingerprint)| {
+            held_key.as_deref() == key && held_fingerprint.as_deref() == Some(fingerprint)
+        }))
+    }
+
+    /// How many of `client`'s tasks are waiting (not yet due, and neither
+    /// cancelled nor failed): what its quota counts.
+    pub async fn waiting_tasks(&self, client: &str, now_ms: u64) -> Result<u64, LedgerError> {
+        let count: i64 = on_pool!(&self.pool, p => sqlx::query_scalar(sql::WAITING_TASKS)
+            .bind(client)
+            .bind(db_ms(now_ms))
+            .fetch_one(p)
+            .await)
+        .context("counting a client's waiting tasks")?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Tasks in due order (`deliver_at`, then id), after the cursor. Only
+    /// the filters given are in the statement, so that each can use its
+    /// index (`x = $1 OR $1 IS NULL` would hide it from the planner).
+    pub async fn list(
+        &self,
+        filter: &TaskFilter,
+        now_ms: u64,
+    ) -> Result<Vec<StoredTask>, LedgerError> {
+        let filter = &filter.bounded(now_ms);
+        let sql = sql::list_sql(filter);
+        on_pool!(&self.pool, p => {
+            let mut query = sqlx::query_as::<_, Row>(&sql);
+            if let Some(client) = &filter.client {
+                query = query.bind(client);
+            }
+            if let Some(destination) = &filter.destination {
+                query = query.bind(destination);
+            }
+            if let Some(state) = filter.state.filter(|s| !is_rare(*s)) {
+                query = query.bind(state.as_str());
+            }
+            if let Some(due_before_ms) = filter.due_before_ms {
+                query = query.bind(db_ms(due_before_ms));
+            }
+            if let Some(cursor) = &filter.after {
+                query = query.bind(db_ms(cursor.deliver_at_ms)).bind(&cursor.id);
+            }
+            query.bind(i64::from(filter.limit)).fetch_all(p).await
+        })
+        .context("listing tasks")
+        .and_then(decode_all)
+    }
+
+    /// Takes up to `limit` pending tasks whose lease has expired, leasing them
+    /// to the caller until `lease_until_ms` (see [`sql::claim_pending`]).
+    pub async fn claim_due(
+        &self,
+        now_ms: u64,
+        lease_until_ms: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredTask>, LedgerError> {
+        let sql = sql::claim_pending();
+        on_pool!(&self.pool, p => sqlx::query_as::<_, Row>(&sql)
+            .bind(db_ms(now_ms))
+            .bind(db_ms(lease_until_ms))
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await)
+        .context("claiming pending tasks")
+        .and_then(decode_all)
+    }
+
+    /// Deletes up to `limit` tasks that are no longer pending and were due
+    /// before `before_ms`, and the idempotency keys of changes made before
+    /// then; returns how many tasks. Small batches keep each lock short. A
+    /// pruned task that still reaches the release stage is delivered: only
+    /// what the ledger shows cancelled is ever dropped.
+    pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, LedgerError> {
+        on_pool!(&self.pool, p => sqlx::query(sql::PRUNE_CHANGES)
+            .bind(db_ms(before_ms))
+            .bind(i64::from(limit))
+            .execute(p)
+            .await
+            .map(|_| ()))
+        .context("pruning change keys")?;
+        let result = on_pool!(&self.pool, p => sqlx::query(sql::PRUNE_TASKS)
+            .bind(db_ms(before_ms))
+            .bind(i64::from(limit))
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))
+        .context("pruning delivered tasks")?;
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::cursor::Cursor;
+    use crate::ledger::pool::{migrated_sqlite, query_plan};
+    use crate::task::TaskState;
+
+    /// With tokens every task has a client; the client's tasks are listed
+    /// and counted from the due-order index, so no index of their own (a
+    /// fourth B-tree taking each task at a random place) slows the intake.
+    #[tokio::test]
+    async fn a_clients_tasks_are_listed_and_counted_from_the_due_order_index_on_sqlite() {
+        let pool = migrated_sqlite().await;
+        let plan = async |statement: &str, parameters: usize| {
+            query_plan(&pool, statement, parameters).await
+        };
+        // Every waiting task is counted from the index alone; the withdrawn
+        // ones (few) are read through their own.
+        let count = plan(sql::WAITING_TASKS, 2).await;
+        assert!(
+            count.iter().all(|step| !step.starts_with("SCAN tasks"))
+                && count
+                    .iter()
+                    .any(|step| step.contains("COVERING INDEX tasks_by_deliver_at"))
+                && count
+                    .iter()
+                    .any(|step| step.contains("INDEX tasks_withdrawn_by_client")),
+            "{count:?}"
+        );
+        let filter = TaskFilter {
+            client: Some("c".to_owned()),
+            after: Some(Cursor {
+                deliver_at_ms: 1,
+                id: "t".to_owned(),
+            }),
+            limit: 10,
+            ..TaskFilter::default()
+        };
+        let list = plan(&sql::list_sql(&filter), 4).await;
+        assert!(
+            list.iter().any(|step| step.contains("tasks_by_deliver_at"))
+                && list.iter().all(|step| !step.contains("TEMP B-TREE")),
+            "{list:?}"
+        );
+        // A rare state is read through its own index, with or without a
+        // destination; a delivered one from the past only.
+        for state in TaskState::ALL.into_iter().filter(|s| is_rare(*s)) {
+            for destination in [None, Some("d".to_owned())] {
+                let filter = TaskFilter {
+                    destination,
+                    state: Some(state),
+                    limit: 10,
+                    ..TaskFilter::default()
+                }
+                .bounded(1);
+                let parameters = 1 + usize::from(filter.destination.is_some());
+                let list = plan(&sql::list_sql(&filter), parameters).await;
+                let index = format!("INDEX tasks_{}", state.as_str());
+                assert!(
+                    list.iter().any(|step| step.contains(&index)),
+                    "{state:?}: {list:?}"
+                );
+            }
+        }
+        let delivered = TaskFilter {
+            state: Some(TaskState::Delivered),
+            limit: 10,
+            ..TaskFilter::default()
+        }
+        .bounded(1);
+        assert_eq!(delivered.due_before_ms, Some(60_001));
+        let list = plan(&sql::list_sql(&delivered), 3).await;
+        assert!(
+            list.iter()
+                .any(|step| step.contains("SEARCH tasks USING INDEX tasks_by_deliver_at")),
+            "{list:?}"
+        );
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'tasks'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert!(
+            !indexes.iter().any(|name| name == "tasks_by_client"),
+            "{indexes:?}"
+        );
+    }
+}
