@@ -16,6 +16,9 @@
 //!   [`service::STOP_ORDER`], the order that loses nothing.
 //! - [`remote`]: `delayline schedules`, which acts through a running
 //!   service's API.
+//! - [`testkit`]: what the integration tests and the benchmark share (a
+//!   consumer stamping each arrival, the clock in microseconds, quantiles);
+//!   the service does not use it.
 //! - [`config`]: **where configuration is decided.** It gathers the
 //!   sections (defaults, then a file, then the environment), applies the
 //!   rules that span sections, and derives the settings made of several
@@ -109,9 +112,11 @@
 //!   as data (shared by the provisioner, `--dry-run` and the routing
 //!   simulator). No I/O; proven exhaustively and with property tests.
 //!
-//! No product function is longer than a screen, and a folder's `mod.rs`
-//! declares and hands on more than it works: `tests/layout.rs` checks the
-//! first. Tests of the untrusted-input parsers with arbitrary input
+//! The public surface is what the binary, the integration tests and the
+//! benchmark use: the rooms they reach are `pub`, the others (`http`,
+//! `metrics`, `operations`, `schedule`, `remote`, `probe`, `telemetry`)
+//! `pub(crate)`. No product function is longer than a screen
+//! (`tests/layout.rs`). Tests of the untrusted-input parsers with arbitrary input
 //! (property-based fuzzing) are in `fuzz.rs`, compiled for tests only.
 
 pub mod auth;
@@ -122,17 +127,18 @@ pub mod clock;
 pub mod config;
 #[cfg(test)]
 mod fuzz;
-pub mod http;
+pub(crate) mod http;
 pub mod ingress;
 pub mod ledger;
 pub mod message;
-pub mod metrics;
-pub mod operations;
-pub mod probe;
-pub mod remote;
-pub mod schedule;
+pub(crate) mod metrics;
+pub(crate) mod operations;
+pub(crate) mod probe;
+pub(crate) mod remote;
+pub(crate) mod schedule;
 pub mod scheduler;
 pub mod secret;
 pub mod service;
 pub mod task;
-pub mod telemetry;
+pub(crate) mod telemetry;
+pub mod testkit;

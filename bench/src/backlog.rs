@@ -18,9 +18,9 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::delivery::quantile;
 use crate::rabbitmqctl::rabbitmqctl_json;
 use crate::sut::ServiceUnderTest;
+use delayline::testkit::quantile;
 
 /// Tasks per batch request while the backlog is ingested.
 const BATCH: u64 = 500;

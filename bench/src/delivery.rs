@@ -2,86 +2,21 @@
 //! cascade drains a burst that falls due at once.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use delayline::broker::connect;
 use futures_util::StreamExt;
 use indicatif::ProgressBar;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use delayline::testkit::{now_us, quantile};
+
+use crate::arrivals::consume;
+
 use crate::sut::ServiceUnderTest;
-
-pub(crate) fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or_default()
-}
-
-/// Consumes every task for `destination` from a queue of its own, stamping arrivals.
-pub(crate) async fn consume(
-    sut: &mut ServiceUnderTest,
-    destination: &str,
-    amqp_uri: &str,
-) -> anyhow::Result<mpsc::UnboundedReceiver<(String, i64)>> {
-    let queue = format!("{}.bench.{destination}", sut.cascade.prefix());
-    sut.own_queue(&queue);
-    let connection = connect(amqp_uri, "delayline-bench consumer").await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            // Durable: RabbitMQ 4 deprecates transient non-exclusive queues.
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            sut.cascade.business_exchange().into(),
-            sut.cascade.binding_key(destination).as_str().into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    channel.basic_qos(2000, BasicQosOptions::default()).await?;
-    let mut consumer = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..BasicConsumeOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let (sender, receiver) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let _keep = connection;
-        while let Some(Ok(delivery)) = consumer.next().await {
-            let at = now_us();
-            let id = delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            if sender.send((id, at)).is_err() {
-                break;
-            }
-        }
-    });
-    Ok(receiver)
-}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Precision {
@@ -135,13 +70,6 @@ pub fn mean_hops(delays: Delays, cascade: &delayline::cascade::Cascade) -> f64 {
         })
         .sum();
     hops as f64 / delays.tasks.max(1) as f64
-}
-
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 struct Submitted {

@@ -16,7 +16,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::delivery::{consume, now_us, quantile};
+use delayline::testkit::{now_us, quantile};
+
+use crate::arrivals::consume;
 use crate::sut::ServiceUnderTest;
 
 /// Lateness of the bench's own timed publishes, in ms.

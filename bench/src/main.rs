@@ -6,6 +6,7 @@
 //! Results go to stdout as tables and to `<out>/results.json`, with plots in
 //! `<out>/throughput.png` and `<out>/lateness.png`.
 
+mod arrivals;
 mod backlog;
 mod capacity;
 mod cpu;

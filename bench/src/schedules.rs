@@ -9,7 +9,9 @@ use futures_util::StreamExt;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::delivery::{consume, now_us, quantile};
+use delayline::testkit::{now_us, quantile};
+
+use crate::arrivals::consume;
 use crate::sut::{ServiceUnderTest, Store};
 
 /// Concurrent requests while creating the held schedules.

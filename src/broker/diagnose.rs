@@ -11,46 +11,13 @@ use std::fmt;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection};
 
+use super::connection::{amqp_value, open_channel, precondition_failed};
+use super::error::{Difference, TopologyConflict};
 use super::options::{durable_exchange, durable_queue, lapin_kind};
-use super::{amqp_value, open_channel, precondition_failed};
 use crate::cascade::{ExchangeSpec, QueueSpec};
 
 /// Each probe costs a channel; no real object has this many checked arguments.
 const MAX_PROBES: usize = 16;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Difference {
-    pub field: String,
-    pub existing: String,
-    pub wanted: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct TopologyConflict {
-    /// "queue" or "exchange".
-    pub kind: &'static str,
-    pub name: String,
-    pub differences: Vec<Difference>,
-    pub advice: String,
-}
-
-impl fmt::Display for TopologyConflict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{} {:?} already exists on the broker with different settings:",
-            self.kind, self.name
-        )?;
-        for d in &self.differences {
-            writeln!(
-                f,
-                "  - {}: the broker has {}, delayline wants {}",
-                d.field, d.existing, d.wanted
-            )?;
-        }
-        write!(f, "{}", self.advice)
-    }
-}
 
 /// One argument RabbitMQ found inequivalent, as its error text gives it.
 #[derive(Debug, PartialEq, Eq)]

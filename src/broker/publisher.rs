@@ -40,7 +40,6 @@ use amq_protocol::frame::WriteContext;
 use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::basic::gen_properties;
-use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::{BasicProperties, Channel, Connection, Event};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
@@ -48,8 +47,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::publish_error::{PublishError, confirm_outcome};
 use super::settings::AmqpSettings;
-use super::{BrokerError, Context, confirm_outcome, connect_with, open_channel, provision};
+use super::{BrokerError, Context, connect_with, open_channel, provision};
 use crate::cascade::{Cascade, TopologyPlan};
 use crate::message::Message;
 use crate::secret::redact_uri;
@@ -98,77 +98,6 @@ impl PublisherOptions {
             confirm_latency,
             tls,
         }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PublishError {
-    /// Not connected; the reason is the last connection attempt's error.
-    #[error("not connected to RabbitMQ: {0}")]
-    Unavailable(String),
-    #[error("RabbitMQ blocks publishing ({0}); nothing was sent")]
-    Blocked(String),
-    #[error(
-        "the message's properties and headers take {size} bytes, more than the {limit} that \
-         fit in one AMQP frame (frame_max less the room the broker needs for its \
-         dead-lettering headers)"
-    )]
-    TooLarge { size: usize, limit: usize },
-    /// The message could not be sent: its channel or connection had failed.
-    #[error("publishing to RabbitMQ failed: {0}")]
-    Broker(String),
-    /// The message was sent, then its channel or connection failed before
-    /// the broker confirmed it: the broker may have it (a retry may deliver
-    /// it twice), and it may be what failed them. `refused`: the broker
-    /// closed them with an error about what was sent (not a shutdown or a
-    /// lost socket), which a message sent alone makes its own fault.
-    #[error("RabbitMQ failed the channel before confirming the message: {reason}")]
-    Unconfirmed { reason: String, refused: bool },
-    #[error("RabbitMQ did not confirm the message within {0:?}")]
-    Timeout(Duration),
-    #[error("RabbitMQ refused the message (negative acknowledgement)")]
-    Nacked,
-    #[error(
-        "RabbitMQ returned the message as unroutable ({0}): the cascade topology is incomplete"
-    )]
-    Returned(String),
-}
-
-impl PublishError {
-    fn unconfirmed(error: &lapin::Error) -> Self {
-        // Only errors about what was sent: a node going away, a queue or an
-        // exchange missing while a cluster recovers, or a broker's internal
-        // trouble say nothing about the message.
-        let refused = match error.kind() {
-            lapin::ErrorKind::ProtocolError(amqp) => matches!(
-                amqp.kind(),
-                AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
-                    | AMQPErrorKind::Hard(
-                        AMQPHardError::FRAMEERROR
-                            | AMQPHardError::SYNTAXERROR
-                            | AMQPHardError::COMMANDINVALID
-                            | AMQPHardError::UNEXPECTEDFRAME
-                    )
-            ),
-            _ => false,
-        };
-        PublishError::Unconfirmed {
-            reason: error.to_string(),
-            refused,
-        }
-    }
-
-    /// The message may be what failed its channel or connection: retry it alone.
-    pub fn is_suspect(&self) -> bool {
-        matches!(self, PublishError::Unconfirmed { .. })
-    }
-
-    /// The broker may have taken the message although it was not confirmed.
-    pub fn may_have_landed(&self) -> bool {
-        matches!(
-            self,
-            PublishError::Unconfirmed { .. } | PublishError::Timeout(_)
-        )
     }
 }
 

@@ -35,11 +35,6 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use chain_view::{LevelView, TopologyView};
-pub use changes::{CancelItem, CancelResponse};
-pub use error::{ApiError, ErrorBody, ErrorEnvelope};
-pub use inspect::{TaskPage, TaskView};
 pub use router::{MetricsRoute, metrics_router, router};
 pub use settings::{ConsoleSettings, HttpSettings, HttpTlsSettings};
 pub use state::AppState;
-pub use tasks::{BatchItem, BatchResponse};

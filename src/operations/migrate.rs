@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use lapin::BasicProperties;
 
-use super::{OperationError, OperatorSettings, on_broker, open_ledger};
+use super::run::{on_broker, open_ledger};
+use super::{OperationError, OperatorSettings};
 use crate::broker::{self, ManagementApi, MigrationReport, OldChain, Survey};
 use crate::cascade::Cascade;
 use crate::clock::format_epoch_ms;

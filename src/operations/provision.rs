@@ -1,7 +1,8 @@
 //! `provision` and `provision --check`: the chain declared, or compared
 //! with the plan without changing anything.
 
-use super::{OperationError, on_broker};
+use super::OperationError;
+use super::run::on_broker;
 use crate::broker::AmqpSettings;
 use crate::broker::{self, CheckReport, ProvisionReport};
 use crate::cascade::{Cascade, TopologyPlan};

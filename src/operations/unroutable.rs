@@ -1,7 +1,8 @@
 //! `requeue-unroutable`: the unroutable queue's messages back to the
 //! business exchange, once their destinations are bound.
 
-use super::{OperationError, OperatorSettings, on_broker, open_ledger};
+use super::run::{on_broker, open_ledger};
+use super::{OperationError, OperatorSettings};
 use crate::broker::AmqpSettings;
 use crate::broker::{self, queue_state};
 use crate::cascade::Cascade;

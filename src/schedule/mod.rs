@@ -12,10 +12,8 @@ mod request;
 mod tests;
 mod timing;
 
-pub use occurrence::{
-    MISSED_AFTER_MS, ScheduleContent, Step, occurrence_body, occurrence_id, step,
-};
-pub use request::{MAX_SCHEDULE_ID_BYTES, SchedulePatch, ScheduleRequest, ValidSchedule, check_id};
+pub use occurrence::{ScheduleContent, Step, occurrence_body, occurrence_id, step};
+pub use request::{SchedulePatch, ScheduleRequest, ValidSchedule};
 pub use timing::{CatchUp, Timing, TimingSpec};
 
 use crate::task::TaskError;

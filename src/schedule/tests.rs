@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use serde_json::json;
 
+use super::occurrence::MISSED_AFTER_MS;
 use super::*;
 use crate::cascade::{Cascade, QueueType, for_tests};
 use crate::clock::{format_epoch_ms, parse_epoch_ms};

@@ -9,20 +9,17 @@ pub mod tls;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use delayline::broker::{connect, queue_state, teardown};
 use delayline::cascade::{Cascade, QueueType, TopologyPlan};
-use delayline::clock::epoch_ms;
 use delayline::config::Settings;
 use delayline::message::DELIVER_AT_HEADER;
 use delayline::service::{self, ServiceError};
-use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use delayline::testkit::{ConsumeSpec, Consumer};
+use lapin::Channel;
+use lapin::options::{QueueBindOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
 use serde_json::Value;
 use tokio::process::Child;
 use tokio::sync::oneshot;
@@ -463,15 +460,12 @@ impl Received {
     }
 }
 
-/// A consumer on a fresh queue bound to the business exchange with `binding_key`.
+/// A consumer on a fresh queue bound to the business exchange with
+/// `binding_key`: the test kit's consumer (`delayline::testkit`), which
+/// stamps and acknowledges each message the moment it arrives.
 pub struct TestConsumer {
-    /// Kept open for as long as the consumer lives.
-    _connection: Connection,
+    kit: Consumer,
     pub channel: Channel,
-    /// Deliveries, stamped and acknowledged the moment they arrive: a test
-    /// that reads them later still measures when they came.
-    arrived: tokio::sync::mpsc::UnboundedReceiver<Received>,
-    receiving: JoinHandle<()>,
 }
 
 impl TestConsumer {
@@ -570,71 +564,16 @@ impl TestConsumer {
         binding: Option<(&str, &str)>,
         queue_type: QueueType,
     ) -> TestConsumer {
-        let connection = connect(uri, "delayline test consumer").await.unwrap();
-        let channel = connection.create_channel().await.unwrap();
-        if let Some((exchange, key)) = binding {
-            let mut arguments = FieldTable::default();
-            // Durable: RabbitMQ 4 deprecates transient queues that are not
-            // exclusive (and later releases refuse them).
-            let options = QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            };
-            if queue_type == QueueType::Quorum {
-                arguments.insert(
-                    "x-queue-type".into(),
-                    lapin::types::AMQPValue::LongString("quorum".into()),
-                );
-            }
-            channel
-                .queue_declare(queue.into(), options, arguments)
-                .await
-                .unwrap();
-            channel
-                .queue_bind(
-                    queue.into(),
-                    exchange.into(),
-                    key.into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-        }
-        let consumer = channel
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let (arrivals, arrived) = tokio::sync::mpsc::unbounded_channel();
-        let receiving = tokio::spawn(async move {
-            let mut consumer = consumer;
-            while let Some(Ok(delivery)) = consumer.next().await {
-                let received_at_ms = epoch_ms(SystemTime::now());
-                if delivery.ack(BasicAckOptions::default()).await.is_err() {
-                    return;
-                }
-                let received = Received {
-                    received_at_ms,
-                    routing_key: delivery.routing_key.to_string(),
-                    body: delivery.data,
-                    properties: delivery.properties,
-                };
-                if arrivals.send(received).is_err() {
-                    return;
-                }
-            }
-        });
-        TestConsumer {
-            _connection: connection,
-            channel,
-            arrived,
-            receiving,
-        }
+        let spec = ConsumeSpec {
+            queue,
+            binding,
+            quorum: queue_type == QueueType::Quorum,
+            ack: true,
+            prefetch: None,
+        };
+        let kit = Consumer::start(uri, spec).await.unwrap();
+        let channel = kit.channel.clone();
+        TestConsumer { kit, channel }
     }
 
     /// Receives every one of `ids` exactly once, none before its
@@ -682,15 +621,13 @@ impl TestConsumer {
 
     /// The next message, or None if nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Received> {
-        tokio::time::timeout(timeout, self.arrived.recv())
-            .await
-            .ok()?
-    }
-}
-
-impl Drop for TestConsumer {
-    fn drop(&mut self) {
-        self.receiving.abort();
+        let arrival = self.kit.next(timeout).await?;
+        Some(Received {
+            received_at_ms: arrival.at_ms(),
+            routing_key: arrival.routing_key,
+            body: arrival.body,
+            properties: arrival.properties,
+        })
     }
 }
 

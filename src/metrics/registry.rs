@@ -1,0 +1,552 @@
+//! The Prometheus registry: every metric delayline exports, registered
+//! once, with the helpers that record into them.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `scheduled`, or `pending` when the ledger holds it for the forwarder.
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The stable error code of the API answer.
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LevelLabel {
+    pub level: u32,
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Release drops: `cancelled`, `stale` (an older revision of a moved task) or
+    /// `duplicate`; auth refusals: `missing` or `unknown`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientLabel {
+    pub client: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientCodeLabel {
+    pub client: String,
+    /// `rate_limited` or `quota_exceeded`.
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngressLabel {
+    /// The ingress's exchange.
+    pub ingress: String,
+    /// `accepted`, `replayed` (a message id seen before), or why it was
+    /// refused (`bad_delay`, `delay_too_long`, `routing_key_not_accepted`,
+    /// `invalid_message_id`, `message_id_conflict`, `too_large`).
+    pub outcome: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub tasks_accepted: Family<StateLabel, Counter>,
+    pub tasks_replayed: Counter,
+    pub tasks_rejected: Family<CodeLabel, Counter>,
+    pub confirm_latency: Histogram,
+    pub broker_connected: Gauge,
+    pub broker_misconfigured: Gauge,
+    pub ledger_pending: Gauge,
+    pub ledger_commit_group: Histogram,
+    pub forwarded: Family<OutcomeLabel, Counter>,
+    pub tasks_failed: Counter,
+    pub tasks_resent: Counter,
+    pub publish_late: Counter,
+    pub publish_unconfirmed: Counter,
+    pub level_messages: Family<LevelLabel, Gauge>,
+    pub level_held: Family<LevelLabel, Gauge>,
+    pub level_held_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
+    pub level_ttl_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
+    pub management_api_up: Gauge,
+    pub unroutable_messages: Gauge,
+    pub retired_chain_messages: Family<VersionLabel, Gauge>,
+    pub release_queue_messages: Gauge,
+    pub delivery_lateness: Histogram,
+    /// Due messages the release stage holds until their time (a chain that holds).
+    pub release_held: Gauge,
+    pub release_hold: Histogram,
+    pub tasks_delivered: Counter,
+    pub tasks_cancelled: Counter,
+    pub tasks_rescheduled: Counter,
+    pub release_dropped: Family<ReasonLabel, Counter>,
+    pub release_unknown: Counter,
+    pub tasks_unroutable: Counter,
+    /// Seconds since the epoch of the last successful depth poll; 0 before the first.
+    pub queue_depth_polled: Gauge<f64, AtomicU64>,
+    pub auth_refused: Family<ReasonLabel, Counter>,
+    pub client_throttled: Family<ClientCodeLabel, Counter>,
+    pub client_accepted: Family<ClientLabel, Counter>,
+    pub ingress_messages: Family<IngressLabel, Counter>,
+    pub client_scheduled: Family<ClientLabel, Gauge>,
+    pub connections_refused: Counter,
+    pub request_deadline_exceeded: Counter,
+    /// Schedules held, by state (`active`, `paused`, `finished`).
+    pub schedules: Family<StateLabel, Gauge>,
+    /// Occurrences by outcome: `created` (made a task), `caught_up` (a
+    /// missed one delivered under `catch_up = latest`), `missed` (passed
+    /// over), `failed` (its task could not be made).
+    pub schedule_occurrences: Family<OutcomeLabel, Counter>,
+    /// The last minutes' lateness, for the console (not exported).
+    pub recent_lateness: std::sync::Mutex<super::recent::RecentLateness>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("delayline");
+        let tasks_accepted = Family::<StateLabel, Counter>::default();
+        registry.register(
+            "tasks_accepted",
+            "Tasks answered 202, by the state they were accepted in",
+            tasks_accepted.clone(),
+        );
+        let tasks_replayed = Counter::default();
+        registry.register(
+            "tasks_replayed",
+            "Repeated requests answered with the original result; nothing new was scheduled",
+            tasks_replayed.clone(),
+        );
+        let tasks_rejected = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "tasks_rejected",
+            "Tasks or requests not accepted, by API error code",
+            tasks_rejected.clone(),
+        );
+        // 0.25 ms to about 8 s.
+        let confirm_latency = Histogram::new(exponential_buckets(0.000_25, 2.0, 16));
+        registry.register(
+            "publish_confirm_seconds",
+            "Time from publishing a message to the broker's confirm",
+            confirm_latency.clone(),
+        );
+        let broker_connected = Gauge::default();
+        registry.register(
+            "broker_connected",
+            "1 when connected to RabbitMQ with the topology provisioned and not blocked",
+            broker_connected.clone(),
+        );
+        let broker_misconfigured = Gauge::default();
+        registry.register(
+            "broker_misconfigured",
+            "1 while RabbitMQ refuses delayline's connection (credentials, vhost, permissions): \
+             only a configuration change ends it",
+            broker_misconfigured.clone(),
+        );
+        let ledger_pending = Gauge::default();
+        registry.register(
+            "ledger_pending_tasks",
+            "Tasks in the ledger not yet confirmed by the broker",
+            ledger_pending.clone(),
+        );
+        let ledger_commit_group = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register(
+            "ledger_commit_group_size",
+            "Ledger writes committed together in one transaction",
+            ledger_commit_group.clone(),
+        );
+        let forwarded = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "forwarder_tasks",
+            "Pending tasks the forwarder tried to publish, by outcome",
+            forwarded.clone(),
+        );
+        let tasks_failed = Counter::default();
+        registry.register(
+            "tasks_failed",
+            "Tasks quarantined because the broker can never take them (state failed)",
+            tasks_failed.clone(),
+        );
+        let tasks_resent = Counter::default();
+        registry.register(
+            "tasks_resent",
+            "Tasks published again because the release stage had not seen them store.resend_after_ms after their due time",
+            tasks_resent.clone(),
+        );
+        let publish_late = Counter::default();
+        registry.register(
+            "publish_late",
+            "Publishes not confirmed within amqp.confirm_timeout_ms, whose answer was then awaited",
+            publish_late.clone(),
+        );
+        let publish_unconfirmed = Counter::default();
+        registry.register(
+            "publish_unconfirmed",
+            "Tasks retried after a publish the broker may have taken without confirming it: \
+             each may be delivered twice",
+            publish_unconfirmed.clone(),
+        );
+        let level_messages = Family::<LevelLabel, Gauge>::default();
+        registry.register(
+            "level_queue_messages",
+            "Messages in each level queue of the cascade (ready only, unless \
+             management_api_up: then held ones too)",
+            level_messages.clone(),
+        );
+        let level_held = Family::<LevelLabel, Gauge>::default();
+        registry.register(
+            "level_queue_held_messages",
+            "Messages a level holds while its dead-letter worker waits for the next level's \
+             confirm (quorum queues; read from the management API)",
+            level_held.clone(),
+        );
+        let level_held_seconds = Family::<LevelLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "level_queue_held_seconds",
+            "How long a level has held messages at every poll; alert when it exceeds the \
+             level's TTL by much",
+            level_held_seconds.clone(),
+        );
+        let level_ttl_seconds = Family::<LevelLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "level_queue_ttl_seconds",
+            "How long each level holds a message: the bound held_seconds is compared with",
+            level_ttl_seconds.clone(),
+        );
+        let management_api_up = Gauge::default();
+        registry.register(
+            "management_api_up",
+            "1 when queue depths come from the management API (held messages included), \
+             0 when from passive declares (ready messages only)",
+            management_api_up.clone(),
+        );
+        let unroutable_messages = Gauge::default();
+        registry.register(
+            "unroutable_queue_messages",
+            "Messages in the unroutable queue: no queue was bound for their destination",
+            unroutable_messages.clone(),
+        );
+        let retired_chain_messages = Family::<VersionLabel, Gauge>::default();
+        registry.register(
+            "retired_chain_messages",
+            "Messages still waiting in an older version of the chain: run migrate-topology",
+            retired_chain_messages.clone(),
+        );
+        let release_queue_messages = Gauge::default();
+        registry.register(
+            "release_queue_messages",
+            "Due tasks waiting in the release queue: growing means too few replicas release, \
+             or the business exchange is slow to confirm",
+            release_queue_messages.clone(),
+        );
+        // 0.25 ms to about 65 s.
+        let delivery_lateness = Histogram::new(exponential_buckets(0.000_25, 2.0, 19));
+        registry.register(
+            "delivery_lateness_seconds",
+            "From a task's deliver_at to the business exchange's confirm of its release",
+            delivery_lateness.clone(),
+        );
+        let release_held = Gauge::default();
+        registry.register(
+            "release_held",
+            "Due messages the release stage holds, unacknowledged, until their time \
+             (at most cascade.hold_limit)",
+            release_held.clone(),
+        );
+        // 1 ms to about 65 s.
+        let release_hold = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        registry.register(
+            "release_hold_seconds",
+            "How long the release stage held each due message before releasing it",
+            release_hold.clone(),
+        );
+        let tasks_delivered = Counter::default();
+        registry.register(
+            "tasks_delivered",
+            "Tasks the release stage delivered to the business exchange (confirmed)",
+            tasks_delivered.clone(),
+        );
+        let tasks_cancelled = Counter::default();
+        registry.register(
+            "tasks_cancelled",
+            "Tasks cancelled through the API; none of them is delivered",
+            tasks_cancelled.clone(),
+        );
+        let tasks_rescheduled = Counter::default();
+        registry.register(
+            "tasks_rescheduled",
+            "Tasks moved to another due time through the API (a new revision each)",
+            tasks_rescheduled.clone(),
+        );
+        let release_dropped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "release_dropped",
+            "Copies the release stage dropped: of cancelled tasks, of older revisions of moved \
+             tasks (stale), or of tasks already delivered (duplicate)",
+            release_dropped.clone(),
+        );
+        let release_unknown = Counter::default();
+        registry.register(
+            "release_unknown",
+            "Messages the release stage delivered although the ledger did not know their task \
+             (pruned, or another ledger's): never dropped",
+            release_unknown.clone(),
+        );
+        let tasks_unroutable = Counter::default();
+        registry.register(
+            "tasks_unroutable",
+            "Released tasks that no queue was bound for: they wait in the unroutable queue \
+             (state unroutable) until requeue-unroutable",
+            tasks_unroutable.clone(),
+        );
+        let queue_depth_polled = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "queue_depth_polled_timestamp_seconds",
+            "When the queue depths were last read from the broker",
+            queue_depth_polled.clone(),
+        );
+        let auth_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "auth_refused",
+            "Requests refused 401: without a token (missing) or with one nobody holds (unknown)",
+            auth_refused.clone(),
+        );
+        let client_throttled = Family::<ClientCodeLabel, Counter>::default();
+        registry.register(
+            "client_throttled",
+            "Requests refused 429 by client: over its rate (rate_limited) or its quota of \
+             waiting tasks (quota_exceeded)",
+            client_throttled.clone(),
+        );
+        let client_accepted = Family::<ClientLabel, Counter>::default();
+        registry.register(
+            "client_tasks_accepted",
+            "Tasks accepted by client (replays not counted)",
+            client_accepted.clone(),
+        );
+        let ingress_messages = Family::<IngressLabel, Counter>::default();
+        registry.register(
+            "ingress_messages",
+            "Messages taken from an AMQP ingress, by ingress and outcome (accepted, replayed, \
+             or the reason it was refused)",
+            ingress_messages.clone(),
+        );
+        let client_scheduled = Family::<ClientLabel, Gauge>::default();
+        registry.register(
+            "client_scheduled_tasks",
+            "Tasks waiting (not yet due) by client, as its quota counts them (clients with a \
+             max_scheduled only)",
+            client_scheduled.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections answered 503 too_many_connections (above http.max_connections)",
+            connections_refused.clone(),
+        );
+        let request_deadline_exceeded = Counter::default();
+        registry.register(
+            "request_deadline_exceeded",
+            "Requests answered 503 deadline_exceeded (not answered within http.request_timeout_ms)",
+            request_deadline_exceeded.clone(),
+        );
+        let schedules = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "schedules",
+            "Recurring schedules held in the ledger, by state (active, paused, finished)",
+            schedules.clone(),
+        );
+        let schedule_occurrences = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "schedule_occurrences",
+            "Occurrences of recurring schedules, by outcome: created (made a task), caught_up \
+             (a missed one delivered once), missed (passed over), failed (no task could be made)",
+            schedule_occurrences.clone(),
+        );
+        Metrics {
+            schedules,
+            schedule_occurrences,
+            connections_refused,
+            request_deadline_exceeded,
+            auth_refused,
+            client_throttled,
+            client_accepted,
+            ingress_messages,
+            client_scheduled,
+            registry,
+            tasks_accepted,
+            tasks_replayed,
+            tasks_rejected,
+            confirm_latency,
+            broker_connected,
+            broker_misconfigured,
+            ledger_pending,
+            ledger_commit_group,
+            forwarded,
+            tasks_failed,
+            tasks_resent,
+            publish_late,
+            publish_unconfirmed,
+            level_messages,
+            level_held,
+            level_held_seconds,
+            level_ttl_seconds,
+            management_api_up,
+            unroutable_messages,
+            retired_chain_messages,
+            release_queue_messages,
+            delivery_lateness,
+            release_held,
+            release_hold,
+            tasks_delivered,
+            tasks_cancelled,
+            tasks_rescheduled,
+            release_dropped,
+            release_unknown,
+            tasks_unroutable,
+            queue_depth_polled,
+            recent_lateness: Default::default(),
+        }
+    }
+
+    pub fn accepted(&self, state: &'static str, replayed: bool) {
+        if replayed {
+            self.tasks_replayed.inc();
+        } else {
+            self.tasks_accepted
+                .get_or_create(&StateLabel { state })
+                .inc();
+        }
+    }
+
+    /// A delivery `lateness_ms` after its due time, at `now_ms`.
+    pub fn delivered(&self, now_ms: u64, lateness_ms: u64) {
+        self.delivery_lateness.observe(lateness_ms as f64 / 1000.0);
+        if let Ok(mut recent) = self.recent_lateness.lock() {
+            recent.observe(now_ms, lateness_ms);
+        }
+    }
+
+    /// The last minutes' deliveries and lateness, on this replica.
+    pub fn recent_lateness(&self, now_ms: u64) -> Option<super::recent::LatenessSummary> {
+        self.recent_lateness.lock().ok()?.summary(now_ms)
+    }
+
+    pub fn rejected(&self, code: &'static str) {
+        self.tasks_rejected.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn client_throttled(&self, client: &str, code: &'static str) {
+        self.client_throttled
+            .get_or_create(&ClientCodeLabel {
+                client: client.to_owned(),
+                code,
+            })
+            .inc();
+    }
+
+    pub fn client_accepted(&self, client: &str, tasks: u64) {
+        self.client_accepted
+            .get_or_create(&ClientLabel {
+                client: client.to_owned(),
+            })
+            .inc_by(tasks);
+    }
+
+    pub fn dropped_at_release(&self, reason: &'static str) {
+        self.release_dropped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn forwarded(&self, outcome: &'static str) {
+        self.forwarded
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+
+    #[test]
+    fn every_family_is_exposed_with_its_prefix() {
+        let metrics = Metrics::new();
+        metrics.accepted("scheduled", false);
+        metrics.accepted("scheduled", true);
+        metrics.dropped_at_release("stale");
+        metrics.delivery_lateness.observe(0.004);
+        metrics.rejected("invalid_delay");
+        metrics.confirm_latency.observe(0.002);
+        metrics.forwarded("published");
+        metrics
+            .level_messages
+            .get_or_create(&LevelLabel {
+                level: 3,
+                queue: "p.v1.level03.wait".into(),
+            })
+            .set(0);
+        let text = metrics.encode().unwrap();
+        for line in [
+            "delayline_tasks_accepted_total{state=\"scheduled\"} 1",
+            "delayline_release_dropped_total{reason=\"stale\"} 1",
+            "delayline_delivery_lateness_seconds_count 1",
+            "delayline_tasks_delivered_total 0",
+            "delayline_tasks_cancelled_total 0",
+            "delayline_release_queue_messages 0",
+            "delayline_tasks_replayed_total 1",
+            "delayline_tasks_rejected_total{code=\"invalid_delay\"} 1",
+            "delayline_publish_confirm_seconds_count 1",
+            "delayline_forwarder_tasks_total{outcome=\"published\"} 1",
+            "delayline_level_queue_messages{level=\"3\",queue=\"p.v1.level03.wait\"} 0",
+            "delayline_broker_connected 0",
+            "delayline_ledger_commit_group_size_count 0",
+            "delayline_unroutable_queue_messages 0",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
