@@ -38,8 +38,9 @@
 //!   README's words; the OpenAPI description, generated from the handlers'
 //!   and types' annotations; its own accept loop and the bounds on what one
 //!   client may hold. A request's instant is read here, once, and handed
-//!   down. It speaks to the [`scheduler`] (whose types it shows) and, for a
-//!   requeue, to [`operations`]: never to the ledger or the broker.
+//!   down. It calls the [`scheduler`] and, for a requeue, [`operations`];
+//!   what it shows of the ledger and the broker (a stored task, a publish
+//!   error) it names through the scheduler, which hands those types on.
 //! - [`operations`]: the operator's commands as an application layer
 //!   (provision and check, migrate-topology, requeue-unroutable, token
 //!   create), each coordinating ledger and broker with the settings

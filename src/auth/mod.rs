@@ -6,7 +6,7 @@
 //! never holds a token, only its SHA-256: a leaked configuration or ledger
 //! lets nobody publish.
 
-pub mod pattern;
+mod pattern;
 mod settings;
 pub mod token;
 pub use pattern::{DestinationPattern, PatternError};

@@ -1244,81 +1244,72 @@ mod access {
         let harness = harness().await;
         let billing = harness.submit_id("billing", "billing.a").await;
         let orders = harness.submit_id("orders", "orders.new.eu").await;
-        let billing_path = format!("/v1/tasks/{billing}");
-
-        let own = harness
-            .send("GET", &billing_path, None, Some("billing"), None)
-            .await;
-        assert_eq!(own.status, StatusCode::OK);
-        assert_eq!(own.body["client"], "billing");
-        for who in ["orders", "reader"] {
-            let theirs = harness
-                .send("GET", &billing_path, None, Some(who), None)
-                .await;
-            assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{who}");
+        let task = format!("/v1/tasks/{billing}");
+        let moved = Some(r#"{"delay":"200s"}"#);
+        // Who may do what to billing's task, in order (the move succeeds).
+        let matrix = [
+            ("GET", task.as_str(), None, "billing", StatusCode::OK),
+            ("GET", &task, None, "orders", StatusCode::NOT_FOUND),
+            ("GET", &task, None, "reader", StatusCode::NOT_FOUND),
+            ("GET", &task, None, "ops", StatusCode::OK),
+            ("GET", "/v1/tasks", None, "limited", StatusCode::FORBIDDEN),
+            ("PATCH", &task, moved, "orders", StatusCode::NOT_FOUND),
+            ("PATCH", &task, moved, "reader", StatusCode::FORBIDDEN),
+            ("PATCH", &task, moved, "billing", StatusCode::OK),
+            ("DELETE", &task, None, "orders", StatusCode::NOT_FOUND),
+            ("DELETE", &task, None, "reader", StatusCode::FORBIDDEN),
+            (
+                "GET",
+                "/v1/topology",
+                None,
+                "billing",
+                StatusCode::FORBIDDEN,
+            ),
+            ("GET", "/v1/topology", None, "ops", StatusCode::OK),
+            ("GET", "/metrics", None, "billing", StatusCode::FORBIDDEN),
+        ];
+        for (method, path, body, who, expected) in matrix {
+            let answer = harness.send(method, path, body, Some(who), None).await;
+            assert_eq!(
+                answer.status, expected,
+                "{method} {path} as {who}: {}",
+                answer.text
+            );
         }
+        let own = harness
+            .send("GET", &task, None, Some("billing"), None)
+            .await;
         assert_eq!(
-            harness
-                .send("GET", &billing_path, None, Some("ops"), None)
-                .await
-                .status,
-            StatusCode::OK
+            (&own.body["client"], &own.body["revision"]),
+            (&json!("billing"), &json!(2))
         );
-        let ids = |answer: &Answer| -> Vec<String> {
-            answer.body["tasks"]
+
+        // Each lists its own tasks; an administrator lists everyone's.
+        let listed = [
+            ("billing", vec![billing.clone()]),
+            ("orders", vec![orders.clone()]),
+        ]
+        .into_iter()
+        .chain([
+            ("reader", vec![]),
+            ("ops", vec![billing.clone(), orders.clone()]),
+        ]);
+        for (who, expected) in listed {
+            let answer = harness
+                .send("GET", "/v1/tasks", None, Some(who), None)
+                .await;
+            let mut ids: Vec<String> = answer.body["tasks"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|t| t["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
-        let listed = harness
-            .send("GET", "/v1/tasks", None, Some("billing"), None)
-            .await;
-        assert_eq!(ids(&listed), [billing.as_str()]);
-        let listed = harness
-            .send("GET", "/v1/tasks", None, Some("orders"), None)
-            .await;
-        assert_eq!(ids(&listed), [orders.as_str()]);
-        let listed = harness
-            .send("GET", "/v1/tasks", None, Some("reader"), None)
-            .await;
-        assert!(ids(&listed).is_empty());
-        let listed = harness
-            .send("GET", "/v1/tasks", None, Some("ops"), None)
-            .await;
-        assert_eq!(ids(&listed).len(), 2);
-        let limited = harness
-            .send("GET", "/v1/tasks", None, Some("limited"), None)
-            .await;
-        assert_eq!(
-            (limited.status, limited.code()),
-            (StatusCode::FORBIDDEN, "forbidden")
-        );
+                .collect();
+            ids.sort();
+            let mut expected = expected;
+            expected.sort();
+            assert_eq!(ids, expected, "{who}");
+        }
 
-        let moved = r#"{"delay":"200s"}"#;
-        let theirs = harness
-            .send("PATCH", &billing_path, Some(moved), Some("orders"), None)
-            .await;
-        assert_eq!(theirs.status, StatusCode::NOT_FOUND);
-        let reader = harness
-            .send("PATCH", &billing_path, Some(moved), Some("reader"), None)
-            .await;
-        assert_eq!(reader.status, StatusCode::FORBIDDEN);
-        let own = harness
-            .send("PATCH", &billing_path, Some(moved), Some("billing"), None)
-            .await;
-        assert_eq!(own.status, StatusCode::OK, "{}", own.text);
-        assert_eq!(own.body["revision"], 2);
-
-        let theirs = harness
-            .send("DELETE", &billing_path, None, Some("orders"), None)
-            .await;
-        assert_eq!(theirs.status, StatusCode::NOT_FOUND);
-        let reader = harness
-            .send("DELETE", &billing_path, None, Some("reader"), None)
-            .await;
-        assert_eq!(reader.status, StatusCode::FORBIDDEN);
         let batch = format!(r#"{{"ids":["{billing}","{orders}"]}}"#);
         let answer = harness
             .send(
@@ -1336,30 +1327,11 @@ mod access {
             .map(|r| r["status"].as_u64().unwrap())
             .collect();
         assert_eq!(statuses, [404, 200], "{}", answer.text);
-        let own = harness
-            .send("DELETE", &billing_path, None, Some("ops"), None)
-            .await;
-        assert_eq!(own.status, StatusCode::OK, "an admin cancels anyone's task");
+        let admin = harness.send("DELETE", &task, None, Some("ops"), None).await;
         assert_eq!(
-            harness
-                .send("GET", "/v1/topology", None, Some("billing"), None)
-                .await
-                .status,
-            StatusCode::FORBIDDEN
-        );
-        assert_eq!(
-            harness
-                .send("GET", "/v1/topology", None, Some("ops"), None)
-                .await
-                .status,
-            StatusCode::OK
-        );
-        assert_eq!(
-            harness
-                .send("GET", "/metrics", None, Some("billing"), None)
-                .await
-                .status,
-            StatusCode::FORBIDDEN
+            admin.status,
+            StatusCode::OK,
+            "an admin cancels anyone's task"
         );
     }
 

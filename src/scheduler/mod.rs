@@ -22,7 +22,7 @@
 mod answers;
 mod bookkeeper;
 mod broker;
-pub mod hold;
+pub(crate) mod hold;
 mod recurring;
 mod release;
 mod settings;
