@@ -102,6 +102,7 @@ impl Offsets {
     }
 
     /// How many senders' clocks are bounded.
+    #[cfg(test)]
     pub fn senders(&self) -> usize {
         self.sources.len()
     }
