@@ -227,7 +227,7 @@ impl Components {
         ));
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
             .with_operator(settings.operator(&self.cascade));
-        let limits = connection_limits(&settings.http);
+        let limits = settings.http.connection_limits();
         let metrics_route = match &self.metrics_listener {
             Some(_) => MetricsRoute::Elsewhere,
             None => MetricsRoute::WithApi,
@@ -406,17 +406,6 @@ async fn stop_serving_on(
         _ = ended.cancelled() => {},
     }
     stop_serving.cancel();
-}
-
-/// How long requests in progress may take to finish once shutdown began.
-const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
-
-fn connection_limits(http: &crate::http::HttpSettings) -> ConnectionLimits {
-    ConnectionLimits {
-        header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
-        max_connections: http.max_connections.max(1),
-        drain: GRACEFUL_DRAIN,
-    }
 }
 
 /// The line every log starts with: which chain, and where due tasks go.

@@ -2,7 +2,14 @@
 //! certificate and the web console. The HTTP room owns them and says what
 //! is wrong with them.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+
+use super::serve::ConnectionLimits;
+
+/// How long requests in progress may take to finish once shutdown began.
+const GRACEFUL_DRAIN: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -77,6 +84,15 @@ impl Default for ConsoleSettings {
 }
 
 impl HttpSettings {
+    /// The accept loop's bounds (`serve`).
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_connections: self.max_connections.max(1),
+            drain: GRACEFUL_DRAIN,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.batch_limit == 0 {
             return Err("http.batch_limit must be at least 1".into());
