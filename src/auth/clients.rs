@@ -306,10 +306,6 @@ impl ClientSet {
         self.clients.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.clients.is_empty()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Client>> {
         self.clients.iter()
     }
@@ -391,6 +387,7 @@ impl Caller {
         }
     }
 
+    #[cfg(test)]
     pub fn may_publish_to(&self, destination: &str) -> bool {
         match self {
             Caller::Anyone => true,
@@ -464,6 +461,7 @@ impl Usage {
         scheduled.insert(client.to_owned(), count);
     }
 
+    #[cfg(test)]
     pub fn get(&self, client: &str) -> u64 {
         let scheduled = self
             .scheduled
@@ -505,6 +503,7 @@ pub fn is_loopback_bind(bind: &str) -> bool {
 
 impl Authenticator {
     /// No tokens: every caller may do everything.
+    #[cfg(test)]
     pub fn open() -> Authenticator {
         Authenticator {
             required: false,

@@ -9,13 +9,18 @@
 mod pattern;
 mod settings;
 pub mod token;
-pub use pattern::{DestinationPattern, PatternError};
-pub use settings::{AuthMode, AuthSettings, ClientSettings, TokenHashes};
+pub(crate) use pattern::DestinationPattern;
+pub(crate) use settings::AuthSettings;
+pub use settings::{ClientSettings, TokenHashes};
 mod clients;
 #[cfg(test)]
 mod tests;
 
-pub use clients::{
+#[cfg(test)]
+pub(crate) use clients::Usage;
+pub(crate) use clients::{
     AuthError, Authenticator, Caller, Client, ClientSet, Permission, Throttled, Unauthenticated,
-    Usage, is_loopback_bind, parse_clients_file,
+    parse_clients_file,
 };
+#[cfg(test)]
+pub(crate) use settings::AuthMode;

@@ -21,26 +21,29 @@ mod publisher;
 mod settings;
 mod unroutable;
 
-pub use check::{CheckReport, CheckedObject, OtherChain, Status, check, discover_chain};
-pub use consume::{ConsumeLimits, Inbound, Settle, Window, Windows};
+pub(crate) use check::{CheckReport, discover_chain};
+pub use check::{Status, check};
+pub use consume::{ConsumeLimits, Settle};
+pub(crate) use consume::{Inbound, Windows};
+pub use error::BrokerError;
 pub(crate) use error::Context;
-pub use error::{BrokerError, Difference, TopologyConflict};
-pub use inspect::{QueueState, exchange_exists, queue_state};
-pub use management::{ManagementApi, ManagementError, QueueCounts};
-pub use migrate::{
-    EmptinessCheck, MigrateError, MigrationReport, OldChain, StillWanted, Survey, migrate_topology,
-    survey,
-};
-pub use provision::{ProvisionReport, provision, teardown};
-pub use publish_error::PublishError;
+pub(crate) use error::TopologyConflict;
+pub use inspect::{exchange_exists, queue_state};
+pub(crate) use management::{ManagementApi, QueueCounts};
+pub(crate) use migrate::{MigrateError, Survey, survey};
+pub use migrate::{MigrationReport, OldChain, migrate_topology};
+pub(crate) use provision::ProvisionReport;
+pub use provision::{provision, teardown};
+pub(crate) use publish_error::PublishError;
 pub(crate) use publish_error::confirm_outcome;
-pub use publisher::{
-    BrokerProblem, BrokerStatus, DEFAULT_FRAME_MAX, IsolatedPublisher, LateConfirm, Published,
-    Publisher, PublisherOptions, SharedConnection, content_header_frame_size,
-};
-pub use settings::{AmqpSettings, AmqpTlsSettings};
+pub(crate) use publisher::{BrokerStatus, IsolatedPublisher, LateConfirm, Published};
+pub use publisher::{DEFAULT_FRAME_MAX, Publisher, PublisherOptions, content_header_frame_size};
+pub(crate) use settings::AmqpSettings;
 pub use unroutable::requeue_unroutable;
 mod connection;
 
-pub use connection::{BrokerTls, connect, connect_any, connect_with};
+pub use connection::{BrokerTls, connect};
+pub(crate) use connection::{connect_any, connect_with};
 pub(crate) use connection::{field_table, open_channel, precondition_failed};
+#[cfg(test)]
+pub(crate) use publisher::BrokerProblem;

@@ -14,21 +14,16 @@ mod settings;
 #[cfg(test)]
 mod sim;
 
-pub use names::{
+pub(crate) use names::{
     digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
     release_queue_name, unroutable_exchange_name, unroutable_queue_name,
     unroutable_seen_queue_name,
 };
-pub use plan::{
-    ArgValue, Arguments, BindingSpec, BindingTarget, ChainOwner, ExchangeKind, ExchangeSpec,
-    NO_DELIVERY_LIMIT, QueueSpec, TopologyPlan,
-};
-pub use reschedule::Unschedulable;
-pub use route::{Route, RouteError, destination_of, validate_destination};
-pub use settings::{
-    Cascade, CascadeSettings, DeliveryKey, MAX_LEVELS, MAX_NAME_BYTES, MAX_QUEUE_TTL_MS, QueueType,
-    SettingsError, max_levels_for_unit,
-};
+pub use plan::{ArgValue, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec, TopologyPlan};
+pub(crate) use plan::{Arguments, QueueSpec};
+pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
+pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType};
+pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, SettingsError};
 
 /// The one cascade unit tests build: chain `t.v1`, business exchange `biz`.
 #[cfg(test)]
@@ -47,3 +42,5 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
     .validate()
     .expect("valid test cascade")
 }
+#[cfg(test)]
+pub(crate) use settings::{MAX_QUEUE_TTL_MS, max_levels_for_unit};

@@ -247,6 +247,7 @@ impl ErrorCode {
     }
 
     /// When it is given, as the README's table says it (Markdown).
+    #[cfg(test)]
     pub const fn when(self) -> &'static str {
         match self {
             ErrorCode::BadRequest => {
@@ -391,13 +392,6 @@ impl ErrorCode {
                 "a request line with an HTTP version other than 1.0 or 1.1; the connection is closed"
             }
         }
-    }
-
-    /// The code named `text`, if there is one.
-    pub fn parse(text: &str) -> Option<ErrorCode> {
-        ErrorCode::ALL
-            .into_iter()
-            .find(|code| code.as_str() == text)
     }
 }
 

@@ -16,8 +16,8 @@
 
 mod intake;
 mod settings;
-pub use intake::{KEYLESS_DESTINATION, Refusal, Taken, take};
-pub use settings::{Ingress, IngressError, IngressSettings, plan_with};
+pub(crate) use settings::IngressError;
+pub use settings::{Ingress, IngressSettings, plan_with};
 mod consumer;
 
-pub use consumer::IngressRunner;
+pub(crate) use consumer::IngressRunner;

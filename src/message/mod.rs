@@ -7,7 +7,7 @@
 //! rule for which of the broker's headers a message leaves behind when
 //! delayline publishes it again ([`republished`], [`poisoned`]). A message's
 //! identity, revision, due time and destination are read back in [`read`]
-//! ([`TaskStamp::read`], [`identity`], [`deliver_at_ms`]). The plugin's
+//! ([`identity`], [`deliver_at_ms`], [`delivered_to`]). The plugin's
 //! delay headers are read in [`plugin`], the hold stamp in [`stamp`]. The
 //! broker adapter sends and receives these messages without knowing what
 //! they mean. This file only declares.
@@ -27,20 +27,25 @@ mod tests;
 mod value;
 
 pub use headers::{
-    DELAY_HEADER, DELIVER_AT_HEADER, DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, EXPIRATION_HEADER,
-    HEADERS_DROPPED_HEADER, HOLD_HEADER, OCCURRENCE_HEADER, PLUGIN_DELAY_HEADER,
-    PLUGIN_DELIVER_AT_HEADER, POISON_REASON_HEADER, REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER,
-    REVISION_HEADER, ROUTING_KEY_HEADER, SCHEDULE_HEADER, USER_ID_HEADER, is_dead_letter_header,
-    is_queue_delivery_header, is_reserved_header, is_routing_header,
+    DELIVER_AT_HEADER, OCCURRENCE_HEADER, POISON_REASON_HEADER, REFUSAL_CODE_HEADER,
+    REFUSAL_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, SCHEDULE_HEADER,
 };
-pub use plugin::{BadDelay, Due, due};
-pub use publish::{
-    Message, TaskMessage, as_published, of_task, of_task_at, poisoned, properties_of, refused,
-    released, republished, restamped, set_aside, taken_in,
+#[cfg(test)]
+pub(crate) use headers::{
+    DELIVER_TO_HEADER, DELIVERY_KEY_HEADER, HOLD_HEADER, USER_ID_HEADER, is_queue_delivery_header,
 };
-pub use read::{
-    TaskStamp, decode_properties, deliver_at_ms, delivered_to, encode_properties, identity,
-    revision,
+pub(crate) use headers::{PLUGIN_DELAY_HEADER, is_reserved_header};
+pub(crate) use plugin::{BadDelay, Due, due};
+pub(crate) use publish::{
+    Message, as_published, of_task_at, poisoned, refused, released, restamped, set_aside, taken_in,
 };
-pub use stamp::Stamp;
+pub use publish::{TaskMessage, of_task};
+#[cfg(test)]
+pub(crate) use publish::{properties_of, republished};
+#[cfg(test)]
+pub(crate) use read::TaskStamp;
+pub(crate) use read::{
+    decode_properties, deliver_at_ms, delivered_to, encode_properties, identity,
+};
+pub(crate) use stamp::Stamp;
 pub use value::FieldValue;

@@ -5,7 +5,9 @@ use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 
 use super::headers::*;
+#[cfg(test)]
 use super::value::FieldValue;
+#[cfg(test)]
 use crate::cascade::destination_of;
 
 /// The exchange a released message was delivered to, when it names one
@@ -74,7 +76,9 @@ pub(super) fn header_i64(properties: &BasicProperties, name: &str) -> Option<i64
     }
 }
 
-/// Everything a task's message says about its task, read back.
+/// Everything a task's message says about its task, read back: what the
+/// tests hold a message against.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskStamp {
     pub task_id: String,
@@ -87,6 +91,7 @@ pub struct TaskStamp {
     pub headers: Vec<(String, FieldValue)>,
 }
 
+#[cfg(test)]
 impl TaskStamp {
     /// Reads a message routed with `routing_key` by a chain of `levels`
     /// levels; `None` without a task id.
@@ -115,6 +120,7 @@ impl TaskStamp {
     }
 }
 
+#[cfg(test)]
 pub(super) fn field_value(value: &AMQPValue) -> Option<FieldValue> {
     Some(match value {
         AMQPValue::LongString(s) => FieldValue::Str(String::from_utf8(s.as_bytes().to_vec()).ok()?),

@@ -34,19 +34,20 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-pub use answers::{
+pub(crate) use answers::{
     ChangeError, Idempotency, InspectError, NotReady, Readiness, SubmitError, Submitted,
 };
-pub use bookkeeper::MAX_REFUSALS;
-pub use broker::{Broker, PublishAlone};
-pub use recurring::{RecurringError, ScheduleState};
-pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS, Verdict, judge};
-pub use settings::{ScheduleSettings, SchedulerSettings};
+pub(crate) use broker::Broker;
+#[cfg(test)]
+pub(crate) use broker::PublishAlone;
+pub(crate) use recurring::{RecurringError, ScheduleState};
+pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS};
+pub(crate) use settings::{ScheduleSettings, SchedulerSettings};
 
 // What the scheduler hands out and takes, named here so that the API above
 // it speaks the scheduler's words and imports nothing below it.
-pub use crate::broker::PublishError;
-pub use crate::ledger::{
+pub(crate) use crate::broker::PublishError;
+pub(crate) use crate::ledger::{
     Cancel, ChangeKey, Cursor, LedgerError, Reschedule, StoredSchedule, StoredTask, TaskFilter,
 };
 
