@@ -116,8 +116,10 @@
 //! The public surface is what the binary, the integration tests and the
 //! benchmark use: the rooms they reach are `pub`, the others (`http`,
 //! `metrics`, `operations`, `schedule`, `remote`, `probe`, `telemetry`)
-//! `pub(crate)`. No product function is longer than a screen
-//! (`tests/layout.rs`). Tests of the untrusted-input parsers with arbitrary input
+//! `pub(crate)`, and a folder's `mod.rs` hands on publicly only the names
+//! used outside the crate (the rest `pub(crate)`, or `cfg(test)` where
+//! only the crate's own tests use them). No product function is longer
+//! than a screen (`tests/layout.rs`). Tests of the untrusted-input parsers with arbitrary input
 //! (property-based fuzzing) are in `fuzz.rs`, compiled for tests only.
 
 pub mod auth;

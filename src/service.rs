@@ -514,7 +514,10 @@ async fn refresh_quotas(
             _ = ticks.tick() => {}
         }
         for client in auth.clients().iter().filter(|c| c.max_scheduled.is_some()) {
-            match scheduler.waiting_tasks(&client.name).await {
+            match scheduler
+                .waiting_tasks(&client.name, crate::clock::now_ms())
+                .await
+            {
                 Ok(waiting) => {
                     auth.usage.set(&client.name, waiting);
                     metrics

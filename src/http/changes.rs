@@ -93,7 +93,8 @@ pub(super) async fn cancel_one(
     owner: Option<&str>,
 ) -> Result<TaskView, ApiError> {
     let ids = [id.to_owned()];
-    let mut outcomes = state.scheduler.cancel(&ids, owner).await?;
+    let now_ms = crate::clock::now_ms();
+    let mut outcomes = state.scheduler.cancel(&ids, owner, now_ms).await?;
     release_quota(state, &outcomes);
     cancel_answer(id, outcomes.pop().unwrap_or(Cancel::NotFound))
 }
@@ -162,7 +163,7 @@ pub async fn cancel_batch(
     }
     let outcomes = state
         .scheduler
-        .cancel(&request.ids, caller.owner_scope())
+        .cancel(&request.ids, caller.owner_scope(), crate::clock::now_ms())
         .await?;
     release_quota(&state, &outcomes);
     let results = request

@@ -9,8 +9,9 @@ use crate::message;
 use crate::message::FieldValue;
 use crate::task::{Task, TaskAccepted, TaskState};
 
-/// The columns a new row is inserted with, in the order of [`Row`]'s fields;
-/// the others start at their defaults.
+/// The columns a new row is inserted with, the first of [`Row`]'s fields in
+/// their order (a test holds them to [`COLUMNS`]); the others start at
+/// their defaults.
 pub(super) const INSERT_COLUMNS: [&str; 20] = [
     "id",
     "idempotency_key",
@@ -34,78 +35,73 @@ pub(super) const INSERT_COLUMNS: [&str; 20] = [
     "exchange",
 ];
 
-/// Every column, in the order of [`Row`]'s fields.
-pub(super) const COLUMNS: &str = "id, idempotency_key, fingerprint, destination, routing_key, \
-     delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
-     created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
-     client, properties, exchange, publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms";
+/// Declares [`Row`], one field per column of `tasks`, with [`COLUMNS`] and
+/// [`Row::from_sqlite`] made from the same list, so that the three cannot
+/// drift apart (sqlx reads a row by the fields' names, rusqlite by position).
+macro_rules! row {
+    (
+        $(#[$first_meta:meta])* $first:ident: $first_ty:ty,
+        $($(#[$meta:meta])* $field:ident: $ty:ty,)+
+    ) => {
+        /// Every column, in the order of [`Row`]'s fields.
+        pub(super) const COLUMNS: &str =
+            concat!(stringify!($first) $(, ", ", stringify!($field))+);
 
-/// One row of `tasks`. Integers are `i64` because that is what both backends
-/// store; [`Row::decode`] turns them into the domain's types.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
-pub(super) struct Row {
-    pub id: String,
-    pub idempotency_key: Option<String>,
-    pub fingerprint: Option<String>,
-    pub destination: String,
-    pub routing_key: String,
-    pub delay_ms: i64,
-    pub deliver_at_ms: i64,
-    pub content_type: String,
-    /// A JSON object of the caller's headers.
-    pub headers: String,
-    pub payload: Option<Vec<u8>>,
-    pub payload_bytes: i64,
-    pub state: String,
-    pub created_at_ms: i64,
-    pub published_at_ms: Option<i64>,
-    pub next_attempt_at_ms: i64,
-    pub attempts: i64,
-    pub last_error: Option<String>,
-    pub client: Option<String>,
-    /// A message taken in over AMQP: its properties, AMQP-encoded.
-    pub properties: Option<Vec<u8>>,
-    /// The exchange it is delivered to; NULL: the business exchange.
-    pub exchange: Option<String>,
-    pub publish_alone: i64,
-    pub refusals: i64,
-    pub revision: i64,
-    pub delivered_at_ms: Option<i64>,
-    pub cancelled_at_ms: Option<i64>,
+        /// One row of `tasks`. Integers are `i64` because that is what both
+        /// backends store; [`Row::decode`] turns them into the domain's types.
+        #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+        pub(super) struct Row {
+            $(#[$first_meta])* pub $first: $first_ty,
+            $($(#[$meta])* pub $field: $ty,)+
+        }
+
+        impl Row {
+            /// A row read by the writer's SQLite connection, selected as
+            /// [`COLUMNS`] (in that order).
+            pub(super) fn from_sqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+                let mut column = 0;
+                let mut next = || {
+                    column += 1;
+                    column - 1
+                };
+                Ok(Row {
+                    $first: row.get(next())?,
+                    $($field: row.get(next())?,)+
+                })
+            }
+        }
+    };
 }
 
-impl Row {
-    /// A row read by the writer's SQLite connection, selected as
-    /// [`COLUMNS`] (in that order).
-    pub(super) fn from_sqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
-        Ok(Row {
-            id: row.get(0)?,
-            idempotency_key: row.get(1)?,
-            fingerprint: row.get(2)?,
-            destination: row.get(3)?,
-            routing_key: row.get(4)?,
-            delay_ms: row.get(5)?,
-            deliver_at_ms: row.get(6)?,
-            content_type: row.get(7)?,
-            headers: row.get(8)?,
-            payload: row.get(9)?,
-            payload_bytes: row.get(10)?,
-            state: row.get(11)?,
-            created_at_ms: row.get(12)?,
-            published_at_ms: row.get(13)?,
-            next_attempt_at_ms: row.get(14)?,
-            attempts: row.get(15)?,
-            last_error: row.get(16)?,
-            client: row.get(17)?,
-            properties: row.get(18)?,
-            exchange: row.get(19)?,
-            publish_alone: row.get(20)?,
-            refusals: row.get(21)?,
-            revision: row.get(22)?,
-            delivered_at_ms: row.get(23)?,
-            cancelled_at_ms: row.get(24)?,
-        })
-    }
+row! {
+    id: String,
+    idempotency_key: Option<String>,
+    fingerprint: Option<String>,
+    destination: String,
+    routing_key: String,
+    delay_ms: i64,
+    deliver_at_ms: i64,
+    content_type: String,
+    /// A JSON object of the caller's headers.
+    headers: String,
+    payload: Option<Vec<u8>>,
+    payload_bytes: i64,
+    state: String,
+    created_at_ms: i64,
+    published_at_ms: Option<i64>,
+    next_attempt_at_ms: i64,
+    attempts: i64,
+    last_error: Option<String>,
+    client: Option<String>,
+    /// A message taken in over AMQP: its properties, AMQP-encoded.
+    properties: Option<Vec<u8>>,
+    /// The exchange it is delivered to; NULL: the business exchange.
+    exchange: Option<String>,
+    publish_alone: i64,
+    refusals: i64,
+    revision: i64,
+    delivered_at_ms: Option<i64>,
+    cancelled_at_ms: Option<i64>,
 }
 
 /// A task as the ledger knows it.
@@ -296,4 +292,16 @@ pub struct Retry {
     pub publish_alone: bool,
     /// The broker refused it while it was alone: one more refusal.
     pub refused: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
+        let inserted = INSERT_COLUMNS.join(", ");
+        assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
+        assert_eq!(COLUMNS.split(", ").count(), 25);
+    }
 }

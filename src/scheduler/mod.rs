@@ -254,9 +254,9 @@ impl Scheduler {
         &self,
         ids: &[String],
         owner: Option<&str>,
+        now_ms: u64,
     ) -> Result<Vec<Cancel>, ChangeError> {
         let bookkeeper = self.changeable()?;
-        let now_ms = crate::clock::now_ms();
         let outcomes = bookkeeper.ledger().cancel(ids, owner, now_ms).await?;
         let cancelled = outcomes
             .iter()
@@ -306,9 +306,9 @@ impl Scheduler {
         Ok(self.ledger()?.get(id).await?)
     }
 
-    /// How many of `client`'s tasks are waiting to fall due (for quotas).
-    pub async fn waiting_tasks(&self, client: &str) -> Result<u64, InspectError> {
-        let now_ms = crate::clock::now_ms();
+    /// How many of `client`'s tasks are waiting to fall due at `now_ms`
+    /// (for quotas).
+    pub async fn waiting_tasks(&self, client: &str, now_ms: u64) -> Result<u64, InspectError> {
         Ok(self.ledger()?.waiting_tasks(client, now_ms).await?)
     }
 

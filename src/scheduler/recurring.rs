@@ -347,7 +347,7 @@ impl Scheduler {
             at = occurrence;
         }
         if !ids.is_empty() {
-            self.cancel(&ids, None).await?;
+            self.cancel(&ids, None, now).await?;
         }
         Ok(())
     }
@@ -536,7 +536,7 @@ impl Scheduler {
                 return;
             }
         };
-        if superseded && let Err(error) = self.cancel(&task_ids, None).await {
+        if superseded && let Err(error) = self.cancel(&task_ids, None, now_ms()).await {
             warn!(schedule = planned.id, %error, "cannot withdraw a superseded occurrence");
         }
     }
