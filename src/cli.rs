@@ -272,7 +272,6 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints a new token, and its clients-file entry unless it was appended.
 /// The chain `--from` names: a version number (same prefix as `new`), or a
 /// settings file.
 fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
@@ -284,6 +283,7 @@ fn old_chain(from: &str, new: &Cascade) -> anyhow::Result<OldChain> {
     Ok(OldChain::from_settings(&old))
 }
 
+/// Prints a new token, and its clients-file entry unless it was appended.
 fn create_token(new: NewToken) -> anyhow::Result<()> {
     let append_to = new.append_to.clone();
     let created = token::create_token(new.into(), append_to.as_deref())?;
