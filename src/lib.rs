@@ -4,7 +4,7 @@
 //!
 //! One room per concern, listed from the top floor down: a room imports
 //! only rooms listed after it, and no two files import each other, however
-//! far apart (`tests/layout.rs` checks both, and every other claim below).
+//! far apart. `tests/layout.rs` checks both, and each claim in bold below.
 //! Each module's first lines say what it may touch.
 //!
 //! - [`cli`]: the command line. It parses arguments, loads the
