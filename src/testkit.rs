@@ -144,9 +144,12 @@ impl Consumer {
     }
 
     /// The messages as they arrive, for a consumer that reads them on a task
-    /// of its own. The consumer keeps running as long as the receiver lives.
+    /// of its own. The consumer keeps running at least as long as the
+    /// receiver lives.
     pub fn into_arrivals(mut self) -> UnboundedReceiver<Arrival> {
-        // Set free: it ends when the receiver is dropped.
+        // Set free: it ends with the broker's consumer, or at the first
+        // message after the receiver is dropped (the benchmark's consumers
+        // live as long as its run).
         self.stamping.0 = None;
         self.arrived
     }
