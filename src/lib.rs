@@ -30,7 +30,8 @@
 //!   below imports it.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
-//!   `changes` (cancel and move), `schedules` (recurring schedules), the web
+//!   `changes` (cancel and move), `schedules` (recurring schedules),
+//!   `release_limits` (pace, pause, hold by destination), the web
 //!   `console` (server-rendered, signed in by cookie, same permissions),
 //!   topology, health, the metrics scrape; the gate in front of all but the
 //!   probes (401/403/429); the JSON extractor; the error shape, every code
@@ -60,7 +61,11 @@
 //!   (`hold`: when to release, by bounding other replicas' clocks from
 //!   what arrives, pure) and looks every due task up in the ledger before
 //!   it goes to the business exchange (its verdicts per message are pure
-//!   functions); answers readiness and inspection. It sees the broker
+//!   functions); hands a due task a release limit matches to the ledger,
+//!   where it waits, and runs the limiter that releases what waits in due
+//!   order as the limits allow (`limiter`, by `limit_view`, what this
+//!   replica knows of them; the API's side in `limits`); answers readiness
+//!   and inspection. It sees the broker
 //!   through the [`scheduler::Broker`] trait (publishing, and consuming a
 //!   queue as [`broker::Windows`]), which tests replace.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
@@ -89,6 +94,10 @@
 //!   expression in an IANA zone, by `croner` and `jiff` with the zone
 //!   database compiled in, or a fixed interval); each occurrence's task id
 //!   and body; what the planner does with missed occurrences.
+//! - [`limit`]: release limits, pure. A limit as a client states it
+//!   (destinations by pattern, a rate with a burst, a pause, a bound on a
+//!   consumer queue's depth), validated; its token bucket; why it holds;
+//!   which waiting tasks one pass of the limiter lets go, in due order.
 //! - [`task`]: a task as submitted over HTTP, validated into what is
 //!   scheduled. Pure as well: the instant is an argument.
 //! - [`message`]: **where headers are decided:** the message format, pure.
@@ -133,6 +142,7 @@ mod fuzz;
 pub(crate) mod http;
 pub mod ingress;
 pub mod ledger;
+pub mod limit;
 pub mod message;
 pub(crate) mod metrics;
 pub(crate) mod operations;

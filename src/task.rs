@@ -129,6 +129,8 @@ pub struct Task {
 /// - `scheduled`: in the cascade (owned by the broker);
 /// - `releasing`: due, taken by the release stage, being delivered: too late
 ///   to cancel or move;
+/// - `waiting`: due, and held in the ledger by a release limit (`held_by`
+///   names it) until the limit lets it go; it can still be cancelled or moved;
 /// - `delivered`: confirmed by the business exchange (release stage only;
 ///   without it a task stays `scheduled`);
 /// - `unroutable`: released, but no queue was bound for its routing key: it
@@ -142,6 +144,8 @@ pub enum TaskState {
     Pending,
     Scheduled,
     Releasing,
+    /// Due, and held in the ledger by a release limit.
+    Waiting,
     Delivered,
     Unroutable,
     Cancelled,
@@ -149,10 +153,11 @@ pub enum TaskState {
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 7] = [
+    pub const ALL: [TaskState; 8] = [
         TaskState::Pending,
         TaskState::Scheduled,
         TaskState::Releasing,
+        TaskState::Waiting,
         TaskState::Delivered,
         TaskState::Unroutable,
         TaskState::Cancelled,
@@ -164,6 +169,7 @@ impl TaskState {
             TaskState::Pending => "pending",
             TaskState::Scheduled => "scheduled",
             TaskState::Releasing => "releasing",
+            TaskState::Waiting => "waiting",
             TaskState::Delivered => "delivered",
             TaskState::Unroutable => "unroutable",
             TaskState::Cancelled => "cancelled",
@@ -173,7 +179,10 @@ impl TaskState {
 
     /// Whether a cancel or a reschedule can still change the task.
     pub fn is_changeable(self) -> bool {
-        matches!(self, TaskState::Pending | TaskState::Scheduled)
+        matches!(
+            self,
+            TaskState::Pending | TaskState::Scheduled | TaskState::Waiting
+        )
     }
 
     pub fn parse(text: &str) -> Option<TaskState> {

@@ -32,6 +32,8 @@ pub enum Permission {
     Reschedule,
     /// `/v1/schedules` (its own schedules, to its destinations and exchanges).
     Schedule,
+    /// `/v1/limits` (release limits whose destinations are all its own).
+    Limits,
     /// `GET /metrics` on the API's listener.
     Metrics,
     /// Everything above, every client's tasks, and `GET /v1/topology`.
@@ -39,12 +41,13 @@ pub enum Permission {
 }
 
 impl Permission {
-    pub const ALL: [Permission; 7] = [
+    pub const ALL: [Permission; 8] = [
         Permission::Submit,
         Permission::Read,
         Permission::Cancel,
         Permission::Reschedule,
         Permission::Schedule,
+        Permission::Limits,
         Permission::Metrics,
         Permission::Admin,
     ];
@@ -56,6 +59,7 @@ impl Permission {
             Permission::Cancel => "cancel",
             Permission::Reschedule => "reschedule",
             Permission::Schedule => "schedule",
+            Permission::Limits => "limits",
             Permission::Metrics => "metrics",
             Permission::Admin => "admin",
         }
@@ -130,6 +134,12 @@ impl Client {
 
     pub fn may_publish_to(&self, destination: &str) -> bool {
         self.destinations.iter().any(|p| p.matches(destination))
+    }
+
+    /// Whether every destination `pattern` matches is one of its own (a
+    /// release limit it may see and set).
+    pub fn covers(&self, pattern: &DestinationPattern) -> bool {
+        self.destinations.iter().any(|p| p.covers(pattern))
     }
 
     /// Whether its tasks may be delivered to `exchange`, which is not the
@@ -376,6 +386,15 @@ impl Caller {
         match self {
             Caller::Client(client) if !client.has(Permission::Admin) => Some(&client.name),
             _ => None,
+        }
+    }
+
+    /// Whether this caller may see and set a release limit over `pattern`:
+    /// its destinations cover it (open API and `admin`: every limit).
+    pub fn may_limit(&self, pattern: &DestinationPattern) -> bool {
+        match self {
+            Caller::Client(client) if !client.has(Permission::Admin) => client.covers(pattern),
+            _ => true,
         }
     }
 

@@ -55,6 +55,38 @@ impl DestinationPattern {
         let words: Vec<&str> = destination.split('.').collect();
         matches_words(&pattern, &words)
     }
+
+    /// Whether every destination `inner` matches, this pattern matches too:
+    /// a client whose destinations cover a limit's may set it. Conservative:
+    /// `true` is always right, and `false` only for odd pairs (a `#` covered
+    /// by `*` words and a `#`, say).
+    pub fn covers(&self, inner: &DestinationPattern) -> bool {
+        let outer: Vec<&str> = self.text.split('.').collect();
+        let inner: Vec<&str> = inner.text.split('.').collect();
+        covers_words(&outer, &inner)
+    }
+}
+
+/// `outer` covers `inner` by dynamic programming over (inner suffix, outer
+/// suffix): `covered[i][j]` says `inner[i..]` is within `outer[j..]`.
+fn covers_words(outer: &[&str], inner: &[&str]) -> bool {
+    let mut covered = vec![vec![false; outer.len() + 1]; inner.len() + 1];
+    for i in (0..=inner.len()).rev() {
+        for j in (0..=outer.len()).rev() {
+            covered[i][j] = match (inner.get(i), outer.get(j)) {
+                // A `#` takes nothing, or the next part whatever it is.
+                (_, Some(&"#")) => covered[i][j + 1] || (i < inner.len() && covered[i + 1][j]),
+                (None, None) => true,
+                (None, Some(_)) | (Some(_), None) => false,
+                (Some(&"#"), Some(_)) => false,
+                (Some(&"*"), Some(&part)) => part == "*" && covered[i + 1][j + 1],
+                (Some(word), Some(&part)) => {
+                    (part == "*" || part == *word) && covered[i + 1][j + 1]
+                }
+            };
+        }
+    }
+    covered[0][0]
 }
 
 /// Dynamic programming over (pattern prefix, word prefix): linear in both,
@@ -111,6 +143,25 @@ mod tests {
     }
 
     #[test]
+    fn a_pattern_covers_narrower_ones() {
+        let covers = |outer: &str, inner: &str| {
+            DestinationPattern::parse(outer)
+                .unwrap()
+                .covers(&DestinationPattern::parse(inner).unwrap())
+        };
+        assert!(covers("#", "billing.#"));
+        assert!(covers("billing.#", "billing.#"));
+        assert!(covers("billing.#", "billing.*.eu"));
+        assert!(covers("billing.#", "billing"));
+        assert!(covers("billing.*", "billing.invoice"));
+        assert!(covers("*.*", "*.eu"));
+        assert!(!covers("billing.*", "billing.#"));
+        assert!(!covers("billing.invoice", "billing.*"));
+        assert!(!covers("billing.#", "#"));
+        assert!(!covers("orders.#", "billing.invoice"));
+    }
+
+    #[test]
     fn malformed_patterns_are_refused() {
         for bad in ["", "a..b", "a.b*", "bill#", "a b", ".a", "a."] {
             assert!(DestinationPattern::parse(bad).is_err(), "{bad:?}");
@@ -146,6 +197,25 @@ mod tests {
                 reference(&pattern, &words),
                 "{} vs {}", text, destination
             );
+        }
+
+        /// `covers` is never wrong: whatever the inner pattern matches, the
+        /// outer one matches.
+        #[test]
+        fn a_pattern_covers_only_what_it_matches(
+            outer in prop::collection::vec(prop_oneof!["a", "b", Just("*".to_owned()), Just("#".to_owned())], 1..5),
+            inner in prop::collection::vec(prop_oneof!["a", "b", Just("*".to_owned()), Just("#".to_owned())], 1..5),
+            words in prop::collection::vec(prop::collection::vec(prop_oneof!["a", "b", "c"], 1..7), 1..20),
+        ) {
+            let outer = DestinationPattern::parse(&outer.join(".")).unwrap();
+            let inner = DestinationPattern::parse(&inner.join(".")).unwrap();
+            if outer.covers(&inner) {
+                for words in words {
+                    let destination = words.join(".");
+                    prop_assert!(!inner.matches(&destination) || outer.matches(&destination),
+                        "{} covers {} but not {}", outer.as_str(), inner.as_str(), destination);
+                }
+            }
         }
 
         #[test]

@@ -34,7 +34,7 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         TaskState::Cancelled => ErrorCode::TaskCancelled,
         TaskState::Failed => ErrorCode::TaskFailed,
         // A changeable task is never answered this way.
-        TaskState::Pending | TaskState::Scheduled => ErrorCode::Internal,
+        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting => ErrorCode::Internal,
     };
     let why = match task.state {
         TaskState::Releasing => "it is due and being delivered",
@@ -44,7 +44,9 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         }
         TaskState::Cancelled => "it was cancelled",
         TaskState::Failed => "it failed and is never delivered",
-        TaskState::Pending | TaskState::Scheduled => "it changed meanwhile; retry",
+        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting => {
+            "it changed meanwhile; retry"
+        }
     };
     ApiError::new(
         code,

@@ -21,6 +21,7 @@ pub enum ErrorCode {
     ForbiddenExchange,
     TaskNotFound,
     ScheduleNotFound,
+    LimitNotFound,
     NotFound,
     MethodNotAllowed,
     BodyTimeout,
@@ -44,6 +45,7 @@ pub enum ErrorCode {
     InvalidId,
     InvalidExchange,
     InvalidSchedule,
+    InvalidLimit,
     BatchTooLarge,
     RateLimited,
     QuotaExceeded,
@@ -67,7 +69,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 55] = [
+    pub const ALL: [ErrorCode; 57] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -80,6 +82,7 @@ impl ErrorCode {
         ErrorCode::ForbiddenExchange,
         ErrorCode::TaskNotFound,
         ErrorCode::ScheduleNotFound,
+        ErrorCode::LimitNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTimeout,
@@ -103,6 +106,7 @@ impl ErrorCode {
         ErrorCode::InvalidId,
         ErrorCode::InvalidExchange,
         ErrorCode::InvalidSchedule,
+        ErrorCode::InvalidLimit,
         ErrorCode::BatchTooLarge,
         ErrorCode::RateLimited,
         ErrorCode::QuotaExceeded,
@@ -140,6 +144,7 @@ impl ErrorCode {
             ErrorCode::ForbiddenExchange => "forbidden_exchange",
             ErrorCode::TaskNotFound => "task_not_found",
             ErrorCode::ScheduleNotFound => "schedule_not_found",
+            ErrorCode::LimitNotFound => "limit_not_found",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::BodyTimeout => "body_timeout",
@@ -163,6 +168,7 @@ impl ErrorCode {
             ErrorCode::InvalidId => "invalid_id",
             ErrorCode::InvalidExchange => "invalid_exchange",
             ErrorCode::InvalidSchedule => "invalid_schedule",
+            ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::BatchTooLarge => "batch_too_large",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::QuotaExceeded => "quota_exceeded",
@@ -198,9 +204,10 @@ impl ErrorCode {
             ErrorCode::Forbidden
             | ErrorCode::ForbiddenDestination
             | ErrorCode::ForbiddenExchange => StatusCode::FORBIDDEN,
-            ErrorCode::TaskNotFound | ErrorCode::ScheduleNotFound | ErrorCode::NotFound => {
-                StatusCode::NOT_FOUND
-            }
+            ErrorCode::TaskNotFound
+            | ErrorCode::ScheduleNotFound
+            | ErrorCode::LimitNotFound
+            | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::IdempotencyConflict
@@ -223,6 +230,7 @@ impl ErrorCode {
             | ErrorCode::InvalidId
             | ErrorCode::InvalidExchange
             | ErrorCode::InvalidSchedule
+            | ErrorCode::InvalidLimit
             | ErrorCode::BatchTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::RequestHeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -272,7 +280,7 @@ impl ErrorCode {
                 "the token is not one of a configured client's (mistyped, revoked); with `WWW-Authenticate: Bearer …, error=\"invalid_token\"`"
             }
             ErrorCode::Forbidden => {
-                "the client lacks the permission the route needs (`submit`, `read`, `cancel`, `reschedule`, `schedule`, `metrics`, `admin` for `/v1/topology`)"
+                "the client lacks the permission the route needs (`submit`, `read`, `cancel`, `reschedule`, `schedule`, `limits`, `metrics`, `admin` for `/v1/topology`)"
             }
             ErrorCode::ForbiddenDestination => {
                 "the destination matches none of the client's patterns; in a batch, per task (the others still go)"
@@ -285,6 +293,9 @@ impl ErrorCode {
             }
             ErrorCode::ScheduleNotFound => {
                 "`/v1/schedules/{id}`: never created, deleted, or another client's schedule"
+            }
+            ErrorCode::LimitNotFound => {
+                "`/v1/limits/{name}`: never set, deleted, or a limit whose destinations are not all the client's"
             }
             ErrorCode::NotFound => "unknown route",
             ErrorCode::MethodNotAllowed => "known route, other method",
@@ -339,6 +350,9 @@ impl ErrorCode {
             ErrorCode::InvalidSchedule => {
                 "a schedule's `id` or timing: a cron expression that does not parse or never fires, an unknown time zone, an interval below the unit, an end before the start, neither or both of `cron` and `every`; the message names the field"
             }
+            ErrorCode::InvalidLimit => {
+                "a release limit's `destinations`, `rate_per_sec`, `burst`, `paused_until` (not in the future) or `max_queue_depth` (a queue that does not exist), or its name; the message names the field and nothing is changed"
+            }
             ErrorCode::BatchTooLarge => "more than `http.batch_limit` tasks",
             ErrorCode::RateLimited => {
                 "over the client's `rate_per_second` (with `Retry-After`), or a batch larger than its `burst`; nothing of the request was taken"
@@ -353,10 +367,10 @@ impl ErrorCode {
                 "a bug or an unexpected failure; the service's log says what (never the client)"
             }
             ErrorCode::LedgerDisabled => {
-                "inspection, cancel, move or schedules with `store.url = \"none\"`"
+                "inspection, cancel, move, schedules or release limits with `store.url = \"none\"`"
             }
             ErrorCode::ReleaseStageDisabled => {
-                "cancel, move or schedules with `cascade.release_stage = false`"
+                "cancel, move, schedules or release limits with `cascade.release_stage = false`"
             }
             ErrorCode::Overloaded => {
                 "more than `http.max_tasks_in_flight` tasks are being taken in; with `Retry-After`, nothing of the request was taken"
@@ -372,7 +386,7 @@ impl ErrorCode {
                 "the ledger database failed; nothing was accepted (the service's log says why)"
             }
             ErrorCode::BrokerUnavailable => {
-                "without a ledger: not connected (reconnecting), or the publish failed"
+                "without a ledger: not connected (reconnecting), or the publish failed; for a release limit's `max_queue_depth`: the queue could not be checked"
             }
             ErrorCode::BrokerBlocked => {
                 "without a ledger: a memory or disk alarm blocks publishing"

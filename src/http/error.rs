@@ -16,7 +16,9 @@ use crate::operations::OperationError;
 use crate::schedule::ScheduleError;
 use crate::scheduler::LedgerError;
 use crate::scheduler::PublishError;
-use crate::scheduler::{ChangeError, InspectError, NotReady, RecurringError, SubmitError};
+use crate::scheduler::{
+    ChangeError, InspectError, LimitsError, NotReady, RecurringError, SubmitError,
+};
 use crate::task::TaskError;
 
 pub use super::codes::ErrorCode;
@@ -147,6 +149,21 @@ impl From<ChangeError> for ApiError {
             ChangeError::Route(route) => TaskError::from(route).into(),
             ChangeError::Ledger(error) => error.into(),
         }
+    }
+}
+
+impl From<LimitsError> for ApiError {
+    fn from(error: LimitsError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            LimitsError::LedgerDisabled => ErrorCode::LedgerDisabled,
+            LimitsError::ReleaseStageOff => ErrorCode::ReleaseStageDisabled,
+            LimitsError::NotFound(_) => ErrorCode::LimitNotFound,
+            LimitsError::Invalid(_) => ErrorCode::InvalidLimit,
+            LimitsError::Broker(_) => ErrorCode::BrokerUnavailable,
+            LimitsError::Ledger(ledger) => return ledger.into(),
+        };
+        ApiError::new(code, message)
     }
 }
 

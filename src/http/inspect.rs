@@ -51,6 +51,10 @@ pub struct TaskView {
     /// `delivered_at` less `deliver_at`, in milliseconds.
     pub lateness_ms: Option<u64>,
     pub cancelled_at: Option<String>,
+    /// The release limit that held it when it fell due (state `waiting`
+    /// while it holds it; `GET /v1/limits/{name}` says why).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub held_by: Option<String>,
     /// The API client that submitted it; absent while the API is open.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub client: Option<String>,
@@ -64,6 +68,7 @@ impl From<StoredTask> for TaskView {
             delivered_at: stored.delivered_at_ms.map(format_epoch_ms),
             lateness_ms: stored.lateness_ms(),
             cancelled_at: stored.cancelled_at_ms.map(format_epoch_ms),
+            held_by: stored.held_by.clone(),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),
             created_at: format_epoch_ms(stored.created_at_ms),

@@ -21,6 +21,7 @@ mod health;
 mod inspect;
 pub mod limits;
 pub mod openapi;
+mod release_limits;
 mod router;
 mod schedules;
 mod scrape;

@@ -52,6 +52,12 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::schedules::pause_schedule,
         super::schedules::resume_schedule,
         super::schedules::delete_schedule,
+        super::release_limits::put_limit,
+        super::release_limits::list_limits,
+        super::release_limits::get_limit,
+        super::release_limits::delete_limit,
+        super::release_limits::pause_limit,
+        super::release_limits::resume_limit,
         super::topology::topology,
         super::unroutable::requeue_route,
         super::health::healthz,
@@ -62,6 +68,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
     tags(
         (name = "tasks", description = "Scheduling, inspecting, cancelling and moving tasks"),
         (name = "schedules", description = "Recurring schedules: each occurrence becomes a task"),
+        (name = "limits", description = "Release limits: pace, pause or hold due tasks by destination"),
         (name = "operations", description = "Probes, topology and metrics"),
     )
 )]
@@ -117,11 +124,16 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
     }
     let mut statuses = vec![401, 403, 500, 503];
     statuses.extend(unreadable);
-    if method == "post" || method == "patch" {
+    if method == "post" || method == "patch" || method == "put" {
         statuses.extend([400, 408, 413, 415, 422]);
     }
-    if path.starts_with("/v1/tasks") || path.starts_with("/v1/schedules") {
+    let limits = path.starts_with("/v1/limits");
+    if path.starts_with("/v1/tasks") || path.starts_with("/v1/schedules") || limits {
         statuses.push(501);
+    }
+    if limits && path != "/v1/limits" {
+        // `limit_not_found`; a name that is not one (`invalid_limit`).
+        statuses.extend([404, 422]);
     }
     if (path == "/v1/tasks" || path == "/v1/schedules") && method == "get" {
         statuses.push(400);
@@ -197,6 +209,10 @@ mod tests {
             "/v1/schedules/{id}",
             "/v1/schedules/{id}/pause",
             "/v1/schedules/{id}/resume",
+            "/v1/limits",
+            "/v1/limits/{name}",
+            "/v1/limits/{name}/pause",
+            "/v1/limits/{name}/resume",
             "/v1/topology",
             "/healthz",
             "/readyz",

@@ -12,8 +12,8 @@ use super::limits::BodyLimits;
 use super::settings::HttpSettings;
 use super::state::AppState;
 use super::{
-    auth, changes, console, fallback, health, inspect, openapi, schedules, scrape, tasks, topology,
-    unroutable,
+    auth, changes, console, fallback, health, inspect, openapi, release_limits, schedules, scrape,
+    tasks, topology, unroutable,
 };
 
 /// Where `GET /metrics` is served.
@@ -39,6 +39,7 @@ pub fn router(
         .merge(inspect::router())
         .merge(changes::router())
         .merge(schedules::router())
+        .merge(release_limits::router())
         .merge(topology::router())
         .merge(unroutable::router());
     if metrics_route == MetricsRoute::WithApi {

@@ -142,6 +142,7 @@ mod tests {
             revision: 1,
             delivered_at_ms: None,
             cancelled_at_ms: None,
+            held_by: None,
         }
     }
 

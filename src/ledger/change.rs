@@ -3,7 +3,7 @@
 //!
 //! Each decision between a user's change and the release of the same task is
 //! one atomic update of its row, conditioned on the state it comes from: a
-//! cancel or a move succeeds only from `pending` or `scheduled`, a release
+//! cancel or a move succeeds only from `pending`, `scheduled` or `waiting`, a release
 //! only from a state that is neither `cancelled` nor `delivered`, and only
 //! for the revision the message carries ([`super::claim`]). Whichever commits
 //! first wins; the other finds the row changed. That is what makes a `200`
@@ -14,7 +14,6 @@ use std::collections::{HashMap, HashSet};
 
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
-use super::pool::Pool;
 use super::record::{COLUMNS, Row, StoredTask, db_ms};
 use super::sql::{self, statement_sized_chunks};
 use crate::task::TaskState;
@@ -67,26 +66,6 @@ pub enum Reschedule {
     NotFound,
 }
 
-/// A transaction on either backend's pool.
-macro_rules! in_tx {
-    ($pool:expr, $t:ident => $body:expr) => {
-        match $pool {
-            Pool::Sqlite(p) => {
-                let mut $t = p.begin().await.context("starting a transaction")?;
-                let value = $body;
-                $t.commit().await.context("committing")?;
-                value
-            }
-            Pool::Postgres(p) => {
-                let mut $t = p.begin().await.context("starting a transaction")?;
-                let value = $body;
-                $t.commit().await.context("committing")?;
-                value
-            }
-        }
-    };
-}
-
 /// The task `$id` as the transaction `$tx` sees it, decoded.
 macro_rules! read_task {
     ($tx:expr, $id:expr) => {{
@@ -120,7 +99,7 @@ impl Ledger {
         let mut found: HashMap<String, Cancel> = HashMap::with_capacity(unique.len());
         let mut was_pending = 0u64;
         in_tx!(&self.pool, tx => {
-            for from in [TaskState::Pending, TaskState::Scheduled] {
+            for from in [TaskState::Pending, TaskState::Scheduled, TaskState::Waiting] {
                 let open = undecided(&unique, |id| found.contains_key(id));
                 for chunk in statement_sized_chunks(&open) {
                     let sql = sql::cancel(chunk.len(), owner.is_some());
@@ -212,7 +191,7 @@ impl Ledger {
             }
             let sql = format!("{} RETURNING {COLUMNS}", sql::MOVE);
             let mut moved = None;
-            for from in [TaskState::Pending, TaskState::Scheduled] {
+            for from in [TaskState::Pending, TaskState::Scheduled, TaskState::Waiting] {
                 let row: Option<Row> = sqlx::query_as(&sql)
                     .bind(db_ms(change.deliver_at_ms))
                     .bind(db_ms(change.delay_ms))
@@ -237,7 +216,7 @@ impl Ledger {
                     Some(task) => Reschedule::Unchangeable(task),
                 });
             };
-            if from == TaskState::Scheduled {
+            if from != TaskState::Pending {
                 // Committed below: the count may run ahead by one for a moment.
                 self.pending.add(1);
             }

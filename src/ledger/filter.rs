@@ -30,11 +30,16 @@ impl TaskFilter {
 }
 
 /// States few tasks are in, each with an index of its own (`tasks_pending`,
-/// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`): listing them goes
+/// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`,
+/// `tasks_waiting_in_due_order`): listing them goes
 /// through that index, not through every task in due order.
 pub(super) fn is_rare(state: TaskState) -> bool {
     matches!(
         state,
-        TaskState::Pending | TaskState::Failed | TaskState::Unroutable | TaskState::Cancelled
+        TaskState::Pending
+            | TaskState::Failed
+            | TaskState::Unroutable
+            | TaskState::Cancelled
+            | TaskState::Waiting
     )
 }

@@ -21,7 +21,8 @@
 //! Cancels and moves ([`change`]) are single conditional updates of their
 //! own; [`release`] records what the release stage and the operator's
 //! commands learn about due tasks; [`tasks`] reads tasks, claims pending
-//! ones for the forwarder and prunes. The text of every statement on tasks
+//! ones for the forwarder and prunes; [`limits`] keeps release limits (the
+//! one file that writes the limits table) and runs the limiter's pass. The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
 //! schedules' own table is written in [`schedules`].
 //!
@@ -43,6 +44,28 @@ macro_rules! on_pool {
     };
 }
 
+/// Runs `$body` in a transaction on either backend's pool, `$t` bound to
+/// it, and commits; an early return (`?`) rolls it back. `QueryContext` must
+/// be in scope.
+macro_rules! in_tx {
+    ($pool:expr, $t:ident => $body:expr) => {
+        match $pool {
+            $crate::ledger::pool::Pool::Sqlite(p) => {
+                let mut $t = p.begin().await.context("starting a transaction")?;
+                let value = $body;
+                $t.commit().await.context("committing")?;
+                value
+            }
+            $crate::ledger::pool::Pool::Postgres(p) => {
+                let mut $t = p.begin().await.context("starting a transaction")?;
+                let value = $body;
+                $t.commit().await.context("committing")?;
+                value
+            }
+        }
+    };
+}
+
 mod admit;
 mod change;
 mod checkpoint;
@@ -51,6 +74,7 @@ mod cursor;
 mod error;
 mod filter;
 mod handle;
+mod limits;
 mod pool;
 mod record;
 mod release;
@@ -68,6 +92,7 @@ pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
+pub(crate) use limits::{PassInput, StoredLimit};
 pub(crate) use pool::migrate_only;
 pub(crate) use record::{Retry, StoredTask};
 pub(crate) use schedules::{Advance, ScheduleChange, StoredSchedule};

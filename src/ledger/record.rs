@@ -2,8 +2,10 @@
 //! ledger hands it out ([`StoredTask`], in the domain's types).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::error::LedgerError;
+use crate::cascade::Cascade;
 use crate::clock::format_epoch_ms;
 use crate::message;
 use crate::message::FieldValue;
@@ -102,6 +104,8 @@ row! {
     revision: i64,
     delivered_at_ms: Option<i64>,
     cancelled_at_ms: Option<i64>,
+    /// The limit that held it, once one did.
+    held_by: Option<String>,
 }
 
 /// A task as the ledger knows it.
@@ -143,6 +147,8 @@ pub struct StoredTask {
     /// When the business exchange confirmed it (release stage only).
     pub delivered_at_ms: Option<u64>,
     pub cancelled_at_ms: Option<u64>,
+    /// The limit that held it when it fell due (`waiting`), once one did.
+    pub held_by: Option<String>,
 }
 
 impl StoredTask {
@@ -165,6 +171,37 @@ impl StoredTask {
         self.payload
             .as_deref()
             .filter(|p| p.len() as u64 == self.payload_bytes)
+    }
+
+    /// The task of this row, routed by what remains of its delay at
+    /// `now_ms` as a new task is (held, or rounded up), so it is never early;
+    /// a task already due goes straight to the business exchange. The error
+    /// says why the row can never be published.
+    pub fn rerouted(&self, cascade: &Cascade, now_ms: u64) -> Result<Task, String> {
+        let payload = self
+            .whole_payload()
+            .ok_or("the ledger does not hold the whole payload")?;
+        let remaining = Duration::from_millis(self.deliver_at_ms.saturating_sub(now_ms));
+        let route = cascade
+            .route(remaining, &self.destination)
+            .map_err(|error| format!("cannot be routed: {error}"))?;
+        Ok(Task {
+            id: self.id.clone(),
+            client_id: false,
+            destination: self.destination.clone(),
+            route,
+            // When this revision was accepted: a moved task's delay counts
+            // from its move, so the delay header is the delay it was moved by.
+            accepted_at_ms: self.deliver_at_ms.saturating_sub(self.delay_ms),
+            deliver_at_ms: self.deliver_at_ms,
+            payload: payload.to_vec(),
+            content_type: self.content_type.clone(),
+            headers: self.headers.clone().into_iter().collect(),
+            revision: self.revision,
+            client: self.client.clone(),
+            exchange: self.exchange.clone(),
+            carried: self.carried.clone(),
+        })
     }
 
     /// The 202 answer this task got (with its current state).
@@ -225,6 +262,7 @@ impl Row {
             revision: db_ms(task.revision),
             delivered_at_ms: None,
             cancelled_at_ms: None,
+            held_by: None,
         }
     }
 
@@ -269,6 +307,7 @@ impl Row {
             last_error: self.last_error,
             client: self.client,
             exchange: self.exchange,
+            held_by: self.held_by,
         })
     }
 }
@@ -297,11 +336,83 @@ pub struct Retry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cascade::QueueType;
+
+    fn cascade() -> Cascade {
+        crate::cascade::for_tests(8, 100, QueueType::Quorum)
+    }
+
+    fn stored(payload: &[u8], payload_bytes: u64) -> StoredTask {
+        StoredTask {
+            id: "t".into(),
+            idempotency_key: None,
+            state: TaskState::Pending,
+            destination: "d".into(),
+            routing_key: "0.0.0.0.1.0.1.0.d".into(),
+            delay_ms: 1000,
+            deliver_at_ms: 11_000,
+            created_at_ms: 10_000,
+            published_at_ms: None,
+            content_type: "text/plain".into(),
+            headers: [("h".to_owned(), FieldValue::Int(7))].into(),
+            payload: Some(payload.to_vec()),
+            payload_bytes,
+            attempts: 1,
+            last_error: None,
+            client: None,
+            exchange: None,
+            carried: None,
+            publish_alone: false,
+            refusals: 0,
+            revision: 3,
+            delivered_at_ms: None,
+            cancelled_at_ms: None,
+            held_by: None,
+        }
+    }
+
+    #[test]
+    fn rerouting_counts_what_remains_and_is_never_early() {
+        let stored = stored(b"hi", 2);
+        // 349 ms of the delay passed in the ledger: 651 ms remain; 7 units
+        // of quorum queues keep it 697 ms at the least (a ms a hop).
+        let task = stored.rerouted(&cascade(), 10_349).unwrap();
+        assert_eq!(task.route.delay_ms, 697);
+        assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
+        assert_eq!(
+            task.granted_delay_ms(),
+            1000,
+            "the header keeps the granted delay"
+        );
+        assert_eq!(task.payload, b"hi");
+        assert_eq!(task.revision, 3, "a new copy carries the ledger's revision");
+        assert_eq!(task.headers, [("h".to_owned(), FieldValue::Int(7))]);
+        // A moved task: its revision's delay, counted from the move.
+        let moved = StoredTask {
+            deliver_at_ms: 60_000,
+            delay_ms: 5_000,
+            ..stored.clone()
+        };
+        let task = moved.rerouted(&cascade(), 55_100).unwrap();
+        assert_eq!(task.granted_delay_ms(), 5_000, "the move's delay");
+        // 4,900 ms remain: 49 units keep it 4,897 at the least, so 50.
+        assert_eq!(task.route.delay_units, 50);
+        assert_eq!(task.route.delay_ms, 4_997);
+        // Overdue: straight to the business exchange.
+        let task = stored.rerouted(&cascade(), 11_005).unwrap();
+        assert_eq!(task.route.delay_ms, 0);
+        assert_eq!(task.route.entry_exchange, cascade().business_exchange());
+    }
+
+    #[test]
+    fn a_row_without_its_whole_payload_is_never_published() {
+        assert!(stored(b"hi", 5).rerouted(&cascade(), 10_000).is_err());
+    }
 
     #[test]
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 25);
+        assert_eq!(COLUMNS.split(", ").count(), 26);
     }
 }

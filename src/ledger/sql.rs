@@ -194,7 +194,7 @@ pub fn select(ids: usize) -> String {
 /// whole payload is kept (the new copy is built from it).
 pub const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
      routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
-     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0 \
+     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0, held_by = NULL \
      WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes \
      AND ($7 IS NULL OR client = $7)";
 
@@ -203,6 +203,53 @@ pub const RECORD_CHANGE: &str = "INSERT INTO task_changes (idempotency_key, task
 
 pub const FIND_CHANGE: &str =
     "SELECT task_id, fingerprint FROM task_changes WHERE idempotency_key = $1";
+
+/// Claimed tasks (ids `$2…`) held by limit `$1`: they wait in the ledger.
+pub fn hold_releasing(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'waiting', held_by = $1, next_attempt_at_ms = 0 \
+         WHERE state = 'releasing' AND id IN ({})",
+        placeholders(2, ids)
+    )
+}
+
+/// Waiting tasks (ids `$2…`) released by the limiter, leased until `$1`.
+pub fn release_waiting(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $1 \
+         WHERE state = 'waiting' AND id IN ({}) RETURNING {COLUMNS}",
+        placeholders(2, ids)
+    )
+}
+
+/// Tasks the limiter released (ids `$1…`) whose publish failed: waiting again.
+pub fn wait_again(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'waiting', next_attempt_at_ms = 0 \
+         WHERE state = 'releasing' AND held_by IS NOT NULL AND id IN ({})",
+        placeholders(1, ids)
+    )
+}
+
+/// Tasks the limiter released whose lease ran out before `$1` (the replica
+/// died before marking them delivered): waiting again.
+pub const RETURN_EXPIRED_LEASES: &str = "UPDATE tasks SET state = 'waiting', \
+     next_attempt_at_ms = 0 \
+     WHERE state = 'releasing' AND held_by IS NOT NULL AND next_attempt_at_ms < $1";
+
+/// Whether any task the limiter released has a lease that ran out before
+/// `$1`: a read, so that no write lock is taken unless there is one.
+pub const ANY_EXPIRED_LEASE: &str = "SELECT id FROM tasks \
+     WHERE state = 'releasing' AND held_by IS NOT NULL AND next_attempt_at_ms < $1 LIMIT 1";
+
+/// Waiting tasks per destination: how many, and the earliest due time.
+pub const WAITING_PER_DESTINATION: &str = "SELECT destination, COUNT(*), MIN(deliver_at_ms) \
+     FROM tasks WHERE state = 'waiting' GROUP BY destination";
+
+/// Up to `$3` waiting tasks of destination `$1` due by `$2`, in due order.
+pub const WAITING_OF_DESTINATION: &str = "SELECT id, deliver_at_ms FROM tasks \
+     WHERE state = 'waiting' AND destination = $1 AND deliver_at_ms <= $2 \
+     ORDER BY deliver_at_ms, id LIMIT $3";
 
 /// Statements of `superseded`, `mark_unroutable` and `requeue_unroutable`.
 pub const SUPERSEDED: &str =
@@ -250,9 +297,10 @@ pub fn claim_pending() -> String {
     )
 }
 
-/// Up to `$2` tasks no longer pending and due before `$1`.
+/// Up to `$2` tasks neither pending nor waiting and due before `$1`.
 pub const PRUNE_TASKS: &str = "DELETE FROM tasks WHERE id IN ( \
-     SELECT id FROM tasks WHERE state <> 'pending' AND deliver_at_ms < $1 LIMIT $2)";
+     SELECT id FROM tasks WHERE state NOT IN ('pending', 'waiting') \
+     AND deliver_at_ms < $1 LIMIT $2)";
 /// Up to `$2` idempotency keys of changes made before `$1`.
 pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
      SELECT idempotency_key FROM task_changes WHERE created_at_ms < $1 LIMIT $2)";

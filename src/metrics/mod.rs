@@ -15,6 +15,6 @@ pub use settings::MetricsSettings;
 mod registry;
 
 pub use registry::{
-    CONTENT_TYPE, ClientLabel, IngressLabel, LevelLabel, Metrics, OutcomeLabel, StateLabel,
-    VersionLabel,
+    CONTENT_TYPE, ClientLabel, IngressLabel, LevelLabel, LimitLabel, Metrics, OutcomeLabel,
+    StateLabel, VersionLabel,
 };

@@ -71,6 +71,12 @@ pub struct IngressLabel {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// The release limit's name.
+    pub limit: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -120,6 +126,12 @@ pub struct Metrics {
     /// missed one delivered under `catch_up = latest`), `missed` (passed
     /// over), `failed` (its task could not be made).
     pub schedule_occurrences: Family<OutcomeLabel, Counter>,
+    /// Due tasks waiting in the ledger, per release limit matching them.
+    pub limit_waiting: Family<LimitLabel, Gauge>,
+    /// Tasks the limiter released, per limit matching them.
+    pub limit_released: Family<LimitLabel, Counter>,
+    /// How long past its due time each task a limit held was released.
+    pub limit_held: Histogram,
     /// The last minutes' lateness, for the console (not exported).
     pub recent_lateness: std::sync::Mutex<super::recent::RecentLateness>,
 }
@@ -294,6 +306,25 @@ impl Metrics {
             "Tasks the release stage delivered to the business exchange (confirmed)",
             tasks_delivered.clone(),
         );
+        let limit_waiting = Family::<LimitLabel, Gauge>::default();
+        registry.register(
+            "limit_waiting",
+            "Due tasks waiting in the ledger for a release limit, per limit matching them",
+            limit_waiting.clone(),
+        );
+        let limit_released = Family::<LimitLabel, Counter>::default();
+        registry.register(
+            "limit_released",
+            "Tasks the limiter released, per release limit matching them",
+            limit_released.clone(),
+        );
+        // 1 ms to about 18 h.
+        let limit_held = Histogram::new(exponential_buckets(0.001, 2.0, 27));
+        registry.register(
+            "limit_held_seconds",
+            "How long past its due time each task a release limit held was released",
+            limit_held.clone(),
+        );
         let tasks_cancelled = Counter::default();
         registry.register(
             "tasks_cancelled",
@@ -433,6 +464,9 @@ impl Metrics {
             release_unknown,
             tasks_unroutable,
             queue_depth_polled,
+            limit_waiting,
+            limit_released,
+            limit_held,
             recent_lateness: Default::default(),
         }
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::broker::PublishError;
 use crate::cascade::RouteError;
 use crate::ledger::LedgerError;
+use crate::limit::LimitError;
 use crate::task::TaskAccepted;
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +107,30 @@ pub enum NotReady {
     Broker(String),
     #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
     LedgerFull { pending: u64 },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Why a release limit could not be read or set.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    #[error(
+        "this service runs without a ledger (store.url = \"none\"): release limits keep waiting \
+         tasks in the ledger, so there are none"
+    )]
+    LedgerDisabled,
+    #[error(
+        "the release stage is off (cascade.release_stage = false): due tasks reach the business \
+         exchange without passing delayline, so nothing can hold them"
+    )]
+    ReleaseStageOff,
+    #[error("no release limit {0:?}")]
+    NotFound(String),
+    #[error(transparent)]
+    Invalid(#[from] LimitError),
+    /// The broker could not be asked about the bounded queue.
+    #[error("cannot check the queue with RabbitMQ: {0}")]
+    Broker(#[from] PublishError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }

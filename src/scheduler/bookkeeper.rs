@@ -32,6 +32,8 @@ use tracing::{debug, error, info, warn};
 
 use super::answers::{ChangeError, Idempotency, SubmitError, Submitted};
 use super::broker::Broker;
+use super::limit_view::LimitsView;
+use super::limiter::Limiter;
 use super::release::Releaser;
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::Cascade;
@@ -70,6 +72,9 @@ pub(super) struct Bookkeeper {
     lease_ms: u64,
     /// Tasks awaiting late confirms; finished before the ledger closes.
     watchers: TaskTracker,
+    /// The release limits, shared by the release stage, the limiter and
+    /// the API.
+    limits: LimitsView,
 }
 
 impl Bookkeeper {
@@ -88,11 +93,16 @@ impl Bookkeeper {
             metrics,
             lease_ms: confirm_ms.saturating_add(LEASE_MARGIN_MS),
             watchers: TaskTracker::new(),
+            limits: LimitsView::default(),
         }
     }
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    pub fn limits(&self) -> &LimitsView {
+        &self.limits
     }
 
     pub async fn finish_watchers(&self) {
@@ -243,10 +253,16 @@ impl Bookkeeper {
                 in_flight: Default::default(),
                 exchanges: Default::default(),
                 offsets: Default::default(),
+                limits: self.limits.clone(),
             };
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),
             ));
+            let limiter = Limiter {
+                releaser: releaser.clone(),
+                view: self.limits.clone(),
+            };
+            tasks.push(tokio::spawn(limiter.run(shutdown.clone())));
             tasks.push(tokio::spawn(releaser.run(shutdown)));
         }
         tasks
@@ -376,7 +392,7 @@ impl Bookkeeper {
     /// that cannot be rebuilt is quarantined (retrying could never help).
     async fn reroute(&self, stored: &StoredTask) -> Option<Task> {
         let now_ms = crate::clock::now_ms();
-        match reroute(stored, &self.cascade, now_ms) {
+        match stored.rerouted(&self.cascade, now_ms) {
             Ok(task) => Some(task),
             Err(reason) => {
                 self.quarantine(&stored.id, stored.revision, reason).await;
@@ -546,37 +562,6 @@ impl Bookkeeper {
     }
 }
 
-/// The task of a stored (pending) row, routed by what remains of its delay
-/// at `now_ms`, routed as a new task (held, or rounded up) so it is never early; a task already
-/// due goes straight to the business exchange. The error says why the row
-/// can never be published.
-fn reroute(stored: &StoredTask, cascade: &Cascade, now_ms: u64) -> Result<Task, String> {
-    let payload = stored
-        .whole_payload()
-        .ok_or("the ledger does not hold the whole payload")?;
-    let remaining = Duration::from_millis(stored.deliver_at_ms.saturating_sub(now_ms));
-    let route = cascade
-        .route(remaining, &stored.destination)
-        .map_err(|error| format!("cannot be routed: {error}"))?;
-    Ok(Task {
-        id: stored.id.clone(),
-        client_id: false,
-        destination: stored.destination.clone(),
-        route,
-        // When this revision was accepted: a moved task's delay counts from
-        // its move, so the delay header is the delay it was moved by.
-        accepted_at_ms: stored.deliver_at_ms.saturating_sub(stored.delay_ms),
-        deliver_at_ms: stored.deliver_at_ms,
-        payload: payload.to_vec(),
-        content_type: stored.content_type.clone(),
-        headers: stored.headers.clone().into_iter().collect(),
-        revision: stored.revision,
-        client: stored.client.clone(),
-        exchange: stored.exchange.clone(),
-        carried: stored.carried.clone(),
-    })
-}
-
 /// A retry after a failed publish waits longer the more attempts it took.
 fn retry_at(now_ms: u64, attempts: u64) -> u64 {
     now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
@@ -609,84 +594,5 @@ async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: C
         if pruned > 0 {
             debug!(pruned, "pruned delivered tasks from the ledger");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cascade::QueueType;
-
-    fn cascade() -> Cascade {
-        crate::cascade::for_tests(8, 100, QueueType::Quorum)
-    }
-
-    fn stored(payload: &[u8], payload_bytes: u64) -> StoredTask {
-        StoredTask {
-            id: "t".into(),
-            idempotency_key: None,
-            state: TaskState::Pending,
-            destination: "d".into(),
-            routing_key: "0.0.0.0.1.0.1.0.d".into(),
-            delay_ms: 1000,
-            deliver_at_ms: 11_000,
-            created_at_ms: 10_000,
-            published_at_ms: None,
-            content_type: "text/plain".into(),
-            headers: [("h".to_owned(), crate::message::FieldValue::Int(7))].into(),
-            payload: Some(payload.to_vec()),
-            payload_bytes,
-            attempts: 1,
-            last_error: None,
-            client: None,
-            exchange: None,
-            carried: None,
-            publish_alone: false,
-            refusals: 0,
-            revision: 3,
-            delivered_at_ms: None,
-            cancelled_at_ms: None,
-        }
-    }
-
-    #[test]
-    fn rerouting_counts_what_remains_and_is_never_early() {
-        let stored = stored(b"hi", 2);
-        // 349 ms of the delay passed in the ledger: 651 ms remain; 7 units
-        // of quorum queues keep it 697 ms at the least (a ms a hop).
-        let task = reroute(&stored, &cascade(), 10_349).unwrap();
-        assert_eq!(task.route.delay_ms, 697);
-        assert_eq!(task.route.routing_key, "0.0.0.0.0.1.1.1.d");
-        assert_eq!(
-            task.granted_delay_ms(),
-            1000,
-            "the header keeps the granted delay"
-        );
-        assert_eq!(task.payload, b"hi");
-        assert_eq!(task.revision, 3, "a new copy carries the ledger's revision");
-        assert_eq!(
-            task.headers,
-            [("h".to_owned(), crate::message::FieldValue::Int(7))]
-        );
-        // A moved task: its revision's delay, counted from the move.
-        let moved = StoredTask {
-            deliver_at_ms: 60_000,
-            delay_ms: 5_000,
-            ..stored.clone()
-        };
-        let task = reroute(&moved, &cascade(), 55_100).unwrap();
-        assert_eq!(task.granted_delay_ms(), 5_000, "the move's delay");
-        // 4,900 ms remain: 49 units keep it 4,897 at the least, so 50.
-        assert_eq!(task.route.delay_units, 50);
-        assert_eq!(task.route.delay_ms, 4_997);
-        // Overdue: straight to the business exchange.
-        let task = reroute(&stored, &cascade(), 11_005).unwrap();
-        assert_eq!(task.route.delay_ms, 0);
-        assert_eq!(task.route.entry_exchange, cascade().business_exchange());
-    }
-
-    #[test]
-    fn a_row_without_its_whole_payload_is_never_published() {
-        assert!(reroute(&stored(b"hi", 5), &cascade(), 10_000).is_err());
     }
 }

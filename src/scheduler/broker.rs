@@ -38,6 +38,11 @@ pub trait Broker: Send + Sync + 'static {
     /// channel of its own: a missing exchange closes the channel asking).
     fn exchange_exists<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, PublishError>>;
 
+    /// A queue's ready messages (a passive declare on a channel of its
+    /// own); `None` when it does not exist.
+    fn queue_depth<'a>(&'a self, name: &'a str)
+    -> BoxFuture<'a, Result<Option<u64>, PublishError>>;
+
     /// `queue`'s messages, a window at a time, until `shutdown` (the
     /// release stage's input).
     fn consume(&self, queue: String, limits: ConsumeLimits, shutdown: CancellationToken)
@@ -79,6 +84,22 @@ impl Broker for Publisher {
             crate::broker::exchange_exists(&connection, name)
                 .await
                 .map_err(|error| PublishError::Broker(error.to_string()))
+        }
+        .boxed()
+    }
+
+    fn queue_depth<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>, PublishError>> {
+        async move {
+            let connection = self
+                .connection()
+                .ok_or_else(|| PublishError::Unavailable("not connected".to_owned()))?;
+            let state = crate::broker::queue_state(&connection, name)
+                .await
+                .map_err(|error| PublishError::Broker(error.to_string()))?;
+            Ok(state.map(|state| u64::from(state.messages)))
         }
         .boxed()
     }

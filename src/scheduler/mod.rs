@@ -13,6 +13,9 @@
 //! lets [`Scheduler::cancel`] and [`Scheduler::reschedule`] change a task
 //! until it is due.
 //!
+//! A due task a release limit matches waits in the ledger and is released
+//! by the [`limiter`] (see [`crate::limit`] for the rules).
+//!
 //! HTTP calls the methods here ([`Scheduler::submit`],
 //! [`Scheduler::readiness`], [`Scheduler::task`], [`Scheduler::tasks`],
 //! [`Scheduler::cancel`], [`Scheduler::reschedule`],
@@ -23,6 +26,9 @@ mod answers;
 mod bookkeeper;
 mod broker;
 pub(crate) mod hold;
+mod limit_view;
+mod limiter;
+mod limits;
 mod recurring;
 mod release;
 mod settings;
@@ -35,11 +41,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub(crate) use answers::{
-    ChangeError, Idempotency, InspectError, NotReady, Readiness, SubmitError, Submitted,
+    ChangeError, Idempotency, InspectError, LimitsError, NotReady, Readiness, SubmitError,
+    Submitted,
 };
 pub(crate) use broker::Broker;
 #[cfg(test)]
 pub(crate) use broker::PublishAlone;
+pub(crate) use limit_view::LimitStatus;
 pub(crate) use recurring::{RecurringError, ScheduleState};
 pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS};
 pub(crate) use settings::{ScheduleSettings, SchedulerSettings};

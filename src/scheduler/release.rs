@@ -43,8 +43,9 @@ use tracing::{debug, warn};
 
 use super::broker::Broker;
 use super::hold::{self, Offsets};
+use super::limit_view::LimitsView;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
-use crate::cascade::Cascade;
+use crate::cascade::{Cascade, destination_of};
 use crate::clock;
 use crate::ledger::{Finding, Ledger};
 use crate::message;
@@ -84,7 +85,7 @@ const EXCHANGE_SEEN_FOR: Duration = Duration::from_secs(30);
 
 /// What became of a due message the stage published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Released {
+pub(super) enum Released {
     /// At the exchange it is delivered to.
     Delivered,
     /// Its exchange does not exist: parked in the chain's unroutable queue,
@@ -111,6 +112,9 @@ pub enum Verdict {
     /// it was recorded): back to the queue, to be judged once the first is
     /// recorded (then as a duplicate), not published twice.
     Wait,
+    /// Claimed, and a release limit matches its destination: it waits in
+    /// the ledger for the limiter ([`super::limiter`]); acknowledged.
+    Held,
 }
 
 impl Verdict {
@@ -119,7 +123,7 @@ impl Verdict {
             Verdict::DropCancelled => Some("cancelled"),
             Verdict::DropStale => Some("stale"),
             Verdict::DropDuplicate => Some("duplicate"),
-            Verdict::Deliver | Verdict::Forward | Verdict::Wait => None,
+            Verdict::Deliver | Verdict::Forward | Verdict::Wait | Verdict::Held => None,
         }
     }
 }
@@ -136,8 +140,10 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
         Finding::Found {
             revision: current, ..
         } if current > revision => Verdict::DropStale,
+        // Delivered, or waiting in the ledger for a limit (which releases
+        // it from there): this copy is not needed.
         Finding::Found {
-            state: TaskState::Delivered,
+            state: TaskState::Delivered | TaskState::Waiting,
             revision: current,
         } if current == revision => Verdict::DropDuplicate,
         // A revision newer than the ledger's, or a state the claim should
@@ -186,6 +192,8 @@ pub(super) struct Releaser {
     /// What this replica knows of the clocks of replicas whose held
     /// messages it releases.
     pub offsets: Arc<std::sync::Mutex<Offsets>>,
+    /// The release limits, as the limiter last read them.
+    pub limits: LimitsView,
 }
 
 /// How the release queue is consumed: four windows at once, or in a chain
@@ -502,12 +510,56 @@ impl Releaser {
             }
         };
         let verdicts = window_verdicts(&identities, entered.entered(), findings);
+        let verdicts = match self.hold_limited(&due, &identities, verdicts).await {
+            Some(verdicts) => verdicts,
+            None => return vec![Settle::Requeue; due.len()],
+        };
         let published = join_all(due.iter().zip(&verdicts).map(|(d, verdict)| {
             let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
             self.publish_at(d, publish, held, shutdown)
         }))
         .await;
         self.record(&due, &identities, &verdicts, published).await
+    }
+
+    /// Claimed tasks a release limit matches wait in the ledger instead
+    /// (verdict [`Verdict::Held`]); `None` when the ledger could not take
+    /// them (the group goes back to the queue, and is claimed again).
+    async fn hold_limited(
+        &self,
+        due: &[Due<'_>],
+        identities: &[Option<(String, u64)>],
+        mut verdicts: Vec<Verdict>,
+    ) -> Option<Vec<Verdict>> {
+        let mut held: BTreeMap<String, Vec<(usize, &str)>> = BTreeMap::new();
+        for (i, ((d, identity), verdict)) in due.iter().zip(identities).zip(&verdicts).enumerate() {
+            let (Verdict::Deliver, Some((id, _))) = (verdict, identity) else {
+                continue;
+            };
+            let Some(destination) = destination_of(&d.message.routing_key, self.cascade.levels())
+            else {
+                continue;
+            };
+            if let Some(limit) = self.limits.holder(destination) {
+                held.entry(limit).or_default().push((i, id.as_str()));
+            }
+        }
+        for (limit, tasks) in held {
+            let ids: Vec<String> = tasks.iter().map(|(_, id)| (*id).to_owned()).collect();
+            if let Err(error) = self.ledger.hold_claimed(&ids, &limit).await {
+                warn!(%error, limit, "cannot hold due tasks for a limit; they come again");
+                return None;
+            }
+            for (i, _) in tasks {
+                verdicts[i] = Verdict::Held;
+                if let Some(destination) =
+                    destination_of(&due[i].message.routing_key, self.cascade.levels())
+                {
+                    self.limits.now_waiting(destination);
+                }
+            }
+        }
+        Some(verdicts)
     }
 
     /// A message published at its time, and when its confirm came; `None`
@@ -546,6 +598,10 @@ impl Releaser {
         let outcomes = due.iter().zip(identities).zip(verdicts).zip(published);
         for (((due, identity), verdict), outcome) in outcomes {
             let message = due.message;
+            if *verdict == Verdict::Held {
+                settles.push(Settle::Ack);
+                continue;
+            }
             if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);
                 debug!(task_id = ?message.properties.message_id(), reason, "dropped at release");
@@ -598,6 +654,14 @@ impl Releaser {
             &message.properties,
             &self.cascade,
         );
+        self.publish_message(message).await
+    }
+
+    /// [`Releaser::publish`], of a message built for its release.
+    pub(super) async fn publish_message(
+        &self,
+        message: message::Message,
+    ) -> Result<Released, PublishError> {
         if !self.exchange_exists(&message.exchange).await? {
             warn!(
                 task_id = ?message.properties.message_id(),
@@ -692,7 +756,7 @@ mod tests {
                 let expected = match (state, current.cmp(&message)) {
                     (Cancelled, _) => Verdict::DropCancelled,
                     (_, std::cmp::Ordering::Greater) => Verdict::DropStale,
-                    (Delivered, std::cmp::Ordering::Equal) => Verdict::DropDuplicate,
+                    (Delivered | Waiting, std::cmp::Ordering::Equal) => Verdict::DropDuplicate,
                     _ => Verdict::Forward,
                 };
                 assert_eq!(

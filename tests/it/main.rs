@@ -22,5 +22,6 @@ mod migrate;
 mod precision;
 mod provision;
 mod release;
+mod release_limits;
 mod schedules;
 mod security;

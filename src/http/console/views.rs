@@ -290,6 +290,14 @@ fn timeline(
         let late = task.lateness_ms().unwrap_or_default();
         events.push((Some(at), format!("delivered, {late} ms after due")));
     }
+    if let Some(limit) = &task.held_by {
+        let what = if task.state == TaskState::Waiting {
+            format!("waits for release limit {limit}")
+        } else {
+            format!("was held by release limit {limit}")
+        };
+        events.push((None, what));
+    }
     if let Some(at) = task.cancelled_at_ms {
         events.push((Some(at), "cancelled".to_owned()));
     }
@@ -438,6 +446,7 @@ mod tests {
             revision: 1,
             delivered_at_ms,
             cancelled_at_ms: None,
+            held_by: None,
         }
     }
 

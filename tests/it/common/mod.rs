@@ -347,6 +347,11 @@ impl TestApp {
         answer(self.http.get(format!("{}{path}", self.base))).await
     }
 
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        answer(self.http.put(url).json(body)).await
+    }
+
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         answer(self.http.delete(format!("{}{path}", self.base))).await
     }

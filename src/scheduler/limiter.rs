@@ -1,0 +1,261 @@
+//! Release limits at work: the release stage hands a due task a limit
+//! matches to the ledger (`waiting`), and the limiter releases what waits,
+//! in due order, as the limits allow.
+//!
+//! Why the ledger and not the broker: a task that waits in the release
+//! queue unacknowledged takes a place of the stage's prefetch (and of
+//! `hold_limit`), so 100,000 tasks paused on one destination would stop
+//! every other destination's releases. Acknowledged and kept in the ledger
+//! (which holds its whole payload until delivery anyway), a waiting task
+//! costs one row and an index entry, the release queue goes on, and the
+//! ledger can count, cancel and move it like any other.
+//!
+//! Every replica runs a limiter; their passes take turns on the limits'
+//! rows ([`crate::ledger`]), so a rate is a rate over all of them.
+//! A limit's queue depth is read every [`DEPTH_EVERY`] by each replica.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::limit_view::LimitsView;
+use super::release::{Released, Releaser};
+use crate::broker::PublishError;
+use crate::clock;
+use crate::ledger::{PassInput, StoredTask};
+use crate::limit::{Depth, waiting_per_limit};
+use crate::message;
+use crate::metrics::LimitLabel;
+
+/// Pause between passes while tasks wait: at most 100 passes a second
+/// (see [`crate::limit::PASSES_PER_SEC`]).
+const PASS_EVERY: Duration = Duration::from_millis(10);
+/// How often the limits and the waiting tasks' destinations are read again
+/// from the ledger (other replicas change them too).
+const REFRESH_EVERY: Duration = Duration::from_millis(250);
+/// How often each limit's consumer queue depth is read.
+pub const DEPTH_EVERY: Duration = Duration::from_secs(1);
+/// Most tasks one pass releases.
+const PASS_MOST: usize = 1000;
+/// A released task not marked delivered by then waits again (its replica
+/// stopped); a publish still unconfirmed after [`PUBLISH_LIMIT`] is given
+/// up first, so a lease runs out only on a replica that stopped.
+const LEASE: Duration = Duration::from_secs(30);
+const PUBLISH_LIMIT: Duration = Duration::from_secs(20);
+
+/// The limiter of one replica.
+pub(super) struct Limiter {
+    pub releaser: Releaser,
+    pub view: LimitsView,
+}
+
+impl Limiter {
+    /// Passes over what waits until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut refreshed_at = None;
+        let mut depths_at = None;
+        loop {
+            let mono = tokio::time::Instant::now();
+            if refreshed_at.is_none_or(|at| mono.duration_since(at) >= REFRESH_EVERY) {
+                self.refresh().await;
+                refreshed_at = Some(mono);
+            }
+            if depths_at.is_none_or(|at| mono.duration_since(at) >= DEPTH_EVERY) {
+                self.read_depths().await;
+                depths_at = Some(mono);
+            }
+            let now_ms = clock::now_ms();
+            let released = if self.view.worth_a_pass(now_ms) {
+                self.pass(now_ms).await
+            } else {
+                0
+            };
+            let pause = match released {
+                n if n >= PASS_MOST => Duration::ZERO,
+                _ if self.view.read().destinations.is_empty() => REFRESH_EVERY,
+                _ => PASS_EVERY,
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+                () = self.view.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Reads the limits and the destinations that wait again, after
+    /// putting back to wait what a stopped replica released and never
+    /// marked delivered.
+    async fn refresh(&self) {
+        let ledger = &self.releaser.ledger;
+        match ledger.return_expired_leases(clock::now_ms()).await {
+            Ok(0) => {}
+            Ok(returned) => warn!(
+                tasks = returned,
+                "tasks a limiter released were not marked delivered within their lease (a \
+                 replica stopped): they wait again"
+            ),
+            Err(error) => warn!(%error, "cannot look for released tasks whose lease ran out"),
+        }
+        let (limits, waiting) = tokio::join!(ledger.limits(), ledger.waiting_per_destination());
+        let (limits, waiting) = match (limits, waiting) {
+            (Ok(limits), Ok(waiting)) => (limits, waiting),
+            (Err(error), _) | (_, Err(error)) => {
+                warn!(%error, "cannot read release limits; the last read stand");
+                return;
+            }
+        };
+        let metrics = &self.releaser.metrics;
+        let plain: Vec<_> = limits.iter().map(|l| l.limit.clone()).collect();
+        for (name, (count, _)) in waiting_per_limit(&plain, &waiting) {
+            metrics
+                .limit_waiting
+                .get_or_create(&LimitLabel { limit: name })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        let mut view = self.view.write();
+        view.limits = limits;
+        view.destinations = waiting.into_iter().map(|(d, _, _)| d).collect();
+        view.record(clock::now_ms());
+    }
+
+    /// Reads each bounded queue's depth.
+    async fn read_depths(&self) {
+        let queues: Vec<String> = {
+            let view = self.view.read();
+            let mut queues: Vec<String> = view
+                .limits
+                .iter()
+                .filter_map(|l| l.limit.depth.as_ref().map(|d| d.queue.clone()))
+                .collect();
+            queues.sort();
+            queues.dedup();
+            queues
+        };
+        let broker = &self.releaser.broker;
+        let read = join_all(queues.iter().map(|queue| broker.queue_depth(queue))).await;
+        let mut depths = HashMap::new();
+        for (queue, depth) in queues.into_iter().zip(read) {
+            match depth {
+                Ok(Some(ready)) => {
+                    depths.insert(queue, Depth::Ready(ready));
+                }
+                Ok(None) => {
+                    depths.insert(queue, Depth::Missing);
+                }
+                // Unknown: the limit holds until it is read.
+                Err(error) => warn!(%error, queue, "cannot read a limit's queue depth"),
+            }
+        }
+        let mut view = self.view.write();
+        view.depths = depths;
+        view.released_since_read.clear();
+    }
+
+    /// One pass: what it released, published and marked delivered.
+    async fn pass(&self, now_ms: u64) -> usize {
+        let destinations = self.view.read().destinations.clone();
+        let caps = self.view.caps(now_ms);
+        let input = PassInput {
+            now_ms,
+            lease_until_ms: now_ms + LEASE.as_millis() as u64,
+            destinations: &destinations,
+            caps: &caps,
+            most: PASS_MOST,
+        };
+        let pass = match self.releaser.ledger.limiter_pass(input).await {
+            Ok(pass) => pass,
+            Err(error) => {
+                warn!(%error, "cannot release waiting tasks; trying again");
+                return 0;
+            }
+        };
+        self.view.write().limits = pass.limits;
+        self.view.count_released(&pass.released);
+        let count = pass.released.len();
+        self.publish(pass.released).await;
+        count
+    }
+
+    /// Publishes released tasks, each to where it is delivered, and records
+    /// what became of them.
+    async fn publish(&self, released: Vec<StoredTask>) {
+        let outcomes = join_all(released.iter().map(|stored| async {
+            let outcome = match stored.rerouted(&self.releaser.cascade, clock::now_ms()) {
+                Ok(task) => {
+                    let cascade = message::of_task(&task.message());
+                    let message = message::released(
+                        &cascade.routing_key,
+                        cascade.payload,
+                        &cascade.properties,
+                        &self.releaser.cascade,
+                    );
+                    tokio::time::timeout(PUBLISH_LIMIT, self.releaser.publish_message(message))
+                        .await
+                        .unwrap_or(Err(PublishError::Timeout(PUBLISH_LIMIT)))
+                }
+                Err(reason) => {
+                    warn!(
+                        task_id = stored.id,
+                        reason, "a waiting task cannot be released"
+                    );
+                    return None;
+                }
+            };
+            Some((outcome, clock::now_ms()))
+        }))
+        .await;
+        let mut delivered: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        let mut again = Vec::new();
+        for (stored, outcome) in released.iter().zip(outcomes) {
+            match outcome {
+                Some((Ok(outcome), at_ms)) => {
+                    self.observe(stored, outcome, at_ms);
+                    delivered.entry(at_ms).or_default().push(stored.id.clone());
+                }
+                Some((Err(error), _)) => {
+                    warn!(task_id = stored.id, %error, "a waiting task could not be released; it waits again");
+                    again.push(stored.id.clone());
+                }
+                None => {}
+            }
+        }
+        for (at_ms, ids) in delivered {
+            if let Err(error) = self.releaser.ledger.mark_delivered(ids, at_ms).await {
+                warn!(%error, "released tasks not marked delivered in the ledger");
+            }
+        }
+        if !again.is_empty()
+            && let Err(error) = self.releaser.ledger.wait_again(&again).await
+        {
+            warn!(%error, "tasks whose release failed wait again when their lease runs out");
+        }
+    }
+
+    fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {
+        let metrics = &self.releaser.metrics;
+        let lateness_ms = at_ms.saturating_sub(stored.deliver_at_ms);
+        if outcome == Released::Delivered {
+            metrics.delivered(at_ms, lateness_ms);
+            metrics.tasks_delivered.inc();
+        }
+        metrics.limit_held.observe(lateness_ms as f64 / 1000.0);
+        for limit in self
+            .view
+            .read()
+            .limits
+            .iter()
+            .filter(|l| l.limit.matches(&stored.destination))
+        {
+            metrics
+                .limit_released
+                .get_or_create(&LimitLabel {
+                    limit: limit.limit.name.clone(),
+                })
+                .inc();
+        }
+    }
+}

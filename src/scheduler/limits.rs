@@ -1,0 +1,101 @@
+//! What the API asks of release limits: set, read (with what each holds
+//! now), pause, resume, delete. The limits are kept in the ledger and put
+//! to work by [`super::limiter`]; this is the scheduler's facade for them.
+
+use super::answers::LimitsError;
+use super::bookkeeper::Bookkeeper;
+use super::limit_view::LimitStatus;
+use super::{Mode, Scheduler};
+use crate::limit::{Depth, Limit, LimitError};
+
+impl Scheduler {
+    /// The bookkeeper, when limits can hold tasks: a ledger to wait in, and
+    /// a release stage every due task passes.
+    fn limiting(&self) -> Result<&Bookkeeper, LimitsError> {
+        match &self.inner.mode {
+            Mode::Stateless => Err(LimitsError::LedgerDisabled),
+            Mode::Ledger(_) if !self.inner.cascade.release_stage() => {
+                Err(LimitsError::ReleaseStageOff)
+            }
+            Mode::Ledger(bookkeeper) => Ok(bookkeeper),
+        }
+    }
+
+    /// Sets a limit (new, or changed in place), set by `client`; whether it
+    /// is new. Its bounded queue must exist.
+    pub async fn put_limit(
+        &self,
+        limit: &Limit,
+        client: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(LimitStatus, bool), LimitsError> {
+        let bookkeeper = self.limiting()?;
+        if let Some(bound) = &limit.depth {
+            match self.inner.broker.queue_depth(&bound.queue).await? {
+                Some(ready) => bookkeeper
+                    .limits()
+                    .saw_depth(&bound.queue, Depth::Ready(ready)),
+                None => {
+                    return Err(LimitsError::Invalid(LimitError {
+                        field: "max_queue_depth.queue",
+                        reason: format!("queue {:?} does not exist", bound.queue),
+                    }));
+                }
+            }
+        }
+        let (_, created) = bookkeeper.ledger().put_limit(limit, client, now_ms).await?;
+        let status = self.limit_status(&limit.name, now_ms).await?;
+        Ok((status, created))
+    }
+
+    /// Every limit with what it holds now, read again from the ledger (and
+    /// handed to this replica's release stage and limiter).
+    pub async fn limits(&self, now_ms: u64) -> Result<Vec<LimitStatus>, LimitsError> {
+        let bookkeeper = self.limiting()?;
+        let ledger = bookkeeper.ledger();
+        let limits = ledger.limits().await?;
+        let waiting = ledger.waiting_per_destination().await?;
+        bookkeeper.limits().changed(limits.clone());
+        Ok(bookkeeper.limits().status(limits, &waiting, now_ms))
+    }
+
+    pub async fn limit_status(&self, name: &str, now_ms: u64) -> Result<LimitStatus, LimitsError> {
+        self.limits(now_ms)
+            .await?
+            .into_iter()
+            .find(|status| status.stored.limit.name == name)
+            .ok_or_else(|| LimitsError::NotFound(name.to_owned()))
+    }
+
+    /// Deletes a limit: what it held is released (at the rate of any other
+    /// limit that matches it).
+    pub async fn delete_limit(&self, name: &str) -> Result<(), LimitsError> {
+        let bookkeeper = self.limiting()?;
+        if !bookkeeper.ledger().delete_limit(name).await? {
+            return Err(LimitsError::NotFound(name.to_owned()));
+        }
+        bookkeeper
+            .limits()
+            .changed(bookkeeper.ledger().limits().await?);
+        Ok(())
+    }
+
+    /// Pauses or resumes a limit (resuming also ends a `paused_until`).
+    pub async fn pause_limit(
+        &self,
+        name: &str,
+        paused: bool,
+        now_ms: u64,
+    ) -> Result<LimitStatus, LimitsError> {
+        let bookkeeper = self.limiting()?;
+        if bookkeeper
+            .ledger()
+            .pause_limit(name, paused, now_ms)
+            .await?
+            .is_none()
+        {
+            return Err(LimitsError::NotFound(name.to_owned()));
+        }
+        self.limit_status(name, now_ms).await
+    }
+}
