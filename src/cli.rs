@@ -93,6 +93,20 @@ pub enum Command {
         #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Release limits (pace, pause, or hold destinations while a queue is
+    /// deep), through the running service's API (on http.bind, or --url; a
+    /// token with the `limits` permission in DELAYLINE_TOKEN when clients
+    /// are configured).
+    Limits {
+        #[command(subcommand)]
+        action: LimitCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token (`limits` permission).
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -111,6 +125,46 @@ pub enum ScheduleCommand {
     Pause { id: String },
     /// Resume a paused schedule from its first occurrence after now.
     Resume { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LimitCommand {
+    /// Every limit: what it holds now, why, and its release rate.
+    List,
+    /// Set a limit (new, or changed in place).
+    Set(LimitArgs),
+    /// Pause a limit: every task it matches waits when due.
+    Pause { name: String },
+    /// Resume a limit: what waits is released, at its rate if it has one.
+    Resume { name: String },
+    /// Delete a limit: what it held is released.
+    Delete { name: String },
+}
+
+/// What `limits set` is told (see `PUT /v1/limits/{name}`).
+#[derive(Debug, clap::Args)]
+pub struct LimitArgs {
+    pub name: String,
+    /// A topic pattern over destinations, as tokens' (`billing.#`).
+    #[arg(long)]
+    pub destinations: String,
+    /// Tasks a second over every replica (fractional allowed).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Tasks that may go at once.
+    #[arg(long, requires = "rate")]
+    pub burst: Option<u64>,
+    /// Hold every matching task until resumed.
+    #[arg(long)]
+    pub paused: bool,
+    /// Hold every matching task until then (RFC 3339).
+    #[arg(long)]
+    pub paused_until: Option<String>,
+    /// Keep this queue at no more than --max-depth ready messages.
+    #[arg(long, requires = "max_depth")]
+    pub queue: Option<String>,
+    #[arg(long, requires = "queue")]
+    pub max_depth: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +316,9 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             print!("{}", describe_requeue(&done, &cascade));
         }
         Command::Probe { path } => return probe(&settings, &path).await,
+        Command::Limits { action, url, token } => {
+            print!("{}", limits(&settings, action, url, token).await?);
+        }
         Command::Schedules { action, url, token } => {
             print!("{}", schedules(&settings, action, url, token).await?);
         }
@@ -304,7 +361,6 @@ fn reload(pid: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// GETs `path` of the running service; success on a 200.
 /// `delayline schedules …`, through the running service's API.
 async fn schedules(
     settings: &Settings,
@@ -320,6 +376,46 @@ async fn schedules(
     })
 }
 
+/// `delayline limits …`, through the running service's API.
+async fn limits(
+    settings: &Settings,
+    action: LimitCommand,
+    url: Option<String>,
+    token: Option<String>,
+) -> anyhow::Result<String> {
+    let remote = crate::remote::Remote::new(settings, url, token)?;
+    Ok(match action {
+        LimitCommand::List => remote.list_limits().await?,
+        LimitCommand::Set(limit) => {
+            let body = serde_json::json!({
+                "destinations": limit.destinations,
+                "rate_per_sec": limit.rate,
+                "burst": limit.burst,
+                "paused": limit.paused,
+                "paused_until": limit.paused_until,
+                "max_queue_depth": limit.queue.map(|queue| serde_json::json!({
+                    "queue": queue,
+                    "messages": limit.max_depth.unwrap_or(0),
+                })),
+            });
+            // Fields not given are left out rather than sent as null.
+            let body = serde_json::Value::Object(
+                body.as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, value)| !value.is_null())
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect(),
+            );
+            remote.set_limit(&limit.name, &body).await?
+        }
+        LimitCommand::Pause { name } => remote.pause_limit(&name, true).await?,
+        LimitCommand::Resume { name } => remote.pause_limit(&name, false).await?,
+        LimitCommand::Delete { name } => remote.delete_limit(&name).await?,
+    })
+}
+
+/// GETs `path` of the running service; success on a 200.
 async fn probe(settings: &Settings, path: &str) -> anyhow::Result<ExitCode> {
     let (status, body) = if settings.http.tls.enabled() {
         crate::probe::probe_https(&settings.http.bind, path).await?

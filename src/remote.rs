@@ -1,5 +1,6 @@
-//! `delayline schedules …`: the command line's view of recurring schedules,
-//! through a running service's own API.
+//! `delayline schedules …` and `delayline limits …`: the command line's
+//! view of recurring schedules and release limits, through a running
+//! service's own API.
 //!
 //! Going through the API rather than the ledger means one code path for a
 //! change (a pause withdraws the occurrences already made, and wakes the
@@ -74,6 +75,15 @@ impl Remote {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str) -> Result<Value, RemoteError> {
+        self.send(method, path, None).await
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, RemoteError> {
         let url = format!("{}{path}", self.base);
         let http = |source| RemoteError::Http {
             url: url.clone(),
@@ -82,6 +92,9 @@ impl Remote {
         let mut request = self.http.request(method, &url);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
         }
         let response = request.send().await.map_err(http)?;
         let status = response.status().as_u16();
@@ -128,6 +141,63 @@ impl Remote {
             schedule["next_occurrences"][0].as_str().unwrap_or("none"),
         ))
     }
+}
+
+impl Remote {
+    /// Every limit the token may see, as a table.
+    pub async fn list_limits(&self) -> Result<String, RemoteError> {
+        let mut table = String::from("name\tdestinations\tholds\twaiting\trate/s\tpaced at\n");
+        let page = self.call(reqwest::Method::GET, "/v1/limits").await?;
+        for limit in page["limits"].as_array().into_iter().flatten() {
+            table += &limit_row(limit);
+        }
+        Ok(table)
+    }
+
+    /// Sets a limit (`PUT /v1/limits/{name}` with `body`); what it is now.
+    pub async fn set_limit(&self, name: &str, body: &Value) -> Result<String, RemoteError> {
+        let path = format!("/v1/limits/{name}");
+        let limit = self.send(reqwest::Method::PUT, &path, Some(body)).await?;
+        Ok(limit_line(&limit))
+    }
+
+    /// Pauses (`true`) or resumes a limit; what it is now, in a line.
+    pub async fn pause_limit(&self, name: &str, pause: bool) -> Result<String, RemoteError> {
+        let action = if pause { "pause" } else { "resume" };
+        let path = format!("/v1/limits/{name}/{action}");
+        let limit = self.call(reqwest::Method::POST, &path).await?;
+        Ok(limit_line(&limit))
+    }
+
+    pub async fn delete_limit(&self, name: &str) -> Result<String, RemoteError> {
+        let path = format!("/v1/limits/{name}");
+        self.call(reqwest::Method::DELETE, &path).await?;
+        Ok(format!("limit {name}: deleted; what it held is released\n"))
+    }
+}
+
+fn limit_line(limit: &Value) -> String {
+    format!(
+        "limit {}: {}, {} waiting\n",
+        limit["name"].as_str().unwrap_or("?"),
+        limit["reason"].as_str().unwrap_or("holds nothing now"),
+        limit["waiting"],
+    )
+}
+
+fn limit_row(limit: &Value) -> String {
+    let text = |field: &str| limit[field].as_str().unwrap_or("-").to_owned();
+    format!(
+        "{}\t{}\t{}\t{}\t{}\t{}\n",
+        text("name"),
+        text("destinations"),
+        text("holds"),
+        limit["waiting"],
+        limit["release_rate_per_sec"],
+        limit["rate_per_sec"]
+            .as_f64()
+            .map_or("-".to_owned(), |r| r.to_string()),
+    )
 }
 
 fn row(schedule: &Value) -> String {

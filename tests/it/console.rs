@@ -605,3 +605,96 @@ async fn the_console_sends_its_security_headers_and_holds_sessions_not_tokens() 
     assert_eq!(status, 303, "the old cookie after sign-out");
     app.stop().await.unwrap();
 }
+
+/// The Limits page lists the limits the client may see, says why each
+/// holds and how many wait, and pauses and resumes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_limits_and_why_they_hold_and_pauses_them() {
+    let mut settings = with_ledger(test_settings(6, 100, QueueType::Quorum), Backend::Sqlite);
+    let client = |name: &str, permissions: &[&str]| ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),
+        destinations: vec!["billing.#".to_owned()],
+        permissions: permissions.iter().map(|p| (*p).to_owned()).collect(),
+        ..ClientSettings::default()
+    };
+    settings.auth.clients = vec![
+        client("operator", &["limits", "submit"]),
+        client("root", &["admin"]),
+    ];
+    let app = TestApp::spawn(settings).await;
+    let put = async |name: &str, body: Value| {
+        let response = app
+            .http
+            .put(format!("{}/v1/limits/{name}", app.base))
+            .bearer_auth("tok-root")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+    };
+    put(
+        "invoices",
+        json!({"destinations": "billing.invoice", "paused": true}),
+    )
+    .await;
+    put(
+        "everything",
+        json!({"destinations": "#", "rate_per_sec": 1000}),
+    )
+    .await;
+    let response = app
+        .http
+        .post(format!("{}/v1/tasks", app.base))
+        .bearer_auth("tok-operator")
+        .json(&json!({"destination": "billing.invoice", "delay_ms": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let browser = Browser::sign_in(&app, "tok-operator").await;
+    crate::common::eventually("the paused task waits", async || {
+        browser
+            .get("/console/limits")
+            .await
+            .1
+            .contains("<td>1</td>")
+    })
+    .await;
+    let (status, page) = browser.get("/console/limits").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("invoices") && page.contains("paused until resumed"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("everything"),
+        "a limit beyond its destinations: {page}"
+    );
+    let csrf = csrf_of(&page);
+    let (status, location) = browser
+        .post(
+            "/console/limits/everything/pause",
+            &[("csrf", &csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!(status, 404, "{location}");
+    let (status, location) = browser
+        .post(
+            "/console/limits/invoices/resume",
+            &[("csrf", &csrf)],
+            "same-origin",
+        )
+        .await;
+    assert_eq!((status, location.as_str()), (303, "/console/limits"));
+    crate::common::eventually("resumed, the task is released", async || {
+        browser
+            .get("/console/limits")
+            .await
+            .1
+            .contains("nothing held")
+    })
+    .await;
+}

@@ -456,3 +456,135 @@ async fn two_replicas_obey_one_rate_and_a_killed_one_loses_nothing() {
     assert_eq!(seen, expected);
     println!("two replicas: at most {most} a second, {duplicates} duplicates after SIGKILL");
 }
+
+/// The `limits` permission and the token's destinations decide what a
+/// client sees and sets; the CLI sets, lists, pauses, resumes and deletes
+/// through the API with a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_under_access_control_and_the_cli_acts_through_the_api() {
+    use delayline::auth::token::hash_hex;
+    use delayline::auth::{ClientSettings, TokenHashes};
+    let mut settings = default_settings(Backend::Sqlite);
+    let client = |name: &str, permissions: &[&str]| ClientSettings {
+        name: name.to_owned(),
+        token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),
+        destinations: vec!["billing.#".to_owned()],
+        permissions: permissions.iter().map(|p| (*p).to_owned()).collect(),
+        ..ClientSettings::default()
+    };
+    settings.auth.clients = vec![
+        client("operator", &["limits"]),
+        client("submitter", &["submit", "read"]),
+        client("root", &["admin"]),
+    ];
+    let app = TestApp::spawn(settings.clone()).await;
+    let put = async |token: &str, name: &str, body: Value| {
+        let response = app
+            .http
+            .put(format!("{}/v1/limits/{name}", app.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    let get = async |token: &str, path: &str| {
+        let response = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (
+            response.status().as_u16(),
+            response.json::<Value>().await.unwrap(),
+        )
+    };
+    let (status, answer) = put("tok-submitter", "b", json!({"destinations": "billing.#"})).await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (403, &json!("forbidden"))
+    );
+    for wider in ["#", "shipping.x", "*.invoice"] {
+        let (status, answer) = put("tok-operator", "b", json!({"destinations": wider})).await;
+        assert_eq!(
+            (status, &answer["error"]["code"]),
+            (403, &json!("forbidden_destination")),
+            "{wider}"
+        );
+    }
+    let (status, answer) = put(
+        "tok-root",
+        "everything",
+        json!({"destinations": "#", "paused": false}),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, _) = get("tok-operator", "/v1/limits/everything").await;
+    assert_eq!(
+        status, 404,
+        "a limit beyond the client's destinations is not found"
+    );
+    let (status, answer) = put(
+        "tok-operator",
+        "everything",
+        json!({"destinations": "billing.#"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (403, &json!("forbidden_destination"))
+    );
+
+    let cli = async |args: &[&str]| {
+        let args = [args, &["--url", app.base.as_str()]].concat();
+        let mut command = crate::common::delayline_command(&settings, &args);
+        command.env("DELAYLINE_TOKEN", "tok-operator");
+        let output = command.output().await.unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let set = cli(&[
+        "limits",
+        "set",
+        "invoices",
+        "--destinations",
+        "billing.invoice",
+        "--rate",
+        "0.5",
+    ])
+    .await;
+    assert!(
+        set.contains("limit invoices: holds nothing now, 0 waiting"),
+        "{set}"
+    );
+    let paused = cli(&["limits", "pause", "invoices"]).await;
+    assert!(
+        paused.contains("limit invoices: paused until resumed"),
+        "{paused}"
+    );
+    let listed = cli(&["limits", "list"]).await;
+    assert!(
+        listed.contains("invoices\tbilling.invoice\tpaused\t0\t0.0\t0.5"),
+        "{listed}"
+    );
+    assert!(!listed.contains("everything"), "{listed}");
+    let (_, all) = get("tok-root", "/v1/limits").await;
+    assert_eq!(
+        all["limits"].as_array().unwrap().len(),
+        2,
+        "admin sees every limit"
+    );
+    let resumed = cli(&["limits", "resume", "invoices"]).await;
+    assert!(resumed.contains("holds nothing now"), "{resumed}");
+    let deleted = cli(&["limits", "delete", "invoices"]).await;
+    assert!(deleted.contains("deleted"), "{deleted}");
+    assert_eq!(get("tok-operator", "/v1/limits/invoices").await.0, 404);
+}

@@ -554,6 +554,56 @@ async fn pause(
     }
 }
 
+async fn limits(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let session = match page_session(&state, &headers, Permission::Limits) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let now_ms = crate::clock::now_ms();
+    let found: Vec<_> = match state.scheduler.limits(now_ms).await {
+        Ok(found) => found
+            .into_iter()
+            .filter(|status| session.caller.may_limit(&status.stored.limit.destinations))
+            .collect(),
+        Err(error) => return refused(error.into()),
+    };
+    html(super::views::limits(
+        &found,
+        &session.csrf,
+        session.page_token(),
+    ))
+}
+
+/// Pauses or resumes a limit the caller may see, then back to the page.
+async fn pause_limit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Limits) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let paused = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        _ => return refused(crate::scheduler::LimitsError::NotFound(name).into()),
+    };
+    let now_ms = crate::clock::now_ms();
+    let visible = match state.scheduler.limit_status(&name, now_ms).await {
+        Ok(status) => session.caller.may_limit(&status.stored.limit.destinations),
+        Err(error) => return refused(error.into()),
+    };
+    if !visible {
+        return refused(crate::scheduler::LimitsError::NotFound(name).into());
+    }
+    match state.scheduler.pause_limit(&name, paused, now_ms).await {
+        Ok(_) => Redirect::to("/console/limits").into_response(),
+        Err(error) => refused(error.into()),
+    }
+}
+
 async fn problems(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -633,6 +683,8 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/tasks/{id}/reschedule", post(reschedule))
         .route("/console/schedules", get(schedules))
         .route("/console/schedules/{id}/{action}", post(pause))
+        .route("/console/limits", get(limits))
+        .route("/console/limits/{name}/{action}", post(pause_limit))
         .route("/console/problems", get(problems))
         .route("/console/problems/requeue", post(requeue))
         .route(super::assets::STYLE_PATH, get(super::assets::style))

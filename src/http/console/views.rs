@@ -5,8 +5,8 @@ use maud::{DOCTYPE, Markup, html};
 
 use crate::clock::format_epoch_ms;
 use crate::metrics::recent::{LatenessSummary, WINDOW_MINUTES};
-use crate::scheduler::ScheduleState;
 use crate::scheduler::StoredTask;
+use crate::scheduler::{LimitStatus, ScheduleState};
 use crate::task::TaskState;
 
 /// One page: navigation, a heading, the body.
@@ -28,6 +28,7 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
                         a href="/console" { "Overview" }
                         a href="/console/tasks" { "Tasks" }
                         a href="/console/schedules" { "Schedules" }
+                        a href="/console/limits" { "Limits" }
                         a href="/console/problems" { "Problems" }
                         @if let Some(csrf) = signed_in {
                             form.inline method="post" action="/console/logout" {
@@ -351,6 +352,43 @@ pub fn schedules(found: &[ScheduleState], csrf: &str, signed_in: Option<&str>) -
                     }
                 }
             }
+        },
+    )
+}
+
+/// The Limits page: each release limit, what it holds and why, with its
+/// pause or resume.
+pub fn limits(found: &[LimitStatus], csrf: &str, signed_in: Option<&str>) -> Markup {
+    page(
+        "Limits",
+        signed_in,
+        html! {
+            p { "Release limits pace, pause or hold due tasks by destination; a task a limit "
+                "holds waits in the ledger (state " code { "waiting" } ") and can still be "
+                "cancelled or moved." }
+            @if found.is_empty() { p { "None." } } @else { table {
+                thead { tr { th { "name" } th { "destinations" } th { "pace" } th { "waiting" }
+                             th { "oldest waiting" } th { "why it holds" } th { "released/s" } th { "" } } }
+                tbody { @for status in found {
+                    @let limit = &status.stored.limit;
+                    tr {
+                        td { (limit.name) }
+                        td { code { (limit.destinations.as_str()) } }
+                        td { @if let Some(rate) = limit.rate { (rate.per_sec) "/s, burst " (rate.burst) } @else { "-" } }
+                        td { (status.waiting) }
+                        td { (status.oldest_waiting_ms.map_or("-".to_owned(), format_epoch_ms)) }
+                        td { (status.holds.as_ref().map_or("nothing held".to_owned(), |h| h.describe())) }
+                        td { (format!("{:.1}", status.release_rate)) }
+                        td {
+                            @let action = if limit.paused { "resume" } else { "pause" };
+                            form method="post" action=(format!("/console/limits/{}/{action}", urlencode(&limit.name))) {
+                                input type="hidden" name="csrf" value=(csrf);
+                                button type="submit" aria-label=(format!("{action} {}", limit.name)) { (action) }
+                            }
+                        }
+                    }
+                } }
+            } }
         },
     )
 }
