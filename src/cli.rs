@@ -287,24 +287,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
                 cascade.queue_type().as_str()
             );
         }
-        Command::MigrateTopology {
-            from,
-            dry_run: true,
-        } => {
-            let old = old_chain(&from, &cascade)?;
-            let found = migrate::dry_run(&settings.operator(&cascade), &cascade, old).await?;
-            print!("{}", describe_dry_run(&found, &cascade));
-        }
-        Command::MigrateTopology {
-            from,
-            dry_run: false,
-        } => {
-            let old = old_chain(&from, &cascade)?;
-            let migrated = migrate::migrate(&settings.operator(&cascade), &cascade, old).await?;
-            if let Some(why) = &migrated.management_unavailable {
-                eprintln!("delayline: {why}; counting ready messages only");
-            }
-            print!("{}", describe_migration(&migrated, &cascade));
+        Command::MigrateTopology { from, dry_run } => {
+            migrate_topology(&settings, &cascade, &from, dry_run).await?
         }
         Command::Migrate => match crate::ledger::migrate_only(&settings.store).await? {
             Some(target) => println!("ledger {target}: schema up to date"),
@@ -327,6 +311,28 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `delayline migrate-topology --from … [--dry-run]`.
+async fn migrate_topology(
+    settings: &Settings,
+    cascade: &Cascade,
+    from: &str,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let old = old_chain(from, cascade)?;
+    let operator = settings.operator(cascade);
+    if dry_run {
+        let found = migrate::dry_run(&operator, cascade, old).await?;
+        print!("{}", describe_dry_run(&found, cascade));
+        return Ok(());
+    }
+    let migrated = migrate::migrate(&operator, cascade, old).await?;
+    if let Some(why) = &migrated.management_unavailable {
+        eprintln!("delayline: {why}; counting ready messages only");
+    }
+    print!("{}", describe_migration(&migrated, cascade));
+    Ok(())
 }
 
 /// The chain `--from` names: a version number (same prefix as `new`), or a

@@ -14,6 +14,7 @@ mod delivery;
 mod floor;
 mod ledger;
 mod load;
+mod paced;
 mod plot;
 mod rabbitmqctl;
 mod routing;
@@ -54,7 +55,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules, timer); all by default.
+    /// backlog, ledger, schedules, timer, limits); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -116,6 +117,9 @@ struct Results {
     schedules: Option<schedules::Schedules>,
     /// How late a waiting task runs (the release stage's wait), by waiter.
     timer: Vec<timer::Timer>,
+    /// Release limits: rates achieved, an unlimited destination beside
+    /// waiting tasks, the drain after an outage.
+    limits: Option<paced::Limits>,
 }
 
 #[derive(Debug, Serialize)]
@@ -190,6 +194,7 @@ async fn main() -> anyhow::Result<()> {
         ledger: Vec::new(),
         schedules: None,
         timer: Vec::new(),
+        limits: None,
     };
 
     if run("ingest") {
@@ -469,6 +474,43 @@ async fn main() -> anyhow::Result<()> {
             .ledger_tasks
             .unwrap_or(if args.quick { 10_000 } else { 100_000 });
         results.ledger = ledger::phase(tasks, &args.ledger_drop_index).await?;
+    }
+
+    if run("limits") {
+        let progress = bar("limits");
+        let limits = paced::phase(&args.amqp_uri, args.channels, args.quick, &progress).await?;
+        progress.finish_and_clear();
+        for paced in &limits.paced {
+            println!(
+                "limits: paced at {}/s, achieved {:.1}/s over 10 s (ratio {:.3}, {} tasks)",
+                paced.configured_per_sec, paced.achieved_per_sec, paced.ratio, paced.tasks
+            );
+        }
+        if let Some(b) = &limits.beside {
+            println!(
+                "limits: unlimited destination at {}/s, lateness ms p50/p99/max: alone {:.1}/{:.1}/{:.1}, beside {} waiting {:.1}/{:.1}/{:.1}",
+                b.rate_per_sec,
+                b.alone_p50_ms,
+                b.alone_p99_ms,
+                b.alone_max_ms,
+                b.waiting,
+                b.beside_p50_ms,
+                b.beside_p99_ms,
+                b.beside_max_ms
+            );
+        }
+        if let Some(o) = &limits.outage {
+            println!(
+                "limits: outage drain of {} at {}/s: first {:.0} ms after restart, achieved {:.1}/s (ratio {:.3}), drained in {:.1} s",
+                o.tasks,
+                o.configured_per_sec,
+                o.first_after_restart_ms,
+                o.achieved_per_sec,
+                o.ratio,
+                o.drain_seconds
+            );
+        }
+        results.limits = Some(limits);
     }
 
     if run("timer") {

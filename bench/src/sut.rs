@@ -35,6 +35,9 @@ impl Store {
 
 pub struct ServiceUnderTest {
     child: Child,
+    /// How it was started: relaunched the same way on the same chain and
+    /// ledger by [`ServiceUnderTest::relaunch`].
+    launch: Vec<(String, String)>,
     pub base: String,
     pub cascade: Cascade,
     amqp_uri: String,
@@ -180,38 +183,46 @@ impl ServiceUnderTest {
             )?;
             command.env("DELAYLINE__AUTH__CLIENTS_FILE", clients);
         }
-        let child = command
-            .env("DELAYLINE__STORE__URL", store_url)
-            .env("DELAYLINE__STORE__DATA_DIR", &data_dir)
-            .arg("serve")
-            .env("DELAYLINE__AMQP__URI", amqp_uri)
-            .env("DELAYLINE__AMQP__PUBLISH_CHANNELS", channels.to_string())
-            .env("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}"))
-            .env("DELAYLINE__HTTP__BATCH_LIMIT", "1000")
-            .env("DELAYLINE__CASCADE__LEVELS", levels.to_string())
-            .env("DELAYLINE__CASCADE__UNIT_MS", unit_ms.to_string())
-            .env("DELAYLINE__CASCADE__QUEUE_TYPE", queue_type.as_str())
-            .env(
-                "DELAYLINE__CASCADE__RELEASE_STAGE",
-                cascade.release_stage().to_string(),
-            )
-            .env(
-                "DELAYLINE__CASCADE__PRECISION_MS",
-                cascade.precision_ms().to_string(),
-            )
-            .env("DELAYLINE__CASCADE__PREFIX", cascade.prefix())
-            .env(
-                "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
-                cascade.business_exchange(),
-            )
-            .env("DELAYLINE__LOG__FILTER", "warn,lapin=off")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting delayline")?;
+        let mut launch: Vec<(String, String)> = command
+            .as_std()
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_owned(), v?.to_str()?.to_owned())))
+            .collect();
+        launch.extend(
+            [
+                ("DELAYLINE__STORE__URL", store_url),
+                ("DELAYLINE__STORE__DATA_DIR", data_dir.display().to_string()),
+                ("DELAYLINE__AMQP__URI", amqp_uri.to_owned()),
+                ("DELAYLINE__AMQP__PUBLISH_CHANNELS", channels.to_string()),
+                ("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}")),
+                ("DELAYLINE__HTTP__BATCH_LIMIT", "1000".to_owned()),
+                ("DELAYLINE__CASCADE__LEVELS", levels.to_string()),
+                ("DELAYLINE__CASCADE__UNIT_MS", unit_ms.to_string()),
+                (
+                    "DELAYLINE__CASCADE__QUEUE_TYPE",
+                    queue_type.as_str().to_owned(),
+                ),
+                (
+                    "DELAYLINE__CASCADE__RELEASE_STAGE",
+                    cascade.release_stage().to_string(),
+                ),
+                (
+                    "DELAYLINE__CASCADE__PRECISION_MS",
+                    cascade.precision_ms().to_string(),
+                ),
+                ("DELAYLINE__CASCADE__PREFIX", cascade.prefix().to_owned()),
+                (
+                    "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
+                    cascade.business_exchange().to_owned(),
+                ),
+                ("DELAYLINE__LOG__FILTER", "warn,lapin=off".to_owned()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        let child = launch_service(&launch)?;
         let sut = ServiceUnderTest {
             child,
+            launch,
             base: format!("http://127.0.0.1:{port}"),
             cascade,
             amqp_uri: amqp_uri.to_owned(),
@@ -221,6 +232,13 @@ impl ServiceUnderTest {
             token,
             ingress,
         };
+        sut.wait_connected().await?;
+        Ok(sut)
+    }
+
+    /// Ready, and connected to the broker.
+    async fn wait_connected(&self) -> anyhow::Result<()> {
+        let sut = self;
         let http = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -233,13 +251,34 @@ impl ServiceUnderTest {
                     .await
                     .is_ok_and(|ready| ready["broker"] == "connected")
             {
-                return Ok(sut);
+                return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
                 bail!("delayline did not become ready within 60 s");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Stops the service (SIGTERM, so it drains), keeping its chain and
+    /// ledger: an outage.
+    pub async fn halt(&mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .context("delayline did not stop within 30 s")??;
+        Ok(())
+    }
+
+    /// Starts the service again as it was started, on the same chain and
+    /// ledger, and waits until it is connected.
+    pub async fn relaunch(&mut self) -> anyhow::Result<()> {
+        self.child = launch_service(&self.launch)?;
+        self.wait_connected().await
     }
 
     /// The product's default cascade (32 levels of 100 ms, quorum queues)
@@ -323,6 +362,18 @@ impl ServiceUnderTest {
         }
         Ok(())
     }
+}
+
+/// `delayline serve` with the environment `launch`.
+fn launch_service(launch: &[(String, String)]) -> anyhow::Result<Child> {
+    Command::new(service_binary()?)
+        .envs(launch.iter().map(|(k, v)| (k, v)))
+        .arg("serve")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting delayline")
 }
 
 /// A `kB` field of `/proc/<pid>/status`.

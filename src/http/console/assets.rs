@@ -13,6 +13,7 @@ pub const SCRIPT_PATH: &str = "/console/assets/console.js";
 /// Small, and readable on a narrow screen; contrast at least 4.5:1.
 const CSS: &str = "body{font:16px/1.5 system-ui,sans-serif;margin:0;color:#111;background:#fff}\
 header{background:#1d3557;padding:.5rem 1rem}header a{color:#fff;margin-right:1rem}\
+nav{display:flex;flex-wrap:wrap;align-items:center;row-gap:.3rem}\
 header a:focus{outline:3px solid #ffb703}main{padding:1rem;max-width:70rem}\
 table{border-collapse:collapse;width:100%;display:block;overflow-x:auto}\
 th,td{text-align:left;padding:.3rem .6rem;border-bottom:1px solid #ccc;vertical-align:top}\
