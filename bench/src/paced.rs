@@ -246,6 +246,8 @@ async fn beside(
 ) -> anyhow::Result<Beside> {
     let mut receiver = consume(sut, "free", amqp_uri).await?;
     let alone = steady_lateness(sut, &mut receiver, "alone").await?;
+    // Where the held tasks go once their limit is deleted.
+    let _sink = consume(sut, "held", amqp_uri).await?;
     put_limit(sut, "held", json!({"destinations": "held", "paused": true})).await?;
     progress.set_message(format!("limits: {waiting} tasks held by a paused limit"));
     let due_ms = (now_us() / 1000) as u64 + 3_000 + waiting as u64 / 3;

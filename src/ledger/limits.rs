@@ -246,25 +246,6 @@ impl Ledger {
         row.map(LimitRow::decode).transpose()
     }
 
-    /// The release stage's claimed tasks `ids` wait instead, held by limit
-    /// `held_by`; how many did (the others were changed meanwhile).
-    pub async fn hold_claimed(&self, ids: &[String], held_by: &str) -> Result<u64, LedgerError> {
-        let mut held = 0;
-        for chunk in statement_sized_chunks(ids) {
-            let sql = sql::hold_releasing(chunk.len());
-            let done = on_pool!(&self.pool, p => {
-                let mut query = sqlx::query(&sql).bind(held_by);
-                for id in chunk {
-                    query = query.bind(id);
-                }
-                query.execute(p).await.map(|done| done.rows_affected())
-            })
-            .context("holding due tasks for a limit")?;
-            held += done;
-        }
-        Ok(held)
-    }
-
     /// Tasks released by the limiter whose publish failed: waiting again.
     pub async fn wait_again(&self, ids: &[String]) -> Result<(), LedgerError> {
         for chunk in statement_sized_chunks(ids) {

@@ -1,5 +1,6 @@
 //! What the release stage and the operator's commands record about due
-//! tasks: claims (group-committed, see [`super::claim`]), deliveries,
+//! tasks: claims (group-committed, see [`super::claim`]), holds for a
+//! release limit, deliveries,
 //! unroutable releases and their requeue, which copies a migration must
 //! not deliver, and the tasks the release stage never saw.
 
@@ -23,6 +24,13 @@ impl Ledger {
         due: Vec<(String, u64)>,
     ) -> Result<Vec<Finding>, LedgerError> {
         self.writes.claim(due).await
+    }
+
+    /// The release stage's claimed tasks `ids` wait instead, held by limit
+    /// `held_by` (group-committed, as the claims are). A task changed since
+    /// its claim is left as it is.
+    pub async fn hold_claimed(&self, ids: Vec<String>, held_by: &str) -> Result<(), LedgerError> {
+        self.writes.hold(ids, held_by.to_owned()).await
     }
 
     /// For each task whose older copies must not be delivered, the lowest

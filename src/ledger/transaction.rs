@@ -318,6 +318,28 @@ impl Tx<'_> {
         }
     }
 
+    /// Claimed tasks `ids` wait for limit `held_by` instead.
+    pub(super) async fn hold(&mut self, ids: &[&str], held_by: &str) -> Result<(), LedgerError> {
+        let sql = sql::hold_releasing(ids.len());
+        match self {
+            Tx::Sqlite(tx) => {
+                let mut parameters: Vec<&dyn ToSql> = vec![&held_by];
+                parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
+                tx.execute(&sql, &parameters)
+                    .map(|_| ())
+                    .context("holding due tasks for a limit")
+            }
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query(&sql).bind(held_by);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                let done = query.execute(&mut **t).await;
+                done.map(|_| ()).context("holding due tasks for a limit")
+            }
+        }
+    }
+
     pub(super) async fn schedule_retry(
         &mut self,
         id: &str,

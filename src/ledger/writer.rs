@@ -68,6 +68,12 @@ enum Write {
         due: Due,
         reply: Reply<Vec<Finding>>,
     },
+    /// Claimed tasks that wait for a release limit instead.
+    Hold {
+        ids: Vec<String>,
+        held_by: String,
+        reply: Reply<()>,
+    },
 }
 
 #[derive(Clone)]
@@ -173,6 +179,15 @@ impl Handle {
     pub async fn claim(&self, due: Due) -> Result<Vec<Finding>, LedgerError> {
         self.send(|reply| Write::Claim { due, reply }).await
     }
+
+    pub async fn hold(&self, ids: Vec<String>, held_by: String) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Hold {
+            ids,
+            held_by,
+            reply,
+        })
+        .await
+    }
 }
 
 /// One group, split by kind; each keeps its callers' reply channels.
@@ -184,6 +199,7 @@ struct Group {
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
     claims: Vec<(Due, Reply<Vec<Finding>>)>,
+    holds: Vec<(Vec<String>, String, Reply<()>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
@@ -221,6 +237,11 @@ impl Group {
                 } => group.failed.push((id, revision, reason, reply)),
                 Write::Delivered { ids, at_ms, reply } => group.delivered.push((ids, at_ms, reply)),
                 Write::Claim { due, reply } => group.claims.push((due, reply)),
+                Write::Hold {
+                    ids,
+                    held_by,
+                    reply,
+                } => group.holds.push((ids, held_by, reply)),
             }
         }
         group
@@ -258,7 +279,8 @@ impl Group {
         let others = (self.published.into_iter().map(|(_, reply)| reply))
             .chain(self.retries.into_iter().map(|(.., reply)| reply))
             .chain(self.failed.into_iter().map(|(.., reply)| reply))
-            .chain(self.delivered.into_iter().map(|(.., reply)| reply));
+            .chain(self.delivered.into_iter().map(|(.., reply)| reply))
+            .chain(self.holds.into_iter().map(|(.., reply)| reply));
         for reply in others {
             let _ = reply.send(result());
         }
@@ -323,6 +345,13 @@ impl Writer {
             let (findings, were_pending) = claim(&mut tx, due).await?;
             claims.push(findings);
             claimed_pending += were_pending;
+        }
+        // After the claims: a group may claim a task and hold it at once.
+        for (ids, held_by, _) in &group.holds {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            for chunk in statement_sized_chunks(&ids) {
+                tx.hold(chunk, held_by).await?;
+            }
         }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();

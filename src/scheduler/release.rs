@@ -546,7 +546,7 @@ impl Releaser {
         }
         for (limit, tasks) in held {
             let ids: Vec<String> = tasks.iter().map(|(_, id)| (*id).to_owned()).collect();
-            if let Err(error) = self.ledger.hold_claimed(&ids, &limit).await {
+            if let Err(error) = self.ledger.hold_claimed(ids, &limit).await {
                 warn!(%error, limit, "cannot hold due tasks for a limit; they come again");
                 return None;
             }
