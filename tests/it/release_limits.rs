@@ -248,8 +248,10 @@ async fn paused_tasks_wait_can_be_cancelled_and_moved_and_all_arrive_once_after_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_queue_at_its_bound_holds_the_release_until_it_drains() {
-    let app = TestApp::spawn(default_settings(Backend::Sqlite)).await;
+    let mut app = TestApp::spawn(default_settings(Backend::Sqlite)).await;
     let queue = format!("{}.deep-consumer", app.cascade.business_exchange());
+    // Deleted with the chain, even if the test fails.
+    app.cleanup.queues.push(queue.clone());
     let connection = delayline::broker::connect(amqp_uri(), "limits test")
         .await
         .unwrap();
