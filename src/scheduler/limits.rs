@@ -44,27 +44,30 @@ impl Scheduler {
             }
         }
         let (_, created) = bookkeeper.ledger().put_limit(limit, client, now_ms).await?;
-        let status = self.limit_status(&limit.name, now_ms).await?;
+        let status = self.changed_limit(bookkeeper, &limit.name, now_ms).await?;
         Ok((status, created))
     }
 
-    /// Every limit with what it holds now, read again from the ledger (and
-    /// handed to this replica's release stage and limiter).
+    /// Every limit with what it holds now, read from the ledger.
     pub async fn limits(&self, now_ms: u64) -> Result<Vec<LimitStatus>, LimitsError> {
         let bookkeeper = self.limiting()?;
-        let ledger = bookkeeper.ledger();
-        let limits = ledger.limits().await?;
-        let waiting = ledger.waiting_per_destination().await?;
-        bookkeeper.limits().changed(limits.clone());
-        Ok(bookkeeper.limits().status(limits, &waiting, now_ms))
+        Ok(statuses(bookkeeper, now_ms, false).await?)
     }
 
     pub async fn limit_status(&self, name: &str, now_ms: u64) -> Result<LimitStatus, LimitsError> {
-        self.limits(now_ms)
-            .await?
-            .into_iter()
-            .find(|status| status.stored.limit.name == name)
-            .ok_or_else(|| LimitsError::NotFound(name.to_owned()))
+        let found = self.limits(now_ms).await?;
+        named(found, name)
+    }
+
+    /// Limit `name` as it is after a change here, which this replica's
+    /// release stage and limiter take at once (others within a refresh).
+    async fn changed_limit(
+        &self,
+        bookkeeper: &Bookkeeper,
+        name: &str,
+        now_ms: u64,
+    ) -> Result<LimitStatus, LimitsError> {
+        named(statuses(bookkeeper, now_ms, true).await?, name)
     }
 
     /// Deletes a limit: what it held is released (at the rate of any other
@@ -96,6 +99,29 @@ impl Scheduler {
         {
             return Err(LimitsError::NotFound(name.to_owned()));
         }
-        self.limit_status(name, now_ms).await
+        self.changed_limit(bookkeeper, name, now_ms).await
     }
+}
+
+/// Every limit with what it holds now; with `changed`, also handed to this
+/// replica's release stage and limiter.
+async fn statuses(
+    bookkeeper: &Bookkeeper,
+    now_ms: u64,
+    changed: bool,
+) -> Result<Vec<LimitStatus>, crate::ledger::LedgerError> {
+    let ledger = bookkeeper.ledger();
+    let limits = ledger.limits().await?;
+    let waiting = ledger.waiting_per_destination().await?;
+    if changed {
+        bookkeeper.limits().changed(limits.clone());
+    }
+    Ok(bookkeeper.limits().status(limits, &waiting, now_ms))
+}
+
+fn named(found: Vec<LimitStatus>, name: &str) -> Result<LimitStatus, LimitsError> {
+    found
+        .into_iter()
+        .find(|status| status.stored.limit.name == name)
+        .ok_or_else(|| LimitsError::NotFound(name.to_owned()))
 }
