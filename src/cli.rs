@@ -107,6 +107,31 @@ pub enum Command {
         #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// How many tasks fall due in each bucket of a window, through the
+    /// running service's API (`read` permission; see `GET /v1/forecast`).
+    Forecast {
+        #[command(flatten)]
+        window: ForecastArgs,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long)]
+        url: Option<String>,
+        /// A client token (`read` permission).
+        #[arg(long, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Cancel or move every task a filter matches, through the running
+    /// service's API (`cancel` or `reschedule` permission), and wait until
+    /// the operation is done.
+    Bulk {
+        #[command(subcommand)]
+        action: BulkCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token.
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -165,6 +190,60 @@ pub struct LimitArgs {
     pub queue: Option<String>,
     #[arg(long, requires = "queue")]
     pub max_depth: Option<u64>,
+}
+
+/// What `forecast` asks (see `GET /v1/forecast`).
+#[derive(Debug, clap::Args)]
+pub struct ForecastArgs {
+    /// Start (RFC 3339); default now.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End (RFC 3339); default 60 buckets on.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// A bucket's width in whole minutes (1m, 15m, 1h); default 1m.
+    #[arg(long)]
+    pub bucket: Option<String>,
+    /// Only destinations this topic pattern matches.
+    #[arg(long)]
+    pub destination: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BulkCommand {
+    /// Cancel every task the filter matches.
+    Cancel(BulkFilterArgs),
+    /// Move every task the filter matches, by --shift or to --deliver-at.
+    Move {
+        #[command(flatten)]
+        filter: BulkFilterArgs,
+        /// How far to move each task (10m, -30s).
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "deliver_at")]
+        shift: Option<String>,
+        /// The one new due time (RFC 3339).
+        #[arg(long, required_unless_present = "shift")]
+        deliver_at: Option<String>,
+    },
+}
+
+/// Which tasks a bulk change reaches (see `POST /v1/tasks/bulk`).
+#[derive(Debug, clap::Args)]
+pub struct BulkFilterArgs {
+    /// A topic pattern over destinations (`#` for all of the token's).
+    #[arg(long)]
+    pub destination: String,
+    /// Only tasks due at or after this time (RFC 3339).
+    #[arg(long)]
+    pub due_after: Option<String>,
+    /// Only tasks due before this time (RFC 3339).
+    #[arg(long)]
+    pub due_before: Option<String>,
+    /// Only tasks in this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    /// An Idempotency-Key: the same command again is the same operation.
+    #[arg(long)]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -303,6 +382,15 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Limits { action, url, token } => {
             print!("{}", limits(&settings, action, url, token).await?);
         }
+        Command::Forecast { window, url, token } => {
+            let remote = crate::remote::Remote::new(&settings, url, token)?;
+            print!("{}", remote.forecast(&forecast_query(&window)).await?);
+        }
+        Command::Bulk { action, url, token } => {
+            let remote = crate::remote::Remote::new(&settings, url, token)?;
+            let (body, key) = bulk_request(action);
+            print!("{}", remote.bulk(&body, key.as_deref()).await?);
+        }
         Command::Schedules { action, url, token } => {
             print!("{}", schedules(&settings, action, url, token).await?);
         }
@@ -382,6 +470,62 @@ async fn schedules(
     })
 }
 
+/// `forecast`'s arguments as a query string.
+fn forecast_query(window: &ForecastArgs) -> String {
+    let fields = [
+        ("from", &window.from),
+        ("to", &window.to),
+        ("bucket", &window.bucket),
+        ("destination", &window.destination),
+    ];
+    let pairs: Vec<(&str, &String)> = fields
+        .iter()
+        .filter_map(|(name, value)| value.as_ref().map(|v| (*name, v)))
+        .collect();
+    reqwest::Url::parse_with_params("http://forecast/", pairs)
+        .ok()
+        .and_then(|url| url.query().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// `bulk …` as the body of `POST /v1/tasks/bulk`, and its key.
+fn bulk_request(action: BulkCommand) -> (serde_json::Value, Option<String>) {
+    let (filter, action, shift, deliver_at) = match action {
+        BulkCommand::Cancel(filter) => (filter, "cancel", None, None),
+        BulkCommand::Move {
+            filter,
+            shift,
+            deliver_at,
+        } => (filter, "move", shift, deliver_at),
+    };
+    let body = serde_json::json!({
+        "filter": {
+            "destination": filter.destination,
+            "due_after": filter.due_after,
+            "due_before": filter.due_before,
+            "state": filter.state,
+        },
+        "action": action,
+        "shift": shift,
+        "deliver_at": deliver_at,
+    });
+    (without_nulls(body), filter.key)
+}
+
+/// `value` with its null fields left out, at every depth.
+fn without_nulls(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(fields) => serde_json::Value::Object(
+            fields
+                .into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// `delayline limits …`, through the running service's API.
 async fn limits(
     settings: &Settings,
@@ -405,14 +549,7 @@ async fn limits(
                 })),
             });
             // Fields not given are left out rather than sent as null.
-            let body = serde_json::Value::Object(
-                body.as_object()
-                    .into_iter()
-                    .flatten()
-                    .filter(|(_, value)| !value.is_null())
-                    .map(|(key, value)| (key.clone(), value.clone()))
-                    .collect(),
-            );
+            let body = without_nulls(body);
             remote.set_limit(&limit.name, &body).await?
         }
         LimitCommand::Pause { name } => remote.pause_limit(&name, true).await?,

@@ -31,7 +31,9 @@
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
 //!   `changes` (cancel and move), `schedules` (recurring schedules),
-//!   `release_limits` (pace, pause, hold by destination), the web
+//!   `release_limits` (pace, pause, hold by destination), `forecast` (what
+//!   falls due, per bucket), `bulk` (cancel or move by filter, and the
+//!   operations that do it), the web
 //!   `console` (server-rendered, signed in by cookie, same permissions),
 //!   topology, health, the metrics scrape; the gate in front of all but the
 //!   probes (401/403/429); the JSON extractor; the error shape, every code
@@ -64,7 +66,9 @@
 //!   functions); hands a due task a release limit matches to the ledger,
 //!   where it waits, and runs the limiter that releases what waits in due
 //!   order as the limits allow (`limiter`, by `limit_view`, what this
-//!   replica knows of them; the API's side in `limits`); answers readiness
+//!   replica knows of them; the API's side in `limits`); reads the forecast
+//!   and keeps its per-minute counts folded (`forecast`); works bulk
+//!   operations page by page under a lease (`bulk`); answers readiness
 //!   and inspection. It sees the broker
 //!   through the [`scheduler::Broker`] trait (publishing, and consuming a
 //!   queue as [`broker::Windows`]), which tests replace.
@@ -98,6 +102,12 @@
 //!   (destinations by pattern, a rate with a burst, a pause, a bound on a
 //!   consumer queue's depth), validated; its token bucket; why it holds;
 //!   which waiting tasks one pass of the limiter lets go, in due order.
+//! - [`forecast`]: what falls due, pure. A forecast's window and buckets
+//!   (whole minutes, the grain of the ledger's counts) as a client asks,
+//!   checked; the ledger's per-minute counts summed into its buckets.
+//! - [`bulk`]: changes in bulk, pure. A filter over tasks and an action
+//!   (cancel, move by a shift or to a time), checked; which tasks match,
+//!   their new due times, and how a task left unchanged is counted.
 //! - [`task`]: a task as submitted over HTTP, validated into what is
 //!   scheduled. Pure as well: the instant is an argument.
 //! - [`message`]: **where headers are decided:** the message format, pure.
@@ -133,10 +143,12 @@
 
 pub mod auth;
 pub mod broker;
+pub mod bulk;
 pub mod cascade;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod forecast;
 #[cfg(test)]
 mod fuzz;
 pub(crate) mod http;

@@ -176,6 +176,67 @@ impl Remote {
     }
 }
 
+impl Remote {
+    /// `GET /v1/forecast?{query}` as a table of its buckets and total.
+    pub async fn forecast(&self, query: &str) -> Result<String, RemoteError> {
+        let path = format!("/v1/forecast?{query}");
+        let forecast = self.call(reqwest::Method::GET, &path).await?;
+        let mut table = String::from("bucket start\ttasks\n");
+        for bucket in forecast["buckets"].as_array().into_iter().flatten() {
+            table += &format!(
+                "{}\t{}\n",
+                bucket["start"].as_str().unwrap_or("?"),
+                bucket["tasks"]
+            );
+        }
+        table += &format!("total\t{}\n", forecast["total"]);
+        Ok(table)
+    }
+
+    /// Starts a bulk change and waits until it is done; its counts.
+    pub async fn bulk(&self, body: &Value, key: Option<&str>) -> Result<String, RemoteError> {
+        let url = format!("{}/v1/tasks/bulk", self.base);
+        let http = |source| RemoteError::Http {
+            url: url.clone(),
+            source,
+        };
+        let mut request = self.http.post(&url).json(body);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.map_err(http)?;
+        let status = response.status().as_u16();
+        let text = response.text().await.map_err(http)?;
+        if status != 202 {
+            return Err(RemoteError::Refused {
+                url,
+                status,
+                body: text,
+            });
+        }
+        let started: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let path = format!("/v1/operations/{}", started["id"].as_str().unwrap_or(""));
+        loop {
+            let operation = self.call(reqwest::Method::GET, &path).await?;
+            if operation["done"] == true {
+                return Ok(format!(
+                    "operation {}: {}; matched {}, changed {}, too late {}, unchanged {}\n",
+                    operation["id"].as_str().unwrap_or("?"),
+                    operation["state"].as_str().unwrap_or("?"),
+                    operation["matched"],
+                    operation["changed"],
+                    operation["too_late"],
+                    operation["unchanged"],
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+}
+
 fn limit_line(limit: &Value) -> String {
     format!(
         "limit {}: {}, {} waiting\n",

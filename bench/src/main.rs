@@ -12,6 +12,7 @@ mod capacity;
 mod cpu;
 mod delivery;
 mod floor;
+mod forecast;
 mod ledger;
 mod load;
 mod paced;
@@ -55,7 +56,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules, timer, limits); all by default.
+    /// backlog, ledger, schedules, timer, limits, forecast); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -79,7 +80,8 @@ struct Args {
     /// Only redraw `<out>/throughput.png` from `<out>/results.json`.
     #[arg(long)]
     replot: bool,
-    /// Tasks the backlog phase holds (default 1,000,000, 20,000 with --quick).
+    /// Tasks the backlog and forecast phases hold (default 1,000,000, 20,000
+    /// with --quick).
     #[arg(long)]
     scale: Option<u64>,
     /// Tasks the ledger phase writes (default 100,000, 10,000 with --quick).
@@ -120,6 +122,8 @@ struct Results {
     /// Release limits: rates achieved, an unlimited destination beside
     /// waiting tasks, the drain after an outage.
     limits: Option<paced::Limits>,
+    /// The forecast over a day of held tasks, per ledger.
+    forecast: Vec<forecast::ForecastRun>,
 }
 
 #[derive(Debug, Serialize)]
@@ -195,6 +199,7 @@ async fn main() -> anyhow::Result<()> {
         schedules: None,
         timer: Vec::new(),
         limits: None,
+        forecast: Vec::new(),
     };
 
     if run("ingest") {
@@ -511,6 +516,33 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         results.limits = Some(limits);
+    }
+
+    if run("forecast") {
+        let tasks = args
+            .scale
+            .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
+        let stores = [Store::Sqlite, Store::parse("postgres", &args.postgres_url)?];
+        let progress = bar("forecast");
+        results.forecast = forecast::phase(&args.amqp_uri, args.channels, tasks, &stores).await?;
+        progress.finish_and_clear();
+        for run in &results.forecast {
+            println!(
+                "forecast ({}): {} tasks over 24 h, 1-minute buckets: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; one destination p99 {:.1} ms; counted {}; fill {:.1} s, fold {:.1} s; bulk cancel of {} in {:.1} s, forecast p99 meanwhile {:.1} ms",
+                run.store,
+                run.tasks,
+                run.p50_ms,
+                run.p99_ms,
+                run.max_ms,
+                run.one_destination_p99_ms,
+                run.counted,
+                run.fill_seconds,
+                run.fold_seconds,
+                run.bulk_cancelled,
+                run.bulk_seconds,
+                run.during_bulk_p99_ms
+            );
+        }
     }
 
     if run("timer") {

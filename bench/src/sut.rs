@@ -297,6 +297,43 @@ impl ServiceUnderTest {
         Self::spawn(amqp_uri, channels, &setup).await
     }
 
+    /// Runs `sqlite` or `postgres` on the ledger itself, while the service
+    /// is halted (a bulk fill that the API would take minutes for).
+    pub fn on_ledger(&self, sqlite: &str, postgres: &str) -> anyhow::Result<()> {
+        match &self.store {
+            Store::None => bail!("no ledger"),
+            Store::Sqlite => {
+                let path = std::env::temp_dir()
+                    .join(&self.store_name)
+                    .join("delayline.db");
+                let connection = rusqlite::Connection::open(path)?;
+                connection.execute_batch(sqlite)?;
+                Ok(())
+            }
+            Store::Postgres(url) => psql(
+                url,
+                &format!("SET search_path = {}; {postgres}", self.store_name),
+            ),
+        }
+    }
+
+    /// One number from the PostgreSQL ledger (`None` on SQLite).
+    pub fn postgres_count(&self, sql: &str) -> anyhow::Result<Option<u64>> {
+        let Store::Postgres(url) = &self.store else {
+            return Ok(None);
+        };
+        let output = std::process::Command::new("psql")
+            .args([
+                url.as_str(),
+                "-tAc",
+                &format!("SET search_path = {}; {sql}", self.store_name),
+            ])
+            .output()
+            .context("running psql")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        Ok(text.lines().last().and_then(|l| l.trim().parse().ok()))
+    }
+
     /// A queue deleted with the topology at the end.
     pub fn own_queue(&mut self, name: &str) {
         self.extra_queues.push(name.to_owned());

@@ -392,8 +392,25 @@ impl Caller {
     /// Whether this caller may see and set a release limit over `pattern`:
     /// its destinations cover it (open API and `admin`: every limit).
     pub fn may_limit(&self, pattern: &DestinationPattern) -> bool {
+        self.reaches(pattern)
+    }
+
+    /// Whether every destination `pattern` matches is this caller's own (a
+    /// bulk change or a limit it may make; open API and `admin`: any).
+    pub fn reaches(&self, pattern: &DestinationPattern) -> bool {
         match self {
             Caller::Client(client) if !client.has(Permission::Admin) => client.covers(pattern),
+            _ => true,
+        }
+    }
+
+    /// Whether tasks to `destination` count in this caller's forecast: its
+    /// own destinations (open API and `admin`: every one).
+    pub fn sees_destination(&self, destination: &str) -> bool {
+        match self {
+            Caller::Client(client) if !client.has(Permission::Admin) => {
+                client.may_publish_to(destination)
+            }
             _ => true,
         }
     }

@@ -49,6 +49,12 @@ impl DestinationPattern {
         &self.text
     }
 
+    /// The one destination this pattern matches, when it has no wildcard.
+    pub fn exact(&self) -> Option<&str> {
+        let wild = self.text.split('.').any(|word| word == "*" || word == "#");
+        (!wild).then_some(self.text.as_str())
+    }
+
     /// Whether `destination` (a valid one) matches, as RabbitMQ would route it.
     pub fn matches(&self, destination: &str) -> bool {
         let pattern: Vec<&str> = self.text.split('.').collect();

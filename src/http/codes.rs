@@ -22,6 +22,7 @@ pub enum ErrorCode {
     TaskNotFound,
     ScheduleNotFound,
     LimitNotFound,
+    OperationNotFound,
     NotFound,
     MethodNotAllowed,
     BodyTimeout,
@@ -69,7 +70,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 57] = [
+    pub const ALL: [ErrorCode; 58] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -83,6 +84,7 @@ impl ErrorCode {
         ErrorCode::TaskNotFound,
         ErrorCode::ScheduleNotFound,
         ErrorCode::LimitNotFound,
+        ErrorCode::OperationNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTimeout,
@@ -145,6 +147,7 @@ impl ErrorCode {
             ErrorCode::TaskNotFound => "task_not_found",
             ErrorCode::ScheduleNotFound => "schedule_not_found",
             ErrorCode::LimitNotFound => "limit_not_found",
+            ErrorCode::OperationNotFound => "operation_not_found",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::BodyTimeout => "body_timeout",
@@ -207,6 +210,7 @@ impl ErrorCode {
             ErrorCode::TaskNotFound
             | ErrorCode::ScheduleNotFound
             | ErrorCode::LimitNotFound
+            | ErrorCode::OperationNotFound
             | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -296,6 +300,9 @@ impl ErrorCode {
             }
             ErrorCode::LimitNotFound => {
                 "`/v1/limits/{name}`: never set, deleted, or a limit whose destinations are not all the client's"
+            }
+            ErrorCode::OperationNotFound => {
+                "`GET /v1/operations/{id}`: never started, or another client's operation"
             }
             ErrorCode::NotFound => "unknown route",
             ErrorCode::MethodNotAllowed => "known route, other method",

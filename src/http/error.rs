@@ -17,7 +17,8 @@ use crate::schedule::ScheduleError;
 use crate::scheduler::LedgerError;
 use crate::scheduler::PublishError;
 use crate::scheduler::{
-    ChangeError, InspectError, LimitsError, NotReady, RecurringError, SubmitError,
+    BulkOperationError, ChangeError, InspectError, LimitsError, NotReady, RecurringError,
+    SubmitError,
 };
 use crate::task::TaskError;
 
@@ -162,6 +163,20 @@ impl From<LimitsError> for ApiError {
             LimitsError::Invalid(_) => ErrorCode::InvalidLimit,
             LimitsError::Broker(_) => ErrorCode::BrokerUnavailable,
             LimitsError::Ledger(ledger) => return ledger.into(),
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<BulkOperationError> for ApiError {
+    fn from(error: BulkOperationError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            BulkOperationError::Unchangeable(change) => return change.into(),
+            BulkOperationError::Invalid(_) => ErrorCode::InvalidRequest,
+            BulkOperationError::NotFound(_) => ErrorCode::OperationNotFound,
+            BulkOperationError::Conflict { .. } => ErrorCode::IdempotencyConflict,
+            BulkOperationError::Ledger(ledger) => return ledger.into(),
         };
         ApiError::new(code, message)
     }

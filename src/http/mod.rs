@@ -10,6 +10,7 @@
 
 mod auth;
 mod batch;
+mod bulk;
 mod chain_view;
 pub(crate) mod changes;
 pub mod codes;
@@ -17,6 +18,7 @@ mod console;
 mod error;
 mod extract;
 mod fallback;
+mod forecast;
 mod health;
 mod inspect;
 pub mod limits;

@@ -52,6 +52,9 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::schedules::pause_schedule,
         super::schedules::resume_schedule,
         super::schedules::delete_schedule,
+        super::forecast::forecast,
+        super::bulk::start_bulk,
+        super::bulk::get_operation,
         super::release_limits::put_limit,
         super::release_limits::list_limits,
         super::release_limits::get_limit,
@@ -135,6 +138,18 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
         // `limit_not_found`; a name that is not one (`invalid_limit`).
         statuses.extend([404, 422]);
     }
+    if path == "/v1/operations/{id}" {
+        // `operation_not_found`; `ledger_disabled`, `release_stage_disabled`.
+        statuses.extend([404, 501]);
+    }
+    if path == "/v1/tasks/bulk" {
+        // `idempotency_conflict`; `invalid_idempotency_key`.
+        statuses.extend([409, 400]);
+    }
+    if path == "/v1/forecast" {
+        // `invalid_query`; `ledger_disabled`.
+        statuses.extend([400, 501]);
+    }
     if (path == "/v1/tasks" || path == "/v1/schedules") && method == "get" {
         statuses.push(400);
     }
@@ -213,6 +228,9 @@ mod tests {
             "/v1/limits/{name}",
             "/v1/limits/{name}/pause",
             "/v1/limits/{name}/resume",
+            "/v1/forecast",
+            "/v1/tasks/bulk",
+            "/v1/operations/{id}",
             "/v1/topology",
             "/healthz",
             "/readyz",

@@ -12,8 +12,8 @@ use super::limits::BodyLimits;
 use super::settings::HttpSettings;
 use super::state::AppState;
 use super::{
-    auth, changes, console, fallback, health, inspect, openapi, release_limits, schedules, scrape,
-    tasks, topology, unroutable,
+    auth, bulk, changes, console, fallback, forecast, health, inspect, openapi, release_limits,
+    schedules, scrape, tasks, topology, unroutable,
 };
 
 /// Where `GET /metrics` is served.
@@ -40,6 +40,8 @@ pub fn router(
         .merge(changes::router())
         .merge(schedules::router())
         .merge(release_limits::router())
+        .merge(forecast::router())
+        .merge(bulk::router())
         .merge(topology::router())
         .merge(unroutable::router());
     if metrics_route == MetricsRoute::WithApi {

@@ -22,7 +22,10 @@
 //! own; [`release`] records what the release stage and the operator's
 //! commands learn about due tasks; [`tasks`] reads tasks, claims pending
 //! ones for the forwarder and prunes; [`limits`] keeps release limits (the
-//! one file that writes the limits table) and runs the limiter's pass. The text of every statement on tasks
+//! one file that writes the limits table) and runs the limiter's pass;
+//! [`forecast`] reads what falls due per minute (counted by triggers) and
+//! folds PostgreSQL's changes into those counts; [`operations`] keeps bulk
+//! operations (the one file that writes that table) and reads their pages. The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
 //! schedules' own table is written in [`schedules`].
 //!
@@ -73,8 +76,10 @@ mod claim;
 mod cursor;
 mod error;
 mod filter;
+mod forecast;
 mod handle;
 mod limits;
+mod operations;
 mod pool;
 mod record;
 mod release;
@@ -93,6 +98,7 @@ pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
 pub(crate) use limits::{PassInput, StoredLimit};
+pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
 pub(crate) use pool::migrate_only;
 pub(crate) use record::{Retry, StoredTask};
 pub(crate) use schedules::{Advance, ScheduleChange, StoredSchedule};

@@ -313,6 +313,48 @@ pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key 
 /// expression, so that the planner reads the state's few tasks rather than
 /// every task of the destination. The pending tasks' index is in attempt
 /// order: they are sorted (there are at most `store.max_pending`).
+/// A bulk operation's next page: tasks after the cursor `($1, $2)` and due
+/// before `$3`, in due order, at most `$4`; to destination `$5` only (read
+/// through the destination index) with `one_destination`, of client `$5`
+/// (or `$6`) only with `owned`. The cursor is a row value, which both
+/// backends turn into one range of the index.
+pub fn bulk_page(one_destination: bool, owned: bool) -> String {
+    let mut next = 4;
+    let mut condition = String::new();
+    if one_destination {
+        next += 1;
+        condition.push_str(&format!(" AND destination = ${next}"));
+    }
+    if owned {
+        next += 1;
+        condition.push_str(&format!(" AND client = ${next}"));
+    }
+    format!(
+        "SELECT id, destination, state, deliver_at_ms FROM tasks \
+         WHERE (deliver_at_ms, id) > ($1, $2) AND deliver_at_ms < $3{condition} \
+         ORDER BY deliver_at_ms, id LIMIT $4"
+    )
+}
+
+/// How many of destination `$1`'s tasks a cancel could still change, due
+/// before `$2` (in state `$3`, of client `$4`, when given): what the
+/// console's bulk cancel states before asking.
+pub fn count_changeable(state: bool, owned: bool) -> String {
+    let mut next = 2;
+    let mut condition = String::from("state IN ('pending', 'scheduled', 'waiting')");
+    if state {
+        next += 1;
+        condition = format!("state = ${next} AND {condition}");
+    }
+    if owned {
+        next += 1;
+        condition.push_str(&format!(" AND client = ${next}"));
+    }
+    format!(
+        "SELECT COUNT(*) FROM tasks WHERE destination = $1 AND deliver_at_ms < $2 AND {condition}"
+    )
+}
+
 pub fn list_sql(filter: &TaskFilter) -> String {
     let rare = filter.state.filter(|state| is_rare(*state));
     let mut conditions = Vec::new();

@@ -132,6 +132,10 @@ pub struct Metrics {
     pub limit_released: Family<LimitLabel, Counter>,
     /// How long past its due time each task a limit held was released.
     pub limit_held: Histogram,
+    /// Tasks on their way due within the next minute and hour (every
+    /// replica's, from the ledger's counts, read every few seconds).
+    pub tasks_due_next_minute: Gauge,
+    pub tasks_due_next_hour: Gauge,
     /// The last minutes' lateness, for the console (not exported).
     pub recent_lateness: std::sync::Mutex<super::recent::RecentLateness>,
 }
@@ -325,6 +329,18 @@ impl Metrics {
             "How long past its due time each task a release limit held was released",
             limit_held.clone(),
         );
+        let tasks_due_next_minute = Gauge::default();
+        registry.register(
+            "tasks_due_next_minute",
+            "Tasks on their way (not delivered, cancelled or failed) due within the next minute",
+            tasks_due_next_minute.clone(),
+        );
+        let tasks_due_next_hour = Gauge::default();
+        registry.register(
+            "tasks_due_next_hour",
+            "Tasks on their way (not delivered, cancelled or failed) due within the next hour",
+            tasks_due_next_hour.clone(),
+        );
         let tasks_cancelled = Counter::default();
         registry.register(
             "tasks_cancelled",
@@ -467,6 +483,8 @@ impl Metrics {
             limit_waiting,
             limit_released,
             limit_held,
+            tasks_due_next_minute,
+            tasks_due_next_hour,
             recent_lateness: Default::default(),
         }
     }

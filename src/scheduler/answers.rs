@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::PublishError;
+use crate::bulk::BulkError;
 use crate::cascade::RouteError;
 use crate::ledger::LedgerError;
 use crate::limit::LimitError;
@@ -69,6 +70,22 @@ pub enum ChangeError {
     /// The new due time cannot be routed (beyond the chain's longest delay).
     #[error(transparent)]
     Route(#[from] RouteError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Why a bulk operation could not be started or read.
+#[derive(Debug, thiserror::Error)]
+pub enum BulkOperationError {
+    /// The ledger or the release stage is missing: tasks cannot change.
+    #[error(transparent)]
+    Unchangeable(ChangeError),
+    #[error(transparent)]
+    Invalid(#[from] BulkError),
+    #[error("no operation {0:?}")]
+    NotFound(String),
+    #[error("{key} was already used for a different bulk request (operation {existing_id})")]
+    Conflict { key: String, existing_id: String },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }

@@ -175,6 +175,22 @@ impl Bookkeeper {
         }
     }
 
+    /// Cancels each of `ids` still on its way (see [`Ledger::cancel`]).
+    pub async fn cancel(
+        &self,
+        ids: &[String],
+        owner: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Vec<crate::ledger::Cancel>, ChangeError> {
+        let outcomes = self.ledger.cancel(ids, owner, now_ms).await?;
+        let cancelled = outcomes
+            .iter()
+            .filter(|o| matches!(o, crate::ledger::Cancel::Cancelled(_)))
+            .count();
+        self.metrics.tasks_cancelled.inc_by(cancelled as u64);
+        Ok(outcomes)
+    }
+
     /// Moves a task to `delay` from now: a new revision is recorded, then
     /// published as a task is on submit; the release stage drops the old copy.
     pub async fn reschedule(
@@ -221,7 +237,8 @@ impl Bookkeeper {
         Ok(Reschedule::Moved(after))
     }
 
-    /// Starts the forwarder, the retention pruner and, when the chain has
+    /// Starts the forwarder, the retention pruner, the forecast's counts'
+    /// upkeep and, when the chain has
     /// one, the release stage and the resender of what it never saw; all
     /// end with `shutdown`.
     pub fn spawn_background(
@@ -235,6 +252,11 @@ impl Bookkeeper {
                 self.ledger.clone(),
                 settings.retention,
                 settings.prune_every,
+                shutdown.clone(),
+            )),
+            tokio::spawn(super::due_counts::keep_counts(
+                self.ledger.clone(),
+                self.metrics.clone(),
                 shutdown.clone(),
             )),
         ];

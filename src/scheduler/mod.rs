@@ -25,6 +25,10 @@
 mod answers;
 mod bookkeeper;
 mod broker;
+mod bulk;
+mod bulk_worker;
+mod due_counts;
+mod forecast;
 pub(crate) mod hold;
 mod limit_view;
 mod limiter;
@@ -41,8 +45,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub(crate) use answers::{
-    ChangeError, Idempotency, InspectError, LimitsError, NotReady, Readiness, SubmitError,
-    Submitted,
+    BulkOperationError, ChangeError, Idempotency, InspectError, LimitsError, NotReady, Readiness,
+    SubmitError, Submitted,
 };
 pub(crate) use broker::Broker;
 #[cfg(test)]
@@ -56,7 +60,8 @@ pub(crate) use settings::{ScheduleSettings, SchedulerSettings};
 // it speaks the scheduler's words and imports nothing below it.
 pub(crate) use crate::broker::PublishError;
 pub(crate) use crate::ledger::{
-    Cancel, ChangeKey, Cursor, LedgerError, Reschedule, StoredSchedule, StoredTask, TaskFilter,
+    Cancel, ChangeKey, Cursor, LedgerError, Reschedule, StoredOperation, StoredSchedule,
+    StoredTask, TaskFilter,
 };
 
 use crate::broker::Published;
@@ -264,14 +269,7 @@ impl Scheduler {
         owner: Option<&str>,
         now_ms: u64,
     ) -> Result<Vec<Cancel>, ChangeError> {
-        let bookkeeper = self.changeable()?;
-        let outcomes = bookkeeper.ledger().cancel(ids, owner, now_ms).await?;
-        let cancelled = outcomes
-            .iter()
-            .filter(|o| matches!(o, Cancel::Cancelled(_)))
-            .count();
-        self.inner.metrics.tasks_cancelled.inc_by(cancelled as u64);
-        Ok(outcomes)
+        self.changeable()?.cancel(ids, owner, now_ms).await
     }
 
     /// Moves a pending or scheduled task to be due `delay` from now (rounded
@@ -353,13 +351,20 @@ impl Scheduler {
     }
 
     /// Starts the forwarder and the retention pruner (with a ledger), and
-    /// the planner of recurring schedules (with the release stage too); all
-    /// end with `shutdown`.
+    /// the planner of recurring schedules and the bulk operations' worker
+    /// (with the release stage too); all end with `shutdown`.
     pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         let mut background = match &self.inner.mode {
             Mode::Stateless => Vec::new(),
             Mode::Ledger(bookkeeper) => {
-                bookkeeper.spawn_background(&self.inner.settings, shutdown.clone())
+                let mut tasks = bookkeeper.spawn_background(&self.inner.settings, shutdown.clone());
+                if self.inner.cascade.release_stage() {
+                    tasks.push(tokio::spawn(bulk_worker::work_operations(
+                        bookkeeper.clone(),
+                        shutdown.clone(),
+                    )));
+                }
+                tasks
             }
         };
         background.extend(self.spawn_planner(shutdown));

@@ -16,14 +16,14 @@ use serde_json::{Value, json};
 use crate::common::node::node;
 use crate::common::{Backend, TestApp, TestConsumer, test_settings, with_ledger};
 
-struct Browser {
+pub(crate) struct Browser {
     http: reqwest::Client,
     base: String,
     cookie: String,
 }
 
 impl Browser {
-    async fn sign_in(app: &TestApp, token: &str) -> Browser {
+    pub(crate) async fn sign_in(app: &TestApp, token: &str) -> Browser {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -50,7 +50,7 @@ impl Browser {
         }
     }
 
-    async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let response = self
             .http
             .get(format!("{}{path}", self.base))
@@ -61,7 +61,12 @@ impl Browser {
         (response.status().as_u16(), response.text().await.unwrap())
     }
 
-    async fn post(&self, path: &str, form: &[(&str, &str)], site: &str) -> (u16, String) {
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        form: &[(&str, &str)],
+        site: &str,
+    ) -> (u16, String) {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -81,7 +86,7 @@ impl Browser {
 }
 
 /// The form token a page carries.
-fn csrf_of(page: &str) -> String {
+pub(crate) fn csrf_of(page: &str) -> String {
     let at = page
         .find("name=\"csrf\" value=\"")
         .unwrap_or_else(|| panic!("a form with its token: {page}"))

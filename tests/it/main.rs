@@ -7,6 +7,7 @@
 mod common;
 
 mod api;
+mod bulk;
 mod chaos;
 mod cluster;
 mod console;
@@ -14,6 +15,7 @@ mod contract;
 mod delivery;
 mod deploy;
 mod faults;
+mod forecast;
 mod ingress;
 mod ledger;
 mod lifecycle;

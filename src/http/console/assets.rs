@@ -21,7 +21,8 @@ th.wide{width:60%}.inline{display:inline}progress.bar{width:100%;height:1rem;acc
 .notice{background:#fff3cd;padding:.5rem}\
 .error{background:#f8d7da;padding:.5rem}pre{white-space:pre-wrap;word-break:break-all;\
 background:#f4f4f4;padding:.5rem}label{display:inline-block;margin:.2rem .8rem .2rem 0}\
-button,input,select{font:inherit;padding:.2rem .4rem}";
+button,input,select{font:inherit;padding:.2rem .4rem}\
+svg.forecast{width:100%;height:6rem;background:#f4f4f4}svg.forecast rect{fill:#1d3557}";
 
 /// Asks before a form with `data-confirm` is sent (no inline handler: the
 /// policy allows none), and, on the overview, refreshes the level chart

@@ -297,8 +297,49 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         levels: levels(&state, &scrape),
         counts,
         recent: state.metrics.recent_lateness(crate::clock::now_ms()),
+        due: due_charts(&state, &session.caller, crate::clock::now_ms()).await,
     };
     html(super::views::overview(&data, session.page_token()))
+}
+
+/// The next hour in minutes and the next day in hours, as `GET
+/// /v1/forecast` would count them for `caller`; none without a ledger or
+/// the `read` permission, or when the ledger does not answer.
+async fn due_charts(state: &AppState, caller: &Caller, now_ms: u64) -> Vec<super::views::DueChart> {
+    use crate::forecast::{MINUTE_MS, Window};
+    if !caller.may(Permission::Read) || !state.scheduler.has_ledger() {
+        return Vec::new();
+    }
+    let from_ms = now_ms - now_ms % MINUTE_MS;
+    let windows = [
+        ("Next hour, by minute", MINUTE_MS, 60),
+        ("Next day, by hour", 60 * MINUTE_MS, 24),
+    ];
+    let mut charts = Vec::new();
+    for (title, bucket_ms, buckets) in windows {
+        let window = Window {
+            from_ms,
+            to_ms: from_ms + bucket_ms * buckets,
+            bucket_ms,
+        };
+        let Ok(tally) = state
+            .scheduler
+            .forecast(&window, |d| caller.sees_destination(d))
+            .await
+        else {
+            return Vec::new();
+        };
+        charts.push(super::views::DueChart {
+            title,
+            buckets: window
+                .starts()
+                .map(crate::clock::format_epoch_ms)
+                .zip(tally.buckets)
+                .collect(),
+            total: tally.total,
+        });
+    }
+    charts
 }
 
 async fn levels_json(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -351,15 +392,114 @@ async fn tasks(
         Err(error) => return refused(error.into()),
     };
     let next = Cursor::after_page(&found, PAGE);
+    let bulk_cancel = bulk_cancel_offer(&state, &session, &query).await;
     let form = super::views::TaskQuery {
         destination: query.destination,
         state: query.state,
         due_before: query.due_before,
+        bulk_cancel,
     };
     html(super::views::tasks(
         &form,
         &found,
         next,
+        session.page_token(),
+    ))
+}
+
+/// With one destination in the filter, to a caller who may cancel: how many
+/// tasks a bulk cancel would change (none when it cannot be counted).
+async fn bulk_cancel_offer(
+    state: &AppState,
+    session: &Session,
+    query: &TasksQuery,
+) -> Option<(u64, String)> {
+    if query.destination.is_empty() || !session.caller.may(Permission::Cancel) {
+        return None;
+    }
+    let count = state
+        .scheduler
+        .count_changeable(
+            &query.destination,
+            parse_epoch_ms(&query.due_before).unwrap_or(u64::MAX),
+            TaskState::parse(&query.state),
+            session.caller.owner_scope(),
+        )
+        .await
+        .ok()?;
+    Some((count, session.csrf.clone()))
+}
+
+#[derive(Deserialize)]
+struct BulkCancelForm {
+    csrf: String,
+    destination: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    due_before: String,
+}
+
+/// The task filter's bulk cancel, as `POST /v1/tasks/bulk` would start it;
+/// then the operation's page.
+async fn bulk_cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<BulkCancelForm>,
+) -> Response {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Cancel) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let request = crate::bulk::BulkRequest {
+        filter: crate::bulk::BulkFilter {
+            destination: form.destination,
+            due_after: None,
+            due_before: Some(form.due_before).filter(|t| !t.is_empty()),
+            state: TaskState::parse(&form.state),
+        },
+        action: "cancel".to_owned(),
+        ..crate::bulk::BulkRequest::default()
+    };
+    match super::super::bulk::start(&state, &session.caller, &request, None).await {
+        Ok((operation, _)) => Redirect::to(&format!(
+            "/console/operations/{}",
+            super::views::urlencode(&operation.id)
+        ))
+        .into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn operation_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let session = match page_session(&state, &headers, Permission::Read) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let found = match state
+        .scheduler
+        .operation(&id, session.caller.owner_scope())
+        .await
+    {
+        Ok(found) => crate::http::bulk::OperationView::from(found),
+        Err(error) => return refused(error.into()),
+    };
+    let rows = [
+        ("operation", found.id.clone()),
+        ("state", found.state.clone()),
+        ("matched", found.matched.to_string()),
+        ("changed", found.changed.to_string()),
+        ("too late", found.too_late.to_string()),
+        ("unchanged", found.unchanged.to_string()),
+        ("started", found.created_at.clone()),
+    ];
+    html(super::views::operation(
+        &rows,
+        !found.done,
         session.page_token(),
     ))
 }
@@ -678,6 +818,8 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/logout", post(logout))
         .route("/console/levels", get(levels_json))
         .route("/console/tasks", get(tasks))
+        .route("/console/tasks/bulk-cancel", post(bulk_cancel))
+        .route("/console/operations/{id}", get(operation_page))
         .route("/console/tasks/{id}", get(task_page))
         .route("/console/tasks/{id}/cancel", post(cancel))
         .route("/console/tasks/{id}/reschedule", post(reschedule))

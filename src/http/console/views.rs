@@ -87,6 +87,16 @@ pub struct Overview {
     pub counts: Vec<(&'static str, String)>,
     /// Deliveries over the last minutes on this replica.
     pub recent: Option<LatenessSummary>,
+    /// What falls due in the next hour and day (with a ledger, to a
+    /// caller who may read).
+    pub due: Vec<DueChart>,
+}
+
+/// One forecast as bars: each bucket's start (as shown) and tasks.
+pub struct DueChart {
+    pub title: &'static str,
+    pub buckets: Vec<(String, u64)>,
+    pub total: u64,
 }
 
 pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
@@ -116,6 +126,12 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
                 None => p { "Nothing delivered here in the last minutes." },
             }
             p { small { "Over the last " (WINDOW_MINUTES) " minutes, on this replica, after each task's due time." } }
+            @if !data.due.is_empty() {
+                h2 { "Falling due" }
+                @for chart in &data.due { (due_chart(chart)) }
+                p { small { "Tasks on their way (not delivered, cancelled or failed), every replica's, per bucket; hover a bar for its count. "
+                    a href="/v1/forecast" { "GET /v1/forecast" } " answers the same for any window." } }
+            }
             h2 #levels-heading { "Tasks held per level" }
             table aria-labelledby="levels-heading" {
                 thead { tr { th { "level" } th { "messages" } th.wide { "" } } }
@@ -134,6 +150,28 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
     )
 }
 
+/// Bars scaled to the fullest bucket; each names its bucket and count.
+fn due_chart(chart: &DueChart) -> Markup {
+    let most = chart.buckets.iter().map(|(_, n)| *n).fold(1, u64::max);
+    let width = chart.buckets.len().max(1) * 10;
+    let first = chart
+        .buckets
+        .first()
+        .map_or("", |(start, _)| start.as_str());
+    html! {
+        h3 { (chart.title) ": " (chart.total) " tasks" }
+        svg.forecast viewBox=(format!("0 0 {width} 100")) preserveAspectRatio="none" role="img"
+            aria-label=(format!("{}: {} tasks, from {first}", chart.title, chart.total)) {
+            @for (i, (start, tasks)) in chart.buckets.iter().enumerate() {
+                @let height = tasks * 100 / most;
+                rect x=(i * 10 + 1) y=(100 - height) width="8" height=(height) {
+                    title { (start) ": " (tasks) }
+                }
+            }
+        }
+    }
+}
+
 fn pairs(rows: &[(&'static str, String)]) -> Markup {
     html! {
         table { tbody { @for (name, value) in rows { tr { th scope="row" { (name) } td { (value) } } } } }
@@ -146,6 +184,9 @@ pub struct TaskQuery {
     pub destination: String,
     pub state: String,
     pub due_before: String,
+    /// With one destination, to a caller who may cancel: how many of its
+    /// tasks a bulk cancel would change, and the form's token.
+    pub bulk_cancel: Option<(u64, String)>,
 }
 
 pub fn tasks(
@@ -176,6 +217,16 @@ pub fn tasks(
                 button type="submit" { "Filter" }
             }
             (task_table(found))
+            @if let Some((count, csrf)) = query.bulk_cancel.as_ref().filter(|(count, _)| *count > 0) {
+                form method="post" action="/console/tasks/bulk-cancel"
+                    data-confirm=(format!("Cancel {count} tasks to {}? None of them will be delivered.", query.destination)) {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="destination" value=(query.destination);
+                    input type="hidden" name="state" value=(query.state);
+                    input type="hidden" name="due_before" value=(query.due_before);
+                    button type="submit" { "Cancel the " (count) " matching tasks" }
+                }
+            }
             @if let Some(cursor) = next {
                 a href=(format!("/console/tasks?destination={}&state={}&due_before={}&cursor={cursor}",
                     urlencode(&query.destination), urlencode(&query.state), urlencode(&query.due_before))) { "Next page" }
@@ -204,6 +255,22 @@ fn task_table(found: &[StoredTask]) -> Markup {
             }
         }
     }
+}
+
+/// A bulk operation's counts, as `GET /v1/operations/{id}` gives them.
+pub fn operation(
+    rows: &[(&'static str, String)],
+    running: bool,
+    signed_in: Option<&str>,
+) -> Markup {
+    page(
+        "Operation",
+        signed_in,
+        html! {
+            (pairs(rows))
+            @if running { p { "Still running: " a href="" { "refresh" } " to see how far it got." } }
+        },
+    )
 }
 
 /// A task's page: what can be done with it depends on the caller.

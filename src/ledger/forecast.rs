@@ -1,0 +1,199 @@
+//! What falls due, per minute and destination: the counts the triggers of
+//! migration 0013 keep (`due_counts`, and on PostgreSQL the changes not yet
+//! folded into them, `due_changes`), read for a forecast; and the fold.
+//! The statements on these two tables are here, and only here.
+
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::pool::Pool;
+use super::record::db_ms;
+use crate::forecast::MinuteCount;
+
+/// The counts and the changes not yet folded in, in `[$1, $2)`.
+const DUE: &str = "(SELECT minute_ms, destination, tasks FROM due_counts \
+     WHERE minute_ms >= $1 AND minute_ms < $2 \
+     UNION ALL SELECT minute_ms, destination, delta FROM due_changes \
+     WHERE minute_ms >= $1 AND minute_ms < $2) AS due";
+
+/// Destinations named at most in one statement.
+const NAMED_AT_ONCE: usize = 500;
+
+/// One replica at a time folds, so that no two take the same counts' rows in
+/// different orders.
+const FOLD_LOCK: &str = "SELECT pg_advisory_xact_lock(6446837476)";
+
+/// Moves every committed change into the counts, in one statement: a change
+/// committed meanwhile is not seen by the delete and waits for the next fold.
+const FOLD: &str = "WITH folded AS (DELETE FROM due_changes \
+     RETURNING minute_ms, destination, delta) \
+     INSERT INTO due_counts (minute_ms, destination, tasks) \
+     SELECT minute_ms, destination, SUM(delta) FROM folded \
+     GROUP BY minute_ms, destination ORDER BY minute_ms, destination \
+     ON CONFLICT (minute_ms, destination) DO UPDATE SET tasks = due_counts.tasks + EXCLUDED.tasks";
+
+/// Minutes that no longer count anything, once past (a future one may come
+/// back; it costs one row until then).
+const FORGET_EMPTY: &str = "DELETE FROM due_counts WHERE minute_ms < $1 AND tasks = 0";
+
+impl Ledger {
+    /// The destinations with tasks on their way due in `[from_ms, to_ms)`.
+    pub async fn due_destinations(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let statement = format!("SELECT DISTINCT destination FROM {DUE}");
+        on_pool!(&self.pool, p => sqlx::query_scalar(&statement)
+            .bind(db_ms(from_ms))
+            .bind(db_ms(to_ms))
+            .fetch_all(p)
+            .await)
+        .context("reading which destinations fall due")
+    }
+
+    /// Tasks on their way (pending, scheduled, releasing, waiting) due in
+    /// each minute of `[from_ms, to_ms)`, summed in the database over every
+    /// destination or over `only` (a minute may come once per statement:
+    /// at most [`NAMED_AT_ONCE`] destinations are named in one).
+    pub async fn due_per_minute(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        only: Option<&[String]>,
+    ) -> Result<Vec<MinuteCount>, LedgerError> {
+        let groups: Vec<Option<&[String]>> = match only {
+            None => vec![None],
+            Some(named) => named.chunks(NAMED_AT_ONCE).map(Some).collect(),
+        };
+        let mut counts = Vec::new();
+        for group in groups {
+            let named = group.map_or(String::new(), |names| {
+                let places: Vec<String> = (3..3 + names.len()).map(|i| format!("${i}")).collect();
+                format!(" WHERE destination IN ({})", places.join(", "))
+            });
+            let statement = format!(
+                "SELECT minute_ms, CAST(SUM(tasks) AS BIGINT) FROM {DUE}{named} GROUP BY minute_ms"
+            );
+            let rows: Vec<(i64, i64)> = on_pool!(&self.pool, p => {
+                let mut query = sqlx::query_as(&statement)
+                    .bind(db_ms(from_ms))
+                    .bind(db_ms(to_ms));
+                for name in group.into_iter().flatten() {
+                    query = query.bind(name);
+                }
+                query.fetch_all(p).await
+            })
+            .context("reading what falls due")?;
+            counts.extend(rows.into_iter().map(|(minute_ms, tasks)| MinuteCount {
+                minute_ms: u64::try_from(minute_ms).unwrap_or(0),
+                tasks,
+            }));
+        }
+        Ok(counts)
+    }
+
+    /// Folds PostgreSQL's changes into the counts, and forgets empty
+    /// minutes before `now_ms`; returns how many changes. (SQLite's
+    /// triggers count in place: nothing to fold.)
+    pub async fn fold_due_changes(&self, now_ms: u64) -> Result<u64, LedgerError> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(0);
+        };
+        let mut tx = pool.begin().await.context("starting a transaction")?;
+        sqlx::query(FOLD_LOCK)
+            .execute(&mut *tx)
+            .await
+            .context("waiting for the fold's lock")?;
+        let folded = sqlx::query(FOLD)
+            .execute(&mut *tx)
+            .await
+            .context("folding what falls due")?
+            .rows_affected();
+        sqlx::query(FORGET_EMPTY)
+            .bind(db_ms(now_ms))
+            .execute(&mut *tx)
+            .await
+            .context("forgetting empty minutes")?;
+        tx.commit().await.context("committing")?;
+        Ok(folded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::pool::migrated_sqlite;
+
+    async fn counts(pool: &sqlx::SqlitePool) -> Vec<(i64, String, i64)> {
+        sqlx::query_as("SELECT minute_ms, destination, tasks FROM due_counts ORDER BY 1, 2")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    /// SQLite's triggers keep the counts in place through every change a
+    /// task goes through: admitted, moved (to another minute, within one),
+    /// released, cancelled, pruned.
+    #[tokio::test]
+    async fn sqlites_triggers_count_each_task_in_its_minute_while_it_is_on_its_way() {
+        let pool = migrated_sqlite().await;
+        let insert = async |id: &str, destination: &str, at: i64, state: &str| {
+            sqlx::query(
+                "INSERT INTO tasks (id, destination, routing_key, delay_ms, deliver_at_ms, \
+                 content_type, headers, payload_bytes, state, created_at_ms, next_attempt_at_ms) \
+                 VALUES ($1, $2, 'k', 0, $3, 't', '{}', 0, $4, 0, 0)",
+            )
+            .bind(id)
+            .bind(destination)
+            .bind(at)
+            .bind(state)
+            .execute(&pool)
+            .await
+            .unwrap();
+        };
+        let update = async |statement: &str, id: &str| {
+            sqlx::query(statement)
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap();
+        };
+        insert("a", "d", 60_000, "pending").await;
+        insert("b", "d", 119_999, "scheduled").await;
+        insert("c", "e", 60_001, "waiting").await;
+        insert("x", "d", 60_000, "delivered").await;
+        assert_eq!(
+            counts(&pool).await,
+            [(60_000, "d".into(), 2), (60_000, "e".into(), 1)]
+        );
+        update("UPDATE tasks SET state = 'scheduled' WHERE id = $1", "a").await;
+        update("UPDATE tasks SET deliver_at_ms = 60_500 WHERE id = $1", "a").await;
+        update(
+            "UPDATE tasks SET deliver_at_ms = 180_000 WHERE id = $1",
+            "b",
+        )
+        .await;
+        assert_eq!(
+            counts(&pool).await,
+            [
+                (60_000, "d".into(), 1),
+                (60_000, "e".into(), 1),
+                (180_000, "d".into(), 1)
+            ]
+        );
+        update("UPDATE tasks SET state = 'releasing' WHERE id = $1", "a").await;
+        update("UPDATE tasks SET state = 'delivered' WHERE id = $1", "a").await;
+        update("UPDATE tasks SET state = 'cancelled' WHERE id = $1", "c").await;
+        update("UPDATE tasks SET state = 'pending' WHERE id = $1", "x").await;
+        update("DELETE FROM tasks WHERE id = $1", "b").await;
+        assert_eq!(counts(&pool).await, [(60_000, "d".into(), 1)]);
+        let statement = format!("SELECT minute_ms, destination, tasks FROM {DUE}");
+        let read: Vec<(i64, String, i64)> = sqlx::query_as(&statement)
+            .bind(0_i64)
+            .bind(120_000_i64)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(read, [(60_000, "d".into(), 1)]);
+    }
+}
