@@ -15,6 +15,14 @@ use super::record::db_ms;
 use super::record::{INSERT_COLUMNS, Retry, Row};
 use super::sql;
 
+/// A row either backend can read: by name from rusqlite, by sqlx on
+/// PostgreSQL.
+pub(super) trait FromEitherRow:
+    for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin + Sized
+{
+    fn from_sqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self>;
+}
+
 /// What the writer writes to: the ledger's database, through the driver
 /// that serves its group commit.
 pub(super) enum Store {
@@ -337,6 +345,120 @@ impl Tx<'_> {
                 let done = query.execute(&mut **t).await;
                 done.map(|_| ()).context("holding due tasks for a limit")
             }
+        }
+    }
+
+    /// Every row `sql` (without parameters) returns.
+    pub(super) async fn rows_of<T: FromEitherRow>(
+        &mut self,
+        sql: &str,
+        what: &'static str,
+    ) -> Result<Vec<T>, LedgerError> {
+        match self {
+            Tx::Sqlite(tx) => {
+                let read = || -> rusqlite::Result<Vec<T>> {
+                    let mut statement = tx.prepared(sql)?;
+                    let rows = statement.query_map([], |row| T::from_sqlite(row))?;
+                    rows.collect()
+                };
+                read().context(what)
+            }
+            Tx::Postgres(t) => sqlx::query_as::<_, T>(sql)
+                .fetch_all(&mut **t)
+                .await
+                .context(what),
+        }
+    }
+
+    /// Up to `wanted` of `destination`'s waiting tasks due by `now_ms`, in
+    /// due order: id and due time.
+    pub(super) async fn waiting_of(
+        &mut self,
+        destination: &str,
+        now_ms: u64,
+        wanted: u64,
+    ) -> Result<Vec<(String, i64)>, LedgerError> {
+        let (now, wanted) = (db_ms(now_ms), i64::try_from(wanted).unwrap_or(i64::MAX));
+        match self {
+            Tx::Sqlite(tx) => {
+                let read = || -> rusqlite::Result<Vec<(String, i64)>> {
+                    let mut statement = tx.prepared(sql::WAITING_OF_DESTINATION)?;
+                    let rows = statement
+                        .query_map(rusqlite::params![destination, now, wanted], |row| {
+                            Ok((row.get(0)?, row.get(1)?))
+                        })?;
+                    rows.collect()
+                };
+                read().context("reading waiting tasks")
+            }
+            Tx::Postgres(t) => sqlx::query_as(sql::WAITING_OF_DESTINATION)
+                .bind(destination)
+                .bind(now)
+                .bind(wanted)
+                .fetch_all(&mut **t)
+                .await
+                .context("reading waiting tasks"),
+        }
+    }
+
+    /// Moves waiting tasks `ids` to `releasing`, leased until
+    /// `lease_until_ms`; the rows as they are now.
+    pub(super) async fn release_waiting(
+        &mut self,
+        ids: &[&str],
+        lease_until_ms: u64,
+    ) -> Result<Vec<Row>, LedgerError> {
+        let sql = sql::release_waiting(ids.len());
+        let lease = db_ms(lease_until_ms);
+        match self {
+            Tx::Sqlite(tx) => {
+                let read = || -> rusqlite::Result<Vec<Row>> {
+                    let mut parameters: Vec<&dyn ToSql> = vec![&lease];
+                    parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
+                    let mut statement = tx.prepared(&sql)?;
+                    let rows = statement.query_map(parameters.as_slice(), Row::from_sqlite)?;
+                    rows.collect()
+                };
+                read().context("releasing waiting tasks")
+            }
+            Tx::Postgres(t) => {
+                let mut query = sqlx::query_as::<_, Row>(&sql).bind(lease);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query
+                    .fetch_all(&mut **t)
+                    .await
+                    .context("releasing waiting tasks")
+            }
+        }
+    }
+
+    /// Writes a limit's bucket after a pass (`sql`: name, tokens, as of,
+    /// released).
+    pub(super) async fn save_bucket(
+        &mut self,
+        sql: &str,
+        name: &str,
+        tokens: f64,
+        at_ms: u64,
+        taken: u64,
+    ) -> Result<(), LedgerError> {
+        let (at, taken) = (db_ms(at_ms), db_ms(taken));
+        match self {
+            Tx::Sqlite(tx) => tx
+                .execute(sql, &[&name, &tokens, &at, &taken])
+                .map(|_| ())
+                .context("taking tokens"),
+            Tx::Postgres(t) => sqlx::query(sql)
+                .bind(name)
+                .bind(tokens)
+                .bind(at)
+                .bind(taken)
+                .execute(&mut **t)
+                .await
+                .map(|_| ())
+                .context("taking tokens"),
         }
     }
 

@@ -24,6 +24,7 @@ use tracing::error;
 use super::admit::{Admission, Judged, admit};
 use super::claim::{Finding, claim};
 use super::error::LedgerError;
+use super::pass::{Pass, PassInput, pass_in};
 use super::record::db_ms;
 use super::record::{Retry, Row};
 use super::sql::statement_sized_chunks;
@@ -73,6 +74,11 @@ enum Write {
         ids: Vec<String>,
         held_by: String,
         reply: Reply<()>,
+    },
+    /// One pass of the limiter.
+    Pass {
+        input: Box<PassInput>,
+        reply: Reply<Pass>,
     },
 }
 
@@ -127,6 +133,15 @@ impl Handle {
             .await
             .map_err(|_| LedgerError::Closed)?;
         answer.await.map_err(|_| LedgerError::Closed)?
+    }
+
+    /// One pass of the limiter, in the next group's transaction.
+    pub async fn pass(&self, input: PassInput) -> Result<Pass, LedgerError> {
+        self.send(|reply| Write::Pass {
+            input: Box::new(input),
+            reply,
+        })
+        .await
     }
 
     pub async fn admit(&self, row: Row) -> Result<Admission, LedgerError> {
@@ -200,6 +215,7 @@ struct Group {
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
     claims: Vec<(Due, Reply<Vec<Finding>>)>,
     holds: Vec<(Vec<String>, String, Reply<()>)>,
+    passes: Vec<(Box<PassInput>, Reply<Pass>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
@@ -210,6 +226,7 @@ type Due = Vec<(String, u64)>;
 struct Decided {
     admissions: Vec<Judged>,
     claims: Vec<Vec<Finding>>,
+    passes: Vec<Pass>,
 }
 
 impl Group {
@@ -242,6 +259,7 @@ impl Group {
                     held_by,
                     reply,
                 } => group.holds.push((ids, held_by, reply)),
+                Write::Pass { input, reply } => group.passes.push((input, reply)),
             }
         }
         group
@@ -258,7 +276,11 @@ impl Group {
                 (Decided::default(), Some(Arc::new(failure)))
             }
         };
-        let Decided { admissions, claims } = decided;
+        let Decided {
+            admissions,
+            claims,
+            passes,
+        } = decided;
         let result = || match &failure {
             None => Ok(()),
             Some(failure) => Err(LedgerError::Shared(failure.clone())),
@@ -274,6 +296,11 @@ impl Group {
         let mut claims = claims.into_iter();
         for (_, reply) in self.claims {
             let answer = result().and_then(|()| claims.next().ok_or(LedgerError::Closed));
+            let _ = reply.send(answer);
+        }
+        let mut passes = passes.into_iter();
+        for (_, reply) in self.passes {
+            let answer = result().and_then(|()| passes.next().ok_or(LedgerError::Closed));
             let _ = reply.send(answer);
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
@@ -353,12 +380,21 @@ impl Writer {
                 tx.hold(chunk, held_by).await?;
             }
         }
+        // Last: a pass releases what this group's holds made wait.
+        let mut passes = Vec::with_capacity(group.passes.len());
+        for (input, _) in &group.passes {
+            passes.push(pass_in(&mut tx, input).await?);
+        }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
         self.pending.add(admitted as u64);
         self.pending
             .remove(published + failed_pending + claimed_pending);
-        Ok(Decided { admissions, claims })
+        Ok(Decided {
+            admissions,
+            claims,
+            passes,
+        })
     }
 }
 

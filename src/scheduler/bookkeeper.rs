@@ -280,10 +280,7 @@ impl Bookkeeper {
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),
             ));
-            let limiter = Limiter {
-                releaser: releaser.clone(),
-                view: self.limits.clone(),
-            };
+            let limiter = Limiter::new(releaser.clone(), self.limits.clone());
             tasks.push(tokio::spawn(limiter.run(shutdown.clone())));
             tasks.push(tokio::spawn(releaser.run(shutdown)));
         }

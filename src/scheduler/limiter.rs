@@ -11,7 +11,9 @@
 //! ledger can count, cancel and move it like any other.
 //!
 //! Every replica runs a limiter; their passes take turns on the limits'
-//! rows ([`crate::ledger`]), so a rate is a rate over all of them.
+//! rows ([`crate::ledger`]), so a rate is a rate over all of them. A pass
+//! runs in the ledger writer's group commit, with the release stage's
+//! claims and holds, not beside them.
 //! A limit's queue depth is read every [`DEPTH_EVERY`] by each replica.
 
 use std::collections::{BTreeMap, HashMap};
@@ -48,11 +50,15 @@ const PUBLISH_LIMIT: Duration = Duration::from_secs(20);
 
 /// The limiter of one replica.
 pub(super) struct Limiter {
-    pub releaser: Releaser,
-    pub view: LimitsView,
+    releaser: Releaser,
+    view: LimitsView,
 }
 
 impl Limiter {
+    pub fn new(releaser: Releaser, view: LimitsView) -> Limiter {
+        Limiter { releaser, view }
+    }
+
     /// Passes over what waits until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut refreshed_at = None;
@@ -157,13 +163,15 @@ impl Limiter {
 
     /// One pass: what it released, published and marked delivered.
     async fn pass(&self, now_ms: u64) -> usize {
+        // Each read of the view in a statement of its own: a read guard
+        // alive while `caps` reads again would deadlock behind a writer.
         let destinations = self.view.read().destinations.clone();
         let caps = self.view.caps(now_ms);
         let input = PassInput {
             now_ms,
             lease_until_ms: now_ms + LEASE.as_millis() as u64,
-            destinations: &destinations,
-            caps: &caps,
+            destinations,
+            caps,
             most: PASS_MOST,
         };
         let pass = match self.releaser.ledger.limiter_pass(input).await {
@@ -176,6 +184,9 @@ impl Limiter {
         self.view.write().limits = pass.limits;
         self.view.count_released(&pass.released);
         let count = pass.released.len();
+        // Published before the next pass: planning the next while these are
+        // confirmed started the release sooner after an outage but drained
+        // it at half the rate on two cores (BENCHMARKS.md, issue 41).
         self.publish(pass.released).await;
         count
     }
