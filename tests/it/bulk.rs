@@ -13,7 +13,7 @@ use delayline::config::Settings;
 use delayline::message::DELIVER_AT_HEADER;
 use serde_json::{Value, json};
 
-use crate::common::{Backend, TestApp, TestConsumer, test_settings, with_ledger};
+use crate::common::{Backend, TestApp, TestConsumer, bearer_client, test_settings, with_ledger};
 
 fn settings() -> Settings {
     with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite)
@@ -149,20 +149,12 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
     let mut app = TestApp::spawn(settings.clone()).await;
     let destination = format!("{prefix}.mine.x");
     let mut consumer = TestConsumer::bind(&mut app, &destination).await;
-    let as_client = |token: &str| {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
-        reqwest::Client::builder()
-            .default_headers(headers)
-            .build()
-            .unwrap()
-    };
-    app.http = as_client("tok-mover");
+    app.http = bearer_client("tok-mover");
     let ids = submit(&app, &destination, &[20_000; 100]).await;
     let submitted_at = delayline::clock::now_ms();
 
     let post = async |token: &str, key: &str, body: &Value| {
-        let response = as_client(token)
+        let response = bearer_client(token)
             .post(format!("{}/v1/tasks/bulk", app.base))
             .header("idempotency-key", key)
             .json(body)
@@ -212,7 +204,7 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
 
     // The command line cancels in bulk and waits for the counts.
     // (A client's operation reaches its own tasks: these are the canceller's.)
-    app.http = as_client("tok-canceller");
+    app.http = bearer_client("tok-canceller");
     let later = submit(&app, &destination, &[20_000; 10]).await;
     let pattern = format!("{prefix}.mine.#");
     let args = [
@@ -280,7 +272,7 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
         );
     }
     let (status, answer) = {
-        let response = as_client("tok-canceller")
+        let response = bearer_client("tok-canceller")
             .get(format!(
                 "{}/v1/operations/{}",
                 app.base,
@@ -317,12 +309,7 @@ async fn the_console_cancels_a_filtered_destination_in_bulk_stating_the_count() 
         ..ClientSettings::default()
     }];
     let mut app = TestApp::spawn(settings).await;
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert("authorization", "Bearer tok-ops".parse().unwrap());
-    app.http = reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap();
+    app.http = bearer_client("tok-ops");
     let destination = format!("{prefix}.console");
     let ids = submit(&app, &destination, &[20_000; 7]).await;
     submit(&app, &format!("{prefix}.other"), &[20_000; 3]).await;

@@ -11,7 +11,9 @@ use delayline::clock::{format_epoch_ms, now_ms, parse_epoch_ms};
 use delayline::config::Settings;
 use serde_json::{Value, json};
 
-use crate::common::{Backend, TestApp, eventually, sample, test_settings, with_ledger};
+use crate::common::{
+    Backend, TestApp, bearer_client, eventually, sample, test_settings, with_ledger,
+};
 use crate::console::Browser;
 
 const MINUTE_MS: u64 = 60_000;
@@ -84,7 +86,7 @@ async fn the_forecast_counts_what_falls_due_and_follows_cancels_and_moves_on_sql
         client("billing", &format!("{prefix}.a.#"), &["read"]),
     ];
     let mut app = TestApp::spawn(settings.clone()).await;
-    app.http = authorized("tok-root");
+    app.http = bearer_client("tok-root");
     let from_ms = now_ms() / MINUTE_MS * MINUTE_MS;
     let a: Vec<u64> = (0..40).map(|i| 150 + i * 7).collect();
     let b: Vec<u64> = (0..10).map(|i| 1_800 + i * 30).collect();
@@ -121,7 +123,7 @@ async fn the_forecast_counts_what_falls_due_and_follows_cancels_and_moves_on_sql
     assert_eq!((hourly, total), (BTreeMap::from([(0, 40)]), 40));
 
     // A client counts its own destinations only, whatever it asks.
-    let billing = authorized("tok-billing");
+    let billing = bearer_client("tok-billing");
     let scoped: Value = billing
         .get(format!("{}/v1/forecast?{query}", app.base))
         .send()
@@ -185,16 +187,6 @@ async fn the_forecast_counts_what_falls_due_and_follows_cancels_and_moves_on_sql
         let message = answer["error"]["message"].as_str().unwrap();
         assert!(message.contains(field), "{bad}: {message}");
     }
-}
-
-/// A client whose every request carries `token`.
-fn authorized(token: &str) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap()
 }
 
 /// Two replicas on one PostgreSQL ledger: tasks submitted through either
