@@ -77,7 +77,17 @@ async fn a_retry_is_answered_not_scheduled_and_a_different_body_is_a_conflict(ba
     let reordered = json!({"payload": {"m": 2, "n": 1}, "delay_ms": 40, "destination": "once"});
     let (status, replayed, again) = post_with_key(&app, "order-17", &reordered).await;
     assert_eq!((status, replayed.as_deref()), (202, Some("true")));
-    assert_eq!(again, first);
+    // The replay answers the task as it is now: on a loaded machine the
+    // 40 ms task may already be on its way out (seen in CI: `releasing`).
+    let mut now = again.clone();
+    let state = now["state"].take();
+    assert!(
+        ["scheduled", "releasing", "delivered"].contains(&state.as_str().unwrap_or("")),
+        "{again}"
+    );
+    let mut original = first.clone();
+    original["state"].take();
+    assert_eq!(now, original);
 
     let different = json!({"destination": "once", "delay_ms": 41});
     let (status, _, conflict) = post_with_key(&app, "order-17", &different).await;
