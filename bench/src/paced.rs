@@ -247,7 +247,7 @@ async fn beside(
     let mut receiver = consume(sut, "free", amqp_uri).await?;
     let alone = steady_lateness(sut, &mut receiver, "alone").await?;
     // Where the held tasks go once their limit is deleted.
-    let _sink = consume(sut, "held", amqp_uri).await?;
+    let mut sink = consume(sut, "held", amqp_uri).await?;
     put_limit(sut, "held", json!({"destinations": "held", "paused": true})).await?;
     progress.set_message(format!("limits: {waiting} tasks held by a paused limit"));
     let due_ms = (now_us() / 1000) as u64 + 3_000 + waiting as u64 / 3;
@@ -279,6 +279,17 @@ async fn beside(
     if !response.status().is_success() {
         bail!("DELETE /v1/limits/held: {}", response.status());
     }
+    // Released now, unlimited: all of them delivered before the next phase
+    // (the outage's restart found tens of thousands still waiting, and its
+    // first arrival came after them).
+    progress.set_message(format!("limits: the {waiting} held tasks released"));
+    let released = arrivals(&mut sink, waiting, Duration::from_secs(180)).await;
+    if released.len() < waiting {
+        bail!(
+            "{} of the {waiting} held tasks arrived once released",
+            released.len()
+        );
+    }
     Ok(Beside {
         waiting: waiting as u64,
         rate_per_sec: 200.0,
@@ -298,8 +309,6 @@ async fn outage(
     rate: f64,
 ) -> anyhow::Result<Outage> {
     let mut receiver = consume(sut, "outage", amqp_uri).await?;
-    // The held tasks of `beside`, released once its limit went, are gone first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     put_limit(
         sut,
         "outage",

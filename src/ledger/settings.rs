@@ -23,7 +23,8 @@ pub struct StoreSettings {
     /// Tasks waiting for the broker beyond which new tasks get 503, so that
     /// an outage cannot fill the disk silently.
     pub max_pending: u64,
-    /// How long a task's row is kept once it has been published and is due.
+    /// How long a task's row is kept once it has been published and is due
+    /// (and a finished bulk operation once it finished).
     pub retention_ms: u64,
     /// How often rows past their retention are deleted.
     pub prune_interval_ms: u64,

@@ -103,10 +103,11 @@ impl Ledger {
     }
 
     /// Deletes up to `limit` tasks that are no longer pending and were due
-    /// before `before_ms`, and the idempotency keys of changes made before
-    /// then; returns how many tasks. Small batches keep each lock short. A
-    /// pruned task that still reaches the release stage is delivered: only
-    /// what the ledger shows cancelled is ever dropped.
+    /// before `before_ms`, the idempotency keys of changes made before then
+    /// and the bulk operations finished before then; returns how many
+    /// tasks. Small batches keep each lock short. A pruned task that still
+    /// reaches the release stage is delivered: only what the ledger shows
+    /// cancelled is ever dropped.
     pub async fn prune(&self, before_ms: u64, limit: u32) -> Result<u64, LedgerError> {
         on_pool!(&self.pool, p => sqlx::query(sql::PRUNE_CHANGES)
             .bind(db_ms(before_ms))
@@ -115,6 +116,7 @@ impl Ledger {
             .await
             .map(|_| ()))
         .context("pruning change keys")?;
+        self.prune_operations(before_ms).await?;
         let result = on_pool!(&self.pool, p => sqlx::query(sql::PRUNE_TASKS)
             .bind(db_ms(before_ms))
             .bind(i64::from(limit))

@@ -234,8 +234,13 @@ impl Limiter {
                 None => {}
             }
         }
-        for (at_ms, ids) in delivered {
-            if let Err(error) = self.releaser.ledger.mark_delivered(ids, at_ms).await {
+        // Side by side, so that the writer commits them in one group.
+        let ledger = &self.releaser.ledger;
+        let marks = delivered
+            .into_iter()
+            .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
+        for marked in join_all(marks).await {
+            if let Err(error) = marked {
                 warn!(%error, "released tasks not marked delivered in the ledger");
             }
         }

@@ -154,6 +154,36 @@ async function overviewAndChart(browser, page) {
   await shot(page, "overview");
 }
 
+// The overview's forecast counts the tasks just posted; the Limits page
+// pauses and resumes a limit, and says why it holds.
+async function forecastAndLimits(page) {
+  await page.goto(`${BASE}/console`);
+  const charts = page.locator("svg.forecast");
+  assert.ok((await charts.count()) >= 1, "a forecast chart on the overview");
+  const label = await charts.first().getAttribute("aria-label");
+  const total = Number((label.match(/: (\d+) tasks/) || [])[1]);
+  assert.ok(total >= 40, `the next hour's chart counts the 40 tasks posted: ${label}`);
+  assert.ok((await charts.first().locator("rect title").count()) >= 1, "each bar names its count");
+  seen.forecast_next_hour = total;
+
+  const name = "b-pace";
+  await api("PUT", `/v1/limits/${name}`, { destinations: `${DEST}-paced`, rate_per_sec: 5 });
+  await page.getByRole("link", { name: "Limits" }).click();
+  const row = page.locator("tbody tr", { hasText: name });
+  assert.match(await row.innerText(), /5\/s, burst 1/);
+  assert.match(await row.innerText(), /nothing held/);
+  await page.getByRole("button", { name: `pause ${name}` }).click();
+  await page.getByRole("button", { name: `resume ${name}` }).waitFor();
+  assert.match(await row.innerText(), /paused until resumed/);
+  await accessible(page, "limits");
+  await shot(page, "limits");
+  await page.getByRole("button", { name: `resume ${name}` }).click();
+  await page.getByRole("button", { name: `pause ${name}` }).waitFor();
+  assert.doesNotMatch(await row.innerText(), /paused/);
+  seen.limit_paused_and_resumed = (await api("GET", `/v1/limits/${name}`)).paused === false;
+  await api("DELETE", `/v1/limits/${name}`);
+}
+
 async function findAndFilter(page) {
   await page.getByRole("link", { name: "Tasks" }).click();
   await page.getByLabel("Task id").fill("b-move");
@@ -266,7 +296,7 @@ async function viewerCannotCancel(browser) {
 
 async function narrowScreens(browser) {
   const page = await signIn(browser, OPS, { width: 360, height: 740 });
-  for (const route of ["/console", "/console/tasks", "/console/tasks/b-move", "/console/schedules", "/console/problems"]) {
+  for (const route of ["/console", "/console/tasks", "/console/tasks/b-move", "/console/schedules", "/console/limits", "/console/problems"]) {
     await page.goto(BASE + route);
     await fitsNarrow(page, route);
   }
@@ -292,6 +322,7 @@ async function main() {
   try {
     const page = await signIn(browser, OPS, { width: 1100, height: 800 });
     await overviewAndChart(browser, page);
+    await forecastAndLimits(page);
     await findAndFilter(page);
     await cancelByKeyboard(page);
     await reschedule(page);

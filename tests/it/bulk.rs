@@ -214,18 +214,8 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
         &pattern,
         "--state",
         "scheduled",
-        "--url",
-        &app.base,
     ];
-    let mut command = crate::common::delayline_command(&settings, &args);
-    command.env("DELAYLINE_TOKEN", "tok-canceller");
-    let output = command.output().await.unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let printed = crate::common::cli_as(&settings, &app.base, "tok-canceller", &args).await;
     assert!(
         printed.contains("done; matched 10, changed 10, too late 0, unchanged 0"),
         "{printed}"

@@ -218,7 +218,31 @@ async fn bodies_with_headers_of_every_kind_match_the_document_strictly() {
         .patch(&format!("/v1/schedules/{schedule_id}"), &patch)
         .await;
     let (_, schedules) = app.get("/v1/schedules").await;
+    let limit = json!({"destinations": "kinds.#", "rate_per_sec": 0.5, "burst": 2,
+                       "paused_until": "2100-01-01T00:00:00Z"});
+    let (status, limit_set) = app.put("/v1/limits/kinds", &limit).await;
+    assert_eq!(status, 201, "{limit_set}");
+    let (_, limits) = app.get("/v1/limits").await;
+    let (_, forecast) = app.get("/v1/forecast?bucket=1h").await;
+    let bulk = json!({"filter": {"destination": "kinds.b", "state": "scheduled"},
+                      "action": "move", "shift": "1m"});
+    let (status, operation) = app.post("/v1/tasks/bulk", &bulk).await;
+    assert_eq!(status, 202, "{operation}");
+    let (_, operation_later) = app
+        .get(&format!(
+            "/v1/operations/{}",
+            operation["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(app.delete("/v1/limits/kinds").await.0, 204);
     let instances = [
+        ("LimitRequest", limit),
+        ("LimitView", limit_set),
+        ("LimitList", limits),
+        ("Forecast", forecast),
+        ("BulkRequest", bulk),
+        ("OperationView", operation),
+        ("OperationView", operation_later),
         ("ScheduleRequest", schedule),
         ("ScheduleView", created),
         ("SchedulePatch", patch),

@@ -149,24 +149,9 @@ async fn the_forecast_counts_what_falls_due_and_follows_cancels_and_moves_on_sql
     );
 
     // The command line says the same.
-    let args = [
-        "forecast",
-        "--url",
-        app.base.as_str(),
-        "--bucket",
-        "1h",
-        "--destination",
-        &format!("{prefix}.#"),
-    ];
-    let mut command = crate::common::delayline_command(&settings, &args);
-    command.env("DELAYLINE_TOKEN", "tok-billing");
-    let output = command.output().await.unwrap();
-    let printed = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let pattern = format!("{prefix}.#");
+    let args = ["forecast", "--bucket", "1h", "--destination", &pattern];
+    let printed = crate::common::cli_as(&settings, &app.base, "tok-billing", &args).await;
     assert!(printed.ends_with("total\t30\n"), "{printed}");
 
     // Refusals name the parameter.

@@ -542,16 +542,7 @@ async fn limits_are_under_access_control_and_the_cli_acts_through_the_api() {
     );
 
     let cli = async |args: &[&str]| {
-        let args = [args, &["--url", app.base.as_str()]].concat();
-        let mut command = crate::common::delayline_command(&settings, &args);
-        command.env("DELAYLINE_TOKEN", "tok-operator");
-        let output = command.output().await.unwrap();
-        assert!(
-            output.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        crate::common::cli_as(&settings, &app.base, "tok-operator", args).await
     };
     let set = cli(&[
         "limits",

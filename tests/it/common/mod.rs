@@ -868,6 +868,22 @@ pub fn delayline_command(settings: &Settings, args: &[&str]) -> tokio::process::
     command
 }
 
+/// Runs `delayline ARGS --url BASE` as the client holding `token` and
+/// returns what it printed; fails the test, with its stderr, unless it
+/// succeeded.
+pub async fn cli_as(settings: &Settings, base: &str, token: &str, args: &[&str]) -> String {
+    let args = [args, &["--url", base]].concat();
+    let mut command = delayline_command(settings, &args);
+    command.env("DELAYLINE_TOKEN", token);
+    let output = command.output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
 /// `command` with `settings` in its environment.
 fn configured(
     mut command: tokio::process::Command,
