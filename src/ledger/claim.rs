@@ -3,7 +3,7 @@
 //! the state it comes from (neither `cancelled` nor `delivered`), so that a
 //! cancel committed first wins. What it finds is a [`Finding`] per message.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::error::LedgerError;
 use super::record::db_ms;
@@ -82,4 +82,27 @@ pub(super) async fn claim(
         })
         .collect();
     Ok((findings, were_pending))
+}
+
+/// The claimed tasks of `due` whose `held_by` names a release limit wait
+/// for it instead (`waiting`), in the claim's own transaction: one commit
+/// for both, and no moment at which such a task is `releasing` unheld.
+pub(super) async fn hold_claimed(
+    tx: &mut Tx<'_>,
+    due: &[(String, u64)],
+    held_by: &[Option<String>],
+    findings: &[Finding],
+) -> Result<(), LedgerError> {
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (((id, _), limit), finding) in due.iter().zip(held_by).zip(findings) {
+        if let (Some(limit), Finding::Claimed) = (limit, finding) {
+            held.entry(limit.as_str()).or_default().push(id.as_str());
+        }
+    }
+    for (limit, ids) in held {
+        for chunk in statement_sized_chunks(&ids) {
+            tx.hold(chunk, limit).await?;
+        }
+    }
+    Ok(())
 }

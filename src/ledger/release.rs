@@ -1,6 +1,6 @@
 //! What the release stage and the operator's commands record about due
-//! tasks: claims (group-committed, see [`super::claim`]), holds for a
-//! release limit, deliveries,
+//! tasks: claims and holds for a release limit (group-committed, see
+//! [`super::claim`]), deliveries,
 //! unroutable releases and their requeue, which copies a migration must
 //! not deliver, and the tasks the release stage never saw.
 
@@ -16,21 +16,17 @@ use crate::task::TaskState;
 impl Ledger {
     /// Takes each `(id, revision)` due at the release stage: a task that
     /// is neither cancelled nor delivered, in the revision its message
-    /// carries, becomes `releasing`. Group-committed with the request path's
-    /// writes (several windows of due tasks, and the deliveries of earlier
-    /// ones, share one commit). The findings follow the order of `due`.
+    /// carries, becomes `releasing`, or, when `held_by` names a release
+    /// limit for it, `waiting` for that limit. Group-committed with the
+    /// request path's writes (several windows of due tasks, and the
+    /// deliveries of earlier ones, share one commit). The findings follow
+    /// the order of `due`; `held_by` follows it too.
     pub async fn claim_release(
         &self,
         due: Vec<(String, u64)>,
+        held_by: Vec<Option<String>>,
     ) -> Result<Vec<Finding>, LedgerError> {
-        self.writes.claim(due).await
-    }
-
-    /// The release stage's claimed tasks `ids` wait instead, held by limit
-    /// `held_by` (group-committed, as the claims are). A task changed since
-    /// its claim is left as it is.
-    pub async fn hold_claimed(&self, ids: Vec<String>, held_by: &str) -> Result<(), LedgerError> {
-        self.writes.hold(ids, held_by.to_owned()).await
+        self.writes.claim(due, held_by).await
     }
 
     /// For each task whose older copies must not be delivered, the lowest

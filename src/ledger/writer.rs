@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
 use super::admit::{Admission, Judged, admit};
-use super::claim::{Finding, claim};
+use super::claim::{Finding, claim, hold_claimed};
 use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
 use super::record::db_ms;
@@ -65,15 +65,12 @@ enum Write {
         at_ms: u64,
         reply: Reply<()>,
     },
+    /// Due tasks claimed; those claimed whose `held_by` names a limit
+    /// wait for it instead, in the same transaction.
     Claim {
         due: Due,
+        held_by: HeldBy,
         reply: Reply<Vec<Finding>>,
-    },
-    /// Claimed tasks that wait for a release limit instead.
-    Hold {
-        ids: Vec<String>,
-        held_by: String,
-        reply: Reply<()>,
     },
     /// One pass of the limiter.
     Pass {
@@ -191,13 +188,9 @@ impl Handle {
             .await
     }
 
-    pub async fn claim(&self, due: Due) -> Result<Vec<Finding>, LedgerError> {
-        self.send(|reply| Write::Claim { due, reply }).await
-    }
-
-    pub async fn hold(&self, ids: Vec<String>, held_by: String) -> Result<(), LedgerError> {
-        self.send(|reply| Write::Hold {
-            ids,
+    pub async fn claim(&self, due: Due, held_by: HeldBy) -> Result<Vec<Finding>, LedgerError> {
+        self.send(|reply| Write::Claim {
+            due,
             held_by,
             reply,
         })
@@ -213,13 +206,15 @@ struct Group {
     retries: Vec<(String, u64, Retry, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
-    claims: Vec<(Due, Reply<Vec<Finding>>)>,
-    holds: Vec<(Vec<String>, String, Reply<()>)>,
+    claims: Vec<(Due, HeldBy, Reply<Vec<Finding>>)>,
     passes: Vec<(Box<PassInput>, Reply<Pass>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
 type Due = Vec<(String, u64)>;
+/// Per due task (in the same order), the release limit it waits for if it
+/// is claimed, if any.
+type HeldBy = Vec<Option<String>>;
 
 /// What a committed group decided: for each admission, and for each claim.
 #[derive(Default)]
@@ -253,12 +248,11 @@ impl Group {
                     reply,
                 } => group.failed.push((id, revision, reason, reply)),
                 Write::Delivered { ids, at_ms, reply } => group.delivered.push((ids, at_ms, reply)),
-                Write::Claim { due, reply } => group.claims.push((due, reply)),
-                Write::Hold {
-                    ids,
+                Write::Claim {
+                    due,
                     held_by,
                     reply,
-                } => group.holds.push((ids, held_by, reply)),
+                } => group.claims.push((due, held_by, reply)),
                 Write::Pass { input, reply } => group.passes.push((input, reply)),
             }
         }
@@ -294,7 +288,7 @@ impl Group {
             let _ = reply.send(answer);
         }
         let mut claims = claims.into_iter();
-        for (_, reply) in self.claims {
+        for (.., reply) in self.claims {
             let answer = result().and_then(|()| claims.next().ok_or(LedgerError::Closed));
             let _ = reply.send(answer);
         }
@@ -306,8 +300,7 @@ impl Group {
         let others = (self.published.into_iter().map(|(_, reply)| reply))
             .chain(self.retries.into_iter().map(|(.., reply)| reply))
             .chain(self.failed.into_iter().map(|(.., reply)| reply))
-            .chain(self.delivered.into_iter().map(|(.., reply)| reply))
-            .chain(self.holds.into_iter().map(|(.., reply)| reply));
+            .chain(self.delivered.into_iter().map(|(.., reply)| reply));
         for reply in others {
             let _ = reply.send(result());
         }
@@ -368,17 +361,11 @@ impl Writer {
         }
         let mut claims = Vec::with_capacity(group.claims.len());
         let mut claimed_pending = 0;
-        for (due, _) in &group.claims {
+        for (due, held_by, _) in &group.claims {
             let (findings, were_pending) = claim(&mut tx, due).await?;
+            hold_claimed(&mut tx, due, held_by, &findings).await?;
             claims.push(findings);
             claimed_pending += were_pending;
-        }
-        // After the claims: a group may claim a task and hold it at once.
-        for (ids, held_by, _) in &group.holds {
-            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            for chunk in statement_sized_chunks(&ids) {
-                tx.hold(chunk, held_by).await?;
-            }
         }
         // Last: a pass releases what this group's holds made wait.
         let mut passes = Vec::with_capacity(group.passes.len());
@@ -440,6 +427,49 @@ mod tests {
         let body = br#"{"destination": "d", "delay_ms": 1000}"#;
         let task = Task::parse(body, &cascade, SystemTime::now()).unwrap();
         Row::pending(&task, None, None, 0)
+    }
+
+    /// A claim holds the claimed tasks a limit names in the same commit:
+    /// `waiting` for that limit, the others `releasing`; a task not
+    /// claimed (here: an older revision) is not held.
+    #[tokio::test]
+    async fn a_claim_holds_what_a_limit_names_in_its_own_commit() {
+        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
+        let settings = StoreSettings {
+            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
+            ..StoreSettings::default()
+        };
+        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
+            .await
+            .unwrap()
+            .unwrap();
+        let rows = [row(), row(), row()];
+        for row in &rows {
+            ledger.writes.admit(row.clone()).await.unwrap();
+        }
+        let revision = u64::try_from(rows[0].revision).unwrap();
+        let due = vec![
+            (rows[0].id.clone(), revision),
+            (rows[1].id.clone(), revision),
+            (rows[2].id.clone(), revision + 1),
+        ];
+        let held_by = vec![None, Some("pace".to_owned()), Some("pace".to_owned())];
+        let findings = ledger.claim_release(due, held_by).await.unwrap();
+        assert_eq!(findings[..2], [Finding::Claimed, Finding::Claimed]);
+        assert_ne!(findings[2], Finding::Claimed);
+        let stored = async |i: usize| ledger.get(&rows[i].id).await.unwrap().unwrap();
+        let (released, held, other) = (stored(0).await, stored(1).await, stored(2).await);
+        assert_eq!(
+            (released.state.as_str(), released.held_by),
+            ("releasing", None)
+        );
+        assert_eq!(
+            (held.state.as_str(), held.held_by.as_deref()),
+            ("waiting", Some("pace"))
+        );
+        assert_eq!((other.state.as_str(), other.held_by), ("pending", None));
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A group that fails is answered with its failure and rolled back on

@@ -496,13 +496,17 @@ impl Releaser {
             .map(|d| message::identity(&d.message.properties))
             .collect();
         let entered = self.in_flight.enter(&identities);
-        let claimed: Vec<(String, u64)> = identities
+        // A claimed task a release limit holds waits for it, in the
+        // claim's own commit.
+        let holders: Vec<Option<String>> = due.iter().map(|d| self.holder_of(d)).collect();
+        let (claimed, held_by): (Vec<(String, u64)>, Vec<Option<String>>) = identities
             .iter()
             .zip(entered.entered())
-            .filter(|(_, new)| **new)
-            .filter_map(|(identity, _)| identity.clone())
-            .collect();
-        let findings = match self.ledger.claim_release(claimed).await {
+            .zip(&holders)
+            .filter(|((_, new), _)| **new)
+            .filter_map(|((identity, _), holder)| Some((identity.clone()?, holder.clone())))
+            .unzip();
+        let findings = match self.ledger.claim_release(claimed, held_by).await {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot look due tasks up in the ledger; they are released later");
@@ -510,10 +514,7 @@ impl Releaser {
             }
         };
         let verdicts = window_verdicts(&identities, entered.entered(), findings);
-        let verdicts = match self.hold_limited(&due, &identities, verdicts).await {
-            Some(verdicts) => verdicts,
-            None => return vec![Settle::Requeue; due.len()],
-        };
+        let verdicts = self.held(&due, verdicts, &holders);
         let published = join_all(due.iter().zip(&verdicts).map(|(d, verdict)| {
             let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
             self.publish_at(d, publish, held, shutdown)
@@ -522,44 +523,31 @@ impl Releaser {
         self.record(&due, &identities, &verdicts, published).await
     }
 
-    /// Claimed tasks a release limit matches wait in the ledger instead
-    /// (verdict [`Verdict::Held`]); `None` when the ledger could not take
-    /// them (the group goes back to the queue, and is claimed again).
-    async fn hold_limited(
+    /// The release limit that holds `due`'s destination now, if any.
+    fn holder_of(&self, due: &Due<'_>) -> Option<String> {
+        let destination = destination_of(&due.message.routing_key, self.cascade.levels())?;
+        self.limits.holder(destination)
+    }
+
+    /// Claimed tasks a release limit holds waited in the ledger from their
+    /// claim on (verdict [`Verdict::Held`]): the limiter releases them.
+    fn held(
         &self,
         due: &[Due<'_>],
-        identities: &[Option<(String, u64)>],
         mut verdicts: Vec<Verdict>,
-    ) -> Option<Vec<Verdict>> {
-        let mut held: BTreeMap<String, Vec<(usize, &str)>> = BTreeMap::new();
-        for (i, ((d, identity), verdict)) in due.iter().zip(identities).zip(&verdicts).enumerate() {
-            let (Verdict::Deliver, Some((id, _))) = (verdict, identity) else {
+        holders: &[Option<String>],
+    ) -> Vec<Verdict> {
+        for ((d, verdict), holder) in due.iter().zip(&mut verdicts).zip(holders) {
+            if *verdict != Verdict::Deliver || holder.is_none() {
                 continue;
-            };
-            let Some(destination) = destination_of(&d.message.routing_key, self.cascade.levels())
-            else {
-                continue;
-            };
-            if let Some(limit) = self.limits.holder(destination) {
-                held.entry(limit).or_default().push((i, id.as_str()));
+            }
+            *verdict = Verdict::Held;
+            if let Some(destination) = destination_of(&d.message.routing_key, self.cascade.levels())
+            {
+                self.limits.now_waiting(destination);
             }
         }
-        for (limit, tasks) in held {
-            let ids: Vec<String> = tasks.iter().map(|(_, id)| (*id).to_owned()).collect();
-            if let Err(error) = self.ledger.hold_claimed(ids, &limit).await {
-                warn!(%error, limit, "cannot hold due tasks for a limit; they come again");
-                return None;
-            }
-            for (i, _) in tasks {
-                verdicts[i] = Verdict::Held;
-                if let Some(destination) =
-                    destination_of(&due[i].message.routing_key, self.cascade.levels())
-                {
-                    self.limits.now_waiting(destination);
-                }
-            }
-        }
-        Some(verdicts)
+        verdicts
     }
 
     /// A message published at its time, and when its confirm came; `None`
