@@ -148,23 +148,30 @@ async fn round_delays_reach_the_release_stage_a_lead_early_and_are_held() {
     let mut app = TestApp::spawn(holding(12, 10, Backend::Sqlite)).await;
     let key = app.cascade.binding_key("round");
     let mut consumer = TestConsumer::bind(&mut app, &key).await;
-    let mut ids = HashSet::new();
-    for (delay_ms, units) in [(600, 58), (1_200, 116), (3_000, 298), (600, 58)] {
-        let accepted = post(&base(&app), "round", delay_ms).await;
-        assert_eq!(
-            units_of(accepted["routing_key"].as_str().unwrap(), 12),
-            units
-        );
-        ids.insert(accepted["id"].as_str().unwrap().to_owned());
+    // Reached the stage ahead of time, so held. On a loaded machine the
+    // broker's transit may eat a 10 ms unit's 20 ms lead for a whole round
+    // (seen in CI on 4.3): the routing asserted in each round is what
+    // decides, the hold only has to be seen taking over once in a few.
+    let mut held = 0.0;
+    for _round in 0..5 {
+        let mut ids = HashSet::new();
+        for (delay_ms, units) in [(600, 58), (1_200, 116), (3_000, 298), (600, 58)] {
+            let accepted = post(&base(&app), "round", delay_ms).await;
+            assert_eq!(
+                units_of(accepted["routing_key"].as_str().unwrap(), 12),
+                units
+            );
+            ids.insert(accepted["id"].as_str().unwrap().to_owned());
+        }
+        let lateness = receive_all(&mut consumer, &ids).await;
+        assert!(*lateness.last().unwrap() < 300, "{lateness:?}");
+        let scrape = app.scrape().await;
+        held = sample(&scrape, "delayline_release_hold_seconds_count").unwrap_or(0.0);
+        if held >= 1.0 {
+            break;
+        }
     }
-    let lateness = receive_all(&mut consumer, &ids).await;
-    assert!(*lateness.last().unwrap() < 300, "{lateness:?}");
-    // Reached the stage ahead of time, so held (on a loaded machine the
-    // broker's transit may eat a 10 ms unit's lead: the routing above is
-    // what decides, this only shows the hold took over).
-    let scrape = app.scrape().await;
-    let held = sample(&scrape, "delayline_release_hold_seconds_count").unwrap_or(0.0);
-    assert!(held >= 1.0, "no round delay was held");
+    assert!(held >= 1.0, "no round delay was held in five rounds");
     drop(consumer);
     app.stop().await.unwrap();
 }
