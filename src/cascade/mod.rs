@@ -13,6 +13,7 @@ mod route;
 mod settings;
 #[cfg(test)]
 mod sim;
+mod strand;
 
 pub(crate) use names::{
     digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
@@ -24,6 +25,8 @@ pub(crate) use plan::{Arguments, QueueSpec};
 pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
 pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType};
 pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, SettingsError};
+pub use strand::LevelWatch;
+pub(crate) use strand::{digit_position, probe_units, units_below};
 
 /// The one cascade unit tests build: chain `t.v1`, business exchange `biz`.
 #[cfg(test)]

@@ -146,6 +146,16 @@ pub struct CascadeSettings {
     /// seconds. Past it, due messages wait in the release queue: late, never
     /// lost.
     pub hold_limit: u32,
+    /// With the release stage: how often each level of at most ten minutes'
+    /// TTL gets a probe, a message waiting in that level alone, to find a
+    /// level that stopped dead-lettering (see `crate::cascade`'s `strand`).
+    /// One probe per level is out at a time. 0: no probes.
+    pub level_probe_ms: u64,
+    /// How long after a level's probe was due a probe of another level may
+    /// come back first before the level is taken to be stranded and drained
+    /// by delayline itself, and how overdue a task that passed it must be
+    /// before it is published again from the ledger.
+    pub stranded_margin_ms: u64,
 }
 
 impl Default for CascadeSettings {
@@ -166,6 +176,8 @@ impl Default for CascadeSettings {
             precision_ms: None,
             release_lead_ms: None,
             hold_limit: 20_000,
+            level_probe_ms: 1_000,
+            stranded_margin_ms: 2_000,
         }
     }
 }
@@ -400,6 +412,17 @@ impl Cascade {
     /// Most due messages the release stage holds at once.
     pub fn hold_limit(&self) -> u32 {
         self.settings.hold_limit
+    }
+
+    /// How often levels are probed; `None` when they are not.
+    pub fn level_probe(&self) -> Option<std::time::Duration> {
+        (self.release_stage() && self.settings.level_probe_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.settings.level_probe_ms))
+    }
+
+    /// See [`CascadeSettings::stranded_margin_ms`].
+    pub fn stranded_margin_ms(&self) -> u64 {
+        self.settings.stranded_margin_ms
     }
 
     /// 2^L - 1: every digit of the routing key set.

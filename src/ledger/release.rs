@@ -54,17 +54,21 @@ impl Ledger {
     /// task it takes. Each becomes `pending` at once (for the forwarder to
     /// publish again) with `reason` as its last error. Returns their ids.
     /// Looked for first by a read: most spans hold none, and a write would
-    /// take the lock the group writer commits with.
+    /// take the lock the group writer commits with. `through`, the 1-based
+    /// position of a level's digit in the routing key, narrows them to the
+    /// tasks that passed that level; 0 takes all.
     pub async fn resend_unreleased(
         &self,
-        from_ms: u64,
-        to_ms: u64,
+        (from_ms, to_ms): (u64, u64),
+        through: u32,
         now_ms: u64,
         reason: &str,
     ) -> Result<Vec<String>, LedgerError> {
+        let through = i32::try_from(through).unwrap_or(0);
         let any: Option<(String,)> = on_pool!(&self.pool, p => sqlx::query_as(sql::ANY_UNRELEASED)
             .bind(db_ms(from_ms))
             .bind(db_ms(to_ms))
+            .bind(through)
             .fetch_optional(p)
             .await)
         .context("looking for tasks the release stage never saw")?;
@@ -76,6 +80,7 @@ impl Ledger {
             .bind(reason)
             .bind(db_ms(from_ms))
             .bind(db_ms(to_ms))
+            .bind(through)
             .fetch_all(p)
             .await)
         .context("publishing again the tasks the release stage never saw")?;

@@ -98,15 +98,19 @@ pub fn mark_delivered(ids: usize) -> String {
 /// Whether any task still `scheduled` fell due in [`$1`, `$2`): a read,
 /// so that the resender takes no write lock (which the group writer needs)
 /// unless there is something to write.
+/// With `$3` above 0, only tasks whose routing key has a `1` at character
+/// `$3`: those that passed one level (a stranded one).
 pub const ANY_UNRELEASED: &str = "SELECT id FROM tasks \
-     WHERE state = 'scheduled' AND deliver_at_ms >= $1 AND deliver_at_ms < $2 LIMIT 1";
+     WHERE state = 'scheduled' AND deliver_at_ms >= $1 AND deliver_at_ms < $2 \
+     AND ($3 = 0 OR substr(routing_key, $3, 1) = '1') LIMIT 1";
 
 /// Tasks still `scheduled` whose due time is in [`$3`, `$4`): pending
 /// again from `$1`, with `$2` as their last error. By the due-time index:
 /// only the tasks due in that span are read.
 pub const RESEND_UNRELEASED: &str = "UPDATE tasks SET state = 'pending', \
      next_attempt_at_ms = $1, last_error = $2 \
-     WHERE state = 'scheduled' AND deliver_at_ms >= $3 AND deliver_at_ms < $4 RETURNING id";
+     WHERE state = 'scheduled' AND deliver_at_ms >= $3 AND deliver_at_ms < $4 \
+     AND ($5 = 0 OR substr(routing_key, $5, 1) = '1') RETURNING id";
 
 pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
      publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
@@ -528,7 +532,7 @@ mod tests {
     #[tokio::test]
     async fn the_resender_reads_its_span_by_the_due_time_index() {
         let pool = super::super::pool::migrated_sqlite().await;
-        for (statement, parameters) in [(ANY_UNRELEASED, 2), (RESEND_UNRELEASED, 4)] {
+        for (statement, parameters) in [(ANY_UNRELEASED, 3), (RESEND_UNRELEASED, 5)] {
             let plan = super::super::pool::query_plan(&pool, statement, parameters).await;
             assert!(
                 plan.iter().all(|step| !step.starts_with("SCAN tasks")),

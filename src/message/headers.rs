@@ -37,6 +37,10 @@ pub const USER_ID_HEADER: &str = "x-delayline-user-id";
 /// digits. Removed on delivery.
 pub const HOLD_HEADER: &str = "x-delayline-hold";
 
+/// A probe of one level (see `crate::cascade` on stranded levels), as
+/// `<level>:<sent_ms>:<owner>`: the release stage takes it off, never delivers it.
+pub const PROBE_HEADER: &str = "x-delayline-probe";
+
 /// On a message an ingress refused: why, as a stable code.
 pub const REFUSAL_CODE_HEADER: &str = "x-delayline-refused";
 /// On a message an ingress refused: why, in words.
@@ -107,6 +111,7 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower == REVISION_HEADER
         || INGRESS_HEADERS.contains(&lower.as_str())
         || lower == HOLD_HEADER
+        || lower == PROBE_HEADER
         || lower == SCHEDULE_HEADER
         || lower == OCCURRENCE_HEADER
         || is_dead_letter_header(name)

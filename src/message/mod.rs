@@ -19,6 +19,7 @@
 
 mod headers;
 mod plugin;
+mod probe;
 mod publish;
 mod read;
 mod stamp;
@@ -36,6 +37,7 @@ pub(crate) use headers::{
 };
 pub(crate) use headers::{PLUGIN_DELAY_HEADER, is_reserved_header};
 pub(crate) use plugin::{BadDelay, Due, due};
+pub(crate) use probe::{Probe, drained};
 pub(crate) use publish::{
     Message, as_published, of_task_at, poisoned, refused, released, restamped, set_aside, taken_in,
 };

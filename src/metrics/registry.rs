@@ -97,6 +97,10 @@ pub struct Metrics {
     pub level_held: Family<LevelLabel, Gauge>,
     pub level_held_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
     pub level_ttl_seconds: Family<LevelLabel, Gauge<f64, AtomicU64>>,
+    /// 1 for a level delayline found stranded (its probe overtaken) and drains itself.
+    pub level_stranded: Family<LevelLabel, Gauge>,
+    /// Messages delayline took off a stranded level and sent on, confirmed.
+    pub level_drained: Family<LevelLabel, Counter>,
     pub management_api_up: Gauge,
     pub unroutable_messages: Gauge,
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
@@ -256,6 +260,20 @@ impl Metrics {
             "level_queue_ttl_seconds",
             "How long each level holds a message: the bound held_seconds is compared with",
             level_ttl_seconds.clone(),
+        );
+        let level_stranded = Family::<LevelLabel, Gauge>::default();
+        registry.register(
+            "level_stranded",
+            "1 for a level found to have stopped dead-lettering (a probe of a later due time \
+             came back before its own), which delayline now drains itself",
+            level_stranded.clone(),
+        );
+        let level_drained = Family::<LevelLabel, Counter>::default();
+        registry.register(
+            "level_drained",
+            "Messages delayline took off a stranded level and sent on to where dead-lettering \
+             would have, acknowledged after the broker confirmed the copy",
+            level_drained.clone(),
         );
         let management_api_up = Gauge::default();
         registry.register(
@@ -466,6 +484,8 @@ impl Metrics {
             level_held,
             level_held_seconds,
             level_ttl_seconds,
+            level_stranded,
+            level_drained,
             management_api_up,
             unroutable_messages,
             retired_chain_messages,

@@ -35,6 +35,7 @@ use super::broker::Broker;
 use super::limit_view::LimitsView;
 use super::limiter::Limiter;
 use super::release::Releaser;
+use super::strands::{LevelKeeper, Strands};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::Cascade;
 use crate::clock::Reading;
@@ -267,6 +268,18 @@ impl Bookkeeper {
             ));
         }
         if self.cascade.release_stage() {
+            let strands = Strands::new(self.cascade.clone());
+            if let Some(every) = self.cascade.level_probe() {
+                let keeper = LevelKeeper {
+                    broker: self.broker.clone(),
+                    ledger: self.ledger.clone(),
+                    cascade: self.cascade.clone(),
+                    metrics: self.metrics.clone(),
+                    strands: strands.clone(),
+                    resend_after: settings.resend_after,
+                };
+                tasks.push(tokio::spawn(keeper.run(every, shutdown.clone())));
+            }
             let releaser = Releaser {
                 broker: self.broker.clone(),
                 ledger: self.ledger.clone(),
@@ -276,6 +289,7 @@ impl Bookkeeper {
                 exchanges: Default::default(),
                 offsets: Default::default(),
                 limits: self.limits.clone(),
+                strands,
             };
             tasks.push(tokio::spawn(
                 releaser.clone().watch_unroutable(shutdown.clone()),
@@ -311,7 +325,7 @@ impl Bookkeeper {
             let to_ms = now_ms.saturating_sub(after_ms).max(from_ms);
             match self
                 .ledger
-                .resend_unreleased(from_ms, to_ms, now_ms, &reason)
+                .resend_unreleased((from_ms, to_ms), 0, now_ms, &reason)
                 .await
             {
                 Ok(ids) => {

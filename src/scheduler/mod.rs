@@ -36,6 +36,7 @@ mod limits;
 mod recurring;
 mod release;
 mod settings;
+mod strands;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -44,11 +44,12 @@ use tracing::{debug, warn};
 use super::broker::Broker;
 use super::hold::{self, Offsets};
 use super::limit_view::LimitsView;
+use super::strands::Strands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
 use crate::ledger::{Finding, Ledger};
-use crate::message;
+use crate::message::{self, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
 
@@ -194,6 +195,8 @@ pub(super) struct Releaser {
     pub offsets: Arc<std::sync::Mutex<Offsets>>,
     /// The release limits, as the limiter last read them.
     pub limits: LimitsView,
+    /// Where a level probe that arrives is noted (see [`super::strands`]).
+    pub strands: Strands,
 }
 
 /// How the release queue is consumed: four windows at once, or in a chain
@@ -361,8 +364,11 @@ impl Releaser {
         windows
             .into_stream()
             .for_each_concurrent(concurrency, |window| async {
-                let settles = self.release_in_time(&window.messages, &shutdown).await;
-                let retry = settles.contains(&Settle::Requeue);
+                let (probes, settles) = self.release_window(&window.messages, &shutdown).await;
+                let retry = settles
+                    .iter()
+                    .zip(&probes)
+                    .any(|(settle, probe)| *settle == Settle::Requeue && !probe);
                 window.settle(settles);
                 if retry {
                     tokio::select! {
@@ -423,6 +429,40 @@ impl Releaser {
                 }
             }
         }
+    }
+
+    /// One window: its level probes noted (and taken off, or handed back
+    /// for the replica that sent them), the rest released in time. Which
+    /// messages were probes, and how to settle each.
+    async fn release_window(
+        &self,
+        messages: &[Inbound],
+        shutdown: &CancellationToken,
+    ) -> (Vec<bool>, Vec<Settle>) {
+        let probes: Vec<Option<Probe>> = messages
+            .iter()
+            .map(|message| Probe::read(&message.properties))
+            .collect();
+        if probes.iter().all(Option::is_none) {
+            let settles = self.release_in_time(messages, shutdown).await;
+            return (vec![false; messages.len()], settles);
+        }
+        let now_ms = crate::clock::now_ms();
+        let tasks: Vec<Inbound> = messages
+            .iter()
+            .zip(&probes)
+            .filter(|(_, probe)| probe.is_none())
+            .map(|(message, _)| message.clone())
+            .collect();
+        let mut released = self.release_in_time(&tasks, shutdown).await.into_iter();
+        let settles = probes
+            .iter()
+            .map(|probe| match probe {
+                Some(probe) => self.strands.probe_arrived(probe, now_ms),
+                None => released.next().unwrap_or(Settle::Requeue),
+            })
+            .collect();
+        (probes.iter().map(Option::is_some).collect(), settles)
     }
 
     /// One window, each message released at its time (see [`super::hold`]):

@@ -27,3 +27,4 @@ mod release;
 mod release_limits;
 mod schedules;
 mod security;
+mod strand;

@@ -256,6 +256,23 @@ fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The levels this replica found stranded and drains, each with its queue
+/// and the messages it sent on, as the metrics say.
+fn stranded_levels(state: &AppState, scrape: &str) -> Vec<(u32, String, u64)> {
+    let cascade = state.scheduler.cascade();
+    (0..cascade.levels())
+        .filter_map(|level| {
+            let labels = format!("{{level=\"{level}\",queue=\"{}\"}}", cascade.level_queue(level));
+            if sample(scrape, &format!("delayline_level_stranded{labels}")) != Some(1.0) {
+                return None;
+            }
+            let drained = sample(scrape, &format!("delayline_level_drained_total{labels}"));
+            let drained = drained.unwrap_or(0.0).max(0.0).round() as u64;
+            Some((level, cascade.level_queue(level), drained))
+        })
+        .collect()
+}
+
 async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let session = match session(&state, &headers) {
         Ok(session) => session,
@@ -779,6 +796,7 @@ async fn problems(
         failed: &failed,
         unroutable: &unroutable,
         parked,
+        stranded: stranded_levels(&state, &scrape),
         may_requeue: session.caller.may(Permission::Admin),
         csrf: &session.csrf,
         notice: notice.into_notice(),

@@ -466,6 +466,9 @@ pub struct Problems<'a> {
     pub unroutable: &'a [StoredTask],
     /// The unroutable queue's depth, as the metrics last read it.
     pub parked: String,
+    /// Levels found stranded and drained by this replica: (level, queue,
+    /// messages sent on).
+    pub stranded: Vec<(u32, String, u64)>,
     pub may_requeue: bool,
     pub csrf: &'a str,
     pub notice: Option<(bool, String)>,
@@ -485,6 +488,19 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
                          td { (task.destination) } td { (task.last_error.clone().unwrap_or_default()) } }
                 } }
             } }
+            h2 { "Stranded levels" }
+            @if view.stranded.is_empty() { p { "None found by this replica." } } @else {
+                p { "These levels stopped dead-lettering (a probe that fell due after theirs came back "
+                    "first). delayline takes their messages off and sends each on at its time, and "
+                    "publishes the overdue tasks that passed them again. See the runbook's "
+                    "\"A level stranded after a node loss\"." }
+                table {
+                    thead { tr { th { "level" } th { "queue" } th { "messages sent on" } } }
+                    tbody { @for (level, queue, drained) in &view.stranded {
+                        tr { td { (level) } td { code { (queue) } } td { (drained) } }
+                    } }
+                }
+            }
             h2 { "Unroutable" }
             p { "Messages in the unroutable queue: " (view.parked) ". Once their destinations are bound, "
                 "requeueing sends them back to the business exchange (as "

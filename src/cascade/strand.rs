@@ -1,0 +1,333 @@
+//! Stranded levels, as pure logic: when a level is taken to have stopped
+//! dead-lettering, and when a message taken off such a level goes on.
+//!
+//! A quorum queue's at-least-once dead-letter worker can stop for good
+//! after a node loss (RabbitMQ #16652, #12625): the level keeps taking
+//! messages, they expire, and nothing leaves. The broker reports nothing a
+//! client can read over AMQP (expired messages are neither ready nor
+//! unacknowledged), so delayline sends a probe through each level, a
+//! message that waits in that level alone, and watches for it at the
+//! release stage. A level whose oldest unanswered probe is older than its
+//! TTL plus a margin is stranded. While it is, delayline consumes the level
+//! itself: a consumer takes messages before they expire, and they go on
+//! at the time the level would have sent them.
+
+use super::Cascade;
+
+/// A message entering level `level` alone: the units of a probe through it.
+pub fn probe_units(level: u32) -> u64 {
+    1u64 << level
+}
+
+/// The 1-based position of digit `level` in a routing key of `levels`
+/// digits (`d.d.d.destination`, most significant first), as SQL's
+/// `substr` counts.
+pub fn digit_position(levels: u32, level: u32) -> u32 {
+    (levels - 1 - level) * 2 + 1
+}
+
+/// Units the message with `routing_key` still waits below level `level`
+/// (its digits under `level`); `None` for a key that is not the chain's.
+pub fn units_below(routing_key: &str, levels: u32, level: u32) -> Option<u64> {
+    let digits: Vec<&str> = routing_key.splitn(levels as usize + 1, '.').collect();
+    if digits.len() <= levels as usize {
+        return None;
+    }
+    let mut units = 0u64;
+    for (i, digit) in digits[..levels as usize].iter().enumerate() {
+        let at = levels - 1 - i as u32;
+        match *digit {
+            "1" if at < level => units |= 1 << at,
+            "0" | "1" => {}
+            _ => return None,
+        }
+    }
+    Some(units)
+}
+
+impl Cascade {
+    /// When (epoch ms) a message due at `deliver_at_ms` leaves level
+    /// `level` on its way: its due time less what the levels below still
+    /// hold it for and the release lead (a held chain's release stage holds
+    /// the rest). Taken off a stranded level, it goes on then: the release
+    /// stage holds it to its millisecond, so going on a little early costs
+    /// nothing, and on time it costs no lateness.
+    pub fn leaves_level_at_ms(&self, routing_key: &str, level: u32, deliver_at_ms: u64) -> u64 {
+        let below = units_below(routing_key, self.levels(), level).unwrap_or(0);
+        deliver_at_ms
+            .saturating_sub(below.saturating_mul(self.unit_ms()))
+            .saturating_sub(self.release_lead_ms())
+    }
+}
+
+/// The longest TTL of a level delayline probes and drains: a probe through
+/// a longer one would take longer to say anything than the ledger's
+/// resender takes to publish its tasks again, and a drained message is
+/// held unacknowledged until it goes on, which RabbitMQ's consumer timeout
+/// (30 minutes by default) bounds.
+pub const MAX_WATCHED_TTL_MS: u64 = 10 * 60 * 1000;
+
+/// What this replica's probes say of one level.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct LevelProbes {
+    /// When this replica's probe still out through the level was sent (epoch ms).
+    out_since_ms: Option<u64>,
+    /// Since when the level is taken to be stranded.
+    stranded_since_ms: Option<u64>,
+}
+
+/// The probes of every level of a chain, and the verdicts drawn from them.
+///
+/// A probe may be late for reasons that are not the level's: a backlog in
+/// the release queue ahead of it (after an outage), a slow broker. So a
+/// level is judged by order, not by the clock alone: it is stranded when a
+/// probe of another level that fell due more than the margin after its own
+/// probe has already come back. Both waited in the same release queue, so
+/// only the level can have kept the first. A probe through no level at
+/// all, straight to the release queue, overtakes them when every level
+/// stopped at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LevelWatch {
+    levels: Vec<LevelProbes>,
+    /// The probe straight to the release stage, through no level: it
+    /// shows how far the release queue is behind, when every level is
+    /// stranded at once (a node's dead-letter workers all stopped) and no
+    /// probe of a level could overtake another.
+    direct: LevelProbes,
+    /// How long past its own due time a probe may still be overtaken.
+    margin_ms: u64,
+    /// The latest due time (sent plus TTL) of a probe that came back.
+    latest_due_back_ms: u64,
+}
+
+impl LevelWatch {
+    pub fn new(levels: u32, margin_ms: u64) -> LevelWatch {
+        LevelWatch {
+            levels: vec![LevelProbes::default(); levels as usize],
+            direct: LevelProbes::default(),
+            margin_ms,
+            latest_due_back_ms: 0,
+        }
+    }
+
+    /// The levels probed: those of at most [`MAX_WATCHED_TTL_MS`].
+    pub fn watched(cascade: &Cascade) -> impl Iterator<Item = u32> + '_ {
+        (0..cascade.levels()).filter(|&level| cascade.level_ttl_ms(level) <= MAX_WATCHED_TTL_MS)
+    }
+
+    /// Whether a probe should go through `level` (`None`: straight to the
+    /// release stage) now: none of this replica's is out, and the level is
+    /// not taken over (its probes would pass through delayline's own
+    /// consumer and say nothing of the broker).
+    pub fn wants_probe(&self, level: Option<u32>) -> bool {
+        self.probes(level).is_some_and(|probes| {
+            probes.out_since_ms.is_none() && probes.stranded_since_ms.is_none()
+        })
+    }
+
+    fn probes(&self, level: Option<u32>) -> Option<&LevelProbes> {
+        match level {
+            Some(level) => self.levels.get(level as usize),
+            None => Some(&self.direct),
+        }
+    }
+
+    fn probes_mut(&mut self, level: Option<u32>) -> Option<&mut LevelProbes> {
+        match level {
+            Some(level) => self.levels.get_mut(level as usize),
+            None => Some(&mut self.direct),
+        }
+    }
+
+    /// This replica's probe went through `level` at `sent_ms`.
+    pub fn sent(&mut self, level: Option<u32>, sent_ms: u64) {
+        if let Some(probes) = self.probes_mut(level) {
+            probes.out_since_ms.get_or_insert(sent_ms);
+        }
+    }
+
+    /// The probe noted as sent through `level` at `sent_ms` was not (the
+    /// broker did not confirm it).
+    pub fn not_sent(&mut self, level: Option<u32>, sent_ms: u64) {
+        if let Some(probes) = self.probes_mut(level)
+            && probes.out_since_ms == Some(sent_ms)
+        {
+            probes.out_since_ms = None;
+        }
+    }
+
+    /// This replica's probe sent through `level` at `sent_ms`, due `ttl_ms`
+    /// later, reached the release stage.
+    pub fn came_back(&mut self, level: Option<u32>, sent_ms: u64, ttl_ms: u64) {
+        self.latest_due_back_ms = self.latest_due_back_ms.max(sent_ms + ttl_ms);
+        if let Some(probes) = self.probes_mut(level)
+            && probes.out_since_ms.is_some_and(|out| out <= sent_ms)
+        {
+            probes.out_since_ms = None;
+        }
+    }
+
+    /// Forgets the probes out: the broker was unreachable, which explains
+    /// any delay, and what comes back of them says nothing new.
+    pub fn forget_probes_out(&mut self) {
+        for probes in &mut self.levels {
+            probes.out_since_ms = None;
+        }
+        self.direct.out_since_ms = None;
+        self.latest_due_back_ms = 0;
+    }
+
+    /// The levels found stranded at `now_ms` that were not before: a probe
+    /// due more than the margin after theirs has come back first.
+    pub fn newly_stranded(&mut self, cascade: &Cascade, now_ms: u64) -> Vec<u32> {
+        let (margin_ms, latest) = (self.margin_ms, self.latest_due_back_ms);
+        let mut found = Vec::new();
+        for (level, probes) in (0u32..).zip(&mut self.levels) {
+            let overtaken = probes.out_since_ms.is_some_and(|sent| {
+                latest > (sent + cascade.level_ttl_ms(level)).saturating_add(margin_ms)
+            });
+            if overtaken && probes.stranded_since_ms.is_none() {
+                probes.stranded_since_ms = Some(now_ms);
+                found.push(level);
+            }
+        }
+        found
+    }
+
+    /// The levels taken to be stranded, each with since when.
+    pub fn stranded(&self) -> Vec<(u32, u64)> {
+        (0u32..)
+            .zip(&self.levels)
+            .filter_map(|(level, probes)| Some((level, probes.stranded_since_ms?)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cascade::{QueueType, for_tests};
+    use proptest::prelude::*;
+
+    #[test]
+    fn digits_below_a_level_are_what_remains_after_it() {
+        assert_eq!(units_below("1.0.1.1.d", 4, 3), Some(0b011));
+        assert_eq!(units_below("1.0.1.1.d", 4, 1), Some(0b1));
+        assert_eq!(units_below("1.0.1.1.d", 4, 0), Some(0));
+        assert_eq!(units_below("1.0.1.1.a.b", 4, 3), Some(0b011));
+        assert_eq!(units_below("1.0.x.1.d", 4, 3), None);
+        assert_eq!(units_below("1.0", 4, 3), None);
+        assert_eq!(digit_position(4, 3), 1);
+        assert_eq!(digit_position(4, 0), 7);
+        assert_eq!(&"1.0.1.1.d"[6..7], "1");
+    }
+
+    #[test]
+    fn a_message_leaves_a_level_when_the_levels_below_and_the_lead_remain() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        // 0b1011 units: at level 3 it still has 0b011 = 3 units below.
+        let key = "1.0.1.1.d";
+        assert_eq!(cascade.leaves_level_at_ms(key, 3, 10_000), 10_000 - 300);
+        assert_eq!(cascade.leaves_level_at_ms(key, 0, 10_000), 10_000);
+        assert_eq!(cascade.level_ttl_ms(3), 800);
+    }
+
+    #[test]
+    fn a_probe_overtaken_by_one_due_past_the_margin_strands_its_level_once() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let mut watch = LevelWatch::new(4, 1_000);
+        watch.sent(Some(2), 10_000);
+        watch.sent(Some(0), 10_000);
+        assert!(!watch.wants_probe(Some(2)));
+        // Level 0's probe, due at 10,100, is back: no later than level 2's
+        // (due 10,400) plus the margin.
+        watch.came_back(Some(0), 10_000, 100);
+        assert!(
+            watch.newly_stranded(&cascade, 60_000).is_empty(),
+            "late, not overtaken"
+        );
+        watch.came_back(Some(0), 11_300, 100);
+        assert!(watch.newly_stranded(&cascade, 60_000).is_empty());
+        watch.came_back(Some(0), 11_301, 100);
+        assert_eq!(watch.newly_stranded(&cascade, 60_000), vec![2]);
+        assert!(watch.newly_stranded(&cascade, 70_000).is_empty());
+        assert_eq!(watch.stranded(), vec![(2, 60_000)]);
+        assert!(
+            !watch.wants_probe(Some(2)),
+            "a level taken over is not probed"
+        );
+        assert!(watch.wants_probe(Some(1)));
+        watch.forget_probes_out();
+        assert!(watch.wants_probe(Some(0)));
+    }
+
+    #[test]
+    fn with_every_level_stranded_the_direct_probe_overtakes_them() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let mut watch = LevelWatch::new(4, 1_000);
+        for level in 0..4 {
+            watch.sent(Some(level), 10_000);
+        }
+        watch.sent(None, 10_000);
+        assert!(!watch.wants_probe(None));
+        watch.not_sent(None, 10_000);
+        assert!(watch.wants_probe(None));
+        watch.sent(None, 10_000);
+        watch.came_back(None, 10_000, 0);
+        assert!(watch.wants_probe(None));
+        watch.sent(None, 11_250);
+        watch.came_back(None, 11_250, 0);
+        // Due 11,250: past levels 0 (10,100) and 1 (10,200) and the margin.
+        assert_eq!(watch.newly_stranded(&cascade, 12_000), vec![0, 1]);
+        watch.came_back(None, 20_000, 0);
+        assert_eq!(watch.newly_stranded(&cascade, 20_000), vec![2, 3]);
+    }
+
+    #[test]
+    fn only_levels_of_at_most_ten_minutes_are_watched() {
+        let cascade = for_tests(20, 1000, QueueType::Quorum);
+        let watched: Vec<u32> = LevelWatch::watched(&cascade).collect();
+        assert_eq!(watched, (0..10).collect::<Vec<_>>(), "2^9 s = 512 s");
+    }
+
+    proptest! {
+        /// However late the probes come back (a backlog in the release
+        /// queue delays them all alike), a level whose probes come back in
+        /// due order, within the margin, is never stranded; one whose probe
+        /// stays out is, as soon as a probe due past its own and the margin
+        /// comes back.
+        #[test]
+        fn only_a_level_overtaken_past_the_margin_is_stranded(
+            probes in proptest::collection::vec((0u32..6, 0u64..20_000, 0u64..900), 1..40),
+            backlog in 0u64..60_000,
+        ) {
+            let cascade = for_tests(6, 50, QueueType::Quorum);
+            let margin = 1_000;
+            let mut watch = LevelWatch::new(6, margin);
+            // (back at, level, sent): the release stage sees them in due
+            // order, each up to 900 ms off, all behind the same backlog.
+            let mut events: Vec<(u64, u32, u64)> = probes
+                .iter()
+                .map(|&(level, sent, jitter)| {
+                    (sent + cascade.level_ttl_ms(level) + jitter + backlog, level, sent)
+                })
+                .collect();
+            events.sort();
+            let mut sent_order = probes.clone();
+            sent_order.sort_by_key(|p| p.1);
+            for (level, sent, _) in &sent_order {
+                watch.sent(Some(*level), *sent);
+            }
+            for (at, level, sent) in events {
+                watch.came_back(Some(level), sent, cascade.level_ttl_ms(level));
+                prop_assert!(watch.newly_stranded(&cascade, at).is_empty());
+            }
+            // Level 3's next probe stays out; level 0's, due 1,001 ms after it, comes back.
+            let last = 100_000;
+            watch.sent(Some(3), last);
+            let due = last + cascade.level_ttl_ms(3) + margin + 1;
+            watch.came_back(Some(0), due - cascade.level_ttl_ms(0), cascade.level_ttl_ms(0));
+            prop_assert_eq!(watch.newly_stranded(&cascade, due + backlog), vec![3]);
+        }
+    }
+}

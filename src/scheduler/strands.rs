@@ -1,0 +1,285 @@
+//! Stranded levels found and drained by delayline itself.
+//!
+//! After a node loss, a quorum queue's at-least-once dead-letter worker can
+//! stop for good (RabbitMQ #16652): the level takes messages, they expire,
+//! and nothing leaves. The ledger's resender publishes such tasks again a
+//! minute late; this does better. Each level (of at most ten minutes' TTL)
+//! has one probe out at a time (see [`crate::cascade::LevelWatch`] for the
+//! verdict); the release stage hands each probe back to the replica that
+//! sent it. A level found stranded is then
+//! - consumed by delayline: each message is taken before it expires (a
+//!   message delivered to a consumer does not expire), waits here until the
+//!   time the level would have let it go, and goes on to where
+//!   dead-lettering would have sent it; it is acknowledged only after the
+//!   broker confirmed the copy;
+//! - and the tasks that passed it and are overdue by the margin (those the
+//!   broker holds expired, where no consumer can reach them) are published
+//!   again from the ledger at once. The release stage's claim makes any
+//!   second copy harmless when the broker lets the first go after all.
+//!
+//! A level stays drained until this replica restarts: the broker does not
+//! say when its worker runs again, and a drained level loses nothing.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Broker;
+use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
+use crate::cascade::{Cascade, LevelWatch, digit_position};
+use crate::ledger::Ledger;
+use crate::message::{self, Probe};
+use crate::metrics::{LevelLabel, Metrics};
+
+/// How often the ledger is asked for overdue tasks that passed a stranded level.
+const RESEND_POLL: Duration = Duration::from_secs(1);
+/// A probe of another replica goes back to the release queue for its
+/// owner, until it is this much older than its due time: its owner is gone.
+const FOREIGN_PROBE_KEPT_MS: u64 = 60_000;
+/// A drained level's consumer: messages taken at once, before they expire.
+const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
+    window: 100,
+    windows: 100,
+};
+
+/// What this replica's probes say, shared by the prober and the release stage.
+#[derive(Clone)]
+pub(super) struct Strands {
+    watch: Arc<Mutex<LevelWatch>>,
+    cascade: Arc<Cascade>,
+}
+
+impl Strands {
+    pub fn new(cascade: Arc<Cascade>) -> Strands {
+        let watch = LevelWatch::new(cascade.levels(), cascade.stranded_margin_ms());
+        Strands {
+            watch: Arc::new(Mutex::new(watch)),
+            cascade,
+        }
+    }
+
+    fn watch(&self) -> std::sync::MutexGuard<'_, LevelWatch> {
+        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The release stage took `probe` off at `now_ms`: how to settle it.
+    /// This replica's is noted and acknowledged; another's goes back to the
+    /// release queue for its owner, unless it is so old its owner is gone.
+    pub fn probe_arrived(&self, probe: &Probe, now_ms: u64) -> Settle {
+        let ttl_ms = probe.ttl_ms(&self.cascade);
+        if probe.owner == crate::clock::source() {
+            self.watch().came_back(probe.level, probe.sent_ms, ttl_ms);
+            return Settle::Ack;
+        }
+        if now_ms > probe.sent_ms + ttl_ms + FOREIGN_PROBE_KEPT_MS {
+            Settle::Ack
+        } else {
+            Settle::Requeue
+        }
+    }
+}
+
+/// Probes the levels, and drains those found stranded.
+#[derive(Clone)]
+pub(super) struct LevelKeeper {
+    pub broker: Arc<dyn Broker>,
+    pub ledger: Ledger,
+    pub cascade: Arc<Cascade>,
+    pub metrics: Arc<Metrics>,
+    pub strands: Strands,
+    /// How long a task that passed no stranded level may be overdue before
+    /// the ledger's own resender publishes it again (`store.resend_after_ms`).
+    pub resend_after: Duration,
+}
+
+impl LevelKeeper {
+    /// Probes every `every`, until `shutdown`.
+    pub async fn run(self, every: Duration, shutdown: CancellationToken) {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = interval.tick() => {}
+            }
+            if !self.broker.status().ready {
+                self.strands.watch().forget_probes_out();
+                continue;
+            }
+            self.send_probes().await;
+            let now_ms = crate::clock::now_ms();
+            let found = self.strands.watch().newly_stranded(&self.cascade, now_ms);
+            for level in found {
+                self.take_over(level, now_ms, &shutdown);
+            }
+        }
+    }
+
+    /// A probe through each watched level that wants one (and one through
+    /// none). Noted as out before it is sent, since a short level's may be
+    /// back before its confirm; taken back if the broker did not confirm it.
+    async fn send_probes(&self) {
+        let sent_ms = crate::clock::now_ms();
+        let wanted: Vec<Option<u32>> = {
+            let mut watch = self.strands.watch();
+            let wanted: Vec<Option<u32>> = LevelWatch::watched(&self.cascade)
+                .map(Some)
+                .chain([None])
+                .filter(|&level| watch.wants_probe(level))
+                .collect();
+            for &level in &wanted {
+                watch.sent(level, sent_ms);
+            }
+            wanted
+        };
+        let sent = join_all(wanted.iter().map(|&level| {
+            let probe = Probe {
+                level,
+                sent_ms,
+                owner: crate::clock::source().to_owned(),
+            };
+            self.broker.publish_due(probe.message(&self.cascade))
+        }))
+        .await;
+        let mut watch = self.strands.watch();
+        for (level, outcome) in wanted.into_iter().zip(sent) {
+            if !matches!(outcome, Ok(Published::Confirmed)) {
+                watch.not_sent(level, sent_ms);
+            }
+        }
+    }
+
+    fn label(&self, level: u32) -> LevelLabel {
+        LevelLabel {
+            level,
+            queue: self.cascade.level_queue(level),
+        }
+    }
+
+    /// `level` found stranded: said, drained, and its overdue tasks resent.
+    fn take_over(&self, level: u32, now_ms: u64, shutdown: &CancellationToken) {
+        warn!(
+            level,
+            queue = self.cascade.level_queue(level),
+            "a level stopped dead-lettering: a probe that fell due more than {} ms after its own \
+             came back first (RabbitMQ's at-least-once dead-letter worker, see the runbook's \
+             \"A level stranded after a node loss\"); delayline now takes its messages off and \
+             sends each on at its time, and publishes the overdue tasks that passed it again",
+            self.cascade.stranded_margin_ms()
+        );
+        self.metrics
+            .level_stranded
+            .get_or_create(&self.label(level))
+            .set(1);
+        tokio::spawn(self.clone().drain(level, shutdown.clone()));
+        // A resender set to never (0) is obeyed here too.
+        if !self.resend_after.is_zero() {
+            tokio::spawn(self.clone().resend_through(level, now_ms, shutdown.clone()));
+        }
+    }
+
+    /// Consumes `level`'s queue until `shutdown`, each message sent on at
+    /// the time the level would have let it go.
+    async fn drain(self, level: u32, shutdown: CancellationToken) {
+        let windows = self.broker.consume(
+            self.cascade.level_queue(level),
+            DRAIN_LIMITS,
+            shutdown.clone(),
+        );
+        windows
+            .into_stream()
+            .for_each_concurrent(None, |window| async {
+                let settles = join_all(
+                    window
+                        .messages
+                        .iter()
+                        .map(|message| self.send_on(message, level, &shutdown)),
+                )
+                .await;
+                window.settle(settles);
+            })
+            .await;
+        info!(level, "stopped draining the level");
+    }
+
+    /// One message taken off stranded `level`: at its time, a copy to
+    /// where dead-lettering would have sent it; acknowledged once confirmed.
+    async fn send_on(&self, inbound: &Inbound, level: u32, shutdown: &CancellationToken) -> Settle {
+        let now_ms = crate::clock::now_ms();
+        let leaves_ms = match message::deliver_at_ms(&inbound.properties) {
+            Some(deliver_at_ms) => {
+                self.cascade
+                    .leaves_level_at_ms(&inbound.routing_key, level, deliver_at_ms)
+            }
+            // Not delayline's: as if it had just come in.
+            None => now_ms + self.cascade.level_ttl_ms(level),
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return Settle::Requeue,
+            () = tokio::time::sleep(Duration::from_millis(leaves_ms.saturating_sub(now_ms))) => {}
+        }
+        let copy = message::drained(
+            &inbound.routing_key,
+            inbound.payload.clone(),
+            &inbound.properties,
+            &self.cascade,
+            level,
+            &crate::clock::read(),
+        );
+        match self.broker.publish_due(copy).await {
+            Ok(Published::Confirmed) => {
+                self.metrics
+                    .level_drained
+                    .get_or_create(&self.label(level))
+                    .inc();
+                Settle::Ack
+            }
+            Ok(Published::Late(_)) | Err(_) => Settle::Requeue,
+        }
+    }
+
+    /// Until `shutdown`: tasks that passed `level`, still `scheduled` the
+    /// margin after their due time, published again from the ledger (the
+    /// broker holds their messages expired, out of any consumer's reach).
+    /// From where the ledger's own resender has not yet looked.
+    async fn resend_through(self, level: u32, now_ms: u64, shutdown: CancellationToken) {
+        let after_ms = u64::try_from(self.resend_after.as_millis()).unwrap_or(u64::MAX);
+        let margin_ms = self.cascade.stranded_margin_ms();
+        let position = digit_position(self.cascade.levels(), level);
+        let mut from_ms = now_ms.saturating_sub(after_ms);
+        let reason = format!(
+            "passed level {level}, which stopped dead-lettering, and not seen at the release \
+             stage {margin_ms} ms after its due time: published again"
+        );
+        loop {
+            let now_ms = crate::clock::now_ms();
+            let to_ms = now_ms.saturating_sub(margin_ms).max(from_ms);
+            match self
+                .ledger
+                .resend_unreleased((from_ms, to_ms), position, now_ms, &reason)
+                .await
+            {
+                Ok(ids) => {
+                    from_ms = to_ms;
+                    if !ids.is_empty() {
+                        self.metrics.tasks_resent.inc_by(ids.len() as u64);
+                        warn!(
+                            level,
+                            tasks = ids.len(),
+                            "tasks held by a stranded level: published again"
+                        );
+                    }
+                }
+                Err(error) => warn!(%error, level, "cannot look for tasks a stranded level holds"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESEND_POLL) => {}
+            }
+        }
+    }
+}

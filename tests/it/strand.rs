@@ -1,0 +1,123 @@
+//! A level that stops dead-lettering, found and drained by delayline itself.
+//!
+//! The broker's fault (RabbitMQ #16652: a quorum queue's at-least-once
+//! dead-letter worker stopped for good after a node loss) is stood in for
+//! on a node of the test's own: its dead-letter workers are killed twice in
+//! quick succession, which takes their supervisor down for good. Every
+//! at-least-once queue on the node then keeps taking messages and lets none
+//! go, as after the node loss measured in issue 42: messages stay past
+//! their TTL, counted in the queue's total but neither ready nor
+//! unacknowledged, out of any consumer's reach.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::common::nodes::{BrokerNode, NodeOptions, drain};
+use crate::common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
+use delayline::cascade::QueueType;
+
+/// Kills the node's quorum-queue dead-letter workers twice, 200 ms apart:
+/// their supervisor gives up, and RabbitMQ does not start it again.
+const STOP_DEAD_LETTERING: &str = "Kill = fun() -> \
+     case catch supervisor:which_children(rabbit_fifo_dlx_sup) of \
+     Children when is_list(Children) -> [exit(P, kill) || {_, P, _, _} <- Children]; \
+     _ -> gone end end, \
+     Kill(), timer:sleep(200), Kill(), timer:sleep(500), whereis(rabbit_fifo_dlx_sup).";
+
+/// The sum of every sample of `metric` (all its label sets) in a scrape.
+fn sum_of(scrape: &str, metric: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_seconds() {
+    let node = BrokerNode::start(&NodeOptions::default());
+    let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = node.uri().into();
+    settings.cascade.level_probe_ms = 200;
+    settings.cascade.stranded_margin_ms = 1_000;
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("stranded");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+
+    // 3 s: 56 units in levels 5, 4 and 3 (1.6 + 0.8 + 0.4 s), 200 ms held.
+    let stop = CancellationToken::new();
+    let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopped_at = Instant::now();
+    let supervisor = node.ctl(&["eval", STOP_DEAD_LETTERING]);
+    assert_eq!(supervisor.trim(), "undefined", "the stand-in took effect");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.cancel();
+    let answers = load.await.unwrap();
+    assert!(answers.iter().all(|a| a.status == 202));
+    let ids: HashSet<String> = answers.into_iter().filter_map(|a| a.id).collect();
+
+    let drained = drain(
+        &mut consumer,
+        &ids,
+        &node,
+        app.cascade.prefix(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let scrape = app.scrape().await;
+    let stranded = sum_of(&scrape, "delayline_level_stranded");
+    let taken_off = sum_of(&scrape, "delayline_level_drained_total");
+    let resent = crate::common::sample(&scrape, "delayline_tasks_resent_total");
+    eprintln!(
+        "{} tasks after stopping dead-lettering {:?} ago: p50 {} ms, p99 {} ms, max {} ms late; \
+         {} duplicates; levels stranded {stranded}, messages drained {taken_off}, resent \
+         {resent:?}; by due time {:?}",
+        ids.len(),
+        stopped_at.elapsed(),
+        drained.percentile(0.5),
+        drained.percentile(0.99),
+        drained.percentile(1.0),
+        drained.duplicates,
+        drained.by_due_time(1_000),
+    );
+    assert!(
+        drained.missing.is_empty(),
+        "never arrived: {:?}",
+        drained.missing
+    );
+    assert!(
+        drained.released.is_empty(),
+        "the runbook's remedy was needed"
+    );
+    assert!(stranded >= 3.0, "levels 3, 4 and 5 at least: {stranded}");
+    assert!(taken_off > 0.0, "nothing drained");
+    // The console's problems page names them.
+    let page = app
+        .http
+        .get(format!("{}/console/problems", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("Stranded levels") && page.contains(&app.cascade.level_queue(5)),
+        "{page}"
+    );
+    // A few seconds, not the resender's minute: the margin, the probe's
+    // way round, and a loaded two-core machine.
+    assert!(
+        drained.percentile(0.99) < 8_000,
+        "p99 {} ms",
+        drained.percentile(0.99)
+    );
+    assert_eq!(drained.unanswered_delivered, 0);
+    drop(consumer);
+    app.stop().await.unwrap();
+    drop(node);
+}
