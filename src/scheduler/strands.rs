@@ -37,9 +37,6 @@ use crate::metrics::{LevelLabel, Metrics};
 
 /// How often the ledger is asked for overdue tasks that passed a stranded level.
 const RESEND_POLL: Duration = Duration::from_secs(1);
-/// A probe of another replica goes back to the release queue for its
-/// owner, until it is this much older than its due time: its owner is gone.
-const FOREIGN_PROBE_KEPT_MS: u64 = 60_000;
 /// A drained level's consumer: messages taken at once, before they expire.
 const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
     window: 100,
@@ -67,15 +64,18 @@ impl Strands {
     }
 
     /// The release stage took `probe` off at `now_ms`: how to settle it.
-    /// This replica's is noted and acknowledged; another's goes back to the
-    /// release queue for its owner, unless it is so old its owner is gone.
+    /// This replica's is noted and acknowledged. Another's goes back to the
+    /// release queue at once (the broker hands it to the next consumer, so
+    /// its owner has it within a few returns), until it is the margin past
+    /// its due time: by then it would tell its owner nothing, or its owner
+    /// is gone.
     pub fn probe_arrived(&self, probe: &Probe, now_ms: u64) -> Settle {
         let ttl_ms = probe.ttl_ms(&self.cascade);
         if probe.owner == crate::clock::source() {
             self.watch().came_back(probe.level, probe.sent_ms, ttl_ms);
             return Settle::Ack;
         }
-        if now_ms > probe.sent_ms + ttl_ms + FOREIGN_PROBE_KEPT_MS {
+        if now_ms > probe.sent_ms + ttl_ms + self.cascade.stranded_margin_ms() {
             Settle::Ack
         } else {
             Settle::Requeue

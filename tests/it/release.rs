@@ -276,6 +276,17 @@ async fn two_replicas_sharing_a_postgresql_ledger_deliver_each_task_once() {
         released, 200.0,
         "the replicas released each task once between them"
     );
+    // Each replica's level probes reached it through the shared release
+    // queue (handed back by the other): no healthy level taken for stranded.
+    for app in [&first, &second] {
+        let scrape = app.scrape().await;
+        assert!(
+            !scrape
+                .lines()
+                .any(|line| line.starts_with("delayline_level_stranded{") && line.ends_with(" 1")),
+            "{scrape}"
+        );
+    }
     second.stop().await.unwrap();
 }
 

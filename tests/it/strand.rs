@@ -2,8 +2,8 @@
 //!
 //! The broker's fault (RabbitMQ #16652: a quorum queue's at-least-once
 //! dead-letter worker stopped for good after a node loss) is stood in for
-//! on a node of the test's own: its dead-letter workers are killed twice in
-//! quick succession, which takes their supervisor down for good. Every
+//! on a node of the test's own: the node's supervisor of those workers is
+//! stopped for good. Every
 //! at-least-once queue on the node then keeps taking messages and lets none
 //! go, as after the node loss measured in issue 42: messages stay past
 //! their TTL, counted in the queue's total but neither ready nor
@@ -18,13 +18,12 @@ use crate::common::nodes::{BrokerNode, NodeOptions, drain};
 use crate::common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
 use delayline::cascade::QueueType;
 
-/// Kills the node's quorum-queue dead-letter workers twice, 200 ms apart:
-/// their supervisor gives up, and RabbitMQ does not start it again.
-const STOP_DEAD_LETTERING: &str = "Kill = fun() -> \
-     case catch supervisor:which_children(rabbit_fifo_dlx_sup) of \
-     Children when is_list(Children) -> [exit(P, kill) || {_, P, _, _} <- Children]; \
-     _ -> gone end end, \
-     Kill(), timer:sleep(200), Kill(), timer:sleep(500), whereis(rabbit_fifo_dlx_sup).";
+/// Stops the node's supervisor of quorum-queue dead-letter workers, and
+/// with it every worker, for good (it is not restarted, and no new worker
+/// can start): RabbitMQ 3.10 and 4.3 alike then hold every expired message
+/// of every at-least-once queue on the node.
+const STOP_DEAD_LETTERING: &str =
+    "supervisor:terminate_child(rabbit_sup, rabbit_fifo_dlx_sup), whereis(rabbit_fifo_dlx_sup).";
 
 /// The sum of every sample of `metric` (all its label sets) in a scrape.
 fn sum_of(scrape: &str, metric: &str) -> f64 {

@@ -262,7 +262,10 @@ fn stranded_levels(state: &AppState, scrape: &str) -> Vec<(u32, String, u64)> {
     let cascade = state.scheduler.cascade();
     (0..cascade.levels())
         .filter_map(|level| {
-            let labels = format!("{{level=\"{level}\",queue=\"{}\"}}", cascade.level_queue(level));
+            let labels = format!(
+                "{{level=\"{level}\",queue=\"{}\"}}",
+                cascade.level_queue(level)
+            );
             if sample(scrape, &format!("delayline_level_stranded{labels}")) != Some(1.0) {
                 return None;
             }
