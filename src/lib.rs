@@ -68,7 +68,10 @@
 //!   order as the limits allow (`limiter`, by `limit_view`, what this
 //!   replica knows of them; the API's side in `limits`); reads the forecast
 //!   and keeps its per-minute counts folded (`forecast`); works bulk
-//!   operations page by page under a lease (`bulk`); answers readiness
+//!   operations page by page under a lease (`bulk`); keeps a probe out
+//!   through every level and drains a level that stopped dead-lettering
+//!   itself (`strands`; the verdict, pure, is `cascade`'s `strand`, the
+//!   probe's message `message`'s `probe`); answers readiness
 //!   and inspection. It sees the broker
 //!   through the [`scheduler::Broker`] trait (publishing, and consuming a
 //!   queue as [`broker::Windows`]), which tests replace.

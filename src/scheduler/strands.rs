@@ -162,13 +162,16 @@ impl LevelKeeper {
 
     /// `level` found stranded: said, drained, and its overdue tasks resent.
     fn take_over(&self, level: u32, now_ms: u64, shutdown: &CancellationToken) {
+        let queue = self.cascade.level_queue(level);
         warn!(
             level,
-            queue = self.cascade.level_queue(level),
+            queue,
+            connected_to = self.broker.status().node.unwrap_or_default(),
             "a level stopped dead-lettering: a probe that fell due more than {} ms after its own \
-             came back first (RabbitMQ's at-least-once dead-letter worker, see the runbook's \
-             \"A level stranded after a node loss\"); delayline now takes its messages off and \
-             sends each on at its time, and publishes the overdue tasks that passed it again",
+             came back first (RabbitMQ's at-least-once dead-letter worker on the node leading \
+             it: rabbitmq-queues quorum_status {queue} names it; see the runbook's \"A level \
+             stranded after a node loss\"); delayline now takes its messages off and sends each \
+             on at its time, and publishes the overdue tasks that passed it again",
             self.cascade.stranded_margin_ms()
         );
         self.metrics
