@@ -18,6 +18,7 @@ mod load;
 mod paced;
 mod plot;
 mod rabbitmqctl;
+mod replicas;
 mod routing;
 mod schedules;
 mod sut;
@@ -56,7 +57,8 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules, timer, limits, forecast); all by default.
+    /// backlog, ledger, schedules, timer, limits, forecast, replicas); all by
+    /// default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -124,6 +126,8 @@ struct Results {
     limits: Option<paced::Limits>,
     /// The forecast over a day of held tasks, per ledger.
     forecast: Vec<forecast::ForecastRun>,
+    /// 1, 2 and 3 replicas sharing a PostgreSQL ledger and a chain.
+    replicas: Vec<replicas::ReplicaRun>,
 }
 
 #[derive(Debug, Serialize)]
@@ -200,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
         timer: Vec::new(),
         limits: None,
         forecast: Vec::new(),
+        replicas: Vec::new(),
     };
 
     if run("ingest") {
@@ -516,6 +521,38 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         results.limits = Some(limits);
+    }
+
+    if run("replicas") {
+        let progress = bar("replicas");
+        let seconds = args.seconds.unwrap_or(if args.quick { 2 } else { 10 });
+        results.replicas = replicas::phase(
+            &args.amqp_uri,
+            args.channels,
+            &args.postgres_url,
+            args.quick,
+            seconds,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        for r in &results.replicas {
+            println!(
+                "replicas: {} on PostgreSQL: intake {:.0} tasks/s ({} errors, {:.0} µs service CPU a task); \
+                 {} due at once: first {:.0} ms after, {:.0}/s, last {:.0} ms after{}; missing {}, duplicates {}",
+                r.replicas,
+                r.intake_per_sec,
+                r.intake_errors,
+                r.intake_service_cpu_us,
+                r.due_tasks,
+                r.first_after_due_ms,
+                r.due_per_sec,
+                r.last_after_due_ms,
+                if r.killed_one { ", one replica SIGKILLed 500 ms after" } else { "" },
+                r.missing,
+                r.duplicates
+            );
+        }
     }
 
     if run("forecast") {

@@ -238,26 +238,7 @@ impl ServiceUnderTest {
 
     /// Ready, and connected to the broker.
     async fn wait_connected(&self) -> anyhow::Result<()> {
-        let sut = self;
-        let http = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            // With a ledger, /readyz is ready before the topology is
-            // provisioned: wait for the broker, so that consumers can bind.
-            if let Ok(response) = http.get(format!("{}/readyz", sut.base)).send().await
-                && response.status() == 200
-                && response
-                    .json::<serde_json::Value>()
-                    .await
-                    .is_ok_and(|ready| ready["broker"] == "connected")
-            {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("delayline did not become ready within 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_connected(&self.base).await
     }
 
     /// Stops the service (SIGTERM, so it drains), keeping its chain and
@@ -279,6 +260,29 @@ impl ServiceUnderTest {
     pub async fn relaunch(&mut self) -> anyhow::Result<()> {
         self.child = launch_service(&self.launch)?;
         self.wait_connected().await
+    }
+
+    /// Another replica of this service: the same chain and ledger (which
+    /// must be PostgreSQL, to be shared), an HTTP port of its own.
+    pub async fn replica(&self) -> anyhow::Result<Replica> {
+        if !matches!(self.store, Store::Postgres(_)) {
+            bail!("replicas share a PostgreSQL ledger");
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut launch = self.launch.clone();
+        for (key, value) in &mut launch {
+            if key == "DELAYLINE__HTTP__BIND" {
+                *value = format!("127.0.0.1:{port}");
+            }
+        }
+        let replica = Replica {
+            child: launch_service(&launch)?,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        wait_connected(&replica.base).await?;
+        Ok(replica)
     }
 
     /// The product's default cascade (32 levels of 100 ms, quorum queues)
@@ -398,6 +402,57 @@ impl ServiceUnderTest {
             }
         }
         Ok(())
+    }
+}
+
+/// The service at `base` is ready, and connected to the broker.
+async fn wait_connected(base: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        // With a ledger, /readyz is ready before the topology is
+        // provisioned: wait for the broker, so that consumers can bind.
+        if let Ok(response) = http.get(format!("{}/readyz", base)).send().await
+            && response.status() == 200
+            && response
+                .json::<serde_json::Value>()
+                .await
+                .is_ok_and(|ready| ready["broker"] == "connected")
+        {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("delayline did not become ready within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One more process of a service under test, on its chain and ledger.
+pub struct Replica {
+    child: Child,
+    pub base: String,
+}
+
+impl Replica {
+    /// SIGKILL: no drain, no goodbye.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM, so it drains, and its exit.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await;
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 }
 
