@@ -548,7 +548,11 @@ async fn main() -> anyhow::Result<()> {
                 r.first_after_due_ms,
                 r.due_per_sec,
                 r.last_after_due_ms,
-                if r.killed_one { ", one replica SIGKILLed 500 ms after" } else { "" },
+                if r.killed_one {
+                    ", one replica SIGKILLed 500 ms after"
+                } else {
+                    ""
+                },
                 r.missing,
                 r.duplicates
             );

@@ -89,7 +89,10 @@ async fn measure(
         .into_iter()
         .chain(extra.iter().filter_map(Replica::pid))
         .collect();
-    let cpu_before: f64 = pids.iter().filter_map(|&p| crate::cpu::process_cpu_ms(p)).sum();
+    let cpu_before: f64 = pids
+        .iter()
+        .filter_map(|&p| crate::cpu::process_cpu_ms(p))
+        .sum();
     let intakes = join_all(bases.iter().map(|base| {
         crate::load::http(
             base,
@@ -102,7 +105,10 @@ async fn measure(
         )
     }))
     .await;
-    let cpu_after: f64 = pids.iter().filter_map(|&p| crate::cpu::process_cpu_ms(p)).sum();
+    let cpu_after: f64 = pids
+        .iter()
+        .filter_map(|&p| crate::cpu::process_cpu_ms(p))
+        .sum();
     let mut intake_tasks = 0;
     let mut intake_errors = 0;
     let mut intake_seconds: f64 = 0.0;

@@ -21,6 +21,7 @@ mod ledger;
 mod lifecycle;
 mod limits;
 mod migrate;
+mod partition;
 mod precision;
 mod provision;
 mod release;

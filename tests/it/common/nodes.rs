@@ -308,6 +308,27 @@ impl BrokerNode {
         );
     }
 
+    /// The node's Erlang VM, as its pid file names it.
+    fn os_pid(&self) -> Option<String> {
+        let pid = std::fs::read_to_string(self.dir.join("pid")).ok()?;
+        Some(pid.trim().to_owned()).filter(|pid| !pid.is_empty())
+    }
+
+    /// Freezes the node (SIGSTOP): its sockets stay open and nothing answers,
+    /// as a node that hangs or is cut off without closing anything.
+    pub fn pause(&self) {
+        let pid = self.os_pid().expect("the node's pid file");
+        let status = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        assert!(status.success(), "kill -STOP {pid}");
+    }
+
+    /// Lets a paused node run again (SIGCONT); harmless on a running one.
+    pub fn resume(&self) {
+        if let Some(pid) = self.os_pid() {
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        }
+    }
+
     /// Stops the node for good (its directories go when it is dropped).
     pub fn stop(&self) {
         let _ = self.try_ctl(&["stop"]);
@@ -345,6 +366,8 @@ impl BrokerNode {
 
 impl Drop for BrokerNode {
     fn drop(&mut self) {
+        // A test that failed with the node paused must not hang stopping it.
+        self.resume();
         self.stop();
         // DLTEST_KEEP_NODES keeps the node's logs and data for a post-mortem.
         if std::env::var_os("DLTEST_KEEP_NODES").is_none() {
