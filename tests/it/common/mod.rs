@@ -1,6 +1,7 @@
 //! Test helpers: a real RabbitMQ, a unique name prefix per test, and cleanup
 //! of everything a test declared, even when it panics.
 
+pub mod netns;
 pub mod node;
 pub mod nodes;
 pub mod python;

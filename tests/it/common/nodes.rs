@@ -39,7 +39,7 @@ pub struct NodeTls {
 /// making every timing in the run meaningless.
 static OWN_NODES: Mutex<()> = Mutex::new(());
 
-fn own_nodes_turn() -> MutexGuard<'static, ()> {
+pub(crate) fn own_nodes_turn() -> MutexGuard<'static, ()> {
     // A test that panicked with its nodes still frees the turn.
     OWN_NODES.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -48,7 +48,7 @@ fn own_nodes_turn() -> MutexGuard<'static, ()> {
 /// `DLTEST_RABBITMQ_ROOT` names (RabbitMQ 4, installed by
 /// `.ci/rabbitmq4.sh`), whose programs run through `chroot` and see the
 /// node's directory below the folder's `/tmp`.
-fn rabbitmq_root() -> Option<PathBuf> {
+pub(crate) fn rabbitmq_root() -> Option<PathBuf> {
     std::env::var_os("DLTEST_RABBITMQ_ROOT").map(PathBuf::from)
 }
 
@@ -308,27 +308,6 @@ impl BrokerNode {
         );
     }
 
-    /// The node's Erlang VM, as its pid file names it.
-    fn os_pid(&self) -> Option<String> {
-        let pid = std::fs::read_to_string(self.dir.join("pid")).ok()?;
-        Some(pid.trim().to_owned()).filter(|pid| !pid.is_empty())
-    }
-
-    /// Freezes the node (SIGSTOP): its sockets stay open and nothing answers,
-    /// as a node that hangs or is cut off without closing anything.
-    pub fn pause(&self) {
-        let pid = self.os_pid().expect("the node's pid file");
-        let status = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-        assert!(status.success(), "kill -STOP {pid}");
-    }
-
-    /// Lets a paused node run again (SIGCONT); harmless on a running one.
-    pub fn resume(&self) {
-        if let Some(pid) = self.os_pid() {
-            let _ = Command::new("kill").args(["-CONT", &pid]).status();
-        }
-    }
-
     /// Stops the node for good (its directories go when it is dropped).
     pub fn stop(&self) {
         let _ = self.try_ctl(&["stop"]);
@@ -366,8 +345,6 @@ impl BrokerNode {
 
 impl Drop for BrokerNode {
     fn drop(&mut self) {
-        // A test that failed with the node paused must not hang stopping it.
-        self.resume();
         self.stop();
         // DLTEST_KEEP_NODES keeps the node's logs and data for a post-mortem.
         if std::env::var_os("DLTEST_KEEP_NODES").is_none() {
