@@ -543,3 +543,48 @@ pub async fn close(connection: &lapin::Connection) {
     )
     .await;
 }
+
+/// Submits `count` tasks for `destination` due at `due_ms`, in batches of
+/// 1,000 spread over the services at `bases` (ids `{destination}-{n}`);
+/// every one must be accepted.
+pub async fn submit_due(
+    bases: &[String],
+    destination: &str,
+    count: usize,
+    due_ms: u64,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let due = delayline::clock::format_epoch_ms(due_ms);
+    let batches: Vec<(String, serde_json::Value)> = (0..count)
+        .collect::<Vec<_>>()
+        .chunks(1000)
+        .enumerate()
+        .map(|(k, chunk)| {
+            let tasks: Vec<_> = chunk
+                .iter()
+                .map(|n| serde_json::json!({"destination": destination, "deliver_at": due, "id": format!("{destination}-{n}")}))
+                .collect();
+            let url = format!("{}/v1/tasks/batch", bases[k % bases.len()]);
+            (url, serde_json::json!({ "tasks": tasks }))
+        })
+        .collect();
+    use futures_util::StreamExt;
+    let accepted: usize = futures_util::stream::iter(batches)
+        .map(|(url, batch)| {
+            let client = client.clone();
+            async move {
+                let Ok(response) = client.post(&url).json(&batch).send().await else {
+                    return 0;
+                };
+                let text = response.text().await.unwrap_or_default();
+                text.matches("\"status\":202").count()
+            }
+        })
+        .buffer_unordered(4)
+        .fold(0, |sum, n| async move { sum + n })
+        .await;
+    if accepted != count {
+        anyhow::bail!("{} of {count} tasks were not accepted", count - accepted);
+    }
+    Ok(())
+}

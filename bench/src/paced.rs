@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use futures_util::StreamExt;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use serde_json::json;
@@ -16,6 +15,7 @@ use tokio::sync::mpsc;
 use delayline::testkit::{now_us, quantile};
 
 use crate::arrivals::consume;
+use crate::load::submit_due;
 use crate::sut::{ServiceUnderTest, Setup, Store};
 
 /// A paced destination: what was set and what arrived.
@@ -117,48 +117,6 @@ async fn put_limit(
     Ok(())
 }
 
-/// Submits `count` tasks for `destination` due at `due_ms`, ids `{tag}-{n}`.
-async fn submit(
-    sut: &ServiceUnderTest,
-    destination: &str,
-    tag: &str,
-    count: usize,
-    due_ms: u64,
-) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
-    let url = format!("{}/v1/tasks/batch", sut.base);
-    let due = delayline::clock::format_epoch_ms(due_ms);
-    let batches: Vec<serde_json::Value> = (0..count)
-        .collect::<Vec<_>>()
-        .chunks(1000)
-        .map(|chunk| {
-            let tasks: Vec<_> = chunk
-                .iter()
-                .map(|n| json!({"destination": destination, "deliver_at": due, "id": format!("{tag}-{n}")}))
-                .collect();
-            json!({ "tasks": tasks })
-        })
-        .collect();
-    let accepted: usize = futures_util::stream::iter(batches)
-        .map(|batch| {
-            let (client, url) = (client.clone(), url.clone());
-            async move {
-                let Ok(response) = client.post(&url).json(&batch).send().await else {
-                    return 0;
-                };
-                let text = response.text().await.unwrap_or_default();
-                text.matches("\"status\":202").count()
-            }
-        })
-        .buffer_unordered(4)
-        .fold(0, |sum, n| async move { sum + n })
-        .await;
-    if accepted != count {
-        bail!("{} of {count} tasks were not accepted", count - accepted);
-    }
-    Ok(())
-}
-
 /// Arrival instants (µs) of `count` tasks, each within `wait` of the last.
 async fn arrivals(
     receiver: &mut mpsc::UnboundedReceiver<(String, i64)>,
@@ -187,7 +145,7 @@ async fn pace(sut: &mut ServiceUnderTest, amqp_uri: &str, rate: f64) -> anyhow::
     .await?;
     let tasks = (rate * 12.0) as usize;
     let due_ms = (now_us() / 1000) as u64 + 3_000 + tasks as u64 / 3;
-    submit(sut, &destination, &destination, tasks, due_ms).await?;
+    submit_due(std::slice::from_ref(&sut.base), &destination, tasks, due_ms).await?;
     let got = arrivals(&mut receiver, tasks, Duration::from_secs(30)).await;
     if got.len() < tasks {
         bail!("{destination}: {} of {tasks} arrived", got.len());
@@ -251,7 +209,7 @@ async fn beside(
     put_limit(sut, "held", json!({"destinations": "held", "paused": true})).await?;
     progress.set_message(format!("limits: {waiting} tasks held by a paused limit"));
     let due_ms = (now_us() / 1000) as u64 + 3_000 + waiting as u64 / 3;
-    submit(sut, "held", "held", waiting, due_ms).await?;
+    submit_due(std::slice::from_ref(&sut.base), "held", waiting, due_ms).await?;
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -316,7 +274,7 @@ async fn outage(
     )
     .await?;
     let due_ms = (now_us() / 1000) as u64 + 5_000 + tasks as u64 / 3;
-    submit(sut, "outage", "outage", tasks, due_ms).await?;
+    submit_due(std::slice::from_ref(&sut.base), "outage", tasks, due_ms).await?;
     sut.halt().await?;
     let wait_ms = (due_ms + 3_000).saturating_sub((now_us() / 1000) as u64);
     tokio::time::sleep(Duration::from_millis(wait_ms)).await;

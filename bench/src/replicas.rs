@@ -7,11 +7,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::bail;
-use futures_util::StreamExt;
 use futures_util::future::join_all;
 use indicatif::ProgressBar;
 use serde::Serialize;
-use serde_json::json;
 
 use delayline::testkit::now_us;
 
@@ -122,7 +120,7 @@ async fn measure(
     let mut receiver = consume(sut, &destination, amqp_uri).await?;
     // Time to submit them all, then due at once.
     let due_ms = now_us() / 1000 + 5_000 + due_tasks as i64 / 2;
-    submit(&bases, &destination, due_tasks, due_ms as u64).await?;
+    crate::load::submit_due(&bases, &destination, due_tasks, due_ms as u64).await?;
     let kill = extra.last_mut().map(|replica| async move {
         let wait = (due_ms + 500 - now_us() / 1000).max(0) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -179,47 +177,4 @@ async fn measure(
         missing: due_tasks - arrivals.len(),
         duplicates,
     })
-}
-
-/// Submits `count` tasks for `destination` due at `due_ms`, in batches of
-/// 1,000 spread over the replicas at `bases`; every one must be accepted.
-async fn submit(
-    bases: &[String],
-    destination: &str,
-    count: usize,
-    due_ms: u64,
-) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
-    let due = delayline::clock::format_epoch_ms(due_ms);
-    let batches: Vec<(String, serde_json::Value)> = (0..count)
-        .collect::<Vec<_>>()
-        .chunks(1000)
-        .enumerate()
-        .map(|(k, chunk)| {
-            let tasks: Vec<_> = chunk
-                .iter()
-                .map(|n| json!({"destination": destination, "deliver_at": due, "id": format!("{destination}-{n}")}))
-                .collect();
-            let url = format!("{}/v1/tasks/batch", bases[k % bases.len()]);
-            (url, json!({ "tasks": tasks }))
-        })
-        .collect();
-    let accepted: usize = futures_util::stream::iter(batches)
-        .map(|(url, batch)| {
-            let client = client.clone();
-            async move {
-                let Ok(response) = client.post(&url).json(&batch).send().await else {
-                    return 0;
-                };
-                let text = response.text().await.unwrap_or_default();
-                text.matches("\"status\":202").count()
-            }
-        })
-        .buffer_unordered(4)
-        .fold(0, |sum, n| async move { sum + n })
-        .await;
-    if accepted != count {
-        bail!("{} of {count} tasks were not accepted", count - accepted);
-    }
-    Ok(())
 }
