@@ -37,6 +37,8 @@ use crate::metrics::{LevelLabel, Metrics};
 
 /// How often the ledger is asked for overdue tasks that passed a stranded level.
 const RESEND_POLL: Duration = Duration::from_secs(1);
+/// How long a drain window waits after the broker refused a copy.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// A drained level's consumer: messages taken at once, before they expire.
 const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
     window: 100,
@@ -203,7 +205,17 @@ impl LevelKeeper {
                         .map(|message| self.send_on(message, level, &shutdown)),
                 )
                 .await;
+                let retry = settles.contains(&Settle::Requeue);
                 window.settle(settles);
+                // A copy the broker would not take (the next level's
+                // exchange missing, a connection lost) comes back at once:
+                // not in a tight loop.
+                if retry {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
             })
             .await;
         info!(level, "stopped draining the level");
