@@ -896,6 +896,14 @@ fn configured(
     }
     command
         .env("DELAYLINE__CASCADE__HOLD_LIMIT", c.hold_limit.to_string())
+        .env(
+            "DELAYLINE__CASCADE__LEVEL_PROBE_MS",
+            c.level_probe_ms.to_string(),
+        )
+        .env(
+            "DELAYLINE__CASCADE__STRANDED_MARGIN_MS",
+            c.stranded_margin_ms.to_string(),
+        )
         .env("DELAYLINE__AMQP__URI", settings.amqp.uri.expose())
         .env("DELAYLINE__AMQP__RECONNECT_MAX_BACKOFF_MS", "200")
         .env(
