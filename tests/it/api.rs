@@ -505,6 +505,9 @@ async fn a_deleted_level_exchange_is_a_503_then_the_service_heals_itself() {
 async fn metrics_count_tasks_confirms_and_read_queue_depths_from_the_broker() {
     let mut settings = with_ledger(test_settings(12, 10, QueueType::Classic), Backend::Sqlite);
     settings.metrics.queue_poll_ms = 100;
+    // Every level's depth is counted exactly below: no level probes
+    // (delayline's own messages in the levels).
+    settings.cascade.level_probe_ms = 0;
     let app = TestApp::spawn(settings).await;
 
     // 3000 units: the first digit set is level 11's, where it waits 20.48 s,
