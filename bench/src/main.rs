@@ -692,9 +692,18 @@ async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
             print_round_routes(&sut.cascade);
             mixes.push(("round", delivery::Mix::Round(&[30, 60])));
         }
-        for &rate in &args.hold_rates {
+        for (run, &rate) in args.hold_rates.iter().enumerate() {
             for &(name, mix) in &mixes {
-                let steady = format!("{label}-{name}-{rate}");
+                // A rate given again is another run: its own destination and ids
+                // (the same ids would be answered as replays, never delivered).
+                let again = args.hold_rates[..run]
+                    .iter()
+                    .filter(|&&r| r == rate)
+                    .count();
+                let steady = match again {
+                    0 => format!("{label}-{name}-{rate}"),
+                    n => format!("{label}-{name}-{rate}-run{}", n + 1),
+                };
                 let seconds = if args.quick { 4.0 } else { 20.0 };
                 let precision = delivery::steady(
                     &mut sut,
