@@ -56,3 +56,21 @@ impl<T> QueryContext<T> for Result<T, rusqlite::Error> {
         self.map_err(|source| LedgerError::Sqlite { context, source })
     }
 }
+
+impl LedgerError {
+    /// PostgreSQL broke the transaction off to end a deadlock, or for a
+    /// serialization failure: nothing of it was committed, and the same
+    /// transaction run again normally succeeds. Two replicas' groups lock
+    /// the same tasks in different orders (one claims what the other marks
+    /// delivered), so this happens in normal operation.
+    pub fn is_transient_conflict(&self) -> bool {
+        match self {
+            LedgerError::Query {
+                source: sqlx::Error::Database(error),
+                ..
+            } => matches!(error.code().as_deref(), Some("40P01" | "40001")),
+            LedgerError::Shared(inner) => inner.is_transient_conflict(),
+            _ => false,
+        }
+    }
+}

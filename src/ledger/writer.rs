@@ -16,10 +16,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
-use tracing::error;
+use tracing::{debug, error};
 
 use super::admit::{Admission, Judged, admit};
 use super::claim::{Finding, claim, hold_claimed};
@@ -34,6 +35,8 @@ use super::transaction::{Store, Tx};
 const MAX_GROUP: usize = 512;
 /// Writes that may wait for the writer before callers wait to enqueue.
 const QUEUE: usize = 8 * MAX_GROUP;
+/// Tries of one group's transaction that PostgreSQL breaks off for a deadlock.
+const CONFLICT_ATTEMPTS: u64 = 5;
 
 type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 
@@ -110,6 +113,7 @@ pub(super) fn spawn(
     };
     if on_own_thread {
         let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .map_err(LedgerError::WriterThread)?;
         std::thread::Builder::new()
@@ -321,8 +325,27 @@ impl Writer {
         while queue.recv_many(&mut writes, MAX_GROUP).await > 0 {
             self.group_sizes.observe(writes.len() as f64);
             let group = Group::of(std::mem::take(&mut writes));
-            let outcome = self.transact(&group).await;
+            let outcome = self.transact_until_settled(&group).await;
             group.answer(outcome);
+        }
+    }
+
+    /// [`Writer::transact`], run again when PostgreSQL broke it off to end a
+    /// deadlock with another replica's group (nothing of it was
+    /// committed): answering the error instead would leave claims to be
+    /// redelivered and delivered marks unmade, for a conflict that a second
+    /// try, a few milliseconds later, does not meet.
+    async fn transact_until_settled(&mut self, group: &Group) -> Result<Decided, LedgerError> {
+        let mut attempt = 1;
+        loop {
+            match self.transact(group).await {
+                Err(error) if error.is_transient_conflict() && attempt < CONFLICT_ATTEMPTS => {
+                    debug!(%error, attempt, "a group's transaction met another's; trying again");
+                    tokio::time::sleep(Duration::from_millis(2 * attempt)).await;
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::common::{
-    Backend, TestApp, TestConsumer, TestUser, close_connections_named, eventually, sample,
+    Backend, Cleanup, TestApp, TestConsumer, TestUser, close_connections_named, eventually, sample,
     test_settings, with_ledger,
 };
 use delayline::auth::{ClientSettings, TokenHashes};
@@ -467,4 +467,84 @@ async fn a_quota_counts_waiting_tasks_from_the_ledger_and_not_cancelled_ones(bac
         (status, body["error"]["code"].as_str()),
         (429, Some("quota_exceeded"))
     );
+}
+
+/// Two replicas' groups lock the same tasks in different orders (one claims
+/// what the other marks delivered): PostgreSQL breaks one off to end the
+/// deadlock. The writer runs that group again instead of answering the
+/// error, so the delivered marks are made. Here the other side is a
+/// transaction of the test's, made to wait longer before it looks for a
+/// deadlock, so that the writer's group is the one broken off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_broken_off_by_a_deadlock_on_postgresql_is_run_again() {
+    use sqlx::{Connection, Executor};
+    let settings = with_ledger(test_settings(4, 20, QueueType::Classic), Backend::Postgres);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let histogram = prometheus_client::metrics::histogram::Histogram::new([1.0]);
+    let ledger = delayline::ledger::open(&settings.store, true, histogram)
+        .await
+        .unwrap()
+        .expect("a PostgreSQL ledger");
+    let url = settings.store.url.expose().to_owned();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    for id in ["a", "b"] {
+        other
+            .execute(&*format!(
+                "INSERT INTO tasks (id, destination, routing_key, delay_ms, deliver_at_ms, \
+                 content_type, headers, payload_bytes, state, created_at_ms, \
+                 next_attempt_at_ms) VALUES ('{id}', 'd', '0.d', 0, 1, 't', '{{}}', 0, \
+                 'releasing', 0, 0)"
+            ))
+            .await
+            .unwrap();
+    }
+    // The other side holds `b`, and looks for a deadlock only after 10 s.
+    other.execute("BEGIN").await.unwrap();
+    other
+        .execute("SET LOCAL deadlock_timeout = '10s'")
+        .await
+        .unwrap();
+    other
+        .execute("UPDATE tasks SET last_error = 'held' WHERE id = 'b'")
+        .await
+        .unwrap();
+    let marking = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.mark_delivered(vec!["a".into(), "b".into()], 5).await }
+    });
+    // The group has `a` and waits for `b`...
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    eventually("the group waits for the other side's lock", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        waiting > 0
+    })
+    .await;
+    // ...and the other side now wants `a`: a deadlock, which PostgreSQL
+    // ends after 1 s by breaking the group's transaction off.
+    other
+        .execute("UPDATE tasks SET last_error = 'held' WHERE id = 'a'")
+        .await
+        .unwrap();
+    other.execute("COMMIT").await.unwrap();
+    marking
+        .await
+        .unwrap()
+        .expect("the group was run again, not answered with the deadlock");
+    let states: Vec<(String, String)> = sqlx::query_as("SELECT id, state FROM tasks ORDER BY id")
+        .fetch_all(&mut watcher)
+        .await
+        .unwrap();
+    assert_eq!(
+        states,
+        [
+            ("a".into(), "delivered".into()),
+            ("b".into(), "delivered".into())
+        ]
+    );
+    ledger.close().await;
 }
