@@ -203,7 +203,18 @@ async fn stamp_each(
     ack: bool,
 ) {
     let _open = connection;
-    while let Some(Ok(delivery)) = consumer.next().await {
+    loop {
+        let delivery = match consumer.next().await {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "a test consumer ended");
+                return;
+            }
+            None => {
+                tracing::warn!("a test consumer's stream ended (cancelled by the broker?)");
+                return;
+            }
+        };
         let at_us = now_us();
         if ack && delivery.ack(BasicAckOptions::default()).await.is_err() {
             return;
