@@ -126,15 +126,7 @@ async fn load(
 /// replicas start on the first address, and an earlier fault may have moved
 /// them.
 async fn node_in_use(app: &TestApp, cluster: &NsCluster) -> usize {
-    let ready: serde_json::Value = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, ready) = app.get("/readyz").await;
     let node = ready["node"].as_str().unwrap_or_default().to_owned();
     let in_use = cluster
         .nodes
@@ -382,16 +374,7 @@ async fn scenario(
     let stale_ids = stale.filter_map(|found| found.split(' ').next().map(str::to_owned));
     let never = verdict.never_delivered.iter().take(10).cloned();
     for id in never.chain(stale_ids) {
-        let url = format!("{}/v1/tasks/{id}", app.base);
-        let task = app
-            .http
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let (_, task) = app.get(&format!("/v1/tasks/{id}")).await;
         eprintln!("{name}: not as expected: {task}");
     }
     eprintln!(
