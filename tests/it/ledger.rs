@@ -515,8 +515,13 @@ async fn a_group_broken_off_by_a_deadlock_on_postgresql_is_run_again() {
     // The group has `a` and waits for `b`...
     let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
     eventually("the group waits for the other side's lock", async || {
+        // This ledger's writer, marking delivered, waiting for a lock (its
+        // `tasks` is found through this connection's path: the test's schema).
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'",
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE 'UPDATE tasks SET state = ''delivered''%' \
+             AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL \
+             AND pid IN (SELECT pid FROM pg_locks WHERE relation = 'tasks'::regclass)",
         )
         .fetch_one(&mut watcher)
         .await
