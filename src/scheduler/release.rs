@@ -447,7 +447,14 @@ impl Releaser {
             let settles = self.release_in_time(messages, shutdown).await;
             return (vec![false; messages.len()], settles);
         }
+        // Noted as they arrive, not after the window's tasks are released:
+        // a claim that waits (a deadlock broken off and run again) must not
+        // make a probe look late and its level stranded.
         let now_ms = crate::clock::now_ms();
+        let probe_settles: Vec<Option<Settle>> = probes
+            .iter()
+            .map(|probe| Some(self.strands.probe_arrived(probe.as_ref()?, now_ms)))
+            .collect();
         let tasks: Vec<Inbound> = messages
             .iter()
             .zip(&probes)
@@ -455,12 +462,9 @@ impl Releaser {
             .map(|(message, _)| message.clone())
             .collect();
         let mut released = self.release_in_time(&tasks, shutdown).await.into_iter();
-        let settles = probes
-            .iter()
-            .map(|probe| match probe {
-                Some(probe) => self.strands.probe_arrived(probe, now_ms),
-                None => released.next().unwrap_or(Settle::Requeue),
-            })
+        let settles = probe_settles
+            .into_iter()
+            .map(|settle| settle.unwrap_or_else(|| released.next().unwrap_or(Settle::Requeue)))
             .collect();
         (probes.iter().map(Option::is_some).collect(), settles)
     }
