@@ -17,7 +17,9 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -81,6 +83,26 @@ impl Publisher {
         limits: ConsumeLimits,
         shutdown: CancellationToken,
     ) -> Windows {
+        self.consume_queue(Source::Shared(queue), limits, shutdown)
+    }
+
+    /// As [`Publisher::consume`], from a queue of this connection's own:
+    /// declared on each connection, exclusive to it and gone with it.
+    pub fn consume_own(
+        &self,
+        queue: String,
+        limits: ConsumeLimits,
+        shutdown: CancellationToken,
+    ) -> Windows {
+        self.consume_queue(Source::Own(queue), limits, shutdown)
+    }
+
+    fn consume_queue(
+        &self,
+        source: Source,
+        limits: ConsumeLimits,
+        shutdown: CancellationToken,
+    ) -> Windows {
         let (windows, receiver) = mpsc::channel(usize::from(limits.windows.max(1)));
         let publisher = self.clone();
         tokio::spawn(async move {
@@ -91,7 +113,8 @@ impl Publisher {
                         () = tokio::time::sleep(RECONNECT_POLL) => continue,
                     }
                 };
-                let outcome = consume_on(&connection, &queue, limits, &windows, &shutdown).await;
+                let outcome = consume_on(&connection, &source, limits, &windows, &shutdown).await;
+                let queue = source.name();
                 match outcome {
                     Ok(Stop::Shutdown) => return,
                     Ok(Stop::Lost) => debug!(queue, "consumer lost its channel; resuming"),
@@ -125,6 +148,21 @@ impl Windows {
     }
 }
 
+/// A queue to consume: one the topology declares, or one of the
+/// connection's own.
+enum Source {
+    Shared(String),
+    Own(String),
+}
+
+impl Source {
+    fn name(&self) -> &str {
+        match self {
+            Source::Shared(queue) | Source::Own(queue) => queue,
+        }
+    }
+}
+
 enum Stop {
     Shutdown,
     /// The channel or connection went away (or the reader of windows did).
@@ -134,13 +172,17 @@ enum Stop {
 /// A channel limited to `limits`' unacknowledged messages, consuming `queue`.
 async fn start_consumer(
     connection: &lapin::Connection,
-    queue: &str,
+    source: &Source,
     limits: &ConsumeLimits,
 ) -> Result<(lapin::Channel, lapin::Consumer), super::BrokerError> {
+    let queue = source.name();
     let channel = bounded(open_channel(connection, || opening(queue)), || {
         opening(queue)
     })
     .await??;
+    if let Source::Own(queue) = source {
+        declare_own(&channel, queue).await?;
+    }
     let prefetch = limits.window.saturating_mul(limits.windows.max(1));
     let limiting = || format!("limiting unacknowledged messages from {queue:?}");
     bounded(
@@ -178,12 +220,13 @@ async fn settle_in_order(
 
 async fn consume_on(
     connection: &lapin::Connection,
-    queue: &str,
+    source: &Source,
     limits: ConsumeLimits,
     windows: &mpsc::Sender<Window>,
     shutdown: &CancellationToken,
 ) -> Result<Stop, super::BrokerError> {
-    let (channel, mut consumer) = start_consumer(connection, queue, &limits).await?;
+    let queue = source.name();
+    let (channel, mut consumer) = start_consumer(connection, source, &limits).await?;
     // Windows out, in the order they came, settled in that order.
     let (out, settling) =
         mpsc::unbounded_channel::<(Vec<Delivery>, oneshot::Receiver<Vec<Settle>>)>();
@@ -237,6 +280,30 @@ async fn consume_on(
     let closing = || format!("closing the channel consuming {queue:?}");
     let _ = bounded(channel.close(200, "consumer stopping".into()), closing).await;
     Ok(stop)
+}
+
+/// Declares `queue` as the connection's own: exclusive, not durable, a
+/// classic queue whatever the vhost's default (a quorum queue cannot be
+/// exclusive).
+async fn declare_own(channel: &lapin::Channel, queue: &str) -> Result<(), super::BrokerError> {
+    let declaring = || format!("declaring this connection's own queue {queue:?}");
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString("classic".into()),
+    );
+    let options = QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..QueueDeclareOptions::default()
+    };
+    bounded(
+        channel.queue_declare(queue.into(), options, arguments),
+        declaring,
+    )
+    .await?
+    .context(declaring)?;
+    Ok(())
 }
 
 fn opening(queue: &str) -> String {

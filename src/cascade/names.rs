@@ -36,6 +36,13 @@ pub fn release_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.release")
 }
 
+/// A replica's own queue (exclusive to its connection, gone with it) where
+/// the other replicas hand on the level probes it sent that reached them:
+/// `owner` is the replica's name on its probes (16 hex digits).
+pub fn probe_notice_queue_name(prefix: &str, version: u32, owner: &str) -> String {
+    format!("{prefix}.v{version}.probes.{owner}")
+}
+
 /// The exchange that names the ledger a chain belongs to (see [`super::ChainOwner`]).
 pub fn ledger_marker_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.ledger")

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::names::{
     digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
-    release_queue_name, unroutable_exchange_name, unroutable_queue_name,
+    probe_notice_queue_name, release_queue_name, unroutable_exchange_name, unroutable_queue_name,
     unroutable_seen_queue_name,
 };
 use super::settings::{Cascade, MAX_NAME_BYTES, QueueType};
@@ -198,6 +198,12 @@ impl Cascade {
     /// Where the release stage learns that a task it released was unroutable.
     pub fn unroutable_seen_queue(&self) -> String {
         unroutable_seen_queue_name(self.prefix(), self.version())
+    }
+
+    /// Where the replica named `owner` hears of its level probes that
+    /// another replica's release stage took.
+    pub fn probe_notice_queue(&self, owner: &str) -> String {
+        probe_notice_queue_name(self.prefix(), self.version(), owner)
     }
 
     /// The exchange that records which ledger this chain belongs to.

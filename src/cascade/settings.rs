@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::names::{
-    level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
-    unroutable_exchange_name, unroutable_queue_name,
+    level_exchange_name, level_queue_name, poison_queue_name, probe_notice_queue_name,
+    release_queue_name, unroutable_exchange_name, unroutable_queue_name,
 };
 
 /// The largest `x-message-ttl` RabbitMQ accepts (10 years, measured on 3.10.8).
@@ -274,6 +274,11 @@ impl CascadeSettings {
         check_name("prefix", &level_exchange_name(prefix, version, top))?;
         check_name("prefix", &poison_queue_name(prefix, version))?;
         check_name("prefix", &release_queue_name(prefix, version))?;
+        // A replica's name on its probes is 16 hex digits.
+        check_name(
+            "prefix",
+            &probe_notice_queue_name(prefix, version, &"f".repeat(16)),
+        )?;
         let business = &self.business_exchange;
         check_name("business_exchange", &unroutable_exchange_name(business))?;
         check_name(

@@ -70,13 +70,16 @@ pub const MAX_WATCHED_TTL_MS: u64 = 10 * 60 * 1000;
 /// What this replica's probes say of one level.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct LevelProbes {
-    /// When this replica's probe still out through the level was sent (epoch ms).
+    /// When this replica's probe still out through the level was sent (its
+    /// monotonic clock, ms: a stepped wall clock must not make a probe look
+    /// late).
     out_since_ms: Option<u64>,
     /// Since when the level is taken to be stranded.
     stranded_since_ms: Option<u64>,
 }
 
 /// The probes of every level of a chain, and the verdicts drawn from them.
+/// Every time here is one replica's monotonic clock, in milliseconds.
 ///
 /// A probe may be late for reasons that are not the level's: a backlog in
 /// the release queue ahead of it (after an outage), a slow broker. So a

@@ -112,6 +112,15 @@ impl Broker for ScriptedBroker {
     ) -> crate::broker::Windows {
         unimplemented!("the release stage does not run in these tests")
     }
+
+    fn consume_own(
+        &self,
+        _queue: String,
+        _limits: crate::broker::ConsumeLimits,
+        _shutdown: tokio_util::sync::CancellationToken,
+    ) -> crate::broker::Windows {
+        unimplemented!("the level probes do not run in these tests")
+    }
 }
 
 struct Harness {

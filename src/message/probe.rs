@@ -15,33 +15,28 @@ use crate::clock::Reading;
 /// probe off before it looks at a destination: nothing is delivered to it.
 const PROBE_DESTINATION: &str = "delayline.probe";
 
-/// A probe through one level, sent at `sent_ms` (epoch ms) by the process
-/// `owner` names ([`crate::clock::source`]): only its sender judges by it.
+/// A probe through one level, sent by the replica `owner` names when its
+/// process's monotonic clock read `sent_ms`: only its sender judges by it,
+/// and by that clock, which a stepped wall clock leaves alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
     /// `None`: straight to the release stage, through no level.
     pub level: Option<u32>,
+    /// The owner's monotonic clock, milliseconds.
     pub sent_ms: u64,
     pub owner: String,
 }
 
 impl Probe {
-    /// The probe's message: into `level`'s exchange, with a key whose only
-    /// set digit is `level`'s, so that it waits in that level alone.
-    pub fn message(&self, cascade: &Cascade) -> Message {
+    /// The probe's message, sent at `wall_ms` (epoch ms): into `level`'s
+    /// exchange, with a key whose only set digit is `level`'s, so that it
+    /// waits in that level alone. Its due time is stamped as a task's is,
+    /// for a drain that takes it off a stranded level.
+    pub fn message(&self, cascade: &Cascade, wall_ms: u64) -> Message {
         let units = self.level.map_or(0, probe_units);
         let route = cascade.route_units(units, PROBE_DESTINATION);
-        let due_ms = self.sent_ms + self.ttl_ms(cascade);
-        let mut headers = FieldTable::default();
-        headers.insert(
-            PROBE_HEADER.into(),
-            AMQPValue::LongString(LongString::from(format!(
-                "{}:{}:{}",
-                self.level.map_or("-".to_owned(), |level| level.to_string()),
-                self.sent_ms,
-                self.owner
-            ))),
-        );
+        let due_ms = wall_ms + self.ttl_ms(cascade);
+        let mut headers = self.header();
         headers.insert(
             DELIVER_AT_HEADER.into(),
             AMQPValue::LongLongInt(i64::try_from(due_ms).unwrap_or(i64::MAX)),
@@ -55,6 +50,35 @@ impl Probe {
                 .with_delivery_mode(2)
                 .with_headers(headers),
         }
+    }
+
+    /// What another replica's release stage sends the owner when the probe
+    /// reached it: the probe again, straight to the owner's own queue
+    /// (through the default exchange, which routes by queue name). Not
+    /// persistent: that queue goes with the owner's connection.
+    pub fn notice(&self, cascade: &Cascade) -> Message {
+        Message {
+            exchange: String::new(),
+            routing_key: cascade.probe_notice_queue(&self.owner),
+            payload: Vec::new(),
+            properties: BasicProperties::default()
+                .with_message_id(ShortString::from("delayline-probe"))
+                .with_headers(self.header()),
+        }
+    }
+
+    fn header(&self) -> FieldTable {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            PROBE_HEADER.into(),
+            AMQPValue::LongString(LongString::from(format!(
+                "{}:{}:{}",
+                self.level.map_or("-".to_owned(), |level| level.to_string()),
+                self.sent_ms,
+                self.owner
+            ))),
+        );
+        headers
     }
 
     /// How long the probe waits in its level: 0 through none.
@@ -124,19 +148,37 @@ mod tests {
             sent_ms: 1_000,
             owner: "host:1:a".into(),
         };
-        let message = probe.message(&cascade);
+        let message = probe.message(&cascade, 90_000);
         assert_eq!(message.exchange, cascade.level_exchange(2));
         assert_eq!(message.routing_key, "0.1.0.0.delayline.probe");
         assert_eq!(Probe::read(&message.properties), Some(probe.clone()));
-        assert_eq!(deliver_at_ms(&message.properties), Some(1_400));
+        assert_eq!(deliver_at_ms(&message.properties), Some(90_400));
         assert_eq!(Probe::read(&BasicProperties::default()), None);
         let direct = Probe {
             level: None,
             ..probe.clone()
         };
-        let message = direct.message(&cascade);
+        let message = direct.message(&cascade, 90_000);
         assert_eq!(message.exchange, cascade.due_exchange());
         assert_eq!(Probe::read(&message.properties), Some(direct));
+    }
+
+    #[test]
+    fn a_notice_goes_straight_to_the_owners_queue_and_reads_as_the_probe() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let probe = Probe {
+            level: Some(3),
+            sent_ms: 7,
+            owner: "00ff00ff00ff00ff".into(),
+        };
+        let notice = probe.notice(&cascade);
+        assert_eq!(notice.exchange, "");
+        assert_eq!(
+            notice.routing_key,
+            cascade.probe_notice_queue("00ff00ff00ff00ff")
+        );
+        assert!(notice.routing_key.ends_with(".probes.00ff00ff00ff00ff"));
+        assert_eq!(Probe::read(&notice.properties), Some(probe));
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct Metrics {
     pub level_stranded: Family<LevelLabel, Gauge>,
     /// Messages delayline took off a stranded level and sent on, confirmed.
     pub level_drained: Family<LevelLabel, Counter>,
+    /// This replica's level probes heard back (itself or from another replica).
+    pub level_probes_back: Counter,
+    /// Other replicas' level probes this one took and handed on to them.
+    pub level_probes_handed_on: Counter,
     pub management_api_up: Gauge,
     pub unroutable_messages: Gauge,
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
@@ -274,6 +278,20 @@ impl Metrics {
             "Messages delayline took off a stranded level and sent on to where dead-lettering \
              would have, acknowledged after the broker confirmed the copy",
             level_drained.clone(),
+        );
+        let level_probes_back = Counter::default();
+        registry.register(
+            "level_probes_back",
+            "This replica's level probes heard back: taken by its own release stage, or by \
+             another replica's and handed on",
+            level_probes_back.clone(),
+        );
+        let level_probes_handed_on = Counter::default();
+        registry.register(
+            "level_probes_handed_on",
+            "Other replicas' level probes this replica's release stage took and handed on to \
+             their senders",
+            level_probes_handed_on.clone(),
         );
         let management_api_up = Gauge::default();
         registry.register(
@@ -486,6 +504,8 @@ impl Metrics {
             level_ttl_seconds,
             level_stranded,
             level_drained,
+            level_probes_back,
+            level_probes_handed_on,
             management_api_up,
             unroutable_messages,
             retired_chain_messages,

@@ -268,7 +268,7 @@ impl Bookkeeper {
             ));
         }
         if self.cascade.release_stage() {
-            let strands = Strands::new(self.cascade.clone());
+            let strands = Strands::new(self.cascade.clone(), self.metrics.clone());
             if let Some(every) = self.cascade.level_probe() {
                 let keeper = LevelKeeper {
                     broker: self.broker.clone(),

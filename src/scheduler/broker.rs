@@ -47,6 +47,16 @@ pub trait Broker: Send + Sync + 'static {
     /// release stage's input).
     fn consume(&self, queue: String, limits: ConsumeLimits, shutdown: CancellationToken)
     -> Windows;
+
+    /// As [`Broker::consume`], from a queue of this replica's own, declared
+    /// on each connection and gone with it (where other replicas hand on
+    /// its level probes).
+    fn consume_own(
+        &self,
+        queue: String,
+        limits: ConsumeLimits,
+        shutdown: CancellationToken,
+    ) -> Windows;
 }
 
 /// Publishes one message at a time where nothing else is published.
@@ -111,6 +121,15 @@ impl Broker for Publisher {
         shutdown: CancellationToken,
     ) -> Windows {
         Publisher::consume(self, queue, limits, shutdown)
+    }
+
+    fn consume_own(
+        &self,
+        queue: String,
+        limits: ConsumeLimits,
+        shutdown: CancellationToken,
+    ) -> Windows {
+        Publisher::consume_own(self, queue, limits, shutdown)
     }
 }
 

@@ -49,7 +49,7 @@ use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
 use crate::ledger::{Finding, Ledger};
-use crate::message::{self, Probe};
+use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
 
@@ -364,11 +364,8 @@ impl Releaser {
         windows
             .into_stream()
             .for_each_concurrent(concurrency, |window| async {
-                let (probes, settles) = self.release_window(&window.messages, &shutdown).await;
-                let retry = settles
-                    .iter()
-                    .zip(&probes)
-                    .any(|(settle, probe)| *settle == Settle::Requeue && !probe);
+                let settles = self.release_window(&window.messages, &shutdown).await;
+                let retry = settles.contains(&Settle::Requeue);
                 window.settle(settles);
                 if retry {
                     tokio::select! {
@@ -431,29 +428,28 @@ impl Releaser {
         }
     }
 
-    /// One window: its level probes noted (and taken off, or handed back
-    /// for the replica that sent them), the rest released in time. Which
-    /// messages were probes, and how to settle each.
+    /// One window: its level probes noted (or handed on to the replica
+    /// that sent them) and taken off, the rest released in time. How to
+    /// settle each message.
     async fn release_window(
         &self,
         messages: &[Inbound],
         shutdown: &CancellationToken,
-    ) -> (Vec<bool>, Vec<Settle>) {
+    ) -> Vec<Settle> {
         let probes: Vec<Option<Probe>> = messages
             .iter()
             .map(|message| Probe::read(&message.properties))
             .collect();
         if probes.iter().all(Option::is_none) {
-            let settles = self.release_in_time(messages, shutdown).await;
-            return (vec![false; messages.len()], settles);
+            return self.release_in_time(messages, shutdown).await;
         }
-        // Noted as they arrive, not after the window's tasks are released:
-        // a claim that waits (a deadlock broken off and run again) must not
-        // make a probe look late and its level stranded.
-        let now_ms = crate::clock::now_ms();
-        let probe_settles: Vec<Option<Settle>> = probes
+        // Noted (or handed on) as they arrive, not after the window's tasks
+        // are released: a claim that waits (a deadlock broken off and run
+        // again) must not make a probe look late and its level stranded.
+        let notices: Vec<Message> = probes
             .iter()
-            .map(|probe| Some(self.strands.probe_arrived(probe.as_ref()?, now_ms)))
+            .flatten()
+            .filter_map(|probe| self.strands.probe_arrived(probe))
             .collect();
         let tasks: Vec<Inbound> = messages
             .iter()
@@ -461,12 +457,35 @@ impl Releaser {
             .filter(|(_, probe)| probe.is_none())
             .map(|(message, _)| message.clone())
             .collect();
-        let mut released = self.release_in_time(&tasks, shutdown).await.into_iter();
-        let settles = probe_settles
-            .into_iter()
-            .map(|settle| settle.unwrap_or_else(|| released.next().unwrap_or(Settle::Requeue)))
-            .collect();
-        (probes.iter().map(Option::is_some).collect(), settles)
+        let (released, ()) = tokio::join!(
+            self.release_in_time(&tasks, shutdown),
+            self.hand_on(notices)
+        );
+        let mut released = released.into_iter();
+        probes
+            .iter()
+            .map(|probe| match probe {
+                Some(_) => Settle::Ack,
+                None => released.next().unwrap_or(Settle::Requeue),
+            })
+            .collect()
+    }
+
+    /// Sends each notice of another replica's probe to its owner. One not
+    /// taken (its owner gone, the connection lost) is let go: a probe tells
+    /// only its owner something, and only while it is on time.
+    async fn hand_on(&self, notices: Vec<Message>) {
+        let sent = join_all(
+            notices
+                .into_iter()
+                .map(|notice| self.broker.publish_due(notice)),
+        )
+        .await;
+        for outcome in sent {
+            if let Err(error) = outcome {
+                debug!(%error, "a level probe's notice to its replica was not taken");
+            }
+        }
     }
 
     /// One window, each message released at its time (see [`super::hold`]):

@@ -5,8 +5,11 @@
 //! and nothing leaves. The ledger's resender publishes such tasks again a
 //! minute late; this does better. Each level (of at most ten minutes' TTL)
 //! has one probe out at a time (see [`crate::cascade::LevelWatch`] for the
-//! verdict); the release stage hands each probe back to the replica that
-//! sent it. A level found stranded is then
+//! verdict). Replicas share the release queue, so a probe may reach
+//! another replica's release stage: that one takes it off at once and sends
+//! a notice of it straight to the sender's own queue (exclusive to its
+//! connection), where the sender notes it as if it had come itself. A level
+//! found stranded is then
 //! - consumed by delayline: each message is taken before it expires (a
 //!   message delivered to a consumer does not expire), waits here until the
 //!   time the level would have let it go, and goes on to where
@@ -32,13 +35,18 @@ use super::Broker;
 use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
 use crate::cascade::{Cascade, LevelWatch, digit_position};
 use crate::ledger::Ledger;
-use crate::message::{self, Probe};
+use crate::message::{self, Message, Probe};
 use crate::metrics::{LevelLabel, Metrics};
 
 /// How often the ledger is asked for overdue tasks that passed a stranded level.
 const RESEND_POLL: Duration = Duration::from_secs(1);
 /// How long a drain window waits after the broker refused a copy.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// The notices of probes handed on by other replicas: a few at a time.
+const NOTICE_LIMITS: ConsumeLimits = ConsumeLimits {
+    window: 50,
+    windows: 1,
+};
 /// A drained level's consumer: messages taken at once, before they expire.
 const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
     window: 100,
@@ -50,14 +58,21 @@ const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
 pub(super) struct Strands {
     watch: Arc<Mutex<LevelWatch>>,
     cascade: Arc<Cascade>,
+    /// This replica's name on its probes: fresh for each replica, not each
+    /// process, since one process may run two (as the tests do), and each
+    /// must know its own probes from the other's.
+    owner: Arc<str>,
+    metrics: Arc<Metrics>,
 }
 
 impl Strands {
-    pub fn new(cascade: Arc<Cascade>) -> Strands {
+    pub fn new(cascade: Arc<Cascade>, metrics: Arc<Metrics>) -> Strands {
         let watch = LevelWatch::new(cascade.levels(), cascade.stranded_margin_ms());
         Strands {
             watch: Arc::new(Mutex::new(watch)),
             cascade,
+            owner: format!("{:016x}", rand::random::<u64>()).into(),
+            metrics,
         }
     }
 
@@ -65,22 +80,42 @@ impl Strands {
         self.watch.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The release stage took `probe` off at `now_ms`: how to settle it.
-    /// This replica's is noted and acknowledged. Another's goes back to the
-    /// release queue at once (the broker hands it to the next consumer, so
-    /// its owner has it within a few returns), until it is the margin past
-    /// its due time: by then it would tell its owner nothing, or its owner
-    /// is gone.
-    pub fn probe_arrived(&self, probe: &Probe, now_ms: u64) -> Settle {
-        let ttl_ms = probe.ttl_ms(&self.cascade);
-        if probe.owner == crate::clock::source() {
-            self.watch().came_back(probe.level, probe.sent_ms, ttl_ms);
-            return Settle::Ack;
+    /// The release stage took `probe` off: this replica's is noted; for
+    /// another's, the notice to send its owner. Either way the probe itself
+    /// is acknowledged. (Handed back to the queue instead, a probe could go
+    /// to the same replica again and again, each time held with the window
+    /// it came in, until its owner took it for late: a healthy level taken
+    /// for stranded.)
+    pub fn probe_arrived(&self, probe: &Probe) -> Option<Message> {
+        if *probe.owner == *self.owner {
+            self.heard(probe);
+            return None;
         }
-        if now_ms > probe.sent_ms + ttl_ms + self.cascade.stranded_margin_ms() {
-            Settle::Ack
-        } else {
-            Settle::Requeue
+        self.metrics.level_probes_handed_on.inc();
+        Some(probe.notice(&self.cascade))
+    }
+
+    /// This replica's `probe` came back.
+    fn heard(&self, probe: &Probe) {
+        let ttl_ms = probe.ttl_ms(&self.cascade);
+        self.watch().came_back(probe.level, probe.sent_ms, ttl_ms);
+        self.metrics.level_probes_back.inc();
+    }
+
+    /// Notes each of this replica's probes that the other replicas' release
+    /// stages took, as they hand them on to its own queue, until `shutdown`.
+    async fn hear_notices(self, broker: Arc<dyn Broker>, shutdown: CancellationToken) {
+        let queue = self.cascade.probe_notice_queue(&self.owner);
+        let mut windows = broker.consume_own(queue, NOTICE_LIMITS, shutdown);
+        while let Some(window) = windows.recv().await {
+            for message in &window.messages {
+                match Probe::read(&message.properties) {
+                    Some(probe) if *probe.owner == *self.owner => self.heard(&probe),
+                    _ => {}
+                }
+            }
+            let count = window.messages.len();
+            window.settle(vec![Settle::Ack; count]);
         }
     }
 }
@@ -101,6 +136,11 @@ pub(super) struct LevelKeeper {
 impl LevelKeeper {
     /// Probes every `every`, until `shutdown`.
     pub async fn run(self, every: Duration, shutdown: CancellationToken) {
+        tokio::spawn(
+            self.strands
+                .clone()
+                .hear_notices(self.broker.clone(), shutdown.clone()),
+        );
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -114,7 +154,8 @@ impl LevelKeeper {
             }
             self.send_probes().await;
             let now_ms = crate::clock::now_ms();
-            let found = self.strands.watch().newly_stranded(&self.cascade, now_ms);
+            let mono_ms = crate::clock::mono_us() / 1000;
+            let found = self.strands.watch().newly_stranded(&self.cascade, mono_ms);
             for level in found {
                 self.take_over(level, now_ms, &shutdown);
             }
@@ -125,7 +166,8 @@ impl LevelKeeper {
     /// none). Noted as out before it is sent, since a short level's may be
     /// back before its confirm; taken back if the broker did not confirm it.
     async fn send_probes(&self) {
-        let sent_ms = crate::clock::now_ms();
+        let now = crate::clock::read();
+        let sent_ms = now.mono_us / 1000;
         let wanted: Vec<Option<u32>> = {
             let mut watch = self.strands.watch();
             let wanted: Vec<Option<u32>> = LevelWatch::watched(&self.cascade)
@@ -142,9 +184,10 @@ impl LevelKeeper {
             let probe = Probe {
                 level,
                 sent_ms,
-                owner: crate::clock::source().to_owned(),
+                owner: self.strands.owner.to_string(),
             };
-            self.broker.publish_due(probe.message(&self.cascade))
+            self.broker
+                .publish_due(probe.message(&self.cascade, now.wall_ms))
         }))
         .await;
         let mut watch = self.strands.watch();

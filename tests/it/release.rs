@@ -276,8 +276,10 @@ async fn two_replicas_sharing_a_postgresql_ledger_deliver_each_task_once() {
         released, 200.0,
         "the replicas released each task once between them"
     );
-    // Each replica's level probes reached it through the shared release
-    // queue (handed back by the other): no healthy level taken for stranded.
+    // Each replica heard its level probes back, though the release queue
+    // is shared (a probe the other took is handed on to its sender), and
+    // took no healthy level for stranded.
+    let mut handed_on = 0.0;
     for app in [&first, &second] {
         let scrape = app.scrape().await;
         assert!(
@@ -286,7 +288,11 @@ async fn two_replicas_sharing_a_postgresql_ledger_deliver_each_task_once() {
                 .any(|line| line.starts_with("delayline_level_stranded{") && line.ends_with(" 1")),
             "{scrape}"
         );
+        let back = sample(&scrape, "delayline_level_probes_back_total").unwrap();
+        assert!(back >= 3.0, "{back} probes back");
+        handed_on += sample(&scrape, "delayline_level_probes_handed_on_total").unwrap();
     }
+    assert!(handed_on > 0.0, "no probe reached the other replica");
     second.stop().await.unwrap();
 }
 
