@@ -38,7 +38,7 @@
 //!   topology, health, the metrics scrape; the gate in front of all but the
 //!   probes (401/403/429); the JSON extractor; the error shape, every code
 //!   one variant of `http::codes::ErrorCode` with its status and the
-//!   README's words; the OpenAPI description, generated from the handlers'
+//!   API reference's words; the OpenAPI description, generated from the handlers'
 //!   and types' annotations; its own accept loop and the bounds on what one
 //!   client may hold. A request's instant is read here, once, and handed
 //!   down. It calls the [`scheduler`] and, for a requeue, [`operations`];

@@ -34,7 +34,7 @@ pub(crate) struct TaskRequest<'a> {
     /// One of `delay_ms`, `delay`, `deliver_at`: milliseconds from now,
     /// rounded up to the chain's precision (the millisecond with the
     /// release stage, else the unit, and on quorum queues to what the
-    /// levels are sure to keep: see the README's Precision).
+    /// levels are sure to keep: see docs/cascade.md, Precision).
     #[schema(value_type = Option<u64>, minimum = 0, example = 90000)]
     delay_ms: Option<serde_json::Number>,
     /// A human duration: `"90s"`, `"1h30m"`, `"2s 500ms"`.

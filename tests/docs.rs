@@ -1,13 +1,38 @@
-//! The documents' links hold: every `#anchor` in README.md, BENCHMARKS.md
-//! and RELIABILITY.md names one of the heading anchors GitHub makes, and
-//! every relative link or image names a file in the repository. A heading
-//! lost in an edit, or a screenshot not committed, fails here, not in a
-//! reader's browser. Read off the text; no broker needed.
+//! The documents' links hold: in every Markdown file of the repository (the
+//! README, the guide under `docs/`, BENCHMARKS.md, RELIABILITY.md, the
+//! benchmark records), every `#anchor` names one of the heading anchors
+//! GitHub makes, and every relative link or image names a file, from the
+//! document's own folder as GitHub reads it. A heading lost in an edit, a
+//! page moved, or a screenshot not committed, fails here, not in a reader's
+//! browser. Read off the text; no broker needed.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-const DOCUMENTS: [&str; 3] = ["README.md", "BENCHMARKS.md", "RELIABILITY.md"];
+/// Folders that hold no documents of the repository's own.
+const NOT_DOCUMENTS: [&str; 4] = ["target", ".git", "node_modules", ".cargo"];
+
+/// Every Markdown file of the repository, as paths from its root.
+fn documents() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut folders = vec![PathBuf::new()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(root().join(&folder)).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = folder.join(&name);
+            if entry.file_type().unwrap().is_dir() {
+                if !NOT_DOCUMENTS.contains(&name.as_str()) {
+                    folders.push(path);
+                }
+            } else if name.ends_with(".md") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -62,23 +87,32 @@ fn links(text: &str) -> Vec<String> {
 
 #[test]
 fn every_link_names_a_heading_or_a_file() {
+    let documents = documents();
+    for expected in ["README.md", "BENCHMARKS.md", "docs/api.md"] {
+        assert!(documents.contains(&PathBuf::from(expected)), "{expected}");
+    }
     let mut broken = Vec::new();
-    for document in DOCUMENTS {
+    for document in &documents {
         let text = std::fs::read_to_string(root().join(document)).unwrap();
+        let folder = document.parent().unwrap_or(Path::new(""));
         for link in links(&text) {
             if link.starts_with("http://") || link.starts_with("https://") {
                 continue;
             }
             let (file, fragment) = link.split_once('#').unwrap_or((&link, ""));
-            let target = if file.is_empty() { document } else { file };
-            let Ok(target_text) = std::fs::read_to_string(root().join(target)) else {
-                if !root().join(target).exists() {
-                    broken.push(format!("{document}: {link} (no such file)"));
+            let target = if file.is_empty() {
+                document.clone()
+            } else {
+                folder.join(file)
+            };
+            let Ok(target_text) = std::fs::read_to_string(root().join(&target)) else {
+                if !root().join(&target).exists() {
+                    broken.push(format!("{}: {link} (no such file)", document.display()));
                 }
                 continue;
             };
             if !fragment.is_empty() && !anchors(&target_text).contains(fragment) {
-                broken.push(format!("{document}: {link} (no such heading)"));
+                broken.push(format!("{}: {link} (no such heading)", document.display()));
             }
         }
     }
@@ -96,4 +130,80 @@ fn anchors_are_githubs() {
         anchor(" `GET /v1/tasks/{id}` → `200`"),
         "get-v1tasksid--200"
     );
+}
+
+/// The example file's settings: `section.key` and the value as written
+/// (`None` for a key shown commented out, which has no default).
+fn example_settings() -> Vec<(String, Option<String>)> {
+    let text = std::fs::read_to_string(root().join("deploy/delayline.example.toml")).unwrap();
+    let mut section = String::new();
+    let mut settings = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        if line.starts_with("# [[") {
+            section = "[commented".to_owned();
+            continue;
+        }
+        // Array tables ([[ingress]], [[auth.clients]]) are shown commented out.
+        if section.starts_with('[') {
+            continue;
+        }
+        let (commented, line) = match line.strip_prefix("# ") {
+            Some(rest) => (true, rest),
+            None => (false, line),
+        };
+        let Some((key, value)) = line.split_once(" = ") else {
+            continue;
+        };
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            continue;
+        }
+        let value = (!commented).then(|| value.trim().trim_matches('"').to_owned());
+        settings.push((format!("{section}.{key}"), value));
+    }
+    settings
+}
+
+/// The configuration reference (`docs/configuration.md`) names every key
+/// of the example file, which a unit test keeps equal to the code's
+/// defaults, with that default and its environment variable, and no key
+/// the file does not have: the reference cannot drift from the code.
+#[test]
+fn the_configuration_reference_is_the_example_files_keys_and_defaults() {
+    let reference = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let rows: Vec<Vec<&str>> = reference
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| line.split(" | ").collect())
+        .collect();
+    let settings = example_settings();
+    assert!(settings.len() > 40, "the example file read too few keys");
+    for (key, value) in &settings {
+        let row = rows
+            .iter()
+            .find(|cells| cells[0].contains(&format!("`{key}`")))
+            .unwrap_or_else(|| panic!("docs/configuration.md has no row for `{key}`"));
+        let default = match value.as_deref() {
+            None => "*(unset)*".to_owned(),
+            Some("") => "*(empty)*".to_owned(),
+            Some(value) => format!("`{value}`"),
+        };
+        assert_eq!(row[1], default, "the default of `{key}`");
+        let variable = format!("`DELAYLINE__{}`", key.to_uppercase().replace('.', "__"));
+        assert!(row[2].contains(&variable), "`{key}`'s variable {variable}");
+    }
+    for cells in &rows {
+        for key in cells[0]
+            .split(", ")
+            .map(|key| key.trim_matches(['|', ' ', '`']))
+        {
+            assert!(
+                key == "[[ingress]]" || settings.iter().any(|(known, _)| known == key),
+                "docs/configuration.md documents `{key}`, which the example file has not"
+            );
+        }
+    }
 }

@@ -1,6 +1,6 @@
-//! The code's shape, as the map at the top of `src/lib.rs` and the README's
-//! Development section promise it: no import circle between any two files
-//! of `src/`; every room imports only rooms the map lists after it;
+//! The code's shape, as the map at the top of `src/lib.rs` and the guide's
+//! Development page (`docs/development.md`) promise it: no import circle
+//! between any two files of `src/`; every room imports only rooms the map lists after it;
 //! configuration, the wall clock, header names and the statements on tasks
 //! each in the one place the map names; and no function of product code
 //! longer than a screen (80 lines), but for declarative registration. Read
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 const MAX_FUNCTION_LINES: usize = 80;
 /// Declarative: one metric registered after another, and the table of
-/// error codes with the README's words for each.
+/// error codes with the API reference's words for each.
 const LONG_BY_DESIGN: [(&str, &str); 2] = [
     ("src/metrics/registry.rs", "new"),
     ("src/http/codes.rs", "when"),

@@ -631,7 +631,7 @@ mod reserve_tests {
             .dead_letter_header_bytes()
         };
         // The defaults leave 131072 - 14150 = 116922 bytes of a default frame
-        // to a message's properties (README, RELIABILITY.md).
+        // to a message's properties (docs/cascade.md, RELIABILITY.md).
         assert_eq!(reserve(29, "delayline"), 14_150);
         assert!(reserve(29, "delayline") > reserve(8, "delayline"));
         assert!(reserve(8, "a-much-longer-prefix") > reserve(8, "delayline"));

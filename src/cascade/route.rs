@@ -326,7 +326,7 @@ mod tests {
         let just_under = c.route(Duration::from_millis(9_998), "d").unwrap();
         assert_eq!(just_under.routing_key, "1.0.1.0.d");
         assert_eq!(just_under.delay_ms, 9_998);
-        // The README's figures: 10 s on 100 ms units.
+        // The guide's figures (docs/cascade.md): 10 s on 100 ms units.
         let readme = quorum(32, 100).route(Duration::from_secs(10), "d").unwrap();
         assert_eq!((readme.delay_units, readme.delay_ms), (101, 10_096));
         let exact = cascade(32, 100)

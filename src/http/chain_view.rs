@@ -23,7 +23,7 @@ pub struct TopologyView {
     pub unit_ms: u64,
     pub levels: u32,
     /// The longest delay a task is granted; without the release stage, on
-    /// quorum queues, a millisecond less for each level (README, "Without
+    /// quorum queues, a millisecond less for each level (docs/cascade.md, "Without
     /// the release stage").
     pub max_delay_ms: u64,
     pub queue_type: String,

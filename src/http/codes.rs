@@ -1,5 +1,5 @@
 //! Every error code the API answers with, in one enum that knows its HTTP
-//! status and when it is given. The README's table of error codes and the
+//! status and when it is given. The API reference's table of error codes (`docs/api.md`) and the
 //! OpenAPI document's `ErrorBody.code` are checked against (or generated
 //! from) [`ErrorCode::ALL`]; an [`super::error::ApiError`] can only be made
 //! from one of these.
@@ -258,7 +258,7 @@ impl ErrorCode {
         }
     }
 
-    /// When it is given, as the README's table says it (Markdown).
+    /// When it is given, as the API reference's table says it (Markdown).
     #[cfg(test)]
     pub const fn when(self) -> &'static str {
         match self {
@@ -278,7 +278,7 @@ impl ErrorCode {
                 "bad `state`, `due_before`, `limit` or `cursor`, or an unknown parameter of `GET /v1/tasks`"
             }
             ErrorCode::Unauthenticated => {
-                "tokens are required ([Security](#security)) and the request has no `Authorization: Bearer` header; with `WWW-Authenticate: Bearer`"
+                "tokens are required ([Security](security.md)) and the request has no `Authorization: Bearer` header; with `WWW-Authenticate: Bearer`"
             }
             ErrorCode::InvalidToken => {
                 "the token is not one of a configured client's (mistyped, revoked); with `WWW-Authenticate: Bearer …, error=\"invalid_token\"`"
@@ -422,7 +422,7 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// The README's table of error codes, as this enum makes it.
+/// The API reference's table of error codes (`docs/api.md`), as this enum makes it.
 #[cfg(test)]
 pub fn readme_table() -> String {
     let mut table = String::from("| status | code | when |\n|---|---|---|\n");

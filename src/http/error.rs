@@ -1,6 +1,6 @@
 //! Every error the API returns: `{"error": {"code": "...", "message": "..."}}`.
 //!
-//! Codes are stable and each is listed in the README's error table (a test
+//! Codes are stable and each is listed in the API reference's error table (a test
 //! keeps the two in step); messages are for humans. What only an operator
 //! can act on (a database's error text, a bug) goes to the log, and the
 //! client gets the code and a message that says what to do.

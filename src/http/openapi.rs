@@ -4,7 +4,7 @@
 //! utoipa cannot see (the error responses every route shares, which codes
 //! each status carries, the token scheme) is added here, from the
 //! [`ErrorCode`] enum, which every error answer is made from and which a
-//! test keeps equal to the README's table.
+//! test keeps equal to the API reference's table (`docs/api.md`).
 
 use serde_json::{Value, json};
 use utoipa::OpenApi;
@@ -29,7 +29,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         description = "Delayed delivery for RabbitMQ: a task posted here reaches the business \
                        exchange at its time, never early. Every error is \
                        `{\"error\": {\"code\", \"message\"}}`; the codes each status carries are \
-                       listed with it. Limits (README, \"Limits\"): request head within \
+                       listed with it. Limits (docs/api.md, \"Limits\"): request head within \
                        `http.header_read_timeout_ms` (20 s), body within \
                        `http.body_read_timeout_ms` (10 s) and `http.body_limit_bytes` (1 MiB), \
                        answer within `http.request_timeout_ms` (30 s), `http.max_connections` \

@@ -945,17 +945,21 @@ fn codes_in_source() -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// The README's table is the enum's, row for row: status, code and when.
+/// The API reference (`docs/api.md`), as the tests read it.
+fn api_reference() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/api.md")).unwrap()
+}
+
+/// The API reference's table is the enum's, row for row: status, code and when.
 #[test]
-fn the_readmes_error_table_is_the_error_code_enum() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let table = readme.split("### Error codes\n\n").nth(1).unwrap();
-    let table = table.split("\n\n").next().unwrap();
+fn the_api_references_error_table_is_the_error_code_enum() {
+    let reference = api_reference();
+    let table = reference.split("## Error codes\n\n").nth(1).unwrap();
+    let table = table.split("\n\n").next().unwrap().trim_end();
     assert_eq!(
         format!("{table}\n"),
         crate::http::codes::readme_table(),
-        "regenerate the README's table from http::codes::readme_table()"
+        "regenerate docs/api.md's table from http::codes::readme_table()"
     );
 }
 
@@ -991,17 +995,16 @@ fn no_error_code_is_spelled_outside_the_enum() {
 }
 
 #[test]
-fn every_error_code_the_api_answers_is_in_the_readmes_table() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let table = readme.split("### Error codes").nth(1).unwrap();
+fn every_error_code_the_api_answers_is_in_the_api_references_table() {
+    let reference = api_reference();
+    let table = reference.split("## Error codes").nth(1).unwrap();
     let table = table.split("\n## ").next().unwrap();
     let codes = codes_in_source();
     assert!(codes.len() > 25, "the scan found too few codes: {codes:?}");
     for code in &codes {
         assert!(
             table.contains(&format!("| `{code}` |")),
-            "the README's error table lacks `{code}`"
+            "docs/api.md's error table lacks `{code}`"
         );
     }
 }
@@ -1560,18 +1563,15 @@ mod access {
     }
 }
 
-/// The README's reference and the OpenAPI description name the same
+/// The API reference (`docs/api.md`) and the OpenAPI description name the same
 /// endpoints and the same error codes with the same statuses, and those are
 /// the codes the source answers.
 #[test]
-fn the_readme_and_the_openapi_description_agree_on_endpoints_and_error_codes() {
+fn the_api_reference_and_the_openapi_description_agree_on_endpoints_and_error_codes() {
     use std::collections::BTreeSet;
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let reference = readme.split("## API reference").nth(1).unwrap();
-    let reference = reference.split("\n## ").next().unwrap();
+    let reference = api_reference();
     let mut in_readme = BTreeSet::new();
-    for heading in reference.lines().filter(|l| l.starts_with("### `")) {
+    for heading in reference.lines().filter(|l| l.starts_with("## `")) {
         for endpoint in heading.split('`').skip(1).step_by(2) {
             if let Some((method, path)) = endpoint.split_once(' ') {
                 in_readme.insert((method.to_lowercase(), path.to_owned()));
@@ -1589,7 +1589,7 @@ fn the_readme_and_the_openapi_description_agree_on_endpoints_and_error_codes() {
     in_readme.remove(&("get".to_owned(), "/openapi.json".to_owned()));
     assert_eq!(in_readme, in_description);
 
-    let table = readme.split("### Error codes").nth(1).unwrap();
+    let table = reference.split("## Error codes").nth(1).unwrap();
     let table = table.split("\n## ").next().unwrap();
     let readme_codes: BTreeSet<(u16, String)> = table
         .lines()

@@ -765,11 +765,11 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
         port_name
     );
 
-    // The image the README builds is the one the Deployment runs.
+    // The image the deployment guide builds is the one the Deployment runs.
     let image = str_of(container, &["image"]);
     assert!(
-        read("README.md").contains(&format!("-t {image} .")),
-        "README builds another tag than {image}"
+        read("docs/deployment.md").contains(&format!("-t {image} .")),
+        "docs/deployment.md builds another tag than {image}"
     );
     // A read-only root file system: the image's data directory is a volume.
     assert_eq!(

@@ -22,7 +22,11 @@ use crate::common::python::tool;
 use crate::common::{
     Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
 };
-use crate::lifecycle::readme_block;
+use crate::lifecycle::{doc_block, readme_block};
+
+/// The guide's page on the migration from the plugin, and its section.
+const PLUGIN_PAGE: &str = "docs/plugin.md";
+const PLUGIN_SECTION: &str = "# Coming from the x-delayed-message plugin";
 
 /// The lateness a delivery may have here (two cores, the broker beside).
 const LATE_ALLOWED_MS: u64 = 5_000;
@@ -507,24 +511,34 @@ async fn pika_and_amqplib_producers_publish_as_they_did_to_the_plugin() {
 /// The README's pika programs with the test's names: every `"my-…"` name
 /// under the test's prefix, and the broker the tests use.
 fn readme_program(block: usize, prefix: &str) -> String {
-    const SECTION: &str = "## Coming from the x-delayed-message plugin";
-    readme_block(SECTION, "python", block)
+    doc_block(PLUGIN_PAGE, PLUGIN_SECTION, "python", block)
         .replace("\"my-", &format!("\"{prefix}.my-"))
         .replace("amqp://guest:guest@localhost:5672/%2f", amqp_uri())
 }
 
-/// The plugin migration exactly as the README gives it: its configuration
-/// block as the file delayline is started with, then the plugin README's
-/// consumer and producer with their declare lines changed as it shows,
-/// declares included. The declare a plugin user had fails on this broker,
-/// as the README says.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_plugin_section_runs_as_written() {
-    const SECTION: &str = "## Coming from the x-delayed-message plugin";
+/// The settings a documented configuration block gives.
+fn settings_of_block(block: &str) -> Settings {
     let file = std::env::temp_dir().join(format!("dltest-{}.toml", uuid::Uuid::new_v4()));
-    std::fs::write(&file, readme_block(SECTION, "toml", 0)).unwrap();
-    let (from_readme, _) = Settings::load(Some(&file)).unwrap();
+    std::fs::write(&file, block).unwrap();
+    let (settings, _) = Settings::load(Some(&file)).unwrap();
     std::fs::remove_file(&file).unwrap();
+    settings
+}
+
+/// The plugin migration exactly as the guide gives it: its configuration
+/// block as the file delayline is started with (the README's brief one is
+/// the same ingress), then the plugin README's consumer and producer with
+/// their declare lines changed as it shows, declares included. The declare
+/// a plugin user had fails on this broker, as the guide says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_migration_runs_as_written() {
+    let from_readme = settings_of_block(&doc_block(PLUGIN_PAGE, PLUGIN_SECTION, "toml", 0));
+    let brief = settings_of_block(&readme_block(
+        "## Coming from the x-delayed-message plugin",
+        "toml",
+        0,
+    ));
+    assert_eq!(brief.ingress, from_readme.ingress);
     let mut settings = settings_with(&[]);
     // 10 ms units: 10 levels reach the README's 5 s.
     settings.cascade.levels = 10;

@@ -228,12 +228,18 @@ async fn stop_and_read_log(child: tokio::process::Child) -> String {
 
 /// The code block of `language` that follows `heading` in the README.
 pub(crate) fn readme_block(heading: &str, language: &str, nth: usize) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
+    doc_block("README.md", heading, language, nth)
+}
+
+/// The `nth` code block of `language` that follows `heading` in `document`
+/// (a path from the repository's root): the examples run as written.
+pub(crate) fn doc_block(document: &str, heading: &str, language: &str, nth: usize) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(document);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let section = text
         .split(heading)
         .nth(1)
-        .expect("the README has the section");
+        .unwrap_or_else(|| panic!("{document} has no section {heading:?}"));
     let fence = format!("```{language}\n");
     let block = section.split(&fence).nth(nth + 1).expect("the code block");
     let code = block.split("```").next().unwrap();

@@ -609,11 +609,11 @@ async fn schedules_are_under_access_control_and_the_cli_acts_through_the_api() {
     assert!(!ok && refused.contains("401"), "no token: {refused}");
 }
 
-/// The README's section, as written, against the binary in its default
+/// The guide's example (docs/schedules.md), as written, against the binary in its default
 /// configuration (32 levels of 100 ms, SQLite, release stage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_schedule_example_runs_as_written() {
-    use crate::lifecycle::readme_block;
+async fn the_guides_schedule_example_runs_as_written() {
+    use crate::lifecycle::doc_block;
     let settings = with_ledger(test_settings(32, 100, QueueType::Quorum), Backend::Sqlite);
     let _cleanup = crate::common::Cleanup::for_settings(&settings);
     let port = crate::common::free_port();
@@ -621,7 +621,7 @@ async fn the_readme_schedule_example_runs_as_written() {
     crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
         .await;
     let run = async |block: usize| {
-        let script = readme_block("## Recurring schedules", "sh", block)
+        let script = doc_block("docs/schedules.md", "# Recurring schedules", "sh", block)
             .replace("localhost:8080", &format!("127.0.0.1:{port}"));
         let output = tokio::process::Command::new("sh")
             .arg("-c")

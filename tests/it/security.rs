@@ -488,12 +488,12 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_token_example_runs_as_written() {
+async fn the_guides_token_example_runs_as_written() {
     let settings = with_ledger(test_settings(32, 100, QueueType::Quorum), Backend::Sqlite);
     let _cleanup = Cleanup::for_settings(&settings);
     let port = free_port();
     let dir = TestCa::new("readme");
-    let block = crate::lifecycle::readme_block("## Security", "sh", 0);
+    let block = crate::lifecycle::doc_block("docs/security.md", "# Security", "sh", 0);
     // It keeps clear of the quick start's service: another port, chain and ledger.
     for own in [
         "127.0.0.1:8081",
