@@ -14,6 +14,7 @@ mod console;
 mod contract;
 mod delivery;
 mod deploy;
+mod examples;
 mod faults;
 mod forecast;
 mod ingress;

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Pinned, so that a new release cannot change what the tests check.
-const PACKAGES: &[&str] = &["amqplib@0.10.9", "playwright-core@1.64.1"];
+pub const PACKAGES: &[&str] = &["amqplib@0.10.9", "playwright-core@1.64.1"];
 
 fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-node")

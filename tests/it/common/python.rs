@@ -1,6 +1,6 @@
-//! The Python packages the tests drive (pika for the README's consumer,
-//! schemathesis for the contract test, jsonschema for strict schema checks),
-//! in a virtual environment under `target/`, made on first use. So `cargo
+//! The Python packages the tests drive (pika and httpx for the README's
+//! consumer and the client examples, schemathesis for the contract test,
+//! jsonschema for strict schema checks), in a virtual environment under `target/`, made on first use. So `cargo
 //! test` needs nothing installed by hand beyond Python itself, and never
 //! installs into the machine's own Python.
 
@@ -9,7 +9,12 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Pinned, so that a new release cannot change what the tests check.
-const PACKAGES: &[&str] = &["pika==1.4.4", "schemathesis==4.32.5", "jsonschema==4.26.0"];
+pub const PACKAGES: &[&str] = &[
+    "pika==1.4.4",
+    "httpx==0.28.1",
+    "schemathesis==4.32.5",
+    "jsonschema==4.26.0",
+];
 
 /// The environment's folder; its `bin/` holds `python` and `schemathesis`.
 fn folder() -> PathBuf {
