@@ -207,3 +207,48 @@ fn the_configuration_reference_is_the_example_files_keys_and_defaults() {
         }
     }
 }
+
+/// The lines of a document's code blocks.
+fn code(text: &str) -> Vec<&str> {
+    let mut in_code = false;
+    text.lines()
+        .filter(|line| {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                return false;
+            }
+            in_code
+        })
+        .collect()
+}
+
+/// A command names the binary as the reader has it then: `cargo run
+/// --release --` in the README until its install step, `delayline` in the
+/// guide, which starts with the install (`docs/getting-started.md`).
+#[test]
+fn commands_name_the_binary_as_the_reader_has_it() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let (before_install, _) = readme
+        .split_once("cargo install --locked --path .")
+        .expect("the README's install step");
+    for line in code(before_install) {
+        assert!(
+            !line.trim_start().starts_with("delayline "),
+            "README, before the install step: {line}"
+        );
+    }
+    for document in documents() {
+        let name = document.to_string_lossy().into_owned();
+        let how_to_build = ["docs/getting-started.md", "docs/development.md"];
+        if !name.starts_with("docs/")
+            || name.starts_with("docs/bench/")
+            || how_to_build.contains(&name.as_str())
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(root().join(&document)).unwrap();
+        for line in text.lines().filter(|line| line.contains("cargo run")) {
+            panic!("{name} names the binary as cargo run, after the install: {line}");
+        }
+    }
+}
