@@ -28,8 +28,102 @@ use time::format_description::well_known::Rfc3339;
 
 /// The wall clock, now: the one place delayline reads it. A request reads
 /// it once, at its edge, and hands the instant down.
+///
+/// A step forward of the system's clock is not taken for elapsed time: what
+/// this returns runs ahead of the monotonic clock by at most
+/// [`FOLLOW_PPM`], as NTP slews, so a clock stepped 5 s ahead (by hand, or
+/// a bad time source) makes no task early; the step is caught up at that
+/// rate, or at once by a restart. A step back is followed at once (tasks
+/// are then late, never early), and a step forward again to where the clock
+/// was is followed at once too. See [`Follower`].
 pub fn now() -> SystemTime {
-    SystemTime::now()
+    let wall = SystemTime::now();
+    let mono_us = mono_us();
+    let wall_us = wall.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        i128::try_from(since.as_micros()).unwrap_or(i128::MAX)
+    });
+    let followed_us = follower().follow(wall_us, mono_us);
+    if followed_us == wall_us {
+        return wall;
+    }
+    let followed = u64::try_from(followed_us.max(0)).unwrap_or(u64::MAX);
+    UNIX_EPOCH + Duration::from_micros(followed)
+}
+
+/// How much faster than the monotonic clock the wall clock delayline reads
+/// may run, in parts per million: NTP's largest slew rate.
+pub const FOLLOW_PPM: i128 = 500;
+
+/// A step forward larger than this is said in the log (once per step).
+const STEP_WORTH_SAYING_US: i128 = 1_000_000;
+
+/// The wall clock as delayline follows it: its offset from the monotonic
+/// clock may fall at once (a step back) but rise only as fast as the
+/// ceiling does, [`FOLLOW_PPM`] of the monotonic time elapsed, above the
+/// highest offset followed so far. Pure: the readings are arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Follower {
+    /// The highest offset (wall − monotonic, µs) the clock may show now.
+    ceiling_us: i128,
+    /// The monotonic reading the ceiling was last advanced to.
+    at_mono_us: u64,
+    /// Whether the wall clock is ahead of the ceiling (a step being caught up).
+    ahead: bool,
+}
+
+impl Follower {
+    /// Starts from the clocks as they read now: the wall clock is taken as it is.
+    pub fn new(wall_us: i128, mono_us: u64) -> Follower {
+        Follower {
+            ceiling_us: wall_us - i128::from(mono_us),
+            at_mono_us: mono_us,
+            ahead: false,
+        }
+    }
+
+    /// The wall clock (µs since the epoch) to use when the system's reads
+    /// `wall_us` and the monotonic clock `mono_us`.
+    pub fn follow_reading(&mut self, wall_us: i128, mono_us: u64) -> i128 {
+        let elapsed = i128::from(mono_us.saturating_sub(self.at_mono_us));
+        self.at_mono_us = self.at_mono_us.max(mono_us);
+        self.ceiling_us += elapsed * FOLLOW_PPM / 1_000_000;
+        let offset = wall_us - i128::from(mono_us);
+        if offset <= self.ceiling_us {
+            self.ahead = false;
+            return wall_us;
+        }
+        let step = offset - self.ceiling_us;
+        if !self.ahead && step > STEP_WORTH_SAYING_US {
+            tracing::warn!(
+                step_ms = step / 1000,
+                "the system's clock stepped forward against the monotonic clock: delayline \
+                 follows it no faster than {FOLLOW_PPM} ppm, so that no task is early (a \
+                 restart takes the new time at once)"
+            );
+        }
+        self.ahead = true;
+        i128::from(mono_us) + self.ceiling_us
+    }
+}
+
+/// This process's follower, shared by every reader of the wall clock.
+struct SharedFollower(std::sync::Mutex<Option<Follower>>);
+
+impl SharedFollower {
+    fn follow(&self, wall_us: i128, mono_us: u64) -> i128 {
+        let mut follower = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        follower
+            .get_or_insert_with(|| Follower::new(wall_us, mono_us))
+            .follow_reading(wall_us, mono_us)
+    }
+}
+
+fn follower() -> &'static SharedFollower {
+    static FOLLOWER: OnceLock<SharedFollower> = OnceLock::new();
+    FOLLOWER.get_or_init(|| SharedFollower(std::sync::Mutex::new(None)))
 }
 
 /// The wall clock, now, in epoch milliseconds.
@@ -214,6 +308,60 @@ pub async fn until_mono_us(at_us: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    const EPOCH_US: i128 = 1_800_000_000_000_000;
+
+    #[test]
+    fn a_clock_that_runs_with_the_monotonic_one_is_taken_as_it_is() {
+        let mut follower = Follower::new(EPOCH_US, 0);
+        for second in 1..100u64 {
+            let mono = second * 1_000_000;
+            let wall = EPOCH_US + i128::from(mono) + i128::from(second) * 300;
+            assert_eq!(follower.follow_reading(wall, mono), wall, "300 ppm fast");
+        }
+    }
+
+    #[test]
+    fn a_step_forward_is_caught_up_at_the_slew_rate_and_a_step_back_at_once() {
+        let mut follower = Follower::new(EPOCH_US, 0);
+        let true_wall = |mono: u64| EPOCH_US + i128::from(mono);
+        // Stepped 5 s ahead at 10 s: still the true time, and half a
+        // millisecond more for every second since.
+        let at = 10_000_000;
+        let followed = follower.follow_reading(true_wall(at) + 5_000_000, at);
+        assert_eq!(followed, true_wall(at) + 5_000);
+        // Back 3 s behind the true time: followed at once.
+        let at = 20_000_000;
+        assert_eq!(
+            follower.follow_reading(true_wall(at) - 3_000_000, at),
+            true_wall(at) - 3_000_000
+        );
+        // Back to the true time, where it had been: followed at once too.
+        let at = 30_000_000;
+        assert_eq!(follower.follow_reading(true_wall(at), at), true_wall(at));
+    }
+
+    proptest! {
+        /// Whatever the system's clock does, the clock followed never runs
+        /// ahead of it, nor ahead of where it started by more than the
+        /// monotonic time elapsed and the slew allowed on it.
+        #[test]
+        fn the_followed_clock_is_never_ahead_of_the_true_time_by_more_than_the_slew(
+            steps in proptest::collection::vec((1u64..5_000_000, -10_000_000i128..10_000_000), 1..40)
+        ) {
+            let mut follower = Follower::new(EPOCH_US, 0);
+            let mut mono = 0u64;
+            for (elapsed, offset) in steps {
+                mono += elapsed;
+                let wall = EPOCH_US + i128::from(mono) + offset;
+                let followed = follower.follow_reading(wall, mono);
+                prop_assert!(followed <= wall);
+                let bound = EPOCH_US + i128::from(mono) + i128::from(mono) * FOLLOW_PPM / 1_000_000;
+                prop_assert!(followed <= bound + 1, "{followed} > {bound}");
+            }
+        }
+    }
 
     #[test]
     fn the_monotonic_clock_only_moves_forward_and_keeps_its_name() {
