@@ -247,8 +247,10 @@ fn commands_name_the_binary_as_the_reader_has_it() {
             continue;
         }
         let text = std::fs::read_to_string(root().join(&document)).unwrap();
-        for line in text.lines().filter(|line| line.contains("cargo run")) {
-            panic!("{name} names the binary as cargo run, after the install: {line}");
-        }
+        let built = text.lines().find(|line| line.contains("cargo run"));
+        assert!(
+            built.is_none(),
+            "{name} names the binary as cargo run, after the install: {built:?}"
+        );
     }
 }
