@@ -29,13 +29,12 @@ use time::format_description::well_known::Rfc3339;
 /// The wall clock, now: the one place delayline reads it. A request reads
 /// it once, at its edge, and hands the instant down.
 ///
-/// A step forward of the system's clock is not taken for elapsed time: what
-/// this returns runs ahead of the monotonic clock by at most
-/// [`FOLLOW_PPM`], as NTP slews, so a clock stepped 5 s ahead (by hand, or
-/// a bad time source) makes no task early; the step is caught up at that
-/// rate, or at once by a restart. A step back is followed at once (tasks
-/// are then late, never early), and a step forward again to where the clock
-/// was is followed at once too. See [`Follower`].
+/// Never ahead of the wall clock as it read at start-up plus the monotonic
+/// time elapsed since (see [`Follower`]): NTP's slewing moves both clocks
+/// alike, so only a step moves the one ahead of the other, and a step
+/// forward (by hand, a bad time source) is not taken for elapsed time: it
+/// makes no task early. A step back is followed at once (tasks are late,
+/// never early), and a step forward again, as far as where the clock was.
 pub fn now() -> SystemTime {
     let wall = SystemTime::now();
     let mono_us = mono_us();
@@ -50,24 +49,23 @@ pub fn now() -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(followed)
 }
 
-/// How much faster than the monotonic clock the wall clock delayline reads
-/// may run, in parts per million: NTP's largest slew rate.
-pub const FOLLOW_PPM: i128 = 500;
-
 /// A step forward larger than this is said in the log (once per step).
 const STEP_WORTH_SAYING_US: i128 = 1_000_000;
 
 /// The wall clock as delayline follows it: its offset from the monotonic
-/// clock may fall at once (a step back) but rise only as fast as the
-/// ceiling does, [`FOLLOW_PPM`] of the monotonic time elapsed, above the
-/// highest offset followed so far. Pure: the readings are arguments.
+/// clock (wall − monotonic) as at start-up, or less. Linux slews
+/// `CLOCK_MONOTONIC` with the wall clock (NTP's frequency and offset
+/// corrections apply to both), so that offset changes only when the wall
+/// clock is stepped (or the machine was suspended). A step back lowers it,
+/// and is followed; a step forward past the start's offset is not, until a
+/// restart: a bad step would otherwise release tasks early, and a
+/// corrected one only makes them late, which the log says. Pure: the
+/// readings are arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Follower {
-    /// The highest offset (wall − monotonic, µs) the clock may show now.
+    /// The offset (wall − monotonic, µs) at start-up: the most it may be.
     ceiling_us: i128,
-    /// The monotonic reading the ceiling was last advanced to.
-    at_mono_us: u64,
-    /// Whether the wall clock is ahead of the ceiling (a step being caught up).
+    /// Whether the wall clock is past the ceiling (a step not followed).
     ahead: bool,
 }
 
@@ -76,7 +74,6 @@ impl Follower {
     pub fn new(wall_us: i128, mono_us: u64) -> Follower {
         Follower {
             ceiling_us: wall_us - i128::from(mono_us),
-            at_mono_us: mono_us,
             ahead: false,
         }
     }
@@ -84,9 +81,6 @@ impl Follower {
     /// The wall clock (µs since the epoch) to use when the system's reads
     /// `wall_us` and the monotonic clock `mono_us`.
     pub fn follow_reading(&mut self, wall_us: i128, mono_us: u64) -> i128 {
-        let elapsed = i128::from(mono_us.saturating_sub(self.at_mono_us));
-        self.at_mono_us = self.at_mono_us.max(mono_us);
-        self.ceiling_us += elapsed * FOLLOW_PPM / 1_000_000;
         let offset = wall_us - i128::from(mono_us);
         if offset <= self.ceiling_us {
             self.ahead = false;
@@ -97,8 +91,8 @@ impl Follower {
             tracing::warn!(
                 step_ms = step / 1000,
                 "the system's clock stepped forward against the monotonic clock: delayline \
-                 follows it no faster than {FOLLOW_PPM} ppm, so that no task is early (a \
-                 restart takes the new time at once)"
+                 keeps to the time it had, so that no task is early, and its tasks are late by \
+                 the step; restart it to take the new time (see the guide's Clocks)"
             );
         }
         self.ahead = true;
@@ -317,21 +311,20 @@ mod tests {
         let mut follower = Follower::new(EPOCH_US, 0);
         for second in 1..100u64 {
             let mono = second * 1_000_000;
-            let wall = EPOCH_US + i128::from(mono) + i128::from(second) * 300;
-            assert_eq!(follower.follow_reading(wall, mono), wall, "300 ppm fast");
+            let wall = EPOCH_US + i128::from(mono);
+            assert_eq!(follower.follow_reading(wall, mono), wall);
         }
     }
 
     #[test]
-    fn a_step_forward_is_caught_up_at_the_slew_rate_and_a_step_back_at_once() {
+    fn a_step_forward_is_not_followed_and_a_step_back_is_at_once() {
         let mut follower = Follower::new(EPOCH_US, 0);
         let true_wall = |mono: u64| EPOCH_US + i128::from(mono);
-        // Stepped 5 s ahead at 10 s: still the true time, and half a
-        // millisecond more for every second since.
+        // Stepped 5 s ahead at 10 s: still the true time.
         let at = 10_000_000;
         let followed = follower.follow_reading(true_wall(at) + 5_000_000, at);
-        assert_eq!(followed, true_wall(at) + 5_000);
-        // Back 3 s behind the true time: followed at once.
+        assert_eq!(followed, true_wall(at));
+        // 3 s behind the true time: followed at once.
         let at = 20_000_000;
         assert_eq!(
             follower.follow_reading(true_wall(at) - 3_000_000, at),
@@ -343,11 +336,11 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the system's clock does, the clock followed never runs
-        /// ahead of it, nor ahead of where it started by more than the
-        /// monotonic time elapsed and the slew allowed on it.
+        /// Whatever the system's clock does, the clock followed is never
+        /// ahead of it, nor of the time at start-up plus the monotonic
+        /// time elapsed.
         #[test]
-        fn the_followed_clock_is_never_ahead_of_the_true_time_by_more_than_the_slew(
+        fn the_followed_clock_is_never_ahead_of_the_true_time(
             steps in proptest::collection::vec((1u64..5_000_000, -10_000_000i128..10_000_000), 1..40)
         ) {
             let mut follower = Follower::new(EPOCH_US, 0);
@@ -357,8 +350,8 @@ mod tests {
                 let wall = EPOCH_US + i128::from(mono) + offset;
                 let followed = follower.follow_reading(wall, mono);
                 prop_assert!(followed <= wall);
-                let bound = EPOCH_US + i128::from(mono) + i128::from(mono) * FOLLOW_PPM / 1_000_000;
-                prop_assert!(followed <= bound + 1, "{followed} > {bound}");
+                prop_assert!(followed <= EPOCH_US + i128::from(mono));
+                prop_assert!(offset > 0 || followed == wall);
             }
         }
     }
