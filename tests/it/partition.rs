@@ -199,6 +199,8 @@ struct Verdict {
     cancelled_but_delivered: Vec<String>,
     stale_revision_delivered: Vec<String>,
     unknown_delivered: usize,
+    /// Late copies of an earlier scenario's tasks, on the shared queue.
+    earlier_scenarios: usize,
     /// With a stepped clock: how long before the delay asked for ran out
     /// (by the test's clock) each such arrival came, in ms.
     early_ms: Vec<i64>,
@@ -225,6 +227,7 @@ async fn check(
     mut consumer: TestConsumer,
     resubscribe: impl AsyncFn() -> TestConsumer,
     tasks: &HashMap<String, Planned>,
+    own: &str,
     allowance: Duration,
     clocks_true: bool,
 ) -> Verdict {
@@ -257,6 +260,12 @@ async fn check(
         };
         let id = message.message_id();
         if id.starts_with(ROUTE_CHECK) {
+            continue;
+        }
+        // The consumer's queue is the scenarios' one: a late duplicate of
+        // an earlier scenario's task (its binding stays) is not this one's.
+        if !id.starts_with(own) {
+            verdict.earlier_scenarios += 1;
             continue;
         }
         let deliver_at = message.header_i64(DELIVER_AT_HEADER).unwrap();
@@ -416,6 +425,7 @@ async fn scenario(
         consumer,
         resubscribe,
         &tasks,
+        &format!("{name}-"),
         allowance,
         replicas.clocks_true,
     )
@@ -432,6 +442,7 @@ async fn scenario(
     eprintln!(
         "{name}: accepted {}, delivered {}, never delivered {}, duplicates {}, \
          cancelled but delivered {}, stale revision delivered {}, unknown {}, \
+         of earlier scenarios {}, \
          early {} (most {} ms), \
          lateness p50 {} ms, p99 {} ms, max {} ms",
         verdict.accepted,
@@ -441,6 +452,7 @@ async fn scenario(
         verdict.cancelled_but_delivered.len(),
         verdict.stale_revision_delivered.len(),
         verdict.unknown_delivered,
+        verdict.earlier_scenarios,
         verdict.early_ms.len(),
         verdict.early_ms.iter().max().unwrap_or(&0),
         verdict.lateness_ms(0.5),
