@@ -190,10 +190,13 @@ pub fn mono_us() -> u64 {
     u64::try_from(origin().start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Both clocks, now.
+/// Both clocks, now: the wall clock first. A due time is counted from the
+/// wall reading and held by the monotonic one, so a monotonic reading taken
+/// after it (the thread preempted between the two) can only hold a task
+/// longer, never release it before its due time.
 pub fn read() -> Reading {
-    let mono_us = mono_us();
     let wall = now();
+    let mono_us = mono_us();
     Reading {
         wall,
         wall_ms: epoch_ms(wall),
