@@ -34,7 +34,12 @@ pub(super) async fn claim(
         .iter()
         .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
         .collect();
-    let mut claimed: HashSet<String> = HashSet::with_capacity(pairs.len());
+    // By id and revision: a window may hold a late copy of a task's old
+    // revision beside its new one, and only the new one is claimed.
+    let mut claimed: HashSet<(String, i64)> = HashSet::with_capacity(pairs.len());
+    let is_claimed = |claimed: &HashSet<(String, i64)>, (id, revision): (&str, i64)| {
+        claimed.contains(&(id.to_owned(), revision))
+    };
     let mut were_pending = 0u64;
     for (from, pending) in [
         ("state = 'pending'", true),
@@ -43,20 +48,20 @@ pub(super) async fn claim(
         let open: Vec<(&str, i64)> = pairs
             .iter()
             .copied()
-            .filter(|(id, _)| !claimed.contains(*id))
+            .filter(|pair| !is_claimed(&claimed, *pair))
             .collect();
         for chunk in statement_sized_chunks(&open) {
-            let ids = tx.claim(from, chunk).await?;
+            let taken = tx.claim(from, chunk).await?;
             if pending {
-                were_pending += ids.len() as u64;
+                were_pending += taken.len() as u64;
             }
-            claimed.extend(ids);
+            claimed.extend(taken);
         }
     }
     let rest: Vec<&str> = pairs
         .iter()
+        .filter(|pair| !is_claimed(&claimed, **pair))
         .map(|(id, _)| *id)
-        .filter(|id| !claimed.contains(*id))
         .collect();
     let mut found: HashMap<String, (TaskState, u64)> = HashMap::new();
     for chunk in statement_sized_chunks(&rest) {
@@ -68,10 +73,10 @@ pub(super) async fn claim(
             found.insert(id, (state, u64::try_from(revision).unwrap_or(0)));
         }
     }
-    let findings = due
+    let findings = pairs
         .iter()
-        .map(|(id, _)| {
-            if claimed.contains(id) {
+        .map(|&(id, revision)| {
+            if is_claimed(&claimed, (id, revision)) {
                 Finding::Claimed
             } else {
                 match found.get(id) {

@@ -126,9 +126,12 @@ pub const FAIL_SCHEDULED: &str = "UPDATE tasks SET state = 'failed', last_error 
      WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled'";
 
 /// Claims `(id, revision)` pairs (`$1…`) of tasks matching `from`: `releasing`.
+/// Returns each claimed pair: one window may carry two revisions of a task
+/// (a copy of the old one late, the new one on time), and only the pair
+/// that matched is claimed.
 pub fn claim(from: &str, pairs: usize) -> String {
     format!(
-        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id",
+        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id, revision",
         id_revision_pairs(1, pairs)
     )
 }
@@ -489,7 +492,7 @@ mod tests {
         assert_eq!(
             sql,
             "UPDATE tasks SET state = 'releasing' WHERE state = 'pending' AND \
-             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) RETURNING id"
+             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) RETURNING id, revision"
         );
         assert_eq!(parameters(&states(3)), [1, 2, 3]);
     }

@@ -72,6 +72,17 @@ impl SqliteTx<'_> {
         rows.collect()
     }
 
+    /// Every row's first two columns, as an id and a number.
+    fn id_numbers(
+        &self,
+        sql: &str,
+        parameters: &[&dyn ToSql],
+    ) -> rusqlite::Result<Vec<(String, i64)>> {
+        let mut statement = self.prepared(sql)?;
+        let rows = statement.query_map(parameters, |row| Ok((row.get(0)?, row.get(1)?)))?;
+        rows.collect()
+    }
+
     fn states(&self, sql: &str, ids: &[&str]) -> rusqlite::Result<Vec<(String, String, i64)>> {
         let mut statement = self.prepared(sql)?;
         let parameters: Vec<&dyn ToSql> = ids.iter().map(|id| id as &dyn ToSql).collect();
@@ -198,18 +209,19 @@ impl Tx<'_> {
     }
 
     /// One chunk of a release claim: the ids claimed.
+    /// The `(id, revision)` pairs it claimed.
     pub(super) async fn claim(
         &mut self,
         from: &str,
         pairs: &[(&str, i64)],
-    ) -> Result<Vec<String>, LedgerError> {
+    ) -> Result<Vec<(String, i64)>, LedgerError> {
         let sql = sql::claim(from, pairs.len());
         match self {
             Tx::Sqlite(tx) => tx
-                .texts(&sql, &pair_parameters(pairs))
+                .id_numbers(&sql, &pair_parameters(pairs))
                 .context("claiming due tasks"),
             Tx::Postgres(t) => {
-                let mut query = sqlx::query_scalar::<_, String>(&sql);
+                let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
                 for (id, revision) in pairs {
                     query = query.bind(*id).bind(*revision);
                 }

@@ -495,6 +495,61 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// One window may carry a late copy of a moved task's old revision
+    /// beside its new one: only the new one is claimed, and the old one is
+    /// found in the new revision (stale, dropped), in either order.
+    #[tokio::test]
+    async fn a_window_with_both_revisions_of_a_moved_task_claims_only_the_new_one() {
+        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
+        let settings = StoreSettings {
+            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
+            ..StoreSettings::default()
+        };
+        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
+            .await
+            .unwrap()
+            .unwrap();
+        let moved = [row(), row()];
+        for row in &moved {
+            ledger.writes.admit(row.clone()).await.unwrap();
+            let change = crate::ledger::Move {
+                deliver_at_ms: u64::try_from(row.deliver_at_ms).unwrap() + 1_000,
+                delay_ms: 2_000,
+                routing_key: row.routing_key.clone(),
+                lease_until_ms: 0,
+            };
+            let moved = ledger.reschedule(&row.id, &change, None, None, 0).await;
+            assert!(
+                matches!(moved, Ok(crate::ledger::Reschedule::Moved(_))),
+                "{moved:?}"
+            );
+        }
+        let windows = [
+            vec![(moved[0].id.clone(), 1), (moved[0].id.clone(), 2)],
+            vec![(moved[1].id.clone(), 2), (moved[1].id.clone(), 1)],
+        ];
+        for due in windows {
+            let findings = ledger
+                .claim_release(due.clone(), vec![None, None])
+                .await
+                .unwrap();
+            for ((_, revision), finding) in due.iter().zip(&findings) {
+                // The release stage drops a message found in a newer revision.
+                let expected = if *revision == 2 {
+                    Finding::Claimed
+                } else {
+                    Finding::Found {
+                        state: crate::task::TaskState::Releasing,
+                        revision: 2,
+                    }
+                };
+                assert_eq!(*finding, expected, "revision {revision}");
+            }
+        }
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A group that fails is answered with its failure and rolled back on
     /// the writer's own SQLite connection, which takes the next group as if
     /// nothing had happened (no transaction left open, nothing half written).
