@@ -572,10 +572,9 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
         verdicts.push(verdict.await);
     }
     for verdict in &verdicts {
-        // Not a target of the issue's, and seen now and then on both
-        // brokers (a moved task delivered in its old revision, or an
-        // unmoved one in a new; RELIABILITY.md): reported, under
-        // investigation, with the ledger's row of each printed above.
+        // A moved task delivered in its old revision (both revisions in one
+        // window were taken for claimed, until the claim kept revisions
+        // apart; RELIABILITY.md): reported, with the ledger's row of each.
         if !verdict.stale_revision_delivered.is_empty() {
             eprintln!("stale revisions: {:?}", verdict.stale_revision_delivered);
         }
