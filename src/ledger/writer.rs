@@ -445,6 +445,21 @@ mod tests {
     use crate::ledger::StoreSettings;
     use crate::task::Task;
 
+    /// A SQLite ledger with the release stage, in a folder of its own
+    /// (removed by the caller).
+    async fn sqlite_ledger() -> (crate::ledger::Ledger, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
+        let settings = StoreSettings {
+            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
+            ..StoreSettings::default()
+        };
+        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
+            .await
+            .unwrap()
+            .unwrap();
+        (ledger, dir)
+    }
+
     fn row() -> Row {
         let cascade = CascadeSettings::default().validate().unwrap();
         let body = br#"{"destination": "d", "delay_ms": 1000}"#;
@@ -457,15 +472,7 @@ mod tests {
     /// claimed (here: an older revision) is not held.
     #[tokio::test]
     async fn a_claim_holds_what_a_limit_names_in_its_own_commit() {
-        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
-        let settings = StoreSettings {
-            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
-            ..StoreSettings::default()
-        };
-        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
-            .await
-            .unwrap()
-            .unwrap();
+        let (ledger, dir) = sqlite_ledger().await;
         let rows = [row(), row(), row()];
         for row in &rows {
             ledger.writes.admit(row.clone()).await.unwrap();
@@ -500,15 +507,7 @@ mod tests {
     /// found in the new revision (stale, dropped), in either order.
     #[tokio::test]
     async fn a_window_with_both_revisions_of_a_moved_task_claims_only_the_new_one() {
-        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
-        let settings = StoreSettings {
-            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
-            ..StoreSettings::default()
-        };
-        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
-            .await
-            .unwrap()
-            .unwrap();
+        let (ledger, dir) = sqlite_ledger().await;
         let moved = [row(), row()];
         for row in &moved {
             ledger.writes.admit(row.clone()).await.unwrap();
@@ -555,16 +554,7 @@ mod tests {
     /// nothing had happened (no transaction left open, nothing half written).
     #[tokio::test]
     async fn a_failed_group_is_rolled_back_and_the_next_one_commits() {
-        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
-        let settings = StoreSettings {
-            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
-            ..StoreSettings::default()
-        };
-        let histogram = Histogram::new([1.0]);
-        let ledger = super::super::open(&settings, true, histogram)
-            .await
-            .unwrap()
-            .unwrap();
+        let (ledger, dir) = sqlite_ledger().await;
         let mut refused = row();
         refused.state = "not a state".to_owned();
         let failure = ledger.writes.admit(refused.clone()).await.unwrap_err();

@@ -85,6 +85,9 @@ async fn the_client_examples_run_in_python_node_and_rust() {
     }];
     let mut app = TestApp::spawn(settings).await;
     let business = app.cascade.business_exchange().to_owned();
+    // The Rust example built (or found built) before any program starts, off
+    // the runtime's threads.
+    tokio::task::spawn_blocking(rust_examples).await.unwrap();
     // The languages side by side: each program mostly waits for its message.
     let languages = ["python", "node", "rust"];
     for language in languages {
