@@ -9,7 +9,6 @@ mod common;
 mod api;
 mod bulk;
 mod chaos;
-mod cluster;
 mod console;
 mod contract;
 mod delivery;

@@ -388,18 +388,6 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",")
     }
-
-    /// Where each quorum queue's leader lives: (queue, node name).
-    pub fn leaders(&self, alive: &BrokerNode) -> Vec<(String, String)> {
-        alive
-            .ctl(&["list_queues", "name", "leader"])
-            .lines()
-            .filter_map(|line| {
-                let (queue, leader) = line.split_once('\t')?;
-                Some((queue.to_owned(), leader.trim().to_owned()))
-            })
-            .collect()
-    }
 }
 
 /// What receiving every accepted task took.

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::common::nodes::{Cluster, NodeOptions, drain, within};
+use crate::common::nodes::{BrokerNode, Cluster, NodeOptions, drain, within};
 use crate::common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
 use delayline::cascade::QueueType;
 
@@ -20,6 +20,18 @@ async fn node_in_use(app: &TestApp, cluster: &Cluster) -> Option<usize> {
         .nodes
         .iter()
         .position(|n| node.contains(&format!(":{}/", n.port)))
+}
+
+/// Where each quorum queue's leader lives, as `alive` sees it: (queue, node name).
+fn leaders(alive: &BrokerNode) -> Vec<(String, String)> {
+    alive
+        .ctl(&["list_queues", "name", "leader"])
+        .lines()
+        .filter_map(|line| {
+            let (queue, leader) = line.split_once('\t')?;
+            Some((queue.to_owned(), leader.trim().to_owned()))
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,7 +55,7 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
         "the first address"
     );
     // The level queues' leaders are where they were declared: on the node to be lost.
-    let leaders = cluster.leaders(&cluster.nodes[2]);
+    let leaders = leaders(&cluster.nodes[2]);
     let on_first = leaders
         .iter()
         .filter(|(queue, leader)| {
@@ -93,6 +105,21 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
         Duration::from_secs(120),
     )
     .await;
+    if !drained.missing.is_empty() || !drained.released.is_empty() {
+        // What the strand watch saw, for a failure that cannot be rerun.
+        let scrape = app.scrape().await;
+        let watch = scrape.lines().filter(|line| {
+            !line.starts_with('#')
+                && ["level_", "resent", "release", "ready"]
+                    .iter()
+                    .any(|name| line.contains(name))
+        });
+        eprintln!("metrics:\n{}", watch.collect::<Vec<_>>().join("\n"));
+        eprintln!(
+            "{:?}",
+            cluster.nodes[2].ctl(&["list_queues", "name", "messages", "messages_ready"])
+        );
+    }
     assert!(
         drained.missing.is_empty(),
         "never arrived: {:?}",
