@@ -20,6 +20,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -41,7 +42,7 @@ pub fn now() -> SystemTime {
     let wall_us = wall.duration_since(UNIX_EPOCH).map_or(0, |since| {
         i128::try_from(since.as_micros()).unwrap_or(i128::MAX)
     });
-    let followed_us = follower().follow(wall_us, mono_us);
+    let followed_us = follower(wall_us, mono_us).follow_reading(wall_us, mono_us);
     if followed_us == wall_us {
         return wall;
     }
@@ -60,13 +61,15 @@ const STEP_WORTH_SAYING_US: i128 = 1_000_000;
 /// and is followed; a step forward past the start's offset is not, until a
 /// restart: a bad step would otherwise release tasks early, and a
 /// corrected one only makes them late, which the log says. Pure: the
-/// readings are arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// readings are arguments. Shared by every reader without a lock (it is
+/// read on the release path, once per task): the ceiling never changes,
+/// and whether the clock is ahead is one atomic flag.
+#[derive(Debug)]
 pub struct Follower {
     /// The offset (wall − monotonic, µs) at start-up: the most it may be.
     ceiling_us: i128,
     /// Whether the wall clock is past the ceiling (a step not followed).
-    ahead: bool,
+    ahead: AtomicBool,
 }
 
 impl Follower {
@@ -74,20 +77,24 @@ impl Follower {
     pub fn new(wall_us: i128, mono_us: u64) -> Follower {
         Follower {
             ceiling_us: wall_us - i128::from(mono_us),
-            ahead: false,
+            ahead: AtomicBool::new(false),
         }
     }
 
     /// The wall clock (µs since the epoch) to use when the system's reads
     /// `wall_us` and the monotonic clock `mono_us`.
-    pub fn follow_reading(&mut self, wall_us: i128, mono_us: u64) -> i128 {
+    pub fn follow_reading(&self, wall_us: i128, mono_us: u64) -> i128 {
         let offset = wall_us - i128::from(mono_us);
         if offset <= self.ceiling_us {
-            self.ahead = false;
+            // Written only when it changes: a flag every reader shares.
+            if self.ahead.load(Ordering::Relaxed) {
+                self.ahead.store(false, Ordering::Relaxed);
+            }
             return wall_us;
         }
         let step = offset - self.ceiling_us;
-        if !self.ahead && step > STEP_WORTH_SAYING_US {
+        let was_ahead = self.ahead.swap(true, Ordering::Relaxed);
+        if !was_ahead && step > STEP_WORTH_SAYING_US {
             tracing::warn!(
                 step_ms = step / 1000,
                 "the system's clock stepped forward against the monotonic clock: delayline \
@@ -95,29 +102,15 @@ impl Follower {
                  the step; restart it to take the new time (see the guide's Clocks)"
             );
         }
-        self.ahead = true;
         i128::from(mono_us) + self.ceiling_us
     }
 }
 
-/// This process's follower, shared by every reader of the wall clock.
-struct SharedFollower(std::sync::Mutex<Option<Follower>>);
-
-impl SharedFollower {
-    fn follow(&self, wall_us: i128, mono_us: u64) -> i128 {
-        let mut follower = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        follower
-            .get_or_insert_with(|| Follower::new(wall_us, mono_us))
-            .follow_reading(wall_us, mono_us)
-    }
-}
-
-fn follower() -> &'static SharedFollower {
-    static FOLLOWER: OnceLock<SharedFollower> = OnceLock::new();
-    FOLLOWER.get_or_init(|| SharedFollower(std::sync::Mutex::new(None)))
+/// This process's follower, shared by every reader of the wall clock,
+/// started by the first.
+fn follower(wall_us: i128, mono_us: u64) -> &'static Follower {
+    static FOLLOWER: OnceLock<Follower> = OnceLock::new();
+    FOLLOWER.get_or_init(|| Follower::new(wall_us, mono_us))
 }
 
 /// The wall clock, now, in epoch milliseconds.
@@ -311,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_clock_that_runs_with_the_monotonic_one_is_taken_as_it_is() {
-        let mut follower = Follower::new(EPOCH_US, 0);
+        let follower = Follower::new(EPOCH_US, 0);
         for second in 1..100u64 {
             let mono = second * 1_000_000;
             let wall = EPOCH_US + i128::from(mono);
@@ -321,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_step_forward_is_not_followed_and_a_step_back_is_at_once() {
-        let mut follower = Follower::new(EPOCH_US, 0);
+        let follower = Follower::new(EPOCH_US, 0);
         let true_wall = |mono: u64| EPOCH_US + i128::from(mono);
         // Stepped 5 s ahead at 10 s: still the true time.
         let at = 10_000_000;
@@ -346,7 +339,7 @@ mod tests {
         fn the_followed_clock_is_never_ahead_of_the_true_time(
             steps in proptest::collection::vec((1u64..5_000_000, -10_000_000i128..10_000_000), 1..40)
         ) {
-            let mut follower = Follower::new(EPOCH_US, 0);
+            let follower = Follower::new(EPOCH_US, 0);
             let mut mono = 0u64;
             for (elapsed, offset) in steps {
                 mono += elapsed;
