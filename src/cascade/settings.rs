@@ -156,6 +156,12 @@ pub struct CascadeSettings {
     /// by delayline itself, and how overdue a task that passed it must be
     /// before it is published again from the ledger.
     pub stranded_margin_ms: u64,
+    /// How long a level found stranded stays drained by delayline before it
+    /// is handed back to the broker and probed again like any other: its
+    /// dead-letter worker may run again (a restarted Raft member, a node
+    /// back). A probe overtaken again takes it back at once. 0: drained
+    /// until the replica restarts.
+    pub stranded_recheck_ms: u64,
 }
 
 impl Default for CascadeSettings {
@@ -178,6 +184,7 @@ impl Default for CascadeSettings {
             hold_limit: 20_000,
             level_probe_ms: 1_000,
             stranded_margin_ms: 2_000,
+            stranded_recheck_ms: 300_000,
         }
     }
 }
@@ -428,6 +435,13 @@ impl Cascade {
     /// See [`CascadeSettings::stranded_margin_ms`].
     pub fn stranded_margin_ms(&self) -> u64 {
         self.settings.stranded_margin_ms
+    }
+
+    /// How long a stranded level stays drained before it is handed back
+    /// (see [`CascadeSettings::stranded_recheck_ms`]); `None`: for good.
+    pub fn stranded_recheck(&self) -> Option<std::time::Duration> {
+        (self.settings.stranded_recheck_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.settings.stranded_recheck_ms))
     }
 
     /// 2^L - 1: every digit of the routing key set.

@@ -197,6 +197,24 @@ impl LevelWatch {
         found
     }
 
+    /// The levels taken to be stranded at least `after_ms` before `now_ms`:
+    /// due to be handed back to the broker (see [`LevelWatch::hand_back`]).
+    pub fn due_for_recheck(&self, now_ms: u64, after_ms: u64) -> Vec<u32> {
+        self.stranded()
+            .into_iter()
+            .filter(|&(_, since)| now_ms.saturating_sub(since) >= after_ms)
+            .map(|(level, _)| level)
+            .collect()
+    }
+
+    /// `level` handed back to the broker: probed again like any other
+    /// level, and stranded again only if a probe overtakes its next one.
+    pub fn hand_back(&mut self, level: u32) {
+        if let Some(probes) = self.levels.get_mut(level as usize) {
+            *probes = LevelProbes::default();
+        }
+    }
+
     /// The levels taken to be stranded, each with since when.
     pub fn stranded(&self) -> Vec<(u32, u64)> {
         (0u32..)
@@ -284,6 +302,31 @@ mod tests {
         assert_eq!(watch.newly_stranded(&cascade, 12_000), vec![0, 1]);
         watch.came_back(None, 20_000, 0);
         assert_eq!(watch.newly_stranded(&cascade, 20_000), vec![2, 3]);
+    }
+
+    #[test]
+    fn a_stranded_level_is_handed_back_after_the_recheck_and_taken_again_if_overtaken() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let mut watch = LevelWatch::new(4, 1_000);
+        watch.sent(Some(2), 10_000);
+        watch.came_back(None, 11_500, 0);
+        assert_eq!(watch.newly_stranded(&cascade, 12_000), vec![2]);
+        assert!(watch.due_for_recheck(71_999, 60_000).is_empty());
+        assert_eq!(watch.due_for_recheck(72_000, 60_000), vec![2]);
+        watch.hand_back(2);
+        assert!(watch.stranded().is_empty());
+        assert!(watch.wants_probe(Some(2)), "probed again");
+        // Its old probe, drained late, says nothing of the new one.
+        watch.sent(Some(2), 72_000);
+        watch.came_back(Some(2), 10_000, 400);
+        assert!(!watch.wants_probe(Some(2)));
+        // Back in time: handed back for good.
+        watch.came_back(Some(2), 72_000, 400);
+        assert!(watch.newly_stranded(&cascade, 72_500).is_empty());
+        // Overtaken again: taken again.
+        watch.sent(Some(2), 80_000);
+        watch.came_back(None, 81_401, 0);
+        assert_eq!(watch.newly_stranded(&cascade, 81_500), vec![2]);
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub level_drained: Family<LevelLabel, Counter>,
     /// This replica's level probes heard back (itself or from another replica).
     pub level_probes_back: Counter,
+    /// Stranded levels handed back to the broker after the recheck interval.
+    pub level_handed_back: Family<LevelLabel, Counter>,
     /// Other replicas' level probes this one took and handed on to them.
     pub level_probes_handed_on: Counter,
     pub management_api_up: Gauge,
@@ -278,6 +280,14 @@ impl Metrics {
             "Messages delayline took off a stranded level and sent on to where dead-lettering \
              would have, acknowledged after the broker confirmed the copy",
             level_drained.clone(),
+        );
+        let level_handed_back = Family::<LevelLabel, Counter>::default();
+        registry.register(
+            "level_handed_back",
+            "Stranded levels this replica stopped draining after cascade.stranded_recheck_ms and \
+             handed back to the broker, to be probed again (a probe overtaken again takes the \
+             level back)",
+            level_handed_back.clone(),
         );
         let level_probes_back = Counter::default();
         registry.register(
@@ -506,6 +516,7 @@ impl Metrics {
             level_drained,
             level_probes_back,
             level_probes_handed_on,
+            level_handed_back,
             management_api_up,
             unroutable_messages,
             retired_chain_messages,

@@ -20,9 +20,13 @@
 //!   again from the ledger at once. The release stage's claim makes any
 //!   second copy harmless when the broker lets the first go after all.
 //!
-//! A level stays drained until this replica restarts: the broker does not
-//! say when its worker runs again, and a drained level loses nothing.
+//! The broker does not say when a level's worker runs again (a restarted
+//! Raft member, a node back), so a level drained for
+//! `cascade.stranded_recheck_ms` is handed back: its drain stops and it is
+//! probed again like any other, and taken back if a probe overtakes its
+//! own. A drained level loses nothing, and neither does a recheck.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -143,6 +147,8 @@ impl LevelKeeper {
         );
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Each level taken over: what stops its drain and its resends.
+        let mut taken_over: HashMap<u32, CancellationToken> = HashMap::new();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -157,8 +163,41 @@ impl LevelKeeper {
             let mono_ms = crate::clock::mono_us() / 1000;
             let found = self.strands.watch().newly_stranded(&self.cascade, mono_ms);
             for level in found {
-                self.take_over(level, now_ms, &shutdown);
+                let stop = shutdown.child_token();
+                self.take_over(level, now_ms, &stop);
+                taken_over.insert(level, stop);
             }
+            if let Some(recheck) = self.cascade.stranded_recheck() {
+                self.hand_back_due(mono_ms, recheck, &mut taken_over);
+            }
+        }
+    }
+
+    /// Levels drained for `recheck` handed back to the broker: their drain
+    /// stopped (what it held goes back to the level, which lets it go no
+    /// earlier than its TTL), and probed again like any other level.
+    fn hand_back_due(
+        &self,
+        mono_ms: u64,
+        recheck: Duration,
+        taken_over: &mut HashMap<u32, CancellationToken>,
+    ) {
+        let after_ms = u64::try_from(recheck.as_millis()).unwrap_or(u64::MAX);
+        let mut watch = self.strands.watch();
+        for level in watch.due_for_recheck(mono_ms, after_ms) {
+            if let Some(stop) = taken_over.remove(&level) {
+                stop.cancel();
+            }
+            watch.hand_back(level);
+            let label = self.label(level);
+            self.metrics.level_stranded.get_or_create(&label).set(0);
+            self.metrics.level_handed_back.get_or_create(&label).inc();
+            info!(
+                level,
+                queue = label.queue,
+                "handing a stranded level back to the broker after {recheck:?} of draining: \
+                 probed again, and taken back if a probe overtakes its own"
+            );
         }
     }
 
@@ -206,7 +245,8 @@ impl LevelKeeper {
     }
 
     /// `level` found stranded: said, drained, and its overdue tasks resent.
-    fn take_over(&self, level: u32, now_ms: u64, shutdown: &CancellationToken) {
+    /// Until `stop` (a recheck, or shutdown).
+    fn take_over(&self, level: u32, now_ms: u64, stop: &CancellationToken) {
         let queue = self.cascade.level_queue(level);
         warn!(
             level,
@@ -223,10 +263,10 @@ impl LevelKeeper {
             .level_stranded
             .get_or_create(&self.label(level))
             .set(1);
-        tokio::spawn(self.clone().drain(level, shutdown.clone()));
+        tokio::spawn(self.clone().drain(level, stop.clone()));
         // A resender set to never (0) is obeyed here too.
         if !self.resend_after.is_zero() {
-            tokio::spawn(self.clone().resend_through(level, now_ms, shutdown.clone()));
+            tokio::spawn(self.clone().resend_through(level, now_ms, stop.clone()));
         }
     }
 

@@ -25,6 +25,11 @@ use delayline::cascade::QueueType;
 const STOP_DEAD_LETTERING: &str =
     "supervisor:terminate_child(rabbit_sup, rabbit_fifo_dlx_sup), whereis(rabbit_fifo_dlx_sup).";
 
+/// The stand-in mended: the supervisor started again. A queue starts its
+/// worker when its Raft member becomes leader, so each level's member is
+/// then restarted with the runbook's script.
+const START_DEAD_LETTERING: &str = "supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup).";
+
 /// The sum of every sample of `metric` (all its label sets) in a scrape.
 fn sum_of(scrape: &str, metric: &str) -> f64 {
     scrape
@@ -41,6 +46,9 @@ async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_second
     settings.amqp.uri = node.uri().into();
     settings.cascade.level_probe_ms = 200;
     settings.cascade.stranded_margin_ms = 1_000;
+    // Past the first load's drain, so the levels are handed back to a
+    // mended broker.
+    settings.cascade.stranded_recheck_ms = 20_000;
     let app = TestApp::spawn(settings).await;
     let key = app.cascade.binding_key("stranded");
     let mut consumer =
@@ -116,7 +124,77 @@ async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_second
         drained.percentile(0.99)
     );
     assert_eq!(drained.unanswered_delivered, 0);
+    hands_the_levels_back_once_the_broker_is_mended(&app, &node, &mut consumer, stopped_at).await;
     drop(consumer);
     app.stop().await.unwrap();
     drop(node);
+}
+
+/// The broker mended as the runbook says: delayline hands the stranded
+/// levels back after `stranded_recheck_ms`, and tasks through them then
+/// arrive by the broker's own dead-lettering, none taken off by delayline.
+async fn hands_the_levels_back_once_the_broker_is_mended(
+    app: &TestApp,
+    node: &BrokerNode,
+    consumer: &mut TestConsumer,
+    stopped_at: Instant,
+) {
+    let started = node.ctl(&["eval", START_DEAD_LETTERING]);
+    assert!(started.contains("ok"), "{started}");
+    for level in 0..app.cascade.levels() {
+        node.release_stranded_level(&app.cascade.level_queue(level));
+    }
+    let handed_back = crate::common::nodes::within(Duration::from_secs(40), async || {
+        let scrape = app.scrape().await;
+        sum_of(&scrape, "delayline_level_stranded") == 0.0
+            && sum_of(&scrape, "delayline_level_handed_back_total") >= 3.0
+    })
+    .await;
+    assert!(handed_back, "{}", app.scrape().await);
+    eprintln!(
+        "handed back {:?} after stopping dead-lettering",
+        stopped_at.elapsed()
+    );
+    let drained_before = sum_of(&app.scrape().await, "delayline_level_drained_total");
+
+    let stop = CancellationToken::new();
+    let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    let answers = load.await.unwrap();
+    assert!(answers.iter().all(|a| a.status == 202));
+    let ids: HashSet<String> = answers.into_iter().filter_map(|a| a.id).collect();
+    let drained = drain(
+        consumer,
+        &ids,
+        node,
+        app.cascade.prefix(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        drained.missing.is_empty(),
+        "never arrived: {:?}",
+        drained.missing
+    );
+    assert!(
+        drained.released.is_empty(),
+        "the runbook's remedy was needed"
+    );
+    let scrape = app.scrape().await;
+    assert_eq!(
+        sum_of(&scrape, "delayline_level_stranded"),
+        0.0,
+        "taken again"
+    );
+    assert_eq!(
+        sum_of(&scrape, "delayline_level_drained_total"),
+        drained_before,
+        "the broker dead-letters again: delayline took nothing off"
+    );
+    eprintln!(
+        "{} tasks after the hand-back: p99 {} ms late",
+        ids.len(),
+        drained.percentile(0.99)
+    );
 }
