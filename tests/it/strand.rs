@@ -9,13 +9,14 @@
 //! their TTL, counted in the queue's total but neither ready nor
 //! unacknowledged, out of any consumer's reach.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::common::nodes::{BrokerNode, NodeOptions, drain};
-use crate::common::{Backend, TestApp, TestConsumer, steady_load, test_settings, with_ledger};
+use crate::common::{
+    Backend, TestApp, TestConsumer, accepted_ids, steady_load, test_settings, with_ledger,
+};
 use delayline::cascade::QueueType;
 
 /// Stops the node's supervisor of quorum-queue dead-letter workers, and
@@ -62,10 +63,7 @@ async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_second
     let supervisor = node.ctl(&["eval", STOP_DEAD_LETTERING]);
     assert_eq!(supervisor.trim(), "undefined", "the stand-in took effect");
     tokio::time::sleep(Duration::from_secs(8)).await;
-    stop.cancel();
-    let answers = load.await.unwrap();
-    assert!(answers.iter().all(|a| a.status == 202));
-    let ids: HashSet<String> = answers.into_iter().filter_map(|a| a.id).collect();
+    let ids = accepted_ids(load, stop).await;
 
     let drained = drain(
         &mut consumer,
@@ -91,15 +89,7 @@ async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_second
         drained.duplicates,
         drained.by_due_time(1_000),
     );
-    assert!(
-        drained.missing.is_empty(),
-        "never arrived: {:?}",
-        drained.missing
-    );
-    assert!(
-        drained.released.is_empty(),
-        "the runbook's remedy was needed"
-    );
+    drained.assert_all_arrived_unaided();
     assert!(stranded >= 3.0, "levels 3, 4 and 5 at least: {stranded}");
     assert!(taken_off > 0.0, "nothing drained");
     // The console's problems page names them.
@@ -160,10 +150,7 @@ async fn hands_the_levels_back_once_the_broker_is_mended(
     let stop = CancellationToken::new();
     let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.cancel();
-    let answers = load.await.unwrap();
-    assert!(answers.iter().all(|a| a.status == 202));
-    let ids: HashSet<String> = answers.into_iter().filter_map(|a| a.id).collect();
+    let ids = accepted_ids(load, stop).await;
     let drained = drain(
         consumer,
         &ids,
@@ -172,15 +159,7 @@ async fn hands_the_levels_back_once_the_broker_is_mended(
         Duration::from_secs(60),
     )
     .await;
-    assert!(
-        drained.missing.is_empty(),
-        "never arrived: {:?}",
-        drained.missing
-    );
-    assert!(
-        drained.released.is_empty(),
-        "the runbook's remedy was needed"
-    );
+    drained.assert_all_arrived_unaided();
     let scrape = app.scrape().await;
     assert_eq!(
         sum_of(&scrape, "delayline_level_stranded"),

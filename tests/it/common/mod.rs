@@ -796,6 +796,18 @@ pub struct Answer {
     pub took: Duration,
 }
 
+/// Stops `load` (a [`steady_load`] fired by `stop`): every request was
+/// answered 202; the ids it was given.
+pub async fn accepted_ids(
+    load: tokio::task::JoinHandle<Vec<Answer>>,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::collections::HashSet<String> {
+    stop.cancel();
+    let answers = load.await.unwrap();
+    assert!(answers.iter().all(|a| a.status == 202));
+    answers.into_iter().filter_map(|a| a.id).collect()
+}
+
 /// Posts tasks from `clients` concurrent clients, each pausing 25 ms
 /// between requests, until `stop` fires.
 pub fn steady_load(

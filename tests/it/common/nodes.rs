@@ -432,6 +432,16 @@ impl Drained {
             .collect()
     }
 
+    /// Every accepted task arrived, and no level needed the runbook's remedy.
+    pub fn assert_all_arrived_unaided(&self) {
+        assert!(self.missing.is_empty(), "never arrived: {:?}", self.missing);
+        assert!(
+            self.released.is_empty(),
+            "the runbook's remedy was needed for {:?}",
+            self.released
+        );
+    }
+
     pub fn percentile(&self, p: f64) -> i64 {
         self.lateness[((self.lateness.len() - 1) as f64 * p) as usize]
     }
