@@ -290,6 +290,13 @@ pub const REQUEST_BY_KEY: &str =
     "SELECT idempotency_key, fingerprint FROM tasks WHERE idempotency_key = $1";
 pub const REQUEST_BY_ID: &str = "SELECT idempotency_key, fingerprint FROM tasks WHERE id = $1";
 
+/// Whether any task is pending with its lease expired at `$1`: a read, so
+/// that the forwarder, which asks five times a second on every replica and
+/// nearly always in vain, takes no write lock (which the group writer
+/// needs: an UPDATE takes it on SQLite even when it matches nothing).
+pub const ANY_PENDING_DUE: &str =
+    "SELECT id FROM tasks WHERE state = 'pending' AND next_attempt_at_ms <= $1 LIMIT 1";
+
 /// Takes up to `$3` pending tasks whose lease has expired at `$1`, leasing
 /// them until `$2`. The condition is repeated outside the subquery so that,
 /// on PostgreSQL, a replica that waited for another replica's claim
@@ -548,6 +555,22 @@ mod tests {
                 "{statement}\n{plan:?}"
             );
         }
+    }
+
+    /// The forwarder's read, five times a second on every replica, is a
+    /// probe of the pending tasks' partial index, never a scan.
+    #[tokio::test]
+    async fn the_forwarders_read_probes_the_pending_index() {
+        let pool = super::super::pool::migrated_sqlite().await;
+        let plan = super::super::pool::query_plan(&pool, ANY_PENDING_DUE, 1).await;
+        assert!(
+            plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+            "{plan:?}"
+        );
+        assert!(
+            plan.iter().any(|step| step.contains("INDEX tasks_pending")),
+            "{plan:?}"
+        );
     }
 
     /// A lookup by idempotency key uses the key's partial unique index

@@ -91,6 +91,15 @@ impl Ledger {
         lease_until_ms: u64,
         limit: u32,
     ) -> Result<Vec<StoredTask>, LedgerError> {
+        let any: Option<String> =
+            on_pool!(&self.pool, p => sqlx::query_scalar(sql::ANY_PENDING_DUE)
+            .bind(db_ms(now_ms))
+            .fetch_optional(p)
+            .await)
+            .context("looking for pending tasks")?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let sql = sql::claim_pending();
         on_pool!(&self.pool, p => sqlx::query_as::<_, Row>(&sql)
             .bind(db_ms(now_ms))
