@@ -7,7 +7,8 @@
 //! at-least-once queue on the node then keeps taking messages and lets none
 //! go, as after the node loss measured in issue 42: messages stay past
 //! their TTL, counted in the queue's total but neither ready nor
-//! unacknowledged, out of any consumer's reach.
+//! unacknowledged, out of any consumer's reach. Then the broker is mended
+//! as the runbook says, and delayline hands the levels back to it.
 
 use std::time::{Duration, Instant};
 
