@@ -66,16 +66,34 @@ impl Service {
         since.elapsed()
     }
 
-    /// Index of the cluster node in use.
+    /// Index of the cluster node in use, once connected.
     async fn node(&self, cluster: &Cluster) -> usize {
+        self.recovery(Instant::now()).await;
         let ready = self.ready().await.expect("connected");
-        let node = ready["node"].as_str().unwrap().to_owned();
-        cluster
-            .nodes
-            .iter()
-            .position(|n| node.contains(&format!(":{}/", n.port)))
-            .expect("a node of the cluster")
+        node_index(&ready, cluster).expect("a node of the cluster")
     }
+
+    /// Waits until the connection to `node` is gone: `rabbitmqctl
+    /// close_connection` returns before the broker has closed it, and
+    /// until then `/readyz` still says connected there.
+    async fn left(&self, node: usize, cluster: &Cluster) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Some(ready) = self.ready().await
+            && node_index(&ready, cluster) == Some(node)
+        {
+            assert!(Instant::now() < deadline, "the connection was never closed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Index of the cluster node a `/readyz` answer names.
+fn node_index(ready: &Value, cluster: &Cluster) -> Option<usize> {
+    let node = ready["node"].as_str()?;
+    cluster
+        .nodes
+        .iter()
+        .position(|n| node.contains(&format!(":{}/", n.port)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,8 +174,10 @@ async fn every_accepted_task_arrives_through_every_fault() {
     let mut slowest = Duration::ZERO;
     for _ in 0..3 {
         let node = service.node(&cluster).await;
+        let closed = Instant::now();
         cluster.nodes[node].close_connections_named(&connection_name);
-        slowest = slowest.max(service.recovery(Instant::now()).await);
+        service.left(node, &cluster).await;
+        slowest = slowest.max(service.recovery(closed).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     faults.push(Fault {
