@@ -96,6 +96,17 @@ struct Args {
     /// Schedules the schedules phase holds (default 100,000; 10,000 with --quick).
     #[arg(long)]
     schedules_held: Option<u64>,
+    /// The limits phase's steps (paced, ledger, ceiling, beside, outage);
+    /// all by default.
+    #[arg(long, value_delimiter = ',')]
+    limits_steps: Vec<String>,
+    /// The limits phase's paced rates (tasks/s); 100, 1000 and 5000 by default.
+    #[arg(long, value_delimiter = ',')]
+    limits_rates: Vec<f64>,
+    /// The limits phase's bursts, as seconds of each rate; the service's
+    /// default by default.
+    #[arg(long)]
+    limits_burst_secs: Option<f64>,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -488,12 +499,29 @@ async fn main() -> anyhow::Result<()> {
 
     if run("limits") {
         let progress = bar("limits");
-        let limits = paced::phase(&args.amqp_uri, args.channels, args.quick, &progress).await?;
+        if let Some(step) = args
+            .limits_steps
+            .iter()
+            .find(|step| !paced::STEPS.contains(&step.as_str()))
+        {
+            anyhow::bail!("--limits-steps: no step {step} (of {:?})", paced::STEPS);
+        }
+        let options = paced::Options {
+            quick: args.quick,
+            steps: &args.limits_steps,
+            rates: &args.limits_rates,
+            burst_secs: args.limits_burst_secs,
+        };
+        let limits = paced::phase(&args.amqp_uri, args.channels, &options, &progress).await?;
         progress.finish_and_clear();
         for paced in &limits.paced {
             println!(
-                "limits: paced at {}/s, achieved {:.1}/s over 10 s (ratio {:.3}, {} tasks)",
-                paced.configured_per_sec, paced.achieved_per_sec, paced.ratio, paced.tasks
+                "limits: paced at {}/s ({}), achieved {:.1}/s over 10 s (ratio {:.3}, {} tasks)",
+                paced.configured_per_sec,
+                paced.source,
+                paced.achieved_per_sec,
+                paced.ratio,
+                paced.tasks
             );
         }
         if let Some(b) = &limits.beside {
@@ -509,14 +537,16 @@ async fn main() -> anyhow::Result<()> {
                 b.beside_max_ms
             );
         }
-        if let Some(o) = &limits.outage {
+        for o in limits.outage.iter().chain(&limits.outage_unlimited) {
+            let rate = o
+                .configured_per_sec
+                .map_or("no limit".to_owned(), |rate| format!("{rate}/s"));
             println!(
-                "limits: outage drain of {} at {}/s: first {:.0} ms after restart, achieved {:.1}/s (ratio {:.3}), drained in {:.1} s",
+                "limits: outage drain of {} at {rate}: first {:.0} ms after restart, achieved {:.1}/s (ratio {}), drained in {:.1} s",
                 o.tasks,
-                o.configured_per_sec,
                 o.first_after_restart_ms,
                 o.achieved_per_sec,
-                o.ratio,
+                o.ratio.map_or("-".to_owned(), |r| format!("{r:.3}")),
                 o.drain_seconds
             );
         }
