@@ -10,6 +10,15 @@
 //! costs one row and an index entry, the release queue goes on, and the
 //! ledger can count, cancel and move it like any other.
 //!
+//! A task that is already due when the release stage claims it, and that
+//! its limits would let go at once (open, a token left, nothing waiting
+//! before it), takes its tokens in the claim's transaction and is released
+//! by the stage like any other (`ledger::claim::hold_claimed`): below its
+//! rate a paced destination's tasks make one trip through the ledger, not
+//! two, which is what kept a 5,000/s limit fed by the cascade at 0.6 of its
+//! rate on two cores (BENCHMARKS.md, issue 41). A claim made ahead of its
+//! tasks' time (a held chain) spends no tokens early: its tasks wait.
+//!
 //! Every replica runs a limiter; their passes take turns on the limits'
 //! rows ([`crate::ledger`]), so a rate is a rate over all of them. A pass
 //! runs in the ledger writer's group commit, with the release stage's
@@ -20,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -27,7 +37,7 @@ use super::limit_view::LimitsView;
 use super::release::{Released, Releaser};
 use crate::broker::PublishError;
 use crate::clock;
-use crate::ledger::{PassInput, StoredTask};
+use crate::ledger::{Ledger, PassInput, StoredTask};
 use crate::limit::{Depth, waiting_per_limit};
 use crate::message;
 use crate::metrics::LimitLabel;
@@ -48,6 +58,38 @@ const PASS_MOST: usize = 1000;
 const LEASE: Duration = Duration::from_secs(30);
 const PUBLISH_LIMIT: Duration = Duration::from_secs(20);
 
+/// A pass's ledger writes, once its tasks were published.
+type Recording = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Marks the published tasks delivered (at their confirms' times) and puts
+/// those whose publish failed back to wait, side by side, so that the
+/// writer commits them in one group.
+async fn record(ledger: Ledger, delivered: BTreeMap<u64, Vec<String>>, again: Vec<String>) {
+    let marks = delivered
+        .into_iter()
+        .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
+    for marked in join_all(marks).await {
+        if let Err(error) = marked {
+            warn!(%error, "released tasks not marked delivered in the ledger");
+        }
+    }
+    if !again.is_empty()
+        && let Err(error) = ledger.wait_again(&again).await
+    {
+        warn!(%error, "tasks whose release failed wait again when their lease runs out");
+    }
+}
+
+/// Waits for a recording to end (what it did not write, the leases return).
+async fn finish(recording: Option<JoinHandle<()>>) {
+    if let Some(Err(error)) = match recording {
+        Some(handle) => Some(handle.await),
+        None => None,
+    } {
+        warn!(%error, "a limiter's ledger writes stopped abnormally");
+    }
+}
+
 /// The limiter of one replica.
 pub(super) struct Limiter {
     releaser: Releaser,
@@ -63,6 +105,8 @@ impl Limiter {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut refreshed_at = None;
         let mut depths_at = None;
+        // The last pass's ledger writes, run beside the next pass.
+        let mut recording: Option<JoinHandle<()>> = None;
         loop {
             let mono = tokio::time::Instant::now();
             if refreshed_at.is_none_or(|at| mono.duration_since(at) >= REFRESH_EVERY) {
@@ -75,7 +119,12 @@ impl Limiter {
             }
             let now_ms = clock::now_ms();
             let released = if self.view.worth_a_pass(now_ms) {
-                self.pass(now_ms).await
+                let (released, record) = self.pass(now_ms).await;
+                // One recording at a time: a ledger that falls behind slows
+                // the passes instead of piling up writes.
+                finish(recording.take()).await;
+                recording = record.map(tokio::spawn);
+                released
             } else {
                 0
             };
@@ -85,7 +134,7 @@ impl Limiter {
                 _ => PASS_EVERY,
             };
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => return finish(recording).await,
                 () = tokio::time::sleep(pause) => {}
                 () = self.view.wake.notified() => {}
             }
@@ -161,8 +210,9 @@ impl Limiter {
         view.released_since_read.clear();
     }
 
-    /// One pass: what it released, published and marked delivered.
-    async fn pass(&self, now_ms: u64) -> usize {
+    /// One pass: how many it released and published, and the ledger
+    /// writes that record what became of them.
+    async fn pass(&self, now_ms: u64) -> (usize, Option<Recording>) {
         // Each read of the view in a statement of its own: a read guard
         // alive while `caps` reads again would deadlock behind a writer.
         let destinations = self.view.read().destinations.clone();
@@ -178,7 +228,7 @@ impl Limiter {
             Ok(pass) => pass,
             Err(error) => {
                 warn!(%error, "cannot release waiting tasks; trying again");
-                return 0;
+                return (0, None);
             }
         };
         self.view.write().limits = pass.limits;
@@ -186,14 +236,16 @@ impl Limiter {
         let count = pass.released.len();
         // Published before the next pass: planning the next while these are
         // confirmed started the release sooner after an outage but drained
-        // it at half the rate on two cores (BENCHMARKS.md, issue 41).
-        self.publish(pass.released).await;
-        count
+        // it at half the rate on two cores (BENCHMARKS.md, issue 41). Their
+        // marks need not wait: a released task is `releasing` under its
+        // lease, which no pass takes.
+        let record = self.publish(pass.released).await;
+        (count, (count > 0).then_some(record))
     }
 
-    /// Publishes released tasks, each to where it is delivered, and records
-    /// what became of them.
-    async fn publish(&self, released: Vec<StoredTask>) {
+    /// Publishes released tasks, each to where it is delivered; the ledger
+    /// writes that record what became of them.
+    async fn publish(&self, released: Vec<StoredTask>) -> Recording {
         let outcomes = join_all(released.iter().map(|stored| async {
             let outcome = match stored.rerouted(&self.releaser.cascade, clock::now_ms()) {
                 Ok(task) => {
@@ -234,21 +286,7 @@ impl Limiter {
                 None => {}
             }
         }
-        // Side by side, so that the writer commits them in one group.
-        let ledger = &self.releaser.ledger;
-        let marks = delivered
-            .into_iter()
-            .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
-        for marked in join_all(marks).await {
-            if let Err(error) = marked {
-                warn!(%error, "released tasks not marked delivered in the ledger");
-            }
-        }
-        if !again.is_empty()
-            && let Err(error) = self.releaser.ledger.wait_again(&again).await
-        {
-            warn!(%error, "tasks whose release failed wait again when their lease runs out");
-        }
+        Box::pin(record(self.releaser.ledger.clone(), delivered, again))
     }
 
     fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {
