@@ -210,7 +210,9 @@ async fn admit_all(
 async fn release_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
     let one = async |window: &[String]| {
         let due = window.iter().map(|id| (id.clone(), 1)).collect();
-        let findings = ledger.claim_release(due, vec![None; window.len()]).await?;
+        let findings = ledger
+            .claim_release(due, vec![None; window.len()], None)
+            .await?;
         if let Some(other) = findings.iter().find(|f| **f != Finding::Claimed) {
             bail!("a due task was not claimed: {other:?}");
         }

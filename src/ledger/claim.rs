@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::error::LedgerError;
+use super::pass::{PassInput, release_straight};
 use super::record::db_ms;
 use super::sql::statement_sized_chunks;
 use super::transaction::Tx;
@@ -20,6 +21,17 @@ pub enum Finding {
     Absent,
     /// The task is known, but in this state and revision: not claimed.
     Found { state: TaskState, revision: u64 },
+    /// Claimed, and now `waiting` in the ledger for the release limit it
+    /// was claimed for: the limiter releases it.
+    Waiting,
+}
+
+/// The release limit a due task waits for if it is claimed and cannot go
+/// at once ([`hold_claimed`]), and the task's destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldFor {
+    pub limit: String,
+    pub destination: String,
 }
 
 /// Takes each `(id, revision)` due at the release stage: a task that is
@@ -89,19 +101,43 @@ pub(super) async fn claim(
     Ok((findings, were_pending))
 }
 
-/// The claimed tasks of `due` whose `held_by` names a release limit wait
-/// for it instead (`waiting`), in the claim's own transaction: one commit
-/// for both, and no moment at which such a task is `releasing` unheld.
+/// The claimed tasks of `due` that `held_by` names a release limit for wait
+/// for it instead (`waiting`, found [`Finding::Waiting`]), in the claim's
+/// own transaction: one commit for both, and no moment at which such a task
+/// is `releasing` unheld. With `limits` (what the release stage knows of
+/// them), those the limits let go now stay claimed, and take their tokens
+/// in the same transaction ([`release_straight`]): under its rate a paced
+/// destination's tasks do not make the second trip through the ledger.
 pub(super) async fn hold_claimed(
     tx: &mut Tx<'_>,
     due: &[(String, u64)],
-    held_by: &[Option<String>],
-    findings: &[Finding],
+    held_by: &[Option<HeldFor>],
+    findings: &mut [Finding],
+    limits: Option<&PassInput>,
 ) -> Result<(), LedgerError> {
+    let candidates: Vec<(usize, &str)> = held_by
+        .iter()
+        .zip(findings.iter())
+        .enumerate()
+        .filter_map(|(i, (held_for, finding))| match (held_for, finding) {
+            (Some(held_for), Finding::Claimed) => Some((i, held_for.destination.as_str())),
+            _ => None,
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    let straight = match limits {
+        Some(input) => release_straight(tx, &candidates, input).await?,
+        None => HashSet::new(),
+    };
     let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (((id, _), limit), finding) in due.iter().zip(held_by).zip(findings) {
-        if let (Some(limit), Finding::Claimed) = (limit, finding) {
-            held.entry(limit.as_str()).or_default().push(id.as_str());
+    for &(i, _) in candidates.iter().filter(|(i, _)| !straight.contains(i)) {
+        if let Some(held_for) = &held_by[i] {
+            held.entry(held_for.limit.as_str())
+                .or_default()
+                .push(due[i].0.as_str());
+            findings[i] = Finding::Waiting;
         }
     }
     for (limit, ids) in held {

@@ -93,7 +93,7 @@ mod writer;
 
 pub use admit::Admission;
 pub(crate) use change::{Cancel, ChangeKey, Move, Reschedule};
-pub use claim::Finding;
+pub use claim::{Finding, HeldFor};
 pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;

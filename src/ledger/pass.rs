@@ -9,7 +9,7 @@
 //! `crate::limit::plan_pass`), moves those it releases to `releasing` under
 //! a lease and saves the buckets, all in the group's transaction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::error::LedgerError;
 use super::record::{StoredTask, decode_all};
@@ -180,7 +180,8 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         let rows = tx.release_waiting(chunk, input.lease_until_ms).await?;
         released.extend(decode_all(rows)?);
     }
-    for (i, bucket, taken) in plan.spent(&limits, &released) {
+    let destinations: Vec<&str> = released.iter().map(|t| t.destination.as_str()).collect();
+    for (i, bucket, taken) in plan.spent(&limits, &destinations) {
         limits[i].bucket = bucket;
         limits[i].released += taken;
         let (tokens, at_ms) = bucket.map_or((0.0, input.now_ms), |b| (b.tokens, b.at_ms));
@@ -188,6 +189,69 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
             .await?;
     }
     Ok(Pass { released, limits })
+}
+
+/// Which of `candidates` (a claim's position and destination, in order
+/// of time), claimed just now for a release limit, the limits let go at
+/// once, their tokens taken: the same rules as a pass ([`plan_pass`]),
+/// and none of a limit that tasks wait for, so that nothing overtakes
+/// them (those the ledger holds for the candidates' own destinations, and
+/// `input.destinations`, which the release stage last saw waiting).
+pub(super) async fn release_straight(
+    tx: &mut Tx<'_>,
+    candidates: &[(usize, &str)],
+    input: &PassInput,
+) -> Result<HashSet<usize>, LedgerError> {
+    let mut limits = tx
+        .rows_of::<LimitRow>(&lock_limits(), "locking limits")
+        .await?
+        .into_iter()
+        .map(LimitRow::decode)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut plan = PassPlan::new(&mut limits, input);
+    let mut busy: Vec<&str> = input.destinations.iter().map(String::as_str).collect();
+    let mut own: Vec<&str> = candidates.iter().map(|(_, d)| *d).collect();
+    own.sort_unstable();
+    own.dedup();
+    for destination in own {
+        if !tx.waiting_of(destination, u64::MAX, 1).await?.is_empty() {
+            busy.push(destination);
+        }
+    }
+    for (open, limit) in plan.open.iter_mut().zip(&plan.limits) {
+        if busy.iter().any(|d| limit.matches(d)) {
+            *open = false;
+        }
+    }
+    // Their order is their time: a position stands in for the due time.
+    let waiting: Vec<Waiting> = candidates
+        .iter()
+        .enumerate()
+        .map(|(k, (i, destination))| Waiting {
+            id: i.to_string(),
+            destination: (*destination).to_owned(),
+            due_ms: k as u64,
+        })
+        .collect();
+    let go: HashSet<usize> = plan
+        .release(&waiting, usize::MAX)
+        .iter()
+        .filter_map(|i| i.parse().ok())
+        .collect();
+    let destinations: Vec<&str> = candidates
+        .iter()
+        .filter(|(i, _)| go.contains(i))
+        .map(|(_, d)| *d)
+        .collect();
+    for (i, bucket, taken) in plan.spent(&limits, &destinations) {
+        if taken == 0 {
+            continue;
+        }
+        let (tokens, at_ms) = bucket.map_or((0.0, input.now_ms), |b| (b.tokens, b.at_ms));
+        tx.save_bucket(SAVE_BUCKET, &limits[i].limit.name, tokens, at_ms, taken)
+            .await?;
+    }
+    Ok(go)
 }
 
 /// A pass's decisions, from the limits as locked: which are open, how many
@@ -244,20 +308,21 @@ impl PassPlan {
         plan_pass(waiting, &self.limits, &self.open, &self.allowance, most).0
     }
 
-    /// Per limit (by index) that is paced or released any of `released`:
-    /// its bucket less what they took, and how many.
+    /// Per limit (by index) that is paced or released any of the tasks
+    /// released to `destinations`: its bucket less what they took, and how
+    /// many.
     fn spent(
         &self,
         limits: &[StoredLimit],
-        released: &[StoredTask],
+        destinations: &[&str],
     ) -> Vec<(usize, Option<Bucket>, u64)> {
         limits
             .iter()
             .enumerate()
             .filter_map(|(i, stored)| {
-                let taken = released
+                let taken = destinations
                     .iter()
-                    .filter(|t| stored.limit.matches(&t.destination))
+                    .filter(|d| stored.limit.matches(d))
                     .count() as u64;
                 let bucket = stored.bucket.map(|b| Bucket {
                     tokens: b.tokens - taken as f64,

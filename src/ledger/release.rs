@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 
-use super::claim::Finding;
+use super::claim::{Finding, HeldFor};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
+use super::pass::PassInput;
 use super::record::db_ms;
 use super::sql;
 use crate::task::TaskState;
@@ -17,16 +18,18 @@ impl Ledger {
     /// Takes each `(id, revision)` due at the release stage: a task that
     /// is neither cancelled nor delivered, in the revision its message
     /// carries, becomes `releasing`, or, when `held_by` names a release
-    /// limit for it, `waiting` for that limit. Group-committed with the
-    /// request path's writes (several windows of due tasks, and the
-    /// deliveries of earlier ones, share one commit). The findings follow
-    /// the order of `due`; `held_by` follows it too.
+    /// limit for it, `waiting` for that limit ([`Finding::Waiting`]) unless
+    /// `limits` are given and let it go now (see `claim::hold_claimed`).
+    /// Group-committed with the request path's writes (several windows of
+    /// due tasks, and the deliveries of earlier ones, share one commit).
+    /// The findings follow the order of `due`; `held_by` follows it too.
     pub async fn claim_release(
         &self,
         due: Vec<(String, u64)>,
-        held_by: Vec<Option<String>>,
+        held_by: Vec<Option<HeldFor>>,
+        limits: Option<PassInput>,
     ) -> Result<Vec<Finding>, LedgerError> {
-        self.writes.claim(due, held_by).await
+        self.writes.claim(due, held_by, limits.map(Box::new)).await
     }
 
     /// For each task whose older copies must not be delivered, the lowest

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use super::admit::{Admission, Judged, admit};
-use super::claim::{Finding, claim, hold_claimed};
+use super::claim::{Finding, HeldFor, claim, hold_claimed};
 use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
 use super::record::db_ms;
@@ -73,6 +73,7 @@ enum Write {
     Claim {
         due: Due,
         held_by: HeldBy,
+        limits: Limits,
         reply: Reply<Vec<Finding>>,
     },
     /// One pass of the limiter.
@@ -192,10 +193,16 @@ impl Handle {
             .await
     }
 
-    pub async fn claim(&self, due: Due, held_by: HeldBy) -> Result<Vec<Finding>, LedgerError> {
+    pub async fn claim(
+        &self,
+        due: Due,
+        held_by: HeldBy,
+        limits: Limits,
+    ) -> Result<Vec<Finding>, LedgerError> {
         self.send(|reply| Write::Claim {
             due,
             held_by,
+            limits,
             reply,
         })
         .await
@@ -210,15 +217,18 @@ struct Group {
     retries: Vec<(String, u64, Retry, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
-    claims: Vec<(Due, HeldBy, Reply<Vec<Finding>>)>,
+    claims: Vec<(Due, HeldBy, Limits, Reply<Vec<Finding>>)>,
     passes: Vec<(Box<PassInput>, Reply<Pass>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
 type Due = Vec<(String, u64)>;
 /// Per due task (in the same order), the release limit it waits for if it
-/// is claimed, if any.
-type HeldBy = Vec<Option<String>>;
+/// is claimed and the limits do not let it go, if any.
+type HeldBy = Vec<Option<HeldFor>>;
+/// What the release stage knows of the limits, for a claim that may let
+/// its held tasks go at once.
+type Limits = Option<Box<PassInput>>;
 
 /// What a committed group decided: for each admission, and for each claim.
 #[derive(Default)]
@@ -255,8 +265,9 @@ impl Group {
                 Write::Claim {
                     due,
                     held_by,
+                    limits,
                     reply,
-                } => group.claims.push((due, held_by, reply)),
+                } => group.claims.push((due, held_by, limits, reply)),
                 Write::Pass { input, reply } => group.passes.push((input, reply)),
             }
         }
@@ -384,9 +395,9 @@ impl Writer {
         }
         let mut claims = Vec::with_capacity(group.claims.len());
         let mut claimed_pending = 0;
-        for (due, held_by, _) in &group.claims {
-            let (findings, were_pending) = claim(&mut tx, due).await?;
-            hold_claimed(&mut tx, due, held_by, &findings).await?;
+        for (due, held_by, limits, _) in &group.claims {
+            let (mut findings, were_pending) = claim(&mut tx, due).await?;
+            hold_claimed(&mut tx, due, held_by, &mut findings, limits.as_deref()).await?;
             claims.push(findings);
             claimed_pending += were_pending;
         }
@@ -483,10 +494,11 @@ mod tests {
             (rows[1].id.clone(), revision),
             (rows[2].id.clone(), revision + 1),
         ];
-        let held_by = vec![None, Some("pace".to_owned()), Some("pace".to_owned())];
-        let findings = ledger.claim_release(due, held_by).await.unwrap();
-        assert_eq!(findings[..2], [Finding::Claimed, Finding::Claimed]);
-        assert_ne!(findings[2], Finding::Claimed);
+        let pace = Some(held_for("pace"));
+        let held_by = vec![None, pace.clone(), pace];
+        let findings = ledger.claim_release(due, held_by, None).await.unwrap();
+        assert_eq!(findings[..2], [Finding::Claimed, Finding::Waiting]);
+        assert!(matches!(findings[2], Finding::Found { .. }));
         let stored = async |i: usize| ledger.get(&rows[i].id).await.unwrap().unwrap();
         let (released, held, other) = (stored(0).await, stored(1).await, stored(2).await);
         assert_eq!(
@@ -498,6 +510,67 @@ mod tests {
             ("waiting", Some("pace"))
         );
         assert_eq!((other.state.as_str(), other.held_by), ("pending", None));
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn held_for(limit: &str) -> HeldFor {
+        HeldFor {
+            limit: limit.to_owned(),
+            destination: "d".to_owned(),
+        }
+    }
+
+    /// With the limits given, a claim lets go at once what a pass would
+    /// (a token each), holds the rest, and lets nothing overtake a task
+    /// that waits: a full bucket later still holds the next task.
+    #[tokio::test]
+    async fn a_claim_lets_go_what_the_limits_allow_and_holds_the_rest() {
+        use crate::auth::DestinationPattern;
+        use crate::limit::{Limit, Rate};
+        let (ledger, dir) = sqlite_ledger().await;
+        let now_ms = crate::clock::now_ms();
+        let limit = Limit {
+            name: "pace".to_owned(),
+            destinations: DestinationPattern::parse("d").unwrap(),
+            rate: Some(Rate {
+                per_sec: 1.0,
+                burst: 2,
+            }),
+            paused: false,
+            paused_until_ms: None,
+            depth: None,
+        };
+        ledger.put_limit(&limit, None, now_ms).await.unwrap();
+        let rows: Vec<Row> = (0..4).map(|_| row()).collect();
+        for row in &rows {
+            ledger.writes.admit(row.clone()).await.unwrap();
+        }
+        let input = |now_ms| PassInput {
+            now_ms,
+            lease_until_ms: now_ms,
+            destinations: Vec::new(),
+            caps: std::collections::HashMap::new(),
+            most: usize::MAX,
+        };
+        let claim = async |rows: &[Row], now_ms| {
+            let due = rows.iter().map(|r| (r.id.clone(), 1)).collect();
+            let held_by = vec![Some(held_for("pace")); rows.len()];
+            ledger
+                .claim_release(due, held_by, Some(input(now_ms)))
+                .await
+                .unwrap()
+        };
+        assert_eq!(
+            claim(&rows[..3], now_ms).await,
+            [Finding::Claimed, Finding::Claimed, Finding::Waiting]
+        );
+        let released = ledger.limit("pace").await.unwrap().unwrap().released;
+        assert_eq!(released, 2, "the tokens taken are counted as released");
+        // Ten seconds on the bucket is full again, but a task waits.
+        assert_eq!(claim(&rows[3..], now_ms + 10_000).await, [Finding::Waiting]);
+        let stored = ledger.get(&rows[0].id).await.unwrap().unwrap();
+        assert_eq!((stored.state.as_str(), stored.held_by), ("releasing", None));
         ledger.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -529,7 +602,7 @@ mod tests {
         ];
         for due in windows {
             let findings = ledger
-                .claim_release(due.clone(), vec![None, None])
+                .claim_release(due.clone(), vec![None, None], None)
                 .await
                 .unwrap();
             for ((_, revision), finding) in due.iter().zip(&findings) {

@@ -9,8 +9,9 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
-use crate::ledger::{StoredLimit, StoredTask};
+use crate::ledger::{PassInput, StoredLimit, StoredTask};
 use crate::limit::{Depth, Hold, waiting_per_limit};
+use crate::metrics::{LimitLabel, Metrics};
 
 /// The span the release rate is measured over.
 const RATE_SPAN_MS: u64 = 10_000;
@@ -123,19 +124,56 @@ impl LimitsView {
             .collect()
     }
 
+    /// What one of the limiter's passes gives the release stage to claim
+    /// with: the limits let a claimed task go at once only as a pass would.
+    pub(super) fn pass_input(&self, now_ms: u64) -> PassInput {
+        let caps = self.caps(now_ms);
+        PassInput {
+            now_ms,
+            lease_until_ms: now_ms,
+            destinations: self.read().destinations.clone(),
+            caps,
+            most: usize::MAX,
+        }
+    }
+
     /// `released` went to their queues: counted against the bounds until
     /// the depths are read again.
     pub(super) fn count_released(&self, released: &[StoredTask]) {
+        let destinations: Vec<&str> = released.iter().map(|t| t.destination.as_str()).collect();
+        self.count_released_to(&destinations);
+    }
+
+    /// Tasks the release stage's claim let go at once, to `destinations`:
+    /// counted as [`Self::count_released`] counts the limiter's, and in
+    /// each matching limit's released metric.
+    pub(super) fn released_straight(&self, destinations: &[&str], metrics: &Metrics) {
+        self.count_released_to(destinations);
+        for limit in &self.read().limits {
+            let count = destinations
+                .iter()
+                .filter(|d| limit.limit.matches(d))
+                .count();
+            if count > 0 {
+                let label = LimitLabel {
+                    limit: limit.limit.name.clone(),
+                };
+                metrics
+                    .limit_released
+                    .get_or_create(&label)
+                    .inc_by(count as u64);
+            }
+        }
+    }
+
+    fn count_released_to(&self, destinations: &[&str]) {
         let mut view = self.write();
         let queues: Vec<(String, u64)> = view
             .limits
             .iter()
             .filter_map(|l| {
                 let bound = l.limit.depth.as_ref()?;
-                let count = released
-                    .iter()
-                    .filter(|t| l.limit.matches(&t.destination))
-                    .count() as u64;
+                let count = destinations.iter().filter(|d| l.limit.matches(d)).count() as u64;
                 Some((bound.queue.clone(), count))
             })
             .collect();

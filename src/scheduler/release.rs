@@ -48,7 +48,7 @@ use super::strands::Strands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
-use crate::ledger::{Finding, Ledger};
+use crate::ledger::{Finding, HeldFor, Ledger};
 use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -133,6 +133,7 @@ impl Verdict {
 pub fn judge(finding: Finding, revision: u64) -> Verdict {
     match finding {
         Finding::Claimed => Verdict::Deliver,
+        Finding::Waiting => Verdict::Held,
         Finding::Absent => Verdict::Forward,
         Finding::Found {
             state: TaskState::Cancelled,
@@ -560,16 +561,22 @@ impl Releaser {
             .collect();
         let entered = self.in_flight.enter(&identities);
         // A claimed task a release limit holds waits for it, in the
-        // claim's own commit.
-        let holders: Vec<Option<String>> = due.iter().map(|d| self.holder_of(d)).collect();
-        let (claimed, held_by): (Vec<(String, u64)>, Vec<Option<String>>) = identities
+        // claim's own commit, unless the limits let it go now: only a group
+        // already due, for a token taken ahead of its task's time would let
+        // more than the burst go at once.
+        let held_for: Vec<Option<HeldFor>> = due.iter().map(|d| self.held_for(d)).collect();
+        let limited: Vec<bool> = held_for.iter().map(Option::is_some).collect();
+        let overdue = due.last().is_some_and(|d| d.at_us <= clock::mono_us());
+        let limits =
+            (overdue && limited.contains(&true)).then(|| self.limits.pass_input(clock::now_ms()));
+        let (claimed, held_for): (Vec<(String, u64)>, Vec<Option<HeldFor>>) = identities
             .iter()
             .zip(entered.entered())
-            .zip(&holders)
+            .zip(held_for)
             .filter(|((_, new), _)| **new)
-            .filter_map(|((identity, _), holder)| Some((identity.clone()?, holder.clone())))
+            .filter_map(|((identity, _), held_for)| Some((identity.clone()?, held_for)))
             .unzip();
-        let findings = match self.ledger.claim_release(claimed, held_by).await {
+        let findings = match self.ledger.claim_release(claimed, held_for, limits).await {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot look due tasks up in the ledger; they are released later");
@@ -577,7 +584,7 @@ impl Releaser {
             }
         };
         let verdicts = window_verdicts(&identities, entered.entered(), findings);
-        let verdicts = self.held(&due, verdicts, &holders);
+        self.tell_limits(&due, &limited, &verdicts);
         let published = join_all(due.iter().zip(&verdicts).map(|(d, verdict)| {
             let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
             self.publish_at(d, publish, held, shutdown)
@@ -587,30 +594,30 @@ impl Releaser {
     }
 
     /// The release limit that holds `due`'s destination now, if any.
-    fn holder_of(&self, due: &Due<'_>) -> Option<String> {
+    fn held_for(&self, due: &Due<'_>) -> Option<HeldFor> {
         let destination = destination_of(&due.message.routing_key, self.cascade.levels())?;
-        self.limits.holder(destination)
+        Some(HeldFor {
+            limit: self.limits.holder(destination)?,
+            destination: destination.to_owned(),
+        })
     }
 
-    /// Claimed tasks a release limit holds waited in the ledger from their
-    /// claim on (verdict [`Verdict::Held`]): the limiter releases them.
-    fn held(
-        &self,
-        due: &[Due<'_>],
-        mut verdicts: Vec<Verdict>,
-        holders: &[Option<String>],
-    ) -> Vec<Verdict> {
-        for ((d, verdict), holder) in due.iter().zip(&mut verdicts).zip(holders) {
-            if *verdict != Verdict::Deliver || holder.is_none() {
-                continue;
-            }
-            *verdict = Verdict::Held;
-            if let Some(destination) = destination_of(&d.message.routing_key, self.cascade.levels())
-            {
-                self.limits.now_waiting(destination);
+    /// What the claim decided, told to the limits: the limiter looks at
+    /// once at a destination whose tasks now wait; a task its limits let
+    /// go at once counts as released by them.
+    fn tell_limits(&self, due: &[Due<'_>], limited: &[bool], verdicts: &[Verdict]) {
+        let mut straight = Vec::new();
+        for ((d, limited), verdict) in due.iter().zip(limited).zip(verdicts) {
+            let destination = destination_of(&d.message.routing_key, self.cascade.levels());
+            match (verdict, destination) {
+                (Verdict::Held, Some(destination)) => self.limits.now_waiting(destination),
+                (Verdict::Deliver, Some(destination)) if *limited => straight.push(destination),
+                _ => {}
             }
         }
-        verdicts
+        if !straight.is_empty() {
+            self.limits.released_straight(&straight, &self.metrics);
+        }
     }
 
     /// A message published at its time, and when its confirm came; `None`
