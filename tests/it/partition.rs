@@ -40,6 +40,9 @@ enum Expect {
     Moved,
     /// A cancel or move that got no clear answer: delivered, in either revision.
     Either,
+    /// A submission that got no answer, or a 5xx, which "may have taken
+    /// effect" (docs/api.md): delivered at most once, or never.
+    Unanswered,
 }
 
 /// One task as the load made it: what the API answered, and the earliest
@@ -75,11 +78,21 @@ async fn load(
             )
             .send()
             .await;
-        let Ok(posted) = posted else { continue };
+        let id = format!("{tag}-{n}");
+        let unanswered = Planned {
+            expect: Expect::Unanswered,
+            earliest_ms: sent_ms + 2_000,
+        };
+        let Ok(posted) = posted else {
+            tasks.insert(id, unanswered);
+            continue;
+        };
         if posted.status() != 202 {
+            if posted.status().is_server_error() {
+                tasks.insert(id, unanswered);
+            }
             continue;
         }
-        let id = format!("{tag}-{n}");
         let url = format!("{base}/v1/tasks/{id}");
         let changed_ms = delayline::clock::now_ms();
         let change = match n % 10 {
@@ -199,6 +212,8 @@ struct Verdict {
     cancelled_but_delivered: Vec<String>,
     stale_revision_delivered: Vec<String>,
     unknown_delivered: usize,
+    /// Submissions without a clear answer that were delivered (allowed).
+    unanswered_delivered: usize,
     /// Late copies of an earlier scenario's tasks, on the shared queue.
     earlier_scenarios: usize,
     /// With a stepped clock: how long before the delay asked for ran out
@@ -231,13 +246,14 @@ async fn check(
     allowance: Duration,
     clocks_true: bool,
 ) -> Verdict {
+    let answered = |planned: &Planned| planned.expect != Expect::Unanswered;
     let mut verdict = Verdict {
-        accepted: tasks.len(),
+        accepted: tasks.values().filter(|p| answered(p)).count(),
         ..Verdict::default()
     };
     let expected: HashSet<&String> = tasks
         .iter()
-        .filter(|(_, planned)| planned.expect != Expect::Cancelled)
+        .filter(|(_, planned)| answered(planned) && planned.expect != Expect::Cancelled)
         .map(|(id, _)| id)
         .collect();
     let mut seen = HashSet::new();
@@ -296,6 +312,7 @@ async fn check(
         let stale = format!("{id} in revision {revision}");
         match tasks.get(&id).map(|planned| planned.expect) {
             None => verdict.unknown_delivered += 1,
+            Some(Expect::Unanswered) => verdict.unanswered_delivered += 1,
             Some(Expect::Cancelled) => verdict.cancelled_but_delivered.push(id),
             Some(Expect::Moved) if revision != 2 => verdict.stale_revision_delivered.push(stale),
             Some(Expect::Deliver) if revision != 1 => verdict.stale_revision_delivered.push(stale),
@@ -442,7 +459,7 @@ async fn scenario(
     eprintln!(
         "{name}: accepted {}, delivered {}, never delivered {}, duplicates {}, \
          cancelled but delivered {}, stale revision delivered {}, unknown {}, \
-         of earlier scenarios {}, \
+         unanswered but delivered {}, of earlier scenarios {}, \
          early {} (most {} ms), \
          lateness p50 {} ms, p99 {} ms, max {} ms",
         verdict.accepted,
@@ -452,6 +469,7 @@ async fn scenario(
         verdict.cancelled_but_delivered.len(),
         verdict.stale_revision_delivered.len(),
         verdict.unknown_delivered,
+        verdict.unanswered_delivered,
         verdict.earlier_scenarios,
         verdict.early_ms.len(),
         verdict.early_ms.iter().max().unwrap_or(&0),
