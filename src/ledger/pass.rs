@@ -153,6 +153,9 @@ pub struct Pass {
     pub released: Vec<StoredTask>,
     /// The limits as the pass left them.
     pub limits: Vec<StoredLimit>,
+    /// Destinations of `PassInput::destinations` nothing waits for once
+    /// the pass commits (every task that waited was released).
+    pub drained: Vec<String>,
 }
 
 /// One pass, in the group's transaction `tx`.
@@ -165,8 +168,11 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         .collect::<Result<Vec<_>, _>>()?;
     let plan = PassPlan::new(&mut limits, input);
     let mut waiting = Vec::new();
+    // Destinations read, each drained if the pass leaves nothing of it.
+    let mut read: HashSet<&str> = HashSet::new();
     for (destination, wanted) in plan.wanted(&input.destinations, input.most) {
         let found = tx.waiting_of(destination, input.now_ms, wanted).await?;
+        read.insert(destination);
         waiting.extend(found.into_iter().map(|(id, due)| Waiting {
             id,
             destination: destination.clone(),
@@ -174,6 +180,11 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         }));
     }
     let ids = plan.release(&waiting, input.most);
+    let going: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    for task in waiting.iter().filter(|t| !going.contains(t.id.as_str())) {
+        read.remove(task.destination.as_str());
+    }
+    let read: Vec<String> = read.into_iter().map(str::to_owned).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut released = Vec::with_capacity(ids.len());
     for chunk in statement_sized_chunks(&ids) {
@@ -181,6 +192,13 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         released.extend(decode_all(rows)?);
     }
     let destinations: Vec<&str> = released.iter().map(|t| t.destination.as_str()).collect();
+    // Drained: nothing waits any more, due by this clock or not.
+    let mut drained = Vec::new();
+    for destination in read {
+        if tx.waiting_of(&destination, u64::MAX, 1).await?.is_empty() {
+            drained.push(destination);
+        }
+    }
     for (i, bucket, taken) in plan.spent(&limits, &destinations) {
         limits[i].bucket = bucket;
         limits[i].released += taken;
@@ -188,7 +206,11 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         tx.save_bucket(SAVE_BUCKET, &limits[i].limit.name, tokens, at_ms, taken)
             .await?;
     }
-    Ok(Pass { released, limits })
+    Ok(Pass {
+        released,
+        limits,
+        drained,
+    })
 }
 
 /// Which of `candidates` (a claim's position and destination, in order

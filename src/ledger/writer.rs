@@ -523,7 +523,8 @@ mod tests {
 
     /// With the limits given, a claim lets go at once what a pass would
     /// (a token each), holds the rest, and lets nothing overtake a task
-    /// that waits: a full bucket later still holds the next task.
+    /// that waits: a full bucket later still holds the next task. A pass
+    /// that releases the last waiting task says its destination drained.
     #[tokio::test]
     async fn a_claim_lets_go_what_the_limits_allow_and_holds_the_rest() {
         use crate::auth::DestinationPattern;
@@ -542,7 +543,13 @@ mod tests {
             depth: None,
         };
         ledger.put_limit(&limit, None, now_ms).await.unwrap();
-        let rows: Vec<Row> = (0..4).map(|_| row()).collect();
+        // Due already, so that any pass below may release them.
+        let rows: Vec<Row> = (0..4)
+            .map(|_| Row {
+                deliver_at_ms: now_ms as i64 - 1_000,
+                ..row()
+            })
+            .collect();
         for row in &rows {
             ledger.writes.admit(row.clone()).await.unwrap();
         }
@@ -571,6 +578,17 @@ mod tests {
         assert_eq!(claim(&rows[3..], now_ms + 10_000).await, [Finding::Waiting]);
         let stored = ledger.get(&rows[0].id).await.unwrap().unwrap();
         assert_eq!((stored.state.as_str(), stored.held_by), ("releasing", None));
+        // A pass with a token for one of the two waiting: "d" still waits.
+        let pass = async |now_ms| {
+            let mut input = input(now_ms);
+            input.destinations = vec!["d".to_owned()];
+            ledger.limiter_pass(input).await.unwrap()
+        };
+        let first = pass(now_ms + 1_500).await;
+        assert_eq!((first.released.len(), first.drained.len()), (1, 0));
+        let second = pass(now_ms + 2_500).await;
+        assert_eq!(second.released.len(), 1);
+        assert_eq!(second.drained, ["d"], "every waiting task released");
         ledger.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }

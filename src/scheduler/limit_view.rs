@@ -86,6 +86,17 @@ impl LimitsView {
         self.wake.notify_one();
     }
 
+    /// Nothing waits for `drained` any more (a pass released all): a
+    /// claim for them may let its tasks go at once again without waiting
+    /// for the next read of the ledger. A claim that holds one again says
+    /// so ([`Self::now_waiting`]); one that held it in between is found by
+    /// that read (every [`super::limiter`] refresh).
+    pub(super) fn drained(&self, drained: &[String]) {
+        if !drained.is_empty() {
+            self.write().destinations.retain(|d| !drained.contains(d));
+        }
+    }
+
     /// The limits changed (here): taken as they are now, and the limiter
     /// looks at once.
     pub fn changed(&self, limits: Vec<StoredLimit>) {

@@ -232,6 +232,7 @@ impl Limiter {
             }
         };
         self.view.write().limits = pass.limits;
+        self.view.drained(&pass.drained);
         self.view.count_released(&pass.released);
         let count = pass.released.len();
         // Published before the next pass: planning the next while these are
