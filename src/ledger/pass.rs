@@ -158,14 +158,18 @@ pub struct Pass {
     pub drained: Vec<String>,
 }
 
-/// One pass, in the group's transaction `tx`.
-pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, LedgerError> {
-    let mut limits = tx
-        .rows_of::<LimitRow>(&lock_limits(), "locking limits")
+/// Every limit, its row locked until `tx` commits.
+async fn locked_limits(tx: &mut Tx<'_>) -> Result<Vec<StoredLimit>, LedgerError> {
+    tx.rows_of::<LimitRow>(&lock_limits(), "locking limits")
         .await?
         .into_iter()
         .map(LimitRow::decode)
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect()
+}
+
+/// One pass, in the group's transaction `tx`.
+pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, LedgerError> {
+    let mut limits = locked_limits(tx).await?;
     let plan = PassPlan::new(&mut limits, input);
     let mut waiting = Vec::new();
     // Destinations read, each drained if the pass leaves nothing of it.
@@ -224,12 +228,7 @@ pub(super) async fn release_straight(
     candidates: &[(usize, &str)],
     input: &PassInput,
 ) -> Result<HashSet<usize>, LedgerError> {
-    let mut limits = tx
-        .rows_of::<LimitRow>(&lock_limits(), "locking limits")
-        .await?
-        .into_iter()
-        .map(LimitRow::decode)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut limits = locked_limits(tx).await?;
     let mut plan = PassPlan::new(&mut limits, input);
     let mut busy: Vec<&str> = input.destinations.iter().map(String::as_str).collect();
     let mut own: Vec<&str> = candidates.iter().map(|(_, d)| *d).collect();
@@ -240,8 +239,11 @@ pub(super) async fn release_straight(
             busy.push(destination);
         }
     }
+    // Paused as the rows say now, too: a pause set on another replica may
+    // not have reached this one's view yet.
     for (open, limit) in plan.open.iter_mut().zip(&plan.limits) {
-        if busy.iter().any(|d| limit.matches(d)) {
+        let paused = limit.paused || limit.paused_until_ms.is_some_and(|u| u > input.now_ms);
+        if paused || busy.iter().any(|d| limit.matches(d)) {
             *open = false;
         }
     }
