@@ -58,9 +58,6 @@ const PASS_MOST: usize = 1000;
 const LEASE: Duration = Duration::from_secs(30);
 const PUBLISH_LIMIT: Duration = Duration::from_secs(20);
 
-/// A pass's ledger writes, once its tasks were published.
-type Recording = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-
 /// Marks the published tasks delivered (at their confirms' times) and puts
 /// those whose publish failed back to wait, side by side, so that the
 /// writer commits them in one group.
@@ -82,10 +79,9 @@ async fn record(ledger: Ledger, delivered: BTreeMap<u64, Vec<String>>, again: Ve
 
 /// Waits for a recording to end (what it did not write, the leases return).
 async fn finish(recording: Option<JoinHandle<()>>) {
-    if let Some(Err(error)) = match recording {
-        Some(handle) => Some(handle.await),
-        None => None,
-    } {
+    if let Some(handle) = recording
+        && let Err(error) = handle.await
+    {
         warn!(%error, "a limiter's ledger writes stopped abnormally");
     }
 }
@@ -212,7 +208,10 @@ impl Limiter {
 
     /// One pass: how many it released and published, and the ledger
     /// writes that record what became of them.
-    async fn pass(&self, now_ms: u64) -> (usize, Option<Recording>) {
+    async fn pass(
+        &self,
+        now_ms: u64,
+    ) -> (usize, Option<impl Future<Output = ()> + Send + 'static>) {
         // Each read of the view in a statement of its own: a read guard
         // alive while `caps` reads again would deadlock behind a writer.
         let destinations = self.view.read().destinations.clone();
@@ -246,7 +245,10 @@ impl Limiter {
 
     /// Publishes released tasks, each to where it is delivered; the ledger
     /// writes that record what became of them.
-    async fn publish(&self, released: Vec<StoredTask>) -> Recording {
+    async fn publish(
+        &self,
+        released: Vec<StoredTask>,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let outcomes = join_all(released.iter().map(|stored| async {
             let outcome = match stored.rerouted(&self.releaser.cascade, clock::now_ms()) {
                 Ok(task) => {
@@ -287,7 +289,7 @@ impl Limiter {
                 None => {}
             }
         }
-        Box::pin(record(self.releaser.ledger.clone(), delivered, again))
+        record(self.releaser.ledger.clone(), delivered, again)
     }
 
     fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {
