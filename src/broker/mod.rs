@@ -5,7 +5,8 @@
 //! (`inspect`, `management`), moving a chain (`migrate`) and requeueing the
 //! unroutable queue (`unroutable`). It knows nothing of tasks, ledgers or
 //! HTTP; channels are opened through [`open_channel`] and confirms read
-//! through [`confirm_outcome`], each written once.
+//! through [`confirm_outcome`], each written once; which publish a returned
+//! message belongs to is decided in `returns`.
 
 mod check;
 mod consume;
@@ -18,6 +19,7 @@ mod options;
 mod provision;
 mod publish_error;
 mod publisher;
+mod returns;
 mod settings;
 mod unroutable;
 

@@ -47,7 +47,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::publish_error::{PublishError, confirm_outcome};
+use super::publish_error::PublishError;
+use super::returns::{Sent, own_outcome};
 use super::settings::AmqpSettings;
 use super::{BrokerError, Context, connect_with, open_channel, provision};
 use crate::cascade::{Cascade, TopologyPlan};
@@ -58,6 +59,10 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the supervisor double-checks a connection that reported no error.
 const STATUS_POLL: Duration = Duration::from_millis(500);
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many publishes that each take a channel alone may be in flight at
+/// once ([`Publisher::publish_due_alone`]); the channels are opened as
+/// needed and kept.
+const ALONE_IN_FLIGHT: usize = 32;
 /// RabbitMQ's default `frame_max`, assumed until a connection has negotiated one.
 pub const DEFAULT_FRAME_MAX: usize = 131_072;
 
@@ -190,6 +195,9 @@ struct Session {
     /// Index into the options' addresses.
     node: usize,
     channels: Vec<tokio::sync::Mutex<Channel>>,
+    /// Channels with no publish in flight, for a publish to take alone.
+    idle_alone: Mutex<Vec<Channel>>,
+    alone_permits: Arc<tokio::sync::Semaphore>,
     /// The broker's reason for blocking, from its `connection.blocked`.
     blocked_reason: Mutex<Option<String>>,
 }
@@ -355,18 +363,57 @@ impl Publisher {
         self.publish_on(Lane::Due, message).await
     }
 
-    async fn publish_on(&self, lane: Lane, message: Message) -> Result<Published, PublishError> {
+    /// As [`Publisher::publish_due`], for a message the broker may well
+    /// return (to an exchange of the user's, which has no alternate
+    /// exchange): on a channel no other publish uses while it is in flight,
+    /// so that a return its confirm carries is its own (see
+    /// [`super::returns`]).
+    pub async fn publish_due_alone(&self, message: Message) -> Result<Published, PublishError> {
+        let session = self.ready_session(&message)?;
+        let permit = session
+            .alone_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.shared.unavailable())?;
+        let channel = session.alone_channel().await?;
+        let latency = self.shared.options.confirm_latency.clone();
+        let publish = tokio::spawn(async move {
+            let outcome = publish_confirmed(channel.clone(), message, latency).await;
+            session.idle(channel);
+            drop(permit);
+            outcome
+        });
+        self.bounded(publish).await
+    }
+
+    /// The session to publish `message` on: connected, not blocked, and
+    /// the message fits its frames.
+    fn ready_session(&self, message: &Message) -> Result<Arc<Session>, PublishError> {
         let session = self.shared.session.borrow().clone();
         let session = session.ok_or_else(|| self.shared.unavailable())?;
         if let Some(reason) = session.blocked() {
             return Err(PublishError::Blocked(reason));
         }
         fits(&message.properties, self.properties_limit())?;
+        Ok(session)
+    }
+
+    async fn publish_on(&self, lane: Lane, message: Message) -> Result<Published, PublishError> {
+        let session = self.ready_session(&message)?;
         let turn = self.shared.next_channel.fetch_add(1, Ordering::Relaxed);
         let index = lane.channel(turn, session.channels.len());
         let channel = session.channel(index, &self.shared.plan).await?;
         let latency = self.shared.options.confirm_latency.clone();
-        let mut publish = tokio::spawn(publish_confirmed(channel, message, latency));
+        self.bounded(tokio::spawn(publish_confirmed(channel, message, latency)))
+            .await
+    }
+
+    /// The publish's outcome within the confirm timeout, or a late confirm.
+    async fn bounded(
+        &self,
+        mut publish: JoinHandle<Result<(), PublishError>>,
+    ) -> Result<Published, PublishError> {
         let timeout = self.shared.options.confirm_timeout;
         match tokio::time::timeout(timeout, &mut publish).await {
             Ok(Ok(result)) => result.map(|()| Published::Confirmed),
@@ -490,6 +537,7 @@ async fn publish_confirmed(
         mandatory: true,
         ..BasicPublishOptions::default()
     };
+    let message_id = message.properties.message_id().clone();
     let started = Instant::now();
     let confirm = channel
         .basic_publish(
@@ -509,7 +557,13 @@ async fn publish_confirmed(
         })?;
     let confirmation = confirm.await.map_err(|e| PublishError::unconfirmed(&e))?;
     latency.observe(started.elapsed().as_secs_f64());
-    confirm_outcome(confirmation)
+    let sent = Sent {
+        exchange: &message.exchange,
+        routing_key: &message.routing_key,
+        message_id,
+        payload: &message.payload,
+    };
+    own_outcome(confirmation, &sent)
 }
 
 impl Session {
@@ -528,6 +582,24 @@ impl Session {
             .ok()
             .and_then(|reason| reason.clone());
         Some(reason.unwrap_or_else(|| "a resource alarm".to_owned()))
+    }
+
+    /// A channel with no publish in flight: an idle one, or a new one.
+    async fn alone_channel(&self) -> Result<Channel, PublishError> {
+        let idle = self.idle_alone.lock().ok().and_then(|mut idle| idle.pop());
+        if let Some(channel) = idle.filter(|channel| channel.status().connected()) {
+            return Ok(channel);
+        }
+        open_confirm_channel(&self.connection)
+            .await
+            .map_err(|error| PublishError::Broker(error.to_string()))
+    }
+
+    /// `channel` has no publish in flight any more.
+    fn idle(&self, channel: Channel) {
+        if let Ok(mut idle) = self.idle_alone.lock() {
+            idle.push(channel);
+        }
     }
 
     /// Publishing channel `index`, reopened if the broker closed it: a
@@ -600,6 +672,8 @@ async fn establish(
             connection,
             node,
             channels,
+            idle_alone: Mutex::new(Vec::new()),
+            alone_permits: Arc::new(tokio::sync::Semaphore::new(ALONE_IN_FLIGHT)),
             blocked_reason: Mutex::new(None),
         }),
         Err(error) => {

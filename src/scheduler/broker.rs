@@ -31,6 +31,17 @@ pub trait Broker: Send + Sync + 'static {
         self.publish_bounded(message)
     }
 
+    /// As [`Broker::publish_due`], for a message the broker may return (to
+    /// an exchange without an alternate exchange): on a channel nothing
+    /// else uses while it is in flight, so a return its confirm carries is
+    /// its own.
+    fn publish_due_alone(
+        &self,
+        message: Message,
+    ) -> BoxFuture<'_, Result<Published, PublishError>> {
+        self.publish_due(message)
+    }
+
     /// A connection of its own, for messages that must be published alone.
     fn isolated(&self) -> Box<dyn PublishAlone>;
 
@@ -80,6 +91,13 @@ impl Broker for Publisher {
 
     fn publish_due(&self, message: Message) -> BoxFuture<'_, Result<Published, PublishError>> {
         Publisher::publish_due(self, message).boxed()
+    }
+
+    fn publish_due_alone(
+        &self,
+        message: Message,
+    ) -> BoxFuture<'_, Result<Published, PublishError>> {
+        Publisher::publish_due_alone(self, message).boxed()
     }
 
     fn isolated(&self) -> Box<dyn PublishAlone> {

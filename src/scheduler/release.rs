@@ -262,6 +262,17 @@ struct Due<'a> {
 
 /// Waits until `at_us` by this process's monotonic clock, to a tenth of a
 /// millisecond ([`clock::until_mono_us`]); false if `shutdown` came first.
+/// A publish's outcome once confirmed; a late confirm is awaited up to its
+/// limit.
+async fn confirmed(published: Result<Published, PublishError>) -> Result<(), PublishError> {
+    match published? {
+        Published::Confirmed => Ok(()),
+        Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
+            .await
+            .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
+    }
+}
+
 async fn until(at_us: u64, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         () = shutdown.cancelled() => false,
@@ -735,7 +746,10 @@ impl Releaser {
             self.publish_confirmed(message).await?;
             return Ok(Released::Delivered);
         }
-        match self.publish_confirmed(message.clone()).await {
+        // Alone on its channel while in flight, so that a return its confirm
+        // carries is its own (see `crate::broker`'s `returns`).
+        let published = self.broker.publish_due_alone(message.clone()).await;
+        match confirmed(published).await {
             // An exchange of the user's without an alternate exchange: the
             // broker returned the message (mandatory). Parked as the business
             // exchange's alternate exchange would park it.
@@ -757,12 +771,7 @@ impl Releaser {
 
     /// Published and confirmed; a late confirm is awaited up to its limit.
     async fn publish_confirmed(&self, message: message::Message) -> Result<(), PublishError> {
-        match self.broker.publish_due(message).await? {
-            Published::Confirmed => Ok(()),
-            Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
-                .await
-                .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
-        }
+        confirmed(self.broker.publish_due(message).await).await
     }
 
     /// The business exchange exists (the stage declared it); another is

@@ -742,3 +742,74 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     delete_exchange(&orders).await;
     delete_exchange(&missing).await;
 }
+
+/// RabbitMQ returns a message no queue took before it confirms it, but the
+/// return names no delivery tag: with many releases in flight on one
+/// channel, the client library can hand it to another publish's confirm. A
+/// task was once marked delivered while the broker had dropped it, and the
+/// task whose confirm carried the return was parked although delivered.
+/// Half of 300 tasks due in the same millisecond at an exchange of the
+/// user's have a queue bound: exactly those arrive, once each, and exactly
+/// the others are parked and marked unroutable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returned_releases_among_many_in_flight_are_each_parked_and_no_other() {
+    let settings = settings_with(&[]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut app = TestApp::spawn(settings).await;
+    let orders = format!("{prefix}.orders");
+    declare_exchange(&orders).await;
+    let mut consumer =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
+
+    let tasks: Vec<serde_json::Value> = (0..300)
+        .map(|i| {
+            let destination = if i % 2 == 0 {
+                "billing.invoice".to_owned()
+            } else {
+                format!("nobody.{i}")
+            };
+            serde_json::json!({"id": format!("t{i}"), "destination": destination,
+                               "delay_ms": 1_500, "payload": i.to_string(),
+                               "exchange": orders})
+        })
+        .collect();
+    let (status, answer) = app
+        .post("/v1/tasks/batch", &serde_json::json!({"tasks": tasks}))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+
+    let mut arrived = std::collections::BTreeSet::new();
+    while arrived.len() < 150 {
+        let message = consumer
+            .next(Duration::from_secs(15))
+            .await
+            .expect("every routable task");
+        assert!(
+            arrived.insert(message.message_id().to_owned()),
+            "{} twice",
+            message.message_id()
+        );
+    }
+    let expected: std::collections::BTreeSet<String> =
+        (0..300).step_by(2).map(|i| format!("t{i}")).collect();
+    assert_eq!(arrived, expected);
+    for i in 0..300 {
+        let id = format!("t{i}");
+        let state = if i % 2 == 0 {
+            "delivered"
+        } else {
+            "unroutable"
+        };
+        eventually(&format!("{id} to be {state}"), async || {
+            app.get(&format!("/v1/tasks/{id}")).await.1["state"] == state
+        })
+        .await;
+    }
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "a parked task arrived"
+    );
+    drop(consumer);
+    app.stop().await.unwrap();
+    delete_exchange(&orders).await;
+}
