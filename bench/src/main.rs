@@ -18,6 +18,7 @@ mod load;
 mod paced;
 mod plot;
 mod rabbitmqctl;
+mod record_cost;
 mod replicas;
 mod routing;
 mod schedules;
@@ -57,8 +58,8 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules, timer, limits, forecast, replicas); all by
-    /// default.
+    /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
+    /// replicas); all by default.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -132,6 +133,7 @@ struct Results {
     schedules: Option<schedules::Schedules>,
     /// How late a waiting task runs (the release stage's wait), by waiter.
     timer: Vec<timer::Timer>,
+    record_cost: Vec<record_cost::RecordCost>,
     /// Release limits: rates achieved, an unlimited destination beside
     /// waiting tasks, the drain after an outage.
     limits: Option<paced::Limits>,
@@ -213,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
         ledger: Vec::new(),
         schedules: None,
         timer: Vec::new(),
+        record_cost: Vec::new(),
         limits: None,
         forecast: Vec::new(),
         replicas: Vec::new(),
@@ -631,6 +634,18 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         results.timer = timers;
+    }
+
+    if run("record-cost") {
+        let calls = if args.quick { 1_000_000 } else { 10_000_000 };
+        let costs = record_cost::phase(calls);
+        for cost in &costs {
+            println!(
+                "record-cost: a delivery recorded in {:.0} ns ({} thread(s) at once, {} each)",
+                cost.ns_per_delivery, cost.threads, cost.calls
+            );
+        }
+        results.record_cost = costs;
     }
 
     if run("schedules") {

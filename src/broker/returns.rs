@@ -65,3 +65,57 @@ pub(super) fn own_outcome(confirmation: Confirmation, sent: &Sent<'_>) -> Result
     );
     confirm_outcome(own)
 }
+
+#[cfg(test)]
+mod tests {
+    use lapin::BasicProperties;
+    use lapin::message::Delivery;
+
+    use super::*;
+
+    fn returned(routing_key: &str, id: &str, payload: &[u8]) -> BasicReturnMessage {
+        let mut delivery = Delivery::mock(
+            0,
+            "orders".into(),
+            routing_key.into(),
+            false,
+            payload.to_vec(),
+        );
+        delivery.properties = BasicProperties::default().with_message_id(id.into());
+        BasicReturnMessage {
+            delivery,
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        }
+    }
+
+    fn sent<'a>(routing_key: &'a str, id: &str, payload: &'a [u8]) -> Sent<'a> {
+        Sent {
+            exchange: "orders",
+            routing_key,
+            message_id: Some(id.into()),
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_publish_owns_only_the_return_of_its_own_message() {
+        let own = sent("billing", "t1", b"1");
+        let outcome = own_outcome(
+            Confirmation::Ack(Some(returned("billing", "t1", b"1"))),
+            &own,
+        );
+        assert!(matches!(outcome, Err(PublishError::Returned(_))));
+        // Another task's return: this one was taken.
+        for other in [
+            returned("nobody", "t1", b"1"),
+            returned("billing", "t2", b"1"),
+            returned("billing", "t1", b"2"),
+        ] {
+            assert_eq!(own_outcome(Confirmation::Ack(Some(other)), &own), Ok(()));
+        }
+        let nacked = own_outcome(Confirmation::Nack(Some(returned("x", "t9", b""))), &own);
+        assert_eq!(nacked, Err(PublishError::Nacked));
+        assert_eq!(own_outcome(Confirmation::Ack(None), &own), Ok(()));
+    }
+}

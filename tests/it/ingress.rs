@@ -20,7 +20,8 @@ use tokio::io::AsyncBufReadExt;
 use crate::common::node::node;
 use crate::common::python::tool;
 use crate::common::{
-    Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings,
+    with_ledger,
 };
 use crate::lifecycle::{doc_block, readme_block};
 
@@ -635,8 +636,10 @@ async fn queue_exists(name: &str) -> bool {
     declared
 }
 
-/// Declares a direct exchange of the test's own, as a user would.
-async fn declare_exchange(name: &str) {
+/// Declares a direct exchange of the test's own, as a user would; it is
+/// deleted with the test's other objects, whatever happens.
+async fn declare_exchange(cleanup: &mut Cleanup, name: &str) {
+    cleanup.exchanges.push(name.to_owned());
     let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     channel
@@ -654,15 +657,6 @@ async fn declare_exchange(name: &str) {
     let _ = connection.close(200, "declared".into()).await;
 }
 
-async fn delete_exchange(name: &str) {
-    let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let _ = channel
-        .exchange_delete(name.into(), Default::default())
-        .await;
-    let _ = connection.close(200, "deleted".into()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed() {
     let settings = settings_with(&[]);
@@ -670,7 +664,7 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     let mut app = TestApp::spawn(settings).await;
     let orders = format!("{prefix}.orders");
     let missing = format!("{prefix}.missing");
-    declare_exchange(&orders).await;
+    declare_exchange(&mut app.cleanup, &orders).await;
     let mut consumer =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
     let business_key = app.cascade.binding_key("billing.invoice");
@@ -712,7 +706,7 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     );
 
     // Once the exchange exists and is bound, requeue-unroutable sends it there.
-    declare_exchange(&missing).await;
+    declare_exchange(&mut app.cleanup, &missing).await;
     let mut late =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &missing, "billing.invoice").await;
     let connection = connect(amqp_uri(), "requeue").await.unwrap();
@@ -739,8 +733,6 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     .await;
     drop((consumer, business, late));
     app.stop().await.unwrap();
-    delete_exchange(&orders).await;
-    delete_exchange(&missing).await;
 }
 
 /// RabbitMQ returns a message no queue took before it confirms it, but the
@@ -757,7 +749,7 @@ async fn returned_releases_among_many_in_flight_are_each_parked_and_no_other() {
     let prefix = settings.cascade.prefix.clone();
     let mut app = TestApp::spawn(settings).await;
     let orders = format!("{prefix}.orders");
-    declare_exchange(&orders).await;
+    declare_exchange(&mut app.cleanup, &orders).await;
     let mut consumer =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
 
@@ -811,5 +803,4 @@ async fn returned_releases_among_many_in_flight_are_each_parked_and_no_other() {
     );
     drop(consumer);
     app.stop().await.unwrap();
-    delete_exchange(&orders).await;
 }

@@ -181,6 +181,8 @@ pub struct Cleanup {
     plan: TopologyPlan,
     /// Queues the test declared itself, such as consumer queues.
     pub queues: Vec<String>,
+    /// Exchanges the test declared itself (a user's own exchange).
+    pub exchanges: Vec<String>,
     ledger_of: Option<Settings>,
     /// Where the objects live: the machine's broker, or nodes of the test's own.
     uris: Vec<String>,
@@ -191,6 +193,7 @@ impl Cleanup {
         Cleanup {
             plan: cascade.plan(),
             queues: Vec::new(),
+            exchanges: Vec::new(),
             ledger_of: None,
             uris: vec![amqp_uri().to_owned()],
         }
@@ -206,6 +209,7 @@ impl Cleanup {
                 owner: None,
             },
             queues: Vec::new(),
+            exchanges: Vec::new(),
             ledger_of: None,
             uris: vec![amqp_uri().to_owned()],
         }
@@ -233,11 +237,16 @@ impl Drop for Cleanup {
             .uris
             .iter()
             .any(|uri| uri.contains(&format!("@{}/", broker_address())));
-        if own_nodes || (self.plan.exchanges.is_empty() && self.queues.is_empty()) {
+        if own_nodes
+            || (self.plan.exchanges.is_empty()
+                && self.queues.is_empty()
+                && self.exchanges.is_empty())
+        {
             return;
         }
         let plan = self.plan.clone();
         let queues = std::mem::take(&mut self.queues);
+        let exchanges = std::mem::take(&mut self.exchanges);
         // Drop cannot be async, and may run inside a runtime: use a thread of its own.
         let cleaned = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -252,6 +261,12 @@ impl Drop for Cleanup {
                     let channel = connection.create_channel().await.expect("cleanup channel");
                     let _ = channel
                         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for exchange in exchanges {
+                    let channel = connection.create_channel().await.expect("cleanup channel");
+                    let _ = channel
+                        .exchange_delete(exchange.as_str().into(), Default::default())
                         .await;
                 }
                 teardown(&connection, &plan)
