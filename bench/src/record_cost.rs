@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use delayline::metrics::Metrics;
+use delayline::testkit::Metrics;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]
