@@ -370,11 +370,17 @@ impl Publisher {
     /// [`super::returns`]).
     pub async fn publish_due_alone(&self, message: Message) -> Result<Published, PublishError> {
         let session = self.ready_session(&message)?;
-        let permit = session
-            .alone_permits
-            .clone()
-            .acquire_owned()
+        // Bounded as the whole publish is: permits held by late confirms
+        // (a blocked broker) must not hold the caller for good.
+        let timeout = self.shared.options.confirm_timeout;
+        let permit = tokio::time::timeout(timeout, session.alone_permits.clone().acquire_owned())
             .await
+            .map_err(|_| {
+                PublishError::Broker(format!(
+                    "all {ALONE_IN_FLIGHT} channels for messages published alone stayed busy \
+                     for {timeout:?}; nothing was sent"
+                ))
+            })?
             .map_err(|_| self.shared.unavailable())?;
         let channel = session.alone_channel().await?;
         let latency = self.shared.options.confirm_latency.clone();
