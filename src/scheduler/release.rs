@@ -260,8 +260,6 @@ struct Due<'a> {
     at_us: u64,
 }
 
-/// Waits until `at_us` by this process's monotonic clock, to a tenth of a
-/// millisecond ([`clock::until_mono_us`]); false if `shutdown` came first.
 /// A publish's outcome once confirmed; a late confirm is awaited up to its
 /// limit.
 async fn confirmed(published: Result<Published, PublishError>) -> Result<(), PublishError> {
@@ -273,6 +271,8 @@ async fn confirmed(published: Result<Published, PublishError>) -> Result<(), Pub
     }
 }
 
+/// Waits until `at_us` by this process's monotonic clock, to a tenth of a
+/// millisecond ([`clock::until_mono_us`]); false if `shutdown` came first.
 async fn until(at_us: u64, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         () = shutdown.cancelled() => false,
