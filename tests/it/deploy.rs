@@ -646,8 +646,30 @@ async fn compose_starts_rabbitmq_postgres_delayline_and_a_consumer() {
         "delayline-example-consumer"
     );
     assert!(read("deploy/Dockerfile").contains("/usr/local/bin/delayline-example-consumer"));
+    // The levels' dead-letter workers set as the cluster's are.
+    assert!(mounts_advanced_config(&compose, "rabbitmq"));
+    assert_advanced_config();
 
     compose_service_runs("compose.yaml", &compose, Some(compose_documented_steps())).await;
+}
+
+/// Whether compose's `service` mounts deploy/rabbitmq/advanced.config.
+fn mounts_advanced_config(compose: &Value, service: &str) -> bool {
+    let volumes = compose["services"][service]["volumes"]
+        .as_sequence()
+        .unwrap();
+    volumes.iter().any(|v| {
+        v.as_str()
+            .unwrap()
+            .starts_with("./rabbitmq/advanced.config:/etc/rabbitmq/advanced.config")
+    })
+}
+
+/// The dead-letter stall bounded, and the workers' prefetch raised.
+fn assert_advanced_config() {
+    let advanced = read("deploy/rabbitmq/advanced.config");
+    assert!(advanced.contains("{dead_letter_worker_publisher_confirm_timeout, 10000}"));
+    assert!(advanced.contains("{dead_letter_worker_consumer_prefetch, 1024}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -688,15 +710,9 @@ async fn the_cluster_example_gives_delayline_every_node_of_three() {
         assert!(delayline_uri.contains(&address), "{delayline_uri}");
         assert!(consumer_uri.contains(&address), "{consumer_uri}");
         // Each node bounds the dead-letter stall (see deploy/rabbitmq/advanced.config).
-        let volumes = compose["services"][*node]["volumes"].as_sequence().unwrap();
-        assert!(volumes.iter().any(|v| {
-            v.as_str()
-                .unwrap()
-                .starts_with("./rabbitmq/advanced.config:/etc/rabbitmq/advanced.config")
-        }));
+        assert!(mounts_advanced_config(&compose, node), "{node}");
     }
-    let advanced = read("deploy/rabbitmq/advanced.config");
-    assert!(advanced.contains("{dead_letter_worker_publisher_confirm_timeout, 10000}"));
+    assert_advanced_config();
     assert!(
         compose["services"]["delayline"]["ports"].is_sequence(),
         "the API is published"
