@@ -122,6 +122,13 @@ pub async fn phase(
         paced.push(pace(&mut sut, amqp_uri, rate, burst(rate), Source::Ledger).await?);
     }
     if step("ceiling") {
+        // In a service of its own: one that took a level over in the paced
+        // steps (a probe overtaken while the burst kept the level's
+        // dead-letter worker behind) would still drain it itself, faster
+        // than the broker, and the ceiling would not be the paced steps'.
+        sut.stop().await?;
+        let setup = Setup::default_with(Store::Sqlite);
+        sut = ServiceUnderTest::spawn(amqp_uri, channels, &setup).await?;
         progress.set_message(format!("limits: the {top}/s burst with no limit"));
         paced.push(pace(&mut sut, amqp_uri, top, None, Source::Unlimited).await?);
     }

@@ -270,8 +270,8 @@ impl Metrics {
         let level_stranded = Family::<LevelLabel, Gauge>::default();
         registry.register(
             "level_stranded",
-            "1 for a level found to have stopped dead-lettering (a probe of a later due time \
-             came back before its own), which delayline now drains itself",
+            "1 for a level found to have stopped dead-lettering or fallen far behind (a probe \
+             of a later due time came back before its own), which delayline now drains itself",
             level_stranded.clone(),
         );
         let level_drained = Family::<LevelLabel, Counter>::default();

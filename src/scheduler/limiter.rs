@@ -15,9 +15,10 @@
 //! before it), takes its tokens in the claim's transaction and is released
 //! by the stage like any other (`ledger::claim::hold_claimed`): below its
 //! rate a paced destination's tasks make one trip through the ledger, not
-//! two, which is what kept a 5,000/s limit fed by the cascade at 0.6 of its
-//! rate on two cores (BENCHMARKS.md, issue 41). A claim made ahead of its
-//! tasks' time (a held chain) spends no tokens early: its tasks wait.
+//! two (the second trip had kept a 5,000/s limit fed by the cascade at 0.6
+//! of its rate on two cores; what remained was the cascade's own feed,
+//! BENCHMARKS.md records 25 and 27). A claim made ahead of its tasks' time
+//! (a held chain) spends no tokens early: its tasks wait.
 //!
 //! Every replica runs a limiter; their passes take turns on the limits'
 //! rows ([`crate::ledger`]), so a rate is a rate over all of them. A pass

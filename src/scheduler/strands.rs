@@ -252,11 +252,12 @@ impl LevelKeeper {
             level,
             queue,
             connected_to = self.broker.status().node.unwrap_or_default(),
-            "a level stopped dead-lettering: a probe that fell due more than {} ms after its own \
-             came back first (RabbitMQ's at-least-once dead-letter worker on the node leading \
-             it: rabbitmq-queues quorum_status {queue} names it; see the runbook's \"A level \
-             stranded after a node loss\"); delayline now takes its messages off and sends each \
-             on at its time, and publishes the overdue tasks that passed it again",
+            "a level stopped dead-lettering, or fell far behind: a probe that fell due more than \
+             {} ms after its own came back first (RabbitMQ's at-least-once dead-letter worker on \
+             the node leading it stopped, rabbitmq-queues quorum_status {queue} names that node, \
+             or has more expired messages than it passes on in that time; see the runbook's \"A \
+             level stranded after a node loss\"); delayline now takes its messages off and sends \
+             each on at its time, and publishes the overdue tasks that passed it again",
             self.cascade.stranded_margin_ms()
         );
         self.metrics
@@ -350,7 +351,7 @@ impl LevelKeeper {
         let position = digit_position(self.cascade.levels(), level);
         let mut from_ms = now_ms.saturating_sub(after_ms);
         let reason = format!(
-            "passed level {level}, which stopped dead-lettering, and not seen at the release \
+            "passed level {level}, which stopped dead-lettering or fell far behind, and not seen at the release \
              stage {margin_ms} ms after its due time: published again"
         );
         loop {
