@@ -20,8 +20,7 @@ use tokio::io::AsyncBufReadExt;
 use crate::common::node::node;
 use crate::common::python::tool;
 use crate::common::{
-    Backend, Cleanup, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings,
-    with_ledger,
+    Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
 };
 use crate::lifecycle::{doc_block, readme_block};
 
@@ -636,27 +635,6 @@ async fn queue_exists(name: &str) -> bool {
     declared
 }
 
-/// Declares a direct exchange of the test's own, as a user would; it is
-/// deleted with the test's other objects, whatever happens.
-async fn declare_exchange(cleanup: &mut Cleanup, name: &str) {
-    cleanup.exchanges.push(name.to_owned());
-    let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .exchange_declare(
-            name.into(),
-            lapin::ExchangeKind::Direct,
-            lapin::options::ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let _ = connection.close(200, "declared".into()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed() {
     let settings = settings_with(&[]);
@@ -664,7 +642,7 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     let mut app = TestApp::spawn(settings).await;
     let orders = format!("{prefix}.orders");
     let missing = format!("{prefix}.missing");
-    declare_exchange(&mut app.cleanup, &orders).await;
+    app.cleanup.declare_exchange(&orders).await;
     let mut consumer =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
     let business_key = app.cascade.binding_key("billing.invoice");
@@ -706,7 +684,7 @@ async fn a_task_names_its_exchange_and_one_that_is_missing_is_parked_not_jammed(
     );
 
     // Once the exchange exists and is bound, requeue-unroutable sends it there.
-    declare_exchange(&mut app.cleanup, &missing).await;
+    app.cleanup.declare_exchange(&missing).await;
     let mut late =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &missing, "billing.invoice").await;
     let connection = connect(amqp_uri(), "requeue").await.unwrap();
@@ -749,7 +727,7 @@ async fn returned_releases_among_many_in_flight_are_each_parked_and_no_other() {
     let prefix = settings.cascade.prefix.clone();
     let mut app = TestApp::spawn(settings).await;
     let orders = format!("{prefix}.orders");
-    declare_exchange(&mut app.cleanup, &orders).await;
+    app.cleanup.declare_exchange(&orders).await;
     let mut consumer =
         TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "billing.invoice").await;
 

@@ -582,3 +582,57 @@ async fn limits_are_under_access_control_and_the_cli_acts_through_the_api() {
     assert!(deleted.contains("deleted"), "{deleted}");
     assert_eq!(get("tok-operator", "/v1/limits/invoices").await.0, 404);
 }
+
+/// The limiter publishes a waiting task to the exchange the task names, on
+/// a channel alone while its confirm is awaited (see `crate::broker`'s
+/// returns): one the broker returns, no queue bound for its key, is parked
+/// and marked unroutable, and the other is delivered, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_task_its_exchange_returns_is_parked_and_the_other_delivered() {
+    let settings = default_settings(Backend::Sqlite);
+    let orders = format!("{}.orders", settings.cascade.prefix);
+    let mut app = TestApp::spawn(settings).await;
+    app.cleanup.declare_exchange(&orders).await;
+    let mut consumer =
+        TestConsumer::bind_to(&mut app.cleanup, &app.cascade, &orders, "held.bound").await;
+    let (status, body) = app
+        .put(
+            "/v1/limits/held",
+            &json!({"destinations": "held.#", "paused": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for (id, destination) in [("bound", "held.bound"), ("unbound", "held.unbound")] {
+        let task = json!({"id": id, "destination": destination, "delay_ms": 50,
+                          "exchange": orders});
+        let (status, answer) = app.post("/v1/tasks", &task).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    eventually("both tasks to wait", async || {
+        limit(&app, "held").await["waiting"] == 2
+    })
+    .await;
+    assert!(consumer.next(Duration::from_millis(300)).await.is_none());
+
+    let (status, resumed) = app.post("/v1/limits/held/resume", &json!({})).await;
+    assert_eq!(status, 200, "{resumed}");
+    let message = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .expect("released to its exchange");
+    assert_eq!(message.message_id(), "bound");
+    eventually("the returned task to be unroutable", async || {
+        app.get("/v1/tasks/unbound").await.1["state"] == "unroutable"
+    })
+    .await;
+    eventually("the released task to be delivered", async || {
+        app.get("/v1/tasks/bound").await.1["state"] == "delivered"
+    })
+    .await;
+    assert!(
+        consumer.next(Duration::from_millis(500)).await.is_none(),
+        "a second copy"
+    );
+    drop(consumer);
+    app.stop().await.unwrap();
+}

@@ -189,6 +189,28 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
+    /// Declares a direct exchange of the test's own on the machine's
+    /// broker, as a user would; it is deleted with the test's other
+    /// objects, whatever happens.
+    pub async fn declare_exchange(&mut self, name: &str) {
+        self.exchanges.push(name.to_owned());
+        let connection = connect(amqp_uri(), "exchange owner").await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .exchange_declare(
+                name.into(),
+                lapin::ExchangeKind::Direct,
+                lapin::options::ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = connection.close(200, "declared".into()).await;
+    }
+
     pub fn for_cascade(cascade: &Cascade) -> Self {
         Cleanup {
             plan: cascade.plan(),
