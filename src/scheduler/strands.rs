@@ -351,8 +351,8 @@ impl LevelKeeper {
         let position = digit_position(self.cascade.levels(), level);
         let mut from_ms = now_ms.saturating_sub(after_ms);
         let reason = format!(
-            "passed level {level}, which stopped dead-lettering or fell far behind, and not seen at the release \
-             stage {margin_ms} ms after its due time: published again"
+            "passed level {level}, which stopped dead-lettering or fell far behind, and not seen \
+             at the release stage {margin_ms} ms after its due time: published again"
         );
         loop {
             let now_ms = crate::clock::now_ms();

@@ -491,9 +491,9 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
             h2 { "Stranded levels" }
             @if view.stranded.is_empty() { p { "None found by this replica." } } @else {
                 p { "These levels stopped dead-lettering, or fell far behind (a probe that fell due "
-                    "after theirs came back first). delayline takes their messages off and sends each on at its time, and "
-                    "publishes the overdue tasks that passed them again. See the runbook's "
-                    "\"A level stranded after a node loss\"." }
+                    "after theirs came back first). delayline takes their messages off and sends "
+                    "each on at its time, and publishes the overdue tasks that passed them again. "
+                    "See the runbook's \"A level stranded after a node loss\"." }
                 table {
                     thead { tr { th { "level" } th { "queue" } th { "messages sent on" } } }
                     tbody { @for (level, queue, drained) in &view.stranded {
