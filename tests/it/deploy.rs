@@ -665,11 +665,34 @@ fn mounts_advanced_config(compose: &Value, service: &str) -> bool {
     })
 }
 
-/// The dead-letter stall bounded, and the workers' prefetch raised.
+/// The dead-letter stall bounded, and the workers' prefetch raised, in a
+/// file Erlang reads as RabbitMQ will (a stray character would stop the
+/// node from starting): by the `erl` RabbitMQ runs on.
 fn assert_advanced_config() {
     let advanced = read("deploy/rabbitmq/advanced.config");
     assert!(advanced.contains("{dead_letter_worker_publisher_confirm_timeout, 10000}"));
     assert!(advanced.contains("{dead_letter_worker_consumer_prefetch, 1024}"));
+    let path = repo("deploy/rabbitmq/advanced.config");
+    let consult = format!(
+        "{{ok, [[{{rabbit, Settings}}]]}} = file:consult(\"{}\"), \
+         io:format(\"~p~n\", [lists:sort(Settings)]), halt().",
+        path.display()
+    );
+    let output = std::process::Command::new("erl")
+        .args(["-noshell", "-eval", &consult])
+        .output()
+        .expect("erl, which RabbitMQ runs on");
+    let read = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{read}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        read.split_whitespace().collect::<String>(),
+        "[{dead_letter_worker_consumer_prefetch,1024},\
+         {dead_letter_worker_publisher_confirm_timeout,10000}]"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
