@@ -648,6 +648,15 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
     for (id, reason) in &migrated.failed {
         text += &format!("poisoned task {id}: {reason} (failed in the ledger)\n");
     }
+    if report.shards != new.shards() && report.shards > 0 {
+        text += &format!(
+            "the number of shards changed from {} to {}: each task now goes through the shard \
+             its id names among {}\n",
+            report.shards,
+            new.shards(),
+            new.shards()
+        );
+    }
     if report.levels != new.levels() && report.levels > 0 {
         text += &format!(
             "the number of levels changed from {} to {}: routing keys now have {} digits, \
@@ -681,18 +690,20 @@ fn without_repeats(error: &anyhow::Error) -> String {
 fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
     let waiting: u64 = found.waiting.iter().map(|(_, n)| u64::from(*n)).sum();
     let mut text = format!(
-        "dry run, nothing moves: chain {}.v{} ({} levels) holds {waiting} ready messages, \
-         {} unroutable and {} in its poison queue; they would move into {}.v{} ({} levels of {} ms, \
-         delays up to {})\n",
+        "dry run, nothing moves: chain {}.v{} ({} levels, {} shards) holds {waiting} ready \
+         messages, {} unroutable and {} in its poison queue; they would move into {}.v{} ({} \
+         levels of {} ms, {} shards, delays up to {})\n",
         old.prefix,
         old.version,
         found.levels,
+        found.shards,
         found.unroutable,
         found.poisoned,
         new.prefix(),
         new.version(),
         new.levels(),
         new.unit_ms(),
+        new.shards(),
         humantime::format_duration(std::time::Duration::from_millis(new.max_delay_ms())),
     );
     for (queue, messages) in found.waiting.iter().filter(|(_, n)| *n > 0) {
@@ -707,14 +718,22 @@ fn describe_route(
     destination: &str,
 ) -> anyhow::Result<String> {
     let route = cascade.route(delay, destination)?;
-    Ok(format!(
+    let mut text = format!(
         "routing_key     {}\nentry_exchange  {}\ndelay_ms        {}\nhold_ms         {}\nbinding_key     {}\n",
         route.routing_key,
         route.entry_exchange,
         route.delay_ms,
         route.hold_ms,
         cascade.binding_key(destination)
-    ))
+    );
+    if cascade.shards() > 1 {
+        text += &format!(
+            "shards          {}: the entry exchange is shard 0's; a task enters the same level \
+             of the shard a hash of its id names\n",
+            cascade.shards()
+        );
+    }
+    Ok(text)
 }
 
 /// One line per object, in declaration order.

@@ -22,6 +22,7 @@ mod record_cost;
 mod replicas;
 mod routing;
 mod schedules;
+mod shards;
 mod sut;
 mod timer;
 
@@ -59,7 +60,7 @@ struct Args {
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default.
+    /// replicas); all by default. `shards` runs only when named.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -108,6 +109,15 @@ struct Args {
     /// default by default.
     #[arg(long)]
     limits_burst_secs: Option<f64>,
+    /// The replicas phase's chain: its shards.
+    #[arg(long, default_value_t = 1)]
+    replicas_shards: u32,
+    /// The shards phase's shard counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
+    shards: Vec<u32>,
+    /// The shards phase's burst, as the rate it is sized for (× 12 s of tasks).
+    #[arg(long, default_value_t = 5000.0)]
+    shards_rate: f64,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -141,6 +151,8 @@ struct Results {
     forecast: Vec<forecast::ForecastRun>,
     /// 1, 2 and 3 replicas sharing a PostgreSQL ledger and a chain.
     replicas: Vec<replicas::ReplicaRun>,
+    /// One burst's due rate with 1, 2 and 4 shards.
+    shards: Vec<shards::ShardRun>,
 }
 
 #[derive(Debug, Serialize)]
@@ -219,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
         limits: None,
         forecast: Vec::new(),
         replicas: Vec::new(),
+        shards: Vec::new(),
     };
 
     if run("ingest") {
@@ -340,6 +353,7 @@ async fn main() -> anyhow::Result<()> {
                 release_stage: false,
                 precision_ms: None,
                 auth: false,
+                shards: 1,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             for (label, tasks) in [("low", low), ("high", high)] {
@@ -374,6 +388,7 @@ async fn main() -> anyhow::Result<()> {
                 release_stage,
                 precision_ms: None,
                 auth: false,
+                shards: 1,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             let label = if release_stage {
@@ -433,6 +448,7 @@ async fn main() -> anyhow::Result<()> {
                 release_stage,
                 precision_ms: None,
                 auth: false,
+                shards: 1,
             };
             let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
             let label = format!(
@@ -556,6 +572,25 @@ async fn main() -> anyhow::Result<()> {
         results.limits = Some(limits);
     }
 
+    if args.phases.iter().any(|p| p == "shards") {
+        let progress = bar("shards");
+        results.shards = shards::phase(
+            &args.amqp_uri,
+            args.channels,
+            &args.shards,
+            args.shards_rate,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+        for r in &results.shards {
+            println!(
+                "shards: {} shard(s), {} tasks due at once: {:.0}/s over 10 s; leaders {:?}",
+                r.shards, r.tasks, r.due_per_sec, r.leaders
+            );
+        }
+    }
+
     if run("replicas") {
         let progress = bar("replicas");
         let seconds = args.seconds.unwrap_or(if args.quick { 2 } else { 10 });
@@ -565,15 +600,17 @@ async fn main() -> anyhow::Result<()> {
             &args.postgres_url,
             args.quick,
             seconds,
+            args.replicas_shards,
             &progress,
         )
         .await?;
         progress.finish_and_clear();
         for r in &results.replicas {
             println!(
-                "replicas: {} on PostgreSQL: intake {:.0} tasks/s ({} errors, {:.0} µs service CPU a task); \
+                "replicas: {} on PostgreSQL, {} shard(s): intake {:.0} tasks/s ({} errors, {:.0} µs service CPU a task); \
                  {} due at once: first {:.0} ms after, {:.0}/s, last {:.0} ms after{}; missing {}, duplicates {}",
                 r.replicas,
+                r.shards,
                 r.intake_per_sec,
                 r.intake_errors,
                 r.intake_service_cpu_us,
@@ -722,6 +759,7 @@ async fn hold_phase(args: &Args, results: &mut Results) -> anyhow::Result<()> {
             release_stage: true,
             precision_ms: Some(precision_ms),
             auth: false,
+            shards: 1,
         };
         let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
         let progress = bar(&format!("hold {label}"));

@@ -156,6 +156,16 @@ pub async fn phase(
     })
 }
 
+/// The cascade's burst of `rate` × 12 s of tasks, all due at one instant,
+/// with no limit: the rate they fall due at over 10 s of it.
+pub async fn unlimited_burst(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    rate: f64,
+) -> anyhow::Result<Paced> {
+    pace(sut, amqp_uri, rate, None, Source::Unlimited).await
+}
+
 /// Where a paced run's tasks come from (see [`Paced::source`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {

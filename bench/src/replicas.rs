@@ -23,6 +23,8 @@ const BATCH: usize = 100;
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplicaRun {
     pub replicas: usize,
+    /// `cascade.shards` of the chain they share.
+    pub shards: u32,
     /// HTTP batch intake over every replica at once.
     pub intake_per_sec: f64,
     pub intake_errors: u64,
@@ -48,6 +50,7 @@ pub async fn phase(
     postgres_url: &str,
     quick: bool,
     seconds: u64,
+    shards: u32,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<ReplicaRun>> {
     let counts: &[usize] = if quick { &[1, 2] } else { &[1, 2, 3] };
@@ -55,13 +58,18 @@ pub async fn phase(
     let mut runs = Vec::new();
     for &replicas in counts {
         progress.set_message(format!("replicas: {replicas}"));
-        let setup = Setup::default_with(Store::Postgres(postgres_url.to_owned()));
+        let setup = Setup {
+            shards,
+            ..Setup::default_with(Store::Postgres(postgres_url.to_owned()))
+        };
         let mut sut = ServiceUnderTest::spawn(amqp_uri, channels, &setup).await?;
         let mut extra = Vec::new();
         for _ in 1..replicas {
             extra.push(sut.replica().await?);
         }
-        let run = measure(&mut sut, &mut extra, amqp_uri, due_tasks, seconds, progress).await;
+        let run = measure(&mut sut, &mut extra, amqp_uri, due_tasks, seconds, progress)
+            .await
+            .map(|run| ReplicaRun { shards, ..run });
         for replica in extra {
             replica.stop().await;
         }
@@ -166,6 +174,7 @@ async fn measure(
     let span_s = (arrivals[to.max(from + 1) - 1] - arrivals[from]) as f64 / 1e6;
     Ok(ReplicaRun {
         replicas: bases.len(),
+        shards: 1,
         intake_per_sec: intake_tasks as f64 / intake_seconds.max(f64::EPSILON),
         intake_errors,
         intake_service_cpu_us: (cpu_after - cpu_before) * 1000.0 / intake_tasks.max(1) as f64,

@@ -59,6 +59,8 @@ fn plan(cascade: &Cascade) -> TopologyPlan {
             to_plain(name("digits"), cascade.digit_pattern(ENTRY_LEVEL, false)),
         ],
         owner: None,
+        beyond_last_shard: None,
+        shards: 1,
     }
 }
 

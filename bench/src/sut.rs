@@ -87,6 +87,8 @@ pub struct Setup {
     pub precision_ms: Option<u64>,
     /// Tokens on: one client that may submit anywhere.
     pub auth: bool,
+    /// `cascade.shards`.
+    pub shards: u32,
 }
 
 impl Setup {
@@ -102,6 +104,7 @@ impl Setup {
             precision_ms: default.precision_ms,
             store,
             auth: false,
+            shards: 1,
         }
     }
 }
@@ -116,6 +119,7 @@ impl ServiceUnderTest {
             release_stage,
             precision_ms,
             auth,
+            shards,
         } = *setup;
         if release_stage && *store == Store::None {
             bail!("the release stage needs a ledger");
@@ -131,6 +135,7 @@ impl ServiceUnderTest {
             release_stage: Some(release_stage),
             delivery_key: delayline::cascade::DeliveryKey::Destination,
             precision_ms,
+            shards,
             ..CascadeSettings::default()
         }
         .validate()?;
@@ -197,6 +202,7 @@ impl ServiceUnderTest {
                 ("DELAYLINE__HTTP__BIND", format!("127.0.0.1:{port}")),
                 ("DELAYLINE__HTTP__BATCH_LIMIT", "1000".to_owned()),
                 ("DELAYLINE__CASCADE__LEVELS", levels.to_string()),
+                ("DELAYLINE__CASCADE__SHARDS", shards.to_string()),
                 ("DELAYLINE__CASCADE__UNIT_MS", unit_ms.to_string()),
                 (
                     "DELAYLINE__CASCADE__QUEUE_TYPE",

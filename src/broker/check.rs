@@ -65,6 +65,9 @@ pub struct CheckReport {
     pub version: u32,
     pub objects: Vec<CheckedObject>,
     pub other_chains: Vec<OtherChain>,
+    /// The release queue of a shard beyond the configured ones, when it
+    /// exists: the chain had more shards (see [`BrokerError::MoreShards`]).
+    pub extra_shard: Option<String>,
 }
 
 impl CheckReport {
@@ -74,6 +77,7 @@ impl CheckReport {
             .iter()
             .filter(|o| o.status != Status::Matches)
             .count()
+            + usize::from(self.extra_shard.is_some())
     }
 }
 
@@ -100,6 +104,15 @@ impl fmt::Display for CheckReport {
                     }
                 }
             }
+        }
+        if let Some(queue) = &self.extra_shard {
+            writeln!(
+                f,
+                "extra    shard    {queue}: the chain has more shards than configured, and \
+                 provisioning refuses it; to change the shard count, raise cascade.version and \
+                 run `delayline migrate-topology --from {}`",
+                self.version
+            )?;
         }
         for chain in &self.other_chains {
             writeln!(
@@ -195,7 +208,7 @@ pub async fn discover_chain(
 ) -> Result<Vec<QueueState>, BrokerError> {
     let mut levels = Vec::new();
     for level in 0..MAX_LEVELS {
-        match queue_state(connection, &level_queue_name(prefix, version, level)).await? {
+        match queue_state(connection, &level_queue_name(prefix, version, 0, level)).await? {
             Some(state) => levels.push(state),
             None => break,
         }
@@ -227,9 +240,14 @@ pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckRe
             });
         }
     }
+    let extra_shard = match &plan.beyond_last_shard {
+        Some(queue) => queue_state(connection, queue).await?.map(|_| queue.clone()),
+        None => None,
+    };
     Ok(CheckReport {
         version: cascade.version(),
         objects,
         other_chains,
+        extra_shard,
     })
 }

@@ -266,7 +266,7 @@ fn queue_advice(queue: &str, differences: &[Difference]) -> String {
         ),
         _ => format!(
             "RabbitMQ cannot change a queue's arguments in place. Either restore the cascade \
-             settings that created it (levels, unit_ms, queue_type), or raise cascade.version \
+             settings that created it (levels, unit_ms, queue_type, shards), or raise cascade.version \
              and run `delayline migrate-topology --from <this version>`, which moves the \
              messages of {queue:?} into the new chain and removes the old one. {NEVER_DELETE}"
         ),
@@ -403,7 +403,10 @@ mod tests {
             wanted: "200".into(),
         }];
         let other = queue_advice("dl.v1.level03.wait", &ttl);
-        assert!(other.contains("levels, unit_ms, queue_type"), "{other}");
+        assert!(
+            other.contains("levels, unit_ms, queue_type, shards"),
+            "{other}"
+        );
     }
 
     #[test]

@@ -37,6 +37,13 @@ pub enum BrokerError {
         ours: String,
         theirs: String,
     },
+    #[error(
+        "the chain has more shards than cascade.shards = {shards}: {queue:?} exists, and what waits \
+         in a shard beyond the configured ones would be consumed by no release stage. The shard \
+         count is part of the chain: to change it, raise cascade.version and run `delayline \
+         migrate-topology --from <the old version>`, which moves every shard's messages"
+    )]
+    MoreShards { queue: String, shards: u32 },
     #[error("broker TLS: {0}")]
     Tls(String),
 }
@@ -46,7 +53,9 @@ impl BrokerError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            BrokerError::Conflict(_) | BrokerError::AnotherLedger { .. }
+            BrokerError::Conflict(_)
+                | BrokerError::AnotherLedger { .. }
+                | BrokerError::MoreShards { .. }
         )
     }
 
@@ -60,7 +69,8 @@ impl BrokerError {
             BrokerError::ConnectTimeout { .. }
             | BrokerError::CallTimeout { .. }
             | BrokerError::Conflict(_)
-            | BrokerError::AnotherLedger { .. } => return false,
+            | BrokerError::AnotherLedger { .. }
+            | BrokerError::MoreShards { .. } => return false,
         };
         match source.kind() {
             lapin::ErrorKind::ProtocolError(amqp) => matches!(

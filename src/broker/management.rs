@@ -39,6 +39,12 @@ pub struct QueueCounts {
     pub messages_ready: u64,
     #[serde(default)]
     pub messages_unacknowledged: u64,
+    /// The node leading a quorum queue.
+    #[serde(default)]
+    pub leader: Option<String>,
+    /// The node a classic queue lives on (a quorum queue's leader, too).
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 impl QueueCounts {
@@ -47,6 +53,11 @@ impl QueueCounts {
     pub fn held(&self) -> u64 {
         self.messages
             .saturating_sub(self.messages_ready + self.messages_unacknowledged)
+    }
+
+    /// Where the queue's leader (or its only copy) runs, when the API said.
+    pub fn leader_node(&self) -> Option<&str> {
+        self.leader.as_deref().or(self.node.as_deref())
     }
 }
 
@@ -133,7 +144,7 @@ impl ManagementApi {
             .append_pair("use_regex", "true")
             .append_pair(
                 "columns",
-                "name,messages,messages_ready,messages_unacknowledged",
+                "name,messages,messages_ready,messages_unacknowledged,leader,node",
             );
         let failed = |source| ManagementError::Request {
             url: self.base.clone(),
@@ -193,9 +204,20 @@ mod tests {
             messages: 357,
             messages_ready: 0,
             messages_unacknowledged: 0,
+            leader: None,
+            node: None,
         };
         assert_eq!(counts.held(), 357);
         let page: Page = serde_json::from_str(r#"{"items": [{"name": "new"}]}"#).unwrap();
         assert_eq!(page.items[0].held(), 0);
+        assert_eq!(page.items[0].leader_node(), None);
+        // A quorum queue names its leader; a classic queue only its node.
+        let page: Page = serde_json::from_str(
+            r#"{"items": [{"name": "q", "leader": "rabbit@a", "node": "rabbit@a"},
+                          {"name": "c", "node": "rabbit@b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(page.items[0].leader_node(), Some("rabbit@a"));
+        assert_eq!(page.items[1].leader_node(), Some("rabbit@b"));
     }
 }

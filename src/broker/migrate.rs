@@ -56,9 +56,9 @@ use super::management::ManagementApi;
 use super::provision::declare_queue;
 use super::{BrokerError, Context, confirm_outcome, open_channel, provision};
 use crate::cascade::{
-    Cascade, MAX_LEVELS, destination_of, digit_pattern, ledger_marker_name, level_exchange_name,
-    level_queue_name, poison_queue_name, release_queue_name, unroutable_queue_name,
-    unroutable_seen_queue_name,
+    Cascade, MAX_LEVELS, MAX_SHARDS, destination_of, digit_pattern, ledger_marker_name,
+    level_exchange_name, level_queue_name, poison_queue_name, release_queue_name,
+    unroutable_queue_name, unroutable_seen_queue_name,
 };
 use crate::message;
 
@@ -79,6 +79,9 @@ pub struct OldChain {
     pub business_exchange: String,
     /// Known when the old settings are given; otherwise read off the broker.
     pub levels: Option<u32>,
+    /// Known when the old settings are given; otherwise read off the
+    /// broker (the shards whose level 0 exchange exists, from shard 0 on).
+    pub shards: Option<u32>,
 }
 
 /// Whether a task's copy waiting in the old chain is still to be delivered,
@@ -95,6 +98,7 @@ impl OldChain {
             version,
             business_exchange: new.business_exchange().to_owned(),
             levels: None,
+            shards: None,
         }
     }
 
@@ -104,7 +108,20 @@ impl OldChain {
             version: old.version(),
             business_exchange: old.business_exchange().to_owned(),
             levels: Some(old.levels()),
+            shards: Some(old.shards()),
         }
+    }
+
+    fn level_queue(&self, shard: u32, level: u32) -> String {
+        level_queue_name(&self.prefix, self.version, shard, level)
+    }
+
+    fn level_exchange(&self, shard: u32, level: u32) -> String {
+        level_exchange_name(&self.prefix, self.version, shard, level)
+    }
+
+    fn release_queue(&self, shard: u32) -> String {
+        release_queue_name(&self.prefix, self.version, shard)
     }
 }
 
@@ -112,6 +129,8 @@ impl OldChain {
 pub struct MigrationReport {
     /// Levels of the old chain.
     pub levels: u32,
+    /// Shards of the old chain.
+    pub shards: u32,
     /// Moved into the new chain with their remaining delay.
     pub rescheduled: u64,
     /// Already due: sent straight to the business exchange.
@@ -215,17 +234,15 @@ pub async fn migrate_topology(
         )));
     }
     let channel = prepare_new_chain(connection, new).await?;
-    let levels = match old.levels {
-        Some(levels) => levels,
-        None => old_levels(connection, old).await?,
-    };
-    let drained = OldQueues::find(connection, old, new, levels).await?;
+    let (levels, shards) = old_shape(connection, old).await?;
+    let drained = OldQueues::find(connection, old, new, levels, shards).await?;
     let mut mover = Mover {
         new,
         still_wanted: Some(still_wanted),
         publish: channel,
         report: MigrationReport {
             levels,
+            shards,
             ..MigrationReport::default()
         },
     };
@@ -249,7 +266,8 @@ pub async fn migrate_topology(
                 .remove_drained(connection, &drained.queues, &drained.bindings, management)
                 .await?
         {
-            delete_old_exchanges(connection, old, levels, drained.has_release_stage).await?;
+            delete_old_exchanges(connection, old, (levels, shards), drained.has_release_stage)
+                .await?;
             mover.report.removed = true;
             let _ = mover.publish.close(200, "migrated".into()).await;
             return Ok(mover.report);
@@ -295,6 +313,7 @@ impl OldQueues {
         old: &OldChain,
         new: &Cascade,
         levels: u32,
+        shards: u32,
     ) -> Result<OldQueues, MigrateError> {
         let old_unroutable = unroutable_queue_name(&old.business_exchange, old.version);
         // With another prefix but the same version and business exchange, both
@@ -304,31 +323,28 @@ impl OldQueues {
         if own_unroutable_queue && queue_state(connection, &old_unroutable).await?.is_some() {
             unbind_unroutable_queue(connection, &old_unroutable, &old.business_exchange).await?;
         }
-        let mut queues: Vec<(String, Kind)> = (0..levels)
-            .rev()
-            .map(|level| {
-                (
-                    level_queue_name(&old.prefix, old.version, level),
-                    Kind::Level { levels },
-                )
-            })
-            .collect();
+        // Top level first, every shard's at once: a message only ever moves
+        // down its own shard.
+        let mut queues: Vec<(String, Kind)> = Vec::new();
         // Where each level queue is bound: its exchange, for digit 1 of its level.
-        let mut bindings: Vec<(String, String)> = (0..levels)
-            .rev()
-            .map(|level| {
-                (
-                    level_exchange_name(&old.prefix, old.version, level),
+        let mut bindings: Vec<(String, String)> = Vec::new();
+        for level in (0..levels).rev() {
+            for shard in 0..shards {
+                queues.push((old.level_queue(shard, level), Kind::Level { levels }));
+                bindings.push((
+                    old.level_exchange(shard, level),
                     digit_pattern(levels, level, true),
-                )
-            })
-            .collect();
+                ));
+            }
+        }
         // The old release stage, if it had one, holds tasks already due: they
         // move on as due tasks (to the new chain's release stage or business
         // exchange), in the order they flow, after level 0.
-        let old_release = release_queue_name(&old.prefix, old.version);
-        let has_release_stage = queue_state(connection, &old_release).await?.is_some();
-        if has_release_stage {
+        let has_release_stage = queue_state(connection, &old.release_queue(0))
+            .await?
+            .is_some();
+        for shard in (0..shards).filter(|_| has_release_stage) {
+            let old_release = old.release_queue(shard);
             queues.push((old_release.clone(), Kind::Level { levels }));
             bindings.push((old_release, String::new()));
         }
@@ -348,16 +364,20 @@ impl OldQueues {
 async fn delete_old_exchanges(
     connection: &Connection,
     old: &OldChain,
-    levels: u32,
+    (levels, shards): (u32, u32),
     has_release_stage: bool,
 ) -> Result<(), MigrateError> {
-    for level in (0..levels).rev() {
-        let exchange = level_exchange_name(&old.prefix, old.version, level);
-        delete_exchange(connection, &exchange).await?;
+    // Shard 0's last: its level exchanges are what tells a re-run the old
+    // chain's shape.
+    for shard in (0..shards).rev() {
+        for level in (0..levels).rev() {
+            delete_exchange(connection, &old.level_exchange(shard, level)).await?;
+        }
     }
     if has_release_stage {
-        let old_release = release_queue_name(&old.prefix, old.version);
-        delete_exchange(connection, &old_release).await?;
+        for shard in 0..shards {
+            delete_exchange(connection, &old.release_queue(shard)).await?;
+        }
         delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
         // Notices that a released task was unroutable: the parked
         // message itself moved with the unroutable queue.
@@ -371,6 +391,7 @@ async fn delete_old_exchanges(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Survey {
     pub levels: u32,
+    pub shards: u32,
     /// Ready messages in each old level queue that exists, top level first,
     /// then in the old release queue if there is one.
     pub waiting: Vec<(String, u32)>,
@@ -381,16 +402,12 @@ pub struct Survey {
 /// Counts what waits in `old` (ready messages, by passive declares), for
 /// `migrate-topology --dry-run`.
 pub async fn survey(connection: &Connection, old: &OldChain) -> Result<Survey, BrokerError> {
-    let levels = match old.levels {
-        Some(levels) => levels,
-        None => old_levels(connection, old).await?,
-    };
+    let (levels, shards) = old_shape(connection, old).await?;
     let mut waiting = Vec::new();
-    let release = release_queue_name(&old.prefix, old.version);
     let queues = (0..levels)
         .rev()
-        .map(|level| level_queue_name(&old.prefix, old.version, level))
-        .chain([release]);
+        .flat_map(|level| (0..shards).map(move |shard| old.level_queue(shard, level)))
+        .chain((0..shards).map(|shard| old.release_queue(shard)));
     for queue in queues {
         if let Some(state) = queue_state(connection, &queue).await? {
             waiting.push((queue, state.messages));
@@ -403,21 +420,48 @@ pub async fn survey(connection: &Connection, old: &OldChain) -> Result<Survey, B
     };
     Ok(Survey {
         levels,
+        shards,
         waiting,
         unroutable: count(unroutable_queue_name(&old.business_exchange, old.version)).await?,
         poisoned: count(poison_queue_name(&old.prefix, old.version)).await?,
     })
 }
 
+/// The old chain's levels and shards, as given or read off the broker.
+async fn old_shape(connection: &Connection, old: &OldChain) -> Result<(u32, u32), BrokerError> {
+    let levels = match old.levels {
+        Some(levels) => levels,
+        None => old_levels(connection, old).await?,
+    };
+    let shards = match old.shards {
+        Some(shards) => shards,
+        // No chain left (a re-run after it was deleted): no shard either.
+        None if levels == 0 => 0,
+        None => old_shards(connection, old).await?,
+    };
+    Ok((levels, shards))
+}
+
+/// The old chain's shard count: shard 0, and each further shard whose level
+/// 0 exchange (or release queue) exists, up to the first missing.
+async fn old_shards(connection: &Connection, old: &OldChain) -> Result<u32, BrokerError> {
+    let mut shards = 1;
+    while shards < MAX_SHARDS
+        && (exchange_exists(connection, &old.level_exchange(shards, 0)).await?
+            || queue_state(connection, &old.release_queue(shards))
+                .await?
+                .is_some())
+    {
+        shards += 1;
+    }
+    Ok(shards)
+}
+
 /// The old chain's level count: its contiguous exchanges (or queues) from level 0.
 async fn old_levels(connection: &Connection, old: &OldChain) -> Result<u32, BrokerError> {
     let mut exchanges = 0;
     while exchanges < MAX_LEVELS
-        && exchange_exists(
-            connection,
-            &level_exchange_name(&old.prefix, old.version, exchanges),
-        )
-        .await?
+        && exchange_exists(connection, &old.level_exchange(0, exchanges)).await?
     {
         exchanges += 1;
     }
@@ -596,7 +640,10 @@ impl Mover<'_> {
                 let deliver_at = message::deliver_at_ms(&delivery.properties);
                 // One reading for the route and its stamp alike.
                 let now = crate::clock::read();
-                match self.new.reschedule(key, *levels, deliver_at, now.wall_ms) {
+                // Into the new chain's shard for the task's id.
+                let id = delivery.properties.message_id().as_ref();
+                let shard = self.new.for_task(id.map_or("", |id| id.as_str()));
+                match shard.reschedule(key, *levels, deliver_at, now.wall_ms) {
                     Ok(route) => {
                         // Due already (not merely within the new chain's release lead).
                         if route.delay_ms == 0 {

@@ -129,6 +129,27 @@ async fn try_declare_queue(
 ///
 /// When the broker already holds an object with other settings, the error
 /// lists every difference, not just the first one the broker reports.
+/// Refuses a chain that has a shard beyond the plan's (see
+/// [`TopologyPlan::beyond_last_shard`]), before anything is declared.
+async fn refuse_more_shards(
+    connection: &Connection,
+    plan: &TopologyPlan,
+) -> Result<(), BrokerError> {
+    let Some(queue) = &plan.beyond_last_shard else {
+        return Ok(());
+    };
+    if super::inspect::queue_state(connection, queue)
+        .await?
+        .is_some()
+    {
+        return Err(BrokerError::MoreShards {
+            queue: queue.clone(),
+            shards: plan.shards,
+        });
+    }
+    Ok(())
+}
+
 pub async fn provision(
     connection: &Connection,
     plan: &TopologyPlan,
@@ -139,6 +160,7 @@ pub async fn provision(
     .await?;
     // First: an instance refused the chain declares nothing of it.
     claim_chain(&channel, plan).await?;
+    refuse_more_shards(connection, plan).await?;
     for exchange in &plan.exchanges {
         if let Some(conflict) = declare_exchange(connection, &channel, exchange).await? {
             return Err(conflict.into());

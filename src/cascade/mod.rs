@@ -24,7 +24,7 @@ pub use plan::{ArgValue, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec,
 pub(crate) use plan::{Arguments, QueueSpec};
 pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
 pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType};
-pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, SettingsError};
+pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, MAX_SHARDS, SettingsError};
 pub use strand::LevelWatch;
 pub(crate) use strand::{digit_position, probe_units, units_below};
 

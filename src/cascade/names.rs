@@ -8,12 +8,28 @@
 // unroutable exchange have no such arguments and keep their names, so
 // consumers' bindings outlive every migration.
 
-pub fn level_exchange_name(prefix: &str, version: u32, level: u32) -> String {
-    format!("{prefix}.v{version}.level{level:02}")
+/// The common part of a shard's level and release names: shard 0 keeps the
+/// names a chain had before shards existed, so a chain of one shard is the
+/// chain it always was.
+pub fn shard_base_name(prefix: &str, version: u32, shard: u32) -> String {
+    match shard {
+        0 => format!("{prefix}.v{version}"),
+        shard => format!("{prefix}.v{version}.s{shard}"),
+    }
 }
 
-pub fn level_queue_name(prefix: &str, version: u32, level: u32) -> String {
-    format!("{prefix}.v{version}.level{level:02}.wait")
+pub fn level_exchange_name(prefix: &str, version: u32, shard: u32, level: u32) -> String {
+    format!(
+        "{}.level{level:02}",
+        shard_base_name(prefix, version, shard)
+    )
+}
+
+pub fn level_queue_name(prefix: &str, version: u32, shard: u32, level: u32) -> String {
+    format!(
+        "{}.level{level:02}.wait",
+        shard_base_name(prefix, version, shard)
+    )
 }
 
 /// The binding key at level `level` of a chain of `levels` levels that
@@ -32,8 +48,8 @@ pub fn poison_queue_name(prefix: &str, version: u32) -> String {
 
 /// The release stage's exchange and queue (one name, two kinds of object):
 /// level 0 dead-letters here when the release stage is on.
-pub fn release_queue_name(prefix: &str, version: u32) -> String {
-    format!("{prefix}.v{version}.release")
+pub fn release_queue_name(prefix: &str, version: u32, shard: u32) -> String {
+    format!("{}.release", shard_base_name(prefix, version, shard))
 }
 
 /// A replica's own queue (exclusive to its connection, gone with it) where

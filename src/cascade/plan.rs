@@ -128,6 +128,14 @@ pub struct TopologyPlan {
     /// With the release stage: the ledger the chain belongs to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<ChainOwner>,
+    /// The release queue the first shard beyond the configured ones would
+    /// have: it must not exist (the chain had more shards, and what waits in
+    /// them would be released by no one).
+    #[serde(skip)]
+    pub beyond_last_shard: Option<String>,
+    /// How many shards the plan's chain has.
+    #[serde(skip)]
+    pub shards: u32,
 }
 
 impl TopologyPlan {
@@ -175,12 +183,14 @@ impl ChainOwner {
 }
 
 impl Cascade {
+    /// Level `level`'s exchange in this view's shard.
     pub fn level_exchange(&self, level: u32) -> String {
-        level_exchange_name(self.prefix(), self.version(), level)
+        level_exchange_name(self.prefix(), self.version(), self.shard(), level)
     }
 
+    /// Level `level`'s queue in this view's shard.
     pub fn level_queue(&self, level: u32) -> String {
-        level_queue_name(self.prefix(), self.version(), level)
+        level_queue_name(self.prefix(), self.version(), self.shard(), level)
     }
 
     pub fn unroutable_exchange(&self) -> String {
@@ -211,9 +221,10 @@ impl Cascade {
         ledger_marker_name(self.prefix(), self.version())
     }
 
-    /// The release stage's queue, and its exchange of the same name.
+    /// The release stage's queue in this view's shard, and its exchange of
+    /// the same name.
     pub fn release_queue(&self) -> String {
-        release_queue_name(self.prefix(), self.version())
+        release_queue_name(self.prefix(), self.version(), self.shard())
     }
 
     /// Where a due task goes: the release stage when it is on, else the
@@ -270,11 +281,13 @@ impl Cascade {
         const ENTRY_OVERHEAD: usize = 128;
         // x-death itself, and x-{first,last}-death-{queue,exchange,reason}.
         const FIXED: usize = 16 + 6 * (32 + MAX_NAME_BYTES);
+        // The last shard has the longest names.
+        let longest = self.in_shard(self.shards() - 1);
         let entries: usize = (0..self.levels())
             .map(|level| {
                 ENTRY_OVERHEAD
-                    + self.level_queue(level).len()
-                    + self.level_exchange(level).len()
+                    + longest.level_queue(level).len()
+                    + longest.level_exchange(level).len()
                     + ROUTING_KEY
             })
             .sum();
@@ -284,6 +297,28 @@ impl Cascade {
     /// The binding key at level `level` that matches a routing key whose digit `level` is `digit`.
     pub fn digit_pattern(&self, level: u32, digit: bool) -> String {
         digit_pattern(self.levels(), level, digit)
+    }
+
+    /// A release queue: a plain queue whose leader, with several shards,
+    /// the broker places (see [`Cascade::spread_leaders`]).
+    fn release_queue_spec(&self) -> QueueSpec {
+        let mut queue = self.plain_queue(self.release_queue());
+        self.spread_leaders(&mut queue.arguments);
+        queue
+    }
+
+    /// With several shards, each shard's queues ask RabbitMQ to place their
+    /// leader on the node with the fewest (`balanced`), so that the shards'
+    /// dead-letter workers run on different nodes of a cluster. A chain of
+    /// one shard keeps the arguments it always had: the broker refuses to
+    /// declare a queue again with others.
+    fn spread_leaders(&self, arguments: &mut Arguments) {
+        if self.shards() > 1 && self.queue_type() == QueueType::Quorum {
+            arguments.insert(
+                "x-queue-leader-locator".into(),
+                ArgValue::Str("balanced".into()),
+            );
+        }
     }
 
     fn queue_arguments(&self) -> Arguments {
@@ -330,33 +365,50 @@ impl Cascade {
                 marker: self.ledger_marker(),
                 ledger: None,
             }),
+            beyond_last_shard: self
+                .release_stage()
+                .then(|| release_queue_name(self.prefix(), self.version(), self.shards())),
+            shards: self.shards(),
         };
         if self.release_stage() {
-            self.plan_release_stage(&mut plan);
+            self.plan_unroutable_seen(&mut plan);
         }
-        for level in (0..self.levels()).rev() {
-            self.plan_level(&mut plan, level);
+        for shard in self.every_shard() {
+            shard.plan_shard(&mut plan);
         }
         plan
     }
 
-    /// The release queue, fed by its fanout exchange, and the queue that
-    /// hears of released tasks no queue took. No TTL and no dead-letter
-    /// exchange: a due task waits here, late but never lost, until a
-    /// delayline releases it.
-    fn plan_release_stage(&self, plan: &mut TopologyPlan) {
+    /// One shard's objects: its release stage's, then its levels.
+    fn plan_shard(&self, plan: &mut TopologyPlan) {
+        if self.release_stage() {
+            self.plan_release_queue(plan);
+        }
+        for level in (0..self.levels()).rev() {
+            self.plan_level(plan, level);
+        }
+    }
+
+    /// The shard's release queue, fed by its fanout exchange. No TTL and no
+    /// dead-letter exchange: a due task waits here, late but never lost,
+    /// until a delayline releases it.
+    fn plan_release_queue(&self, plan: &mut TopologyPlan) {
         let release = self.release_queue();
         plan.exchanges.push(ExchangeSpec {
             name: release.clone(),
             kind: ExchangeKind::Fanout,
             arguments: Arguments::new(),
         });
-        plan.queues.push(self.plain_queue(release.clone()));
+        plan.queues.push(self.release_queue_spec());
         plan.bindings.push(BindingSpec {
             source: release.clone(),
             target: BindingTarget::Queue(release),
             routing_key: String::new(),
         });
+    }
+
+    /// The queue that hears of released tasks no queue took, one for every shard.
+    fn plan_unroutable_seen(&self, plan: &mut TopologyPlan) {
         let seen = self.unroutable_seen_queue();
         plan.queues.push(self.plain_queue(seen.clone()));
         plan.bindings.push(BindingSpec {
@@ -378,6 +430,7 @@ impl Cascade {
             arguments: Arguments::new(),
         });
         let mut arguments = self.queue_arguments();
+        self.spread_leaders(&mut arguments);
         arguments.insert(
             "x-message-ttl".into(),
             // Validated against MAX_QUEUE_TTL_MS, far below i64::MAX.

@@ -162,6 +162,14 @@ pub struct CascadeSettings {
     /// back). A probe overtaken again takes it back at once. 0: drained
     /// until the replica restarts.
     pub stranded_recheck_ms: u64,
+    /// Chains of levels (each with its release queue) side by side under
+    /// the one business exchange; a task goes to the one a hash of its id
+    /// names. Every level is one quorum queue with one leader, whose
+    /// dead-letter worker bounds the chain's due rate: shards spread that
+    /// over several leaders, and over a cluster's nodes. Part of the
+    /// chain's identity: changing it needs a new version and
+    /// `migrate-topology`. Shard 0 keeps a one-shard chain's names.
+    pub shards: u32,
 }
 
 impl Default for CascadeSettings {
@@ -185,6 +193,7 @@ impl Default for CascadeSettings {
             level_probe_ms: 1_000,
             stranded_margin_ms: 2_000,
             stranded_recheck_ms: 300_000,
+            shards: 1,
         }
     }
 }
@@ -223,7 +232,20 @@ pub enum SettingsError {
     HoldLimit,
     #[error("cascade.release_lead_ms must be at most {MAX_RELEASE_LEAD_MS} (one hour)")]
     ReleaseLead,
+    #[error("cascade.shards must be between 1 and {MAX_SHARDS}")]
+    Shards,
+    #[error(
+        "cascade.shards = {0} needs the release stage: without it nothing consumes the chains' \
+         ends, and a task's shard is found only by the stage (leave shards at 1, or keep a ledger)"
+    )]
+    ShardsNeedRelease(u32),
 }
+
+/// The most shards a chain may have: each is a whole chain of level queues
+/// (29 by default, up to 39), and the management API lists at most 500
+/// queues in one page, which the depth poller reads the chain's from
+/// (12 × 39 levels, the release queues and the unroutable queue fit).
+pub const MAX_SHARDS: u32 = 12;
 
 /// The largest `hold_limit`: a channel's prefetch is a 16-bit number, and
 /// the release stage's own windows take part of it.
@@ -237,6 +259,9 @@ pub const MAX_RELEASE_LEAD_MS: u64 = 3_600_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cascade {
     settings: CascadeSettings,
+    /// The shard this view names the levels and the release queue of
+    /// (see [`Cascade::in_shard`]); 0 for the chain as a whole.
+    shard: u32,
 }
 
 /// The largest number of levels whose top TTL (2^(L-1) units) stays within the broker's limit.
@@ -273,14 +298,22 @@ impl CascadeSettings {
             });
         }
         self.check_precision()?;
+        self.check_shards()?;
         check_name("prefix", &self.prefix)?;
         check_name("business_exchange", &self.business_exchange)?;
         // The longest derived names must still be valid AMQP short strings.
         let (prefix, version, top) = (&self.prefix, self.version, self.levels - 1);
-        check_name("prefix", &level_queue_name(prefix, version, top))?;
-        check_name("prefix", &level_exchange_name(prefix, version, top))?;
+        let last_shard = self.shards - 1;
+        check_name(
+            "prefix",
+            &level_queue_name(prefix, version, last_shard, top),
+        )?;
+        check_name(
+            "prefix",
+            &level_exchange_name(prefix, version, last_shard, top),
+        )?;
         check_name("prefix", &poison_queue_name(prefix, version))?;
-        check_name("prefix", &release_queue_name(prefix, version))?;
+        check_name("prefix", &release_queue_name(prefix, version, last_shard))?;
         // A replica's name on its probes is 16 hex digits.
         check_name(
             "prefix",
@@ -292,11 +325,24 @@ impl CascadeSettings {
             "business_exchange",
             &unroutable_queue_name(business, version),
         )?;
-        Ok(Cascade { settings: self })
+        Ok(Cascade {
+            settings: self,
+            shard: 0,
+        })
     }
 }
 
 impl CascadeSettings {
+    fn check_shards(&self) -> Result<(), SettingsError> {
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(SettingsError::Shards);
+        }
+        if self.shards > 1 && self.release_stage != Some(true) {
+            return Err(SettingsError::ShardsNeedRelease(self.shards));
+        }
+        Ok(())
+    }
+
     fn check_precision(&self) -> Result<(), SettingsError> {
         if self.hold_limit == 0 || self.hold_limit > MAX_HOLD_LIMIT {
             return Err(SettingsError::HoldLimit);
@@ -444,6 +490,48 @@ impl Cascade {
             .then(|| std::time::Duration::from_millis(self.settings.stranded_recheck_ms))
     }
 
+    /// How many chains of levels side by side (see [`CascadeSettings::shards`]).
+    pub fn shards(&self) -> u32 {
+        self.settings.shards
+    }
+
+    /// The shard this view names (0 for the chain as a whole).
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// This chain as seen from `shard`: its levels, its release queue and
+    /// the routes into them are that shard's; everything else is shared.
+    pub fn in_shard(&self, shard: u32) -> Cascade {
+        debug_assert!(shard < self.shards());
+        Cascade {
+            settings: self.settings.clone(),
+            shard,
+        }
+    }
+
+    /// Every shard's view, shard 0 first.
+    pub fn every_shard(&self) -> impl Iterator<Item = Cascade> + '_ {
+        (0..self.shards()).map(|shard| self.in_shard(shard))
+    }
+
+    /// The shard of the task `id`: a stable hash of the id, so that every
+    /// replica, and every later change of the task, finds the same one.
+    pub fn shard_of(&self, id: &str) -> u32 {
+        shard_of(id, self.shards())
+    }
+
+    /// The view of the shard the task `id` goes through: borrowed in a
+    /// chain of one shard, which is the common case and on every task's path.
+    pub fn for_task(&self, id: &str) -> std::borrow::Cow<'_, Cascade> {
+        let shard = self.shard_of(id);
+        if shard == self.shard {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            std::borrow::Cow::Owned(self.in_shard(shard))
+        }
+    }
+
     /// 2^L - 1: every digit of the routing key set.
     pub fn max_delay_units(&self) -> u64 {
         // levels <= 39 after validation, so this cannot overflow.
@@ -479,6 +567,19 @@ impl Cascade {
     pub fn level_ttl_ms(&self, level: u32) -> u64 {
         (1u64 << level) * self.unit_ms()
     }
+}
+
+/// FNV-1a (64 bits) of `id`, modulo `shards`: fixed by its definition,
+/// not by a library's version or a process's random seed, since a task's
+/// shard must not change between releases or replicas.
+pub fn shard_of(id: &str, shards: u32) -> u32 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = id.bytes().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    });
+    // The remainder is below `shards`, a u32.
+    (hash % u64::from(shards.max(1))) as u32
 }
 
 #[cfg(test)]
@@ -599,5 +700,52 @@ mod tests {
             ..CascadeSettings::default()
         };
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn a_task_s_shard_is_fixed_by_its_id_alone() {
+        // FNV-1a is fixed by its definition: these never change between
+        // releases, or a task moved after an upgrade would be sought elsewhere.
+        assert_eq!(shard_of("", 7), (0xcbf2_9ce4_8422_2325u64 % 7) as u32);
+        assert_eq!(
+            shard_of("a", 1_000),
+            (0xaf63_dc4c_8601_ec8cu64 % 1_000) as u32
+        );
+        for id in ["a", "task-1", "0190d3c2-7b1e-7c4a-9f00-000000000000"] {
+            assert_eq!(shard_of(id, 1), 0);
+            assert!(shard_of(id, 5) < 5);
+        }
+        // Spread evenly enough: 12,000 ids over 4 shards, each within 10 %.
+        let mut counts = [0u32; 4];
+        for n in 0..12_000 {
+            counts[shard_of(&format!("task-{n}"), 4) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (2_700..=3_300).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn shards_are_bounded_and_need_the_release_stage() {
+        let with = |shards, release_stage| {
+            CascadeSettings {
+                shards,
+                release_stage,
+                ..CascadeSettings::default()
+            }
+            .validate()
+        };
+        assert_eq!(with(0, Some(true)), Err(SettingsError::Shards));
+        assert_eq!(with(MAX_SHARDS + 1, Some(true)), Err(SettingsError::Shards));
+        assert_eq!(
+            with(2, Some(false)),
+            Err(SettingsError::ShardsNeedRelease(2))
+        );
+        assert_eq!(with(2, None), Err(SettingsError::ShardsNeedRelease(2)));
+        let twelve = with(MAX_SHARDS, Some(true)).unwrap();
+        assert_eq!(twelve.shards(), MAX_SHARDS);
+        assert_eq!(twelve.for_task("x").shard(), shard_of("x", MAX_SHARDS));
+        assert!(with(1, Some(false)).is_ok());
     }
 }

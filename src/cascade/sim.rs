@@ -252,5 +252,111 @@ mod tests {
             let delivered = c.delivered_routing_key(&route.routing_key);
             prop_assert_eq!(topic_matches(&c.binding_key(&a), delivered), a == b);
         }
+
+        /// In a chain of several shards, a task enters the shard its id
+        /// names, waits exactly its delay in that shard's levels alone, and
+        /// reaches that shard's release queue: every shard is a whole chain.
+        #[test]
+        fn a_task_goes_through_its_own_shard_alone(
+            shards in 1u32..=12,
+            levels in 1u32..=8,
+            units in 0u64..256,
+            id in "[a-zA-Z0-9_-]{1,24}",
+        ) {
+            let c = sharded(shards, levels);
+            let plan = c.plan();
+            let shard = c.for_task(&id);
+            prop_assert_eq!(shard.shard(), c.shard_of(&id));
+            let units = units.min(c.max_delay_units());
+            let route = shard.route_units(units, "d");
+            let arrivals = Simulator::new(&plan).publish(&route.entry_exchange, &route.routing_key);
+            prop_assert_eq!(arrivals, vec![Arrival {
+                exchange: shard.release_queue(),
+                routing_key: route.routing_key.clone(),
+                elapsed_ms: units * 10,
+            }]);
+            // Its entry is its shard's, and no other shard's.
+            for other in c.every_shard().filter(|o| o.shard() != shard.shard()) {
+                prop_assert!((0..levels).all(|l| other.level_exchange(l) != route.entry_exchange));
+                prop_assert_ne!(other.release_queue(), shard.release_queue());
+            }
+        }
+    }
+
+    fn sharded(shards: u32, levels: u32) -> crate::cascade::Cascade {
+        CascadeSettings {
+            levels,
+            unit_ms: 10,
+            prefix: "t".into(),
+            business_exchange: "biz".into(),
+            release_stage: Some(true),
+            shards,
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .expect("valid sharded cascade")
+    }
+
+    #[test]
+    fn shard_zero_keeps_the_names_of_a_chain_of_one() {
+        let one = sharded(1, 4);
+        let four = sharded(4, 4);
+        assert_eq!(one.level_queue(3), "t.v1.level03.wait");
+        assert_eq!(four.level_queue(3), "t.v1.level03.wait");
+        assert_eq!(four.release_queue(), "t.v1.release");
+        let third = four.in_shard(3);
+        assert_eq!(third.level_queue(3), "t.v1.s3.level03.wait");
+        assert_eq!(third.level_exchange(0), "t.v1.s3.level00");
+        assert_eq!(third.release_queue(), "t.v1.s3.release");
+        assert_eq!(third.next_exchange(0), "t.v1.s3.release");
+        // Shared by every shard.
+        assert_eq!(third.poison_queue(), four.poison_queue());
+        assert_eq!(third.unroutable_seen_queue(), four.unroutable_seen_queue());
+        assert_eq!(third.ledger_marker(), four.ledger_marker());
+        // Every shard's objects, once each; the shared ones once.
+        let plan = four.plan();
+        assert_eq!(plan.queues.len(), 4 * (4 + 1) + 2);
+        assert_eq!(plan.shards, 4);
+        assert_eq!(plan.beyond_last_shard.as_deref(), Some("t.v1.s4.release"));
+        let mut names: Vec<&str> = plan.queues.iter().map(|q| q.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), plan.queues.len());
+    }
+
+    #[test]
+    fn only_the_queues_of_several_shards_ask_for_balanced_leaders() {
+        let locator =
+            |q: &crate::cascade::QueueSpec| q.arguments.get("x-queue-leader-locator").cloned();
+        // One shard: the arguments a chain always had.
+        assert!(
+            sharded(1, 4)
+                .plan()
+                .queues
+                .iter()
+                .all(|q| locator(q).is_none())
+        );
+        let plan = sharded(3, 4).plan();
+        let four = sharded(3, 4);
+        for shard in four.every_shard() {
+            for name in (0..4)
+                .map(|l| shard.level_queue(l))
+                .chain([shard.release_queue()])
+            {
+                let queue = plan.queues.iter().find(|q| q.name == name).unwrap();
+                assert_eq!(
+                    locator(queue),
+                    Some(crate::cascade::ArgValue::Str("balanced".into())),
+                    "{name}"
+                );
+            }
+        }
+        // The shared queues are not a shard's.
+        let shared = plan
+            .queues
+            .iter()
+            .find(|q| q.name == four.unroutable_queue())
+            .unwrap();
+        assert!(locator(shared).is_none());
     }
 }

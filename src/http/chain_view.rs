@@ -5,17 +5,34 @@ use serde::{Deserialize, Serialize};
 
 use crate::cascade::Cascade;
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LevelView {
     pub level: u32,
     pub exchange: String,
     pub queue: String,
     pub ttl_ms: u64,
     pub dead_letter_exchange: String,
+    /// The RabbitMQ node leading the queue, as the management API last
+    /// said (absent without it: AMQP does not tell).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub leader: Option<String>,
+}
+
+/// One shard: a whole chain of levels and its release queue.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct ShardView {
+    pub shard: u32,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub release_queue: Option<String>,
+    /// The node leading the release queue, as the management API last said.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub release_leader: Option<String>,
+    /// Top level first.
+    pub queues: Vec<LevelView>,
 }
 
 /// What a consumer or operator needs to know about the cascade.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct TopologyView {
     pub business_exchange: String,
     pub unroutable_exchange: String,
@@ -48,7 +65,14 @@ pub struct TopologyView {
     pub delivery_key: String,
     /// The pattern to bind a queue to the business exchange with, for one destination.
     pub binding_key: String,
+    /// Shard 0's levels (the whole chain's, with one shard), top level first.
     pub queues: Vec<LevelView>,
+    /// Chains of levels side by side (`cascade.shards`); a task goes
+    /// through the one a hash of its id names.
+    pub shards: u32,
+    /// Every shard, shard 0 first: its release queue and its levels, with
+    /// where their leaders run.
+    pub shard_chains: Vec<ShardView>,
 }
 
 impl TopologyView {
@@ -67,16 +91,49 @@ impl TopologyView {
             hold_limit: cascade.holds().then(|| cascade.hold_limit()),
             delivery_key: cascade.delivery_key().as_str().to_owned(),
             binding_key: cascade.binding_key("{destination}"),
-            queues: (0..cascade.levels())
-                .rev()
-                .map(|level| LevelView {
-                    level,
-                    exchange: cascade.level_exchange(level),
-                    queue: cascade.level_queue(level),
-                    ttl_ms: cascade.level_ttl_ms(level),
-                    dead_letter_exchange: cascade.next_exchange(level),
+            queues: level_views(cascade),
+            shards: cascade.shards(),
+            shard_chains: cascade
+                .every_shard()
+                .map(|shard| ShardView {
+                    shard: shard.shard(),
+                    release_queue: shard.release_stage().then(|| shard.release_queue()),
+                    release_leader: None,
+                    queues: level_views(&shard),
                 })
                 .collect(),
         }
     }
+
+    /// The view with each queue's leader as `leader_of` says.
+    pub fn with_leaders(&self, leader_of: impl Fn(&str) -> Option<String>) -> TopologyView {
+        let mut view = self.clone();
+        let levels = view.queues.iter_mut().chain(
+            view.shard_chains
+                .iter_mut()
+                .flat_map(|s| s.queues.iter_mut()),
+        );
+        for level in levels {
+            level.leader = leader_of(&level.queue);
+        }
+        for shard in &mut view.shard_chains {
+            shard.release_leader = shard.release_queue.as_deref().and_then(&leader_of);
+        }
+        view
+    }
+}
+
+/// One shard's levels, top level first.
+fn level_views(shard: &Cascade) -> Vec<LevelView> {
+    (0..shard.levels())
+        .rev()
+        .map(|level| LevelView {
+            level,
+            exchange: shard.level_exchange(level),
+            queue: shard.level_queue(level),
+            ttl_ms: shard.level_ttl_ms(level),
+            dead_letter_exchange: shard.next_exchange(level),
+            leader: None,
+        })
+        .collect()
 }

@@ -28,11 +28,14 @@ pub async fn topology(
     Query(query): Query<TopologyQuery>,
 ) -> Result<Response, ApiError> {
     require(&caller, Permission::Admin)?;
+    let view = state
+        .topology
+        .with_leaders(|queue| state.metrics.leader_of(queue));
     let Some(destination) = query.destination else {
-        return Ok(Json(state.topology.as_ref()).into_response());
+        return Ok(Json(view).into_response());
     };
     validate_destination(&destination).map_err(|e| ApiError::from(TaskError::from(e)))?;
-    let mut view = serde_json::to_value(state.topology.as_ref()).map_err(ApiError::internal)?;
+    let mut view = serde_json::to_value(view).map_err(ApiError::internal)?;
     view["binding_key"] = state.scheduler.cascade().binding_key(&destination).into();
     Ok(Json(view).into_response())
 }

@@ -41,12 +41,12 @@ pub async fn poll_queue_depths(
         held_since: HashMap::new(),
         redeclared_at: None,
     };
-    for level in 0..poller.cascade.levels() {
+    for (level, label) in poller.labels() {
         let ttl = poller.cascade.level_ttl_ms(level) as f64 / 1000.0;
         poller
             .metrics
             .level_ttl_seconds
-            .get_or_create(&poller.label(level))
+            .get_or_create(&label)
             .set(ttl);
     }
     loop {
@@ -95,17 +95,24 @@ struct DepthPoller {
     api: Option<(String, ManagementApi)>,
     /// The last management request failed (logged once, until it answers again).
     api_failed: bool,
-    /// Since when each level has held messages at every poll.
-    held_since: HashMap<u32, Instant>,
+    /// Since when each level queue (by name: every shard has its levels)
+    /// has held messages at every poll.
+    held_since: HashMap<String, Instant>,
     redeclared_at: Option<Instant>,
 }
 
 impl DepthPoller {
-    fn label(&self, level: u32) -> LevelLabel {
-        LevelLabel {
-            level,
-            queue: self.cascade.level_queue(level),
-        }
+    /// Every level of every shard, as labelled.
+    fn labels(&self) -> Vec<(u32, LevelLabel)> {
+        self.cascade
+            .every_shard()
+            .flat_map(|shard| {
+                (0..shard.levels()).map(move |level| {
+                    let queue = shard.level_queue(level);
+                    (level, LevelLabel { level, queue })
+                })
+            })
+            .collect()
     }
 
     /// One poll; true when a level has held messages longer than its TTL
@@ -114,6 +121,13 @@ impl DepthPoller {
         let stalled = match self.counts_from_management(node).await {
             Some(counts) => {
                 self.metrics.management_api_up.set(1);
+                self.metrics.set_leaders(
+                    counts
+                        .iter()
+                        .filter(|q| q.name != self.cascade.unroutable_queue())
+                        .filter_map(|q| Some((q.name.clone(), q.leader_node()?.to_owned())))
+                        .collect(),
+                );
                 self.record_counts(&counts, HeldCounts::Known)
             }
             None => {
@@ -142,15 +156,11 @@ impl DepthPoller {
         }
         let (_, api) = self.api.as_ref()?;
         let cascade = &self.cascade;
+        // Every shard's: shard 0's names have no `.s<k>`.
+        let chain = regex_escape(&format!("{}.v{}", cascade.prefix(), cascade.version()));
         let pattern = format!(
-            "^({}|{}|{})$",
-            regex_escape(&format!(
-                "{}.v{}.level",
-                cascade.prefix(),
-                cascade.version()
-            )) + "[0-9]+\\.wait",
+            "^({chain}(\\.s[0-9]+)?\\.(level[0-9]+\\.wait|release)|{})$",
             regex_escape(&cascade.unroutable_queue()),
-            regex_escape(&cascade.release_queue())
         );
         match api.queues(&pattern).await {
             Ok(counts) => {
@@ -182,8 +192,7 @@ impl DepthPoller {
         self.metrics.queue_depth_polled.set(polled_at);
         let now = Instant::now();
         let mut stalled = false;
-        for level in 0..self.cascade.levels() {
-            let label = self.label(level);
+        for (level, label) in self.labels() {
             let Some(queue) = counts.iter().find(|q| q.name == label.queue) else {
                 self.forget_level(&label);
                 continue;
@@ -197,7 +206,7 @@ impl DepthPoller {
                 // Held messages are invisible here: no series rather than a false 0.
                 metrics.level_held.remove(&label);
                 metrics.level_held_seconds.remove(&label);
-                self.held_since.remove(&level);
+                self.held_since.remove(&label.queue);
                 continue;
             }
             let held = queue.held();
@@ -206,9 +215,9 @@ impl DepthPoller {
                 .get_or_create(&label)
                 .set(i64::try_from(held).unwrap_or(i64::MAX));
             let held_for = if held > 0 {
-                now - *self.held_since.entry(level).or_insert(now)
+                now - *self.held_since.entry(label.queue.clone()).or_insert(now)
             } else {
-                self.held_since.remove(&level);
+                self.held_since.remove(&label.queue);
                 Duration::ZERO
             };
             metrics
@@ -223,11 +232,20 @@ impl DepthPoller {
         self.metrics
             .unroutable_messages
             .set(unroutable_counts.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
-        let release = self.cascade.release_queue();
-        let release_counts = counts.iter().find(|q| q.name == release);
+        // Every shard's release queue together.
+        let releases: Vec<String> = self
+            .cascade
+            .every_shard()
+            .map(|s| s.release_queue())
+            .collect();
+        let released: u64 = counts
+            .iter()
+            .filter(|q| releases.contains(&q.name))
+            .map(|q| q.messages)
+            .sum();
         self.metrics
             .release_queue_messages
-            .set(release_counts.map_or(0, |q| i64::try_from(q.messages).unwrap_or(i64::MAX)));
+            .set(i64::try_from(released).unwrap_or(i64::MAX));
         stalled
     }
 
@@ -236,7 +254,7 @@ impl DepthPoller {
         self.metrics.level_messages.remove(label);
         self.metrics.level_held.remove(label);
         self.metrics.level_held_seconds.remove(label);
-        self.held_since.remove(&label.level);
+        self.held_since.remove(&label.queue);
     }
 
     /// The depths a passive declare sees: ready messages only.
@@ -244,12 +262,10 @@ impl DepthPoller {
         &self,
         connection: &Connection,
     ) -> Result<Vec<QueueCounts>, BrokerError> {
-        let mut queues: Vec<String> = (0..self.cascade.levels())
-            .map(|level| self.cascade.level_queue(level))
-            .collect();
+        let mut queues: Vec<String> = self.labels().into_iter().map(|(_, l)| l.queue).collect();
         queues.push(self.cascade.unroutable_queue());
         if self.cascade.release_stage() {
-            queues.push(self.cascade.release_queue());
+            queues.extend(self.cascade.every_shard().map(|s| s.release_queue()));
         }
         let mut counts = Vec::with_capacity(queues.len());
         for name in queues {
@@ -260,6 +276,8 @@ impl DepthPoller {
                     messages,
                     messages_ready: messages,
                     messages_unacknowledged: 0,
+                    leader: None,
+                    node: None,
                 });
             }
         }

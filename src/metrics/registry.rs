@@ -38,6 +38,13 @@ pub struct LevelLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaderLabel {
+    pub queue: String,
+    /// The RabbitMQ node leading the queue.
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     /// Release drops: `cancelled`, `stale` (an older revision of a moved task) or
     /// `duplicate`; auth refusals: `missing` or `unknown`.
@@ -108,6 +115,11 @@ pub struct Metrics {
     /// Other replicas' level probes this one took and handed on to them.
     pub level_probes_handed_on: Counter,
     pub management_api_up: Gauge,
+    /// 1 for the node leading each level and release queue of every shard.
+    pub queue_leader: Family<LeaderLabel, Gauge>,
+    /// The same, for the API and the console: queue name to node, as the
+    /// management API last said.
+    pub leaders: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
     pub unroutable_messages: Gauge,
     pub retired_chain_messages: Family<VersionLabel, Gauge>,
     pub release_queue_messages: Gauge,
@@ -266,6 +278,14 @@ impl Metrics {
             "level_queue_ttl_seconds",
             "How long each level holds a message: the bound held_seconds is compared with",
             level_ttl_seconds.clone(),
+        );
+        let queue_leader = Family::<LeaderLabel, Gauge>::default();
+        registry.register(
+            "queue_leader",
+            "1 for the node leading each level and release queue of every shard, as the \
+             management API last said (none without it): shards spread their leaders over a \
+             cluster's nodes",
+            queue_leader.clone(),
         );
         let level_stranded = Family::<LevelLabel, Gauge>::default();
         registry.register(
@@ -518,6 +538,8 @@ impl Metrics {
             level_probes_handed_on,
             level_handed_back,
             management_api_up,
+            queue_leader,
+            leaders: Default::default(),
             unroutable_messages,
             retired_chain_messages,
             release_queue_messages,
@@ -548,6 +570,35 @@ impl Metrics {
                 .get_or_create(&StateLabel { state })
                 .inc();
         }
+    }
+
+    /// Where each queue's leader runs, as the management API just said:
+    /// a queue whose leader moved loses its old series.
+    pub fn set_leaders(&self, leaders: std::collections::BTreeMap<String, String>) {
+        let Ok(mut known) = self.leaders.lock() else {
+            return;
+        };
+        for (queue, node) in known.iter() {
+            if leaders.get(queue) != Some(node) {
+                self.queue_leader.remove(&LeaderLabel {
+                    queue: queue.clone(),
+                    node: node.clone(),
+                });
+            }
+        }
+        for (queue, node) in &leaders {
+            let label = LeaderLabel {
+                queue: queue.clone(),
+                node: node.clone(),
+            };
+            self.queue_leader.get_or_create(&label).set(1);
+        }
+        *known = leaders;
+    }
+
+    /// The node leading `queue`, as last known.
+    pub fn leader_of(&self, queue: &str) -> Option<String> {
+        self.leaders.lock().ok()?.get(queue).cloned()
     }
 
     /// A delivery `lateness_ms` after its due time, at `now_ms`.

@@ -35,7 +35,7 @@ use super::broker::Broker;
 use super::limit_view::LimitsView;
 use super::limiter::Limiter;
 use super::release::Releaser;
-use super::strands::{LevelKeeper, Strands};
+use super::strands::{LevelKeeper, ShardStrands};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::Cascade;
 use crate::clock::Reading;
@@ -213,6 +213,7 @@ impl Bookkeeper {
         // the row is changed.
         let route = self
             .cascade
+            .for_task(id)
             .route(delay, &current.destination)
             .map_err(ChangeError::Route)?;
         let change = Move {
@@ -268,17 +269,19 @@ impl Bookkeeper {
             ));
         }
         if self.cascade.release_stage() {
-            let strands = Strands::new(self.cascade.clone(), self.metrics.clone());
+            let strands = ShardStrands::new(&self.cascade, &self.metrics);
             if let Some(every) = self.cascade.level_probe() {
-                let keeper = LevelKeeper {
-                    broker: self.broker.clone(),
-                    ledger: self.ledger.clone(),
-                    cascade: self.cascade.clone(),
-                    metrics: self.metrics.clone(),
-                    strands: strands.clone(),
-                    resend_after: settings.resend_after,
-                };
-                tasks.push(tokio::spawn(keeper.run(every, shutdown.clone())));
+                for shard in strands.each() {
+                    let keeper = LevelKeeper {
+                        broker: self.broker.clone(),
+                        ledger: self.ledger.clone(),
+                        cascade: shard.cascade(),
+                        metrics: self.metrics.clone(),
+                        strands: shard.clone(),
+                        resend_after: settings.resend_after,
+                    };
+                    tasks.push(tokio::spawn(keeper.run(every, shutdown.clone())));
+                }
             }
             let releaser = Releaser {
                 broker: self.broker.clone(),

@@ -44,7 +44,7 @@ use tracing::{debug, warn};
 use super::broker::Broker;
 use super::hold::{self, Offsets};
 use super::limit_view::LimitsView;
-use super::strands::Strands;
+use super::strands::ShardStrands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
@@ -197,10 +197,14 @@ pub(super) struct Releaser {
     /// The release limits, as the limiter last read them.
     pub limits: LimitsView,
     /// Where a level probe that arrives is noted (see [`super::strands`]).
-    pub strands: Strands,
+    pub strands: ShardStrands,
 }
 
-/// How the release queue is consumed: four windows at once, or in a chain
+fn shards_of(cascade: &Cascade) -> usize {
+    usize::try_from(cascade.shards()).unwrap_or(1)
+}
+
+/// How each release queue is consumed: four windows at once, or in a chain
 /// that holds, enough more for `hold_limit` messages held.
 fn release_limits(hold_limit: Option<u32>) -> ConsumeLimits {
     let held_windows = hold_limit.map_or(0, |limit| limit.div_ceil(u32::from(RELEASE_WINDOW)));
@@ -369,12 +373,19 @@ impl Releaser {
     pub async fn run(self, shutdown: CancellationToken) {
         let holds = self.cascade.holds();
         let limits = release_limits(holds.then(|| self.cascade.hold_limit()));
-        let windows = self
-            .broker
-            .consume(self.cascade.release_queue(), limits, shutdown.clone());
-        let concurrency = (!holds).then_some(usize::from(RELEASE_WINDOWS));
+        // Every shard's release queue, each with the limits of one: a
+        // shard's due tasks are held by the stage alike.
+        let shards = self.cascade.every_shard().map(|shard| {
+            Box::pin(
+                self.broker
+                    .consume(shard.release_queue(), limits, shutdown.clone())
+                    .into_stream(),
+            )
+        });
+        let windows = futures_util::stream::select_all(shards);
+        let concurrency =
+            (!holds).then_some(usize::from(RELEASE_WINDOWS) * shards_of(&self.cascade));
         windows
-            .into_stream()
             .for_each_concurrent(concurrency, |window| async {
                 let settles = self.release_window(&window.messages, &shutdown).await;
                 let retry = settles.contains(&Settle::Requeue);

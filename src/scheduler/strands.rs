@@ -80,6 +80,11 @@ impl Strands {
         }
     }
 
+    /// The view of the shard these probes go through.
+    pub fn cascade(&self) -> Arc<Cascade> {
+        self.cascade.clone()
+    }
+
     fn watch(&self) -> std::sync::MutexGuard<'_, LevelWatch> {
         self.watch.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -124,7 +129,48 @@ impl Strands {
     }
 }
 
-/// Probes the levels, and drains those found stranded.
+/// Every shard's [`Strands`]: each shard has its levels and its release
+/// queue, so its probes are judged against each other alone (a probe of
+/// one shard can overtake another shard's for reasons of its own queue).
+#[derive(Clone)]
+pub(super) struct ShardStrands {
+    shards: Arc<[Strands]>,
+    cascade: Arc<Cascade>,
+    metrics: Arc<Metrics>,
+}
+
+impl ShardStrands {
+    pub fn new(cascade: &Arc<Cascade>, metrics: &Arc<Metrics>) -> ShardStrands {
+        ShardStrands {
+            shards: cascade
+                .every_shard()
+                .map(|shard| Strands::new(Arc::new(shard), metrics.clone()))
+                .collect(),
+            cascade: cascade.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Each shard's, shard 0 first.
+    pub fn each(&self) -> impl Iterator<Item = &Strands> {
+        self.shards.iter()
+    }
+
+    /// The release stage took `probe` off (see [`Strands::probe_arrived`]):
+    /// noted by the shard of this replica that sent it, or the notice for
+    /// the replica that did.
+    pub fn probe_arrived(&self, probe: &Probe) -> Option<Message> {
+        match self.shards.iter().find(|own| *own.owner == *probe.owner) {
+            Some(own) => own.probe_arrived(probe),
+            None => {
+                self.metrics.level_probes_handed_on.inc();
+                Some(probe.notice(&self.cascade))
+            }
+        }
+    }
+}
+
+/// Probes the levels of one shard, and drains those found stranded.
 #[derive(Clone)]
 pub(super) struct LevelKeeper {
     pub broker: Arc<dyn Broker>,

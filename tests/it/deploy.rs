@@ -703,6 +703,14 @@ async fn the_cluster_example_gives_delayline_every_node_of_three() {
         .filter(|n| compose["services"][*n].is_mapping())
         .collect();
     assert_eq!(nodes.len(), 3);
+    // A shard per node: their leaders are placed `balanced`.
+    let shards = &[
+        "services",
+        "delayline",
+        "environment",
+        "DELAYLINE__CASCADE__SHARDS",
+    ];
+    assert_eq!(str_of(&compose, shards), "3");
     let cluster_conf = read("deploy/rabbitmq/cluster.conf");
     let delayline_uri = str_of(
         &compose,

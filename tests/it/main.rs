@@ -28,4 +28,5 @@ mod release;
 mod release_limits;
 mod schedules;
 mod security;
+mod shards;
 mod strand;

@@ -178,3 +178,68 @@ async fn hands_the_levels_back_once_the_broker_is_mended(
         drained.percentile(0.99)
     );
 }
+
+/// In a chain of two shards, each shard's levels are probed and drained on
+/// their own: the stand-in stops every level of both, and both shards'
+/// levels are found stranded, drained, and their tasks arrive in seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shard_s_stranded_levels_are_found_and_drained() {
+    let node = BrokerNode::start(&NodeOptions::default());
+    let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = node.uri().into();
+    settings.cascade.shards = 2;
+    settings.cascade.level_probe_ms = 200;
+    settings.cascade.stranded_margin_ms = 1_000;
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("stranded");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+
+    let stop = CancellationToken::new();
+    let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let supervisor = node.ctl(&["eval", STOP_DEAD_LETTERING]);
+    assert_eq!(supervisor.trim(), "undefined", "the stand-in took effect");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let ids = accepted_ids(load, stop).await;
+    let drained = drain(
+        &mut consumer,
+        &ids,
+        &node,
+        app.cascade.prefix(),
+        Duration::from_secs(60),
+    )
+    .await;
+    drained.assert_all_arrived_unaided();
+    let scrape = app.scrape().await;
+    for shard in app.cascade.every_shard() {
+        let stranded: usize = (0..shard.levels())
+            .filter(|&level| {
+                let series = format!(
+                    "delayline_level_stranded{{level=\"{level}\",queue=\"{}\"}}",
+                    shard.level_queue(level)
+                );
+                crate::common::sample(&scrape, &series) == Some(1.0)
+            })
+            .count();
+        assert!(
+            stranded >= 3,
+            "shard {}: {stranded} levels stranded",
+            shard.shard()
+        );
+    }
+    assert!(
+        drained.percentile(0.99) < 8_000,
+        "p99 {} ms",
+        drained.percentile(0.99)
+    );
+    eprintln!(
+        "two shards: {} tasks, p99 {} ms late, {} duplicates",
+        ids.len(),
+        drained.percentile(0.99),
+        drained.duplicates
+    );
+    drop(consumer);
+    app.stop().await.unwrap();
+    drop(node);
+}

@@ -240,40 +240,64 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
     })
 }
 
-/// Messages held per level, as the metrics last read them from the broker.
+/// Messages held per level, every shard's together, as the metrics last
+/// read them from the broker.
 fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
-    (0..state.scheduler.cascade().levels())
+    let cascade = state.scheduler.cascade();
+    (0..cascade.levels())
         .rev()
         .map(|level| {
-            let series = format!(
-                "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
-                state.scheduler.cascade().level_queue(level)
-            );
-            // A gauge of whole messages: a count, not a float.
-            let messages = sample(scrape, &series).unwrap_or(0.0).max(0.0).round() as u64;
+            let messages = cascade
+                .every_shard()
+                .map(|shard| {
+                    let series = format!(
+                        "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
+                        shard.level_queue(level)
+                    );
+                    // A gauge of whole messages: a count, not a float.
+                    sample(scrape, &series).unwrap_or(0.0).max(0.0).round() as u64
+                })
+                .sum();
             (level, messages)
         })
         .collect()
 }
 
-/// The levels this replica found stranded and drains, each with its queue
-/// and the messages it sent on, as the metrics say.
+/// The levels this replica found stranded and drains, in every shard, each
+/// with its queue and the messages it sent on, as the metrics say.
 fn stranded_levels(state: &AppState, scrape: &str) -> Vec<(u32, String, u64)> {
     let cascade = state.scheduler.cascade();
-    (0..cascade.levels())
-        .filter_map(|level| {
-            let labels = format!(
-                "{{level=\"{level}\",queue=\"{}\"}}",
-                cascade.level_queue(level)
-            );
+    let levels = cascade
+        .every_shard()
+        .flat_map(|shard| (0..shard.levels()).map(move |level| (level, shard.level_queue(level))));
+    levels
+        .filter_map(|(level, queue)| {
+            let labels = format!("{{level=\"{level}\",queue=\"{queue}\"}}");
             if sample(scrape, &format!("delayline_level_stranded{labels}")) != Some(1.0) {
                 return None;
             }
             let drained = sample(scrape, &format!("delayline_level_drained_total{labels}"));
             let drained = drained.unwrap_or(0.0).max(0.0).round() as u64;
-            Some((level, cascade.level_queue(level), drained))
+            Some((level, queue, drained))
         })
         .collect()
+}
+
+/// How many of the chain's queues each node leads, as the management API
+/// last said: shards spread them over a cluster.
+fn leaders_per_node(state: &AppState) -> Option<String> {
+    let leaders = state.metrics.leaders.lock().ok()?;
+    let mut per_node = std::collections::BTreeMap::<&str, usize>::new();
+    for node in leaders.values() {
+        *per_node.entry(node.as_str()).or_default() += 1;
+    }
+    (!per_node.is_empty()).then(|| {
+        let counts: Vec<String> = per_node
+            .iter()
+            .map(|(node, n)| format!("{node}: {n}"))
+            .collect();
+        counts.join(", ")
+    })
 }
 
 async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -289,6 +313,11 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ("queue type", cascade.queue_type().as_str().to_owned()),
         ("version", cascade.version().to_string()),
         ("release stage", cascade.release_stage().to_string()),
+        ("shards", cascade.shards().to_string()),
+        (
+            "queue leaders",
+            leaders_per_node(&state).unwrap_or_else(|| "unknown (no management API)".to_owned()),
+        ),
     ];
     let ready = readiness(&state, &session.caller).await;
     let scrape = state.metrics.encode().unwrap_or_default();

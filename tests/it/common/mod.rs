@@ -229,6 +229,8 @@ impl Cleanup {
                 queues: Vec::new(),
                 bindings: Vec::new(),
                 owner: None,
+                beyond_last_shard: None,
+                shards: 1,
             },
             queues: Vec::new(),
             exchanges: Vec::new(),
@@ -968,6 +970,7 @@ fn configured(
         .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
         .env("DELAYLINE__CASCADE__VERSION", c.version.to_string())
+        .env("DELAYLINE__CASCADE__SHARDS", c.shards.to_string())
         .env(
             "DELAYLINE__CASCADE__RELEASE_STAGE",
             // As the settings resolve it, so that an unset stage follows the ledger here too.
