@@ -932,6 +932,25 @@ mod tests {
     }
 
     #[test]
+    fn a_task_enters_the_shard_its_id_names() {
+        let cascade = crate::cascade::sharded_for_tests(8, 100, 3);
+        let mut seen = std::collections::BTreeSet::new();
+        for n in 0..30 {
+            let body = format!(r#"{{"id":"task-{n}","destination":"d","delay_ms":1500}}"#);
+            let task = Task::parse(body.as_bytes(), &cascade, now()).unwrap();
+            let shard = cascade.in_shard(cascade.shard_of(&task.id));
+            // 1.5 s: 15 units of 100 ms less the lead, from level 3 down.
+            assert_eq!(task.route.entry_exchange, shard.level_exchange(3));
+            seen.insert(shard.shard());
+        }
+        assert_eq!(seen.len(), 3, "every shard takes tasks");
+        // One generated here too.
+        let task = Task::parse(br#"{"destination":"d","delay_ms":0}"#, &cascade, now()).unwrap();
+        let shard = cascade.for_task(&task.id);
+        assert_eq!(task.route.entry_exchange, shard.release_queue());
+    }
+
+    #[test]
     fn a_past_deliver_at_means_now() {
         let task = parse(r#"{"destination":"d","deliver_at":"2020-01-01T00:00:00Z"}"#).unwrap();
         assert_eq!(task.route.delay_ms, 0);

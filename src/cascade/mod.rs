@@ -45,5 +45,21 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
     .validate()
     .expect("valid test cascade")
 }
+/// `for_tests`' chain with the release stage and `shards` shards.
+#[cfg(test)]
+pub(crate) fn sharded_for_tests(levels: u32, unit_ms: u64, shards: u32) -> Cascade {
+    CascadeSettings {
+        levels,
+        unit_ms,
+        prefix: "t".into(),
+        business_exchange: "biz".into(),
+        release_stage: Some(true),
+        shards,
+        ..CascadeSettings::default()
+    }
+    .validate()
+    .expect("valid sharded test cascade")
+}
+
 #[cfg(test)]
 pub(crate) use settings::{MAX_QUEUE_TTL_MS, max_levels_for_unit};

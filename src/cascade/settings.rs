@@ -141,7 +141,7 @@ pub struct CascadeSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_lead_ms: Option<u64>,
     /// Most due messages the release stage holds at once (its prefetch,
-    /// beyond what it is releasing). It holds every task falling due within
+    /// beyond what it is releasing), per shard's release queue. It holds every task falling due within
     /// one unit: at least the peak due rate per second times the unit in
     /// seconds. Past it, due messages wait in the release queue: late, never
     /// lost.

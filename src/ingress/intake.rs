@@ -83,13 +83,16 @@ pub fn take(
         Due::At(at_ms) => (at_ms.saturating_sub(accepted_at_ms), None),
     };
     let destination = destination_of(routing_key, cascade);
-    let route = cascade
-        .route(Duration::from_millis(delay_ms), destination)
-        .map_err(|error| match error {
-            RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
-            // The destination was checked: only the delay can be wrong.
-            other => Refusal::DelayTooLong(other.to_string()),
-        })?;
+    let route_in = |cascade: &Cascade| {
+        cascade
+            .route(Duration::from_millis(delay_ms), destination)
+            .map_err(|error| match error {
+                RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
+                // The destination was checked: only the delay can be wrong.
+                other => Refusal::DelayTooLong(other.to_string()),
+            })
+    };
+    let mut route = route_in(cascade)?;
     let (id, fingerprint) = match properties.message_id() {
         Some(id) => {
             let id = id.as_str();
@@ -101,6 +104,10 @@ pub fn take(
         }
         None => (uuid::Uuid::now_v7().to_string(), None),
     };
+    if cascade.shards() > 1 {
+        // Through the shard its id names (see `Cascade::shard_of`).
+        route = route_in(&cascade.for_task(&id))?;
+    }
     let carried = message::taken_in(properties, &ingress.deliver_to, routing_key, asked_delay);
     Ok(Taken {
         task: Task {
@@ -235,6 +242,27 @@ mod tests {
             headers.insert(ShortString::from(*name), value.clone());
         }
         BasicProperties::default().with_headers(headers)
+    }
+
+    #[test]
+    fn a_message_goes_through_the_shard_its_id_names() {
+        let cascade = crate::cascade::sharded_for_tests(8, 10, 3);
+        let ingress = IngressSettings {
+            exchange: "orders.delayed".into(),
+            deliver_to: Some("orders".into()),
+            kind: "direct".into(),
+            routing_keys: Vec::new(),
+        }
+        .validate(&cascade)
+        .unwrap();
+        for n in 0..12 {
+            let properties = with_headers(&[("x-delay", AMQPValue::LongInt(55))])
+                .with_message_id(format!("m-{n}").into());
+            let taken = take(&ingress, &cascade, "eu", b"{}", &properties, now()).unwrap();
+            let shard = cascade.for_task(&taken.task.id);
+            // Four 10 ms units, from level 2 down.
+            assert_eq!(taken.task.route.entry_exchange, shard.level_exchange(2));
+        }
     }
 
     #[test]

@@ -373,6 +373,20 @@ mod tests {
     }
 
     #[test]
+    fn a_row_is_rerouted_through_its_task_s_shard() {
+        let cascade = crate::cascade::sharded_for_tests(8, 100, 4);
+        for id in ["t", "u", "v", "w", "x"] {
+            let row = StoredTask {
+                id: id.into(),
+                ..stored(b"hi", 2)
+            };
+            let task = row.rerouted(&cascade, 10_349).unwrap();
+            let shard = cascade.in_shard(cascade.shard_of(id));
+            assert_eq!(task.route.entry_exchange, shard.level_exchange(2), "{id}");
+        }
+    }
+
+    #[test]
     fn rerouting_counts_what_remains_and_is_never_early() {
         let stored = stored(b"hi", 2);
         // 349 ms of the delay passed in the ledger: 651 ms remain; 7 units

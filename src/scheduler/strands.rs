@@ -390,7 +390,11 @@ impl LevelKeeper {
     /// Until `shutdown`: tasks that passed `level`, still `scheduled` the
     /// margin after their due time, published again from the ledger (the
     /// broker holds their messages expired, out of any consumer's reach).
-    /// From where the ledger's own resender has not yet looked.
+    /// From where the ledger's own resender has not yet looked. The ledger
+    /// does not keep a task's shard, so in a chain of several shards the
+    /// overdue tasks of every shard that passed this level are published
+    /// again: elsewhere they are that late already, and the release stage
+    /// drops whichever copy comes second.
     async fn resend_through(self, level: u32, now_ms: u64, shutdown: CancellationToken) {
         let after_ms = u64::try_from(self.resend_after.as_millis()).unwrap_or(u64::MAX);
         let margin_ms = self.cascade.stranded_margin_ms();
