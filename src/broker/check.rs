@@ -68,6 +68,9 @@ pub struct CheckReport {
     /// The release queue of a shard beyond the configured ones, when it
     /// exists: the chain had more shards (see [`BrokerError::MoreShards`]).
     pub extra_shard: Option<String>,
+    /// The node leading each queue, from the management API; `Err` says
+    /// why it is not known (AMQP cannot tell).
+    pub leaders: Result<std::collections::BTreeMap<String, String>, String>,
 }
 
 impl CheckReport {
@@ -90,7 +93,18 @@ impl fmt::Display for CheckReport {
                 .unwrap_or_default();
             match &object.status {
                 Status::Matches => {
-                    writeln!(f, "ok       {:<8} {}{messages}", object.kind, object.name)?
+                    let leader = match &self.leaders {
+                        Ok(leaders) => leaders
+                            .get(&object.name)
+                            .map(|node| format!(", led by {node}"))
+                            .unwrap_or_default(),
+                        Err(_) => String::new(),
+                    };
+                    writeln!(
+                        f,
+                        "ok       {:<8} {}{messages}{leader}",
+                        object.kind, object.name
+                    )?
                 }
                 Status::Missing => writeln!(f, "missing  {:<8} {}", object.kind, object.name)?,
                 Status::Differs(conflict) => {
@@ -124,6 +138,13 @@ impl fmt::Display for CheckReport {
                 counted(chain.messages(), "message"),
                 counted(u64::from(chain.unroutable), "unroutable message"),
                 chain.version
+            )?;
+        }
+        if let Err(why) = &self.leaders {
+            writeln!(
+                f,
+                "note     where each queue's leader runs is not known: {why} (the management \
+                 API tells it, AMQP does not)"
             )?;
         }
         writeln!(
@@ -249,5 +270,6 @@ pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckRe
         objects,
         other_chains,
         extra_shard,
+        leaders: Err("not asked".to_owned()),
     })
 }

@@ -279,6 +279,7 @@ impl Bookkeeper {
                         metrics: self.metrics.clone(),
                         strands: shard.clone(),
                         resend_after: settings.resend_after,
+                        resends: strands.resends(),
                     };
                     tasks.push(tokio::spawn(keeper.run(every, shutdown.clone())));
                 }

@@ -129,6 +129,44 @@ impl Strands {
     }
 }
 
+/// The resend loops of stranded levels: one per level, whichever shards it
+/// is stranded in. The ledger does not keep a task's shard, so a loop per
+/// shard would publish the same tasks again once for each (and, on
+/// PostgreSQL, deadlock on the same rows).
+#[derive(Clone, Default)]
+pub(super) struct Resends(Arc<Mutex<HashMap<u32, (usize, CancellationToken)>>>);
+
+impl Resends {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (usize, CancellationToken)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A shard took `level` over: the token to start its loop with, when
+    /// none runs yet; the loop runs until the token is cancelled.
+    fn taken(&self, level: u32, shutdown: &CancellationToken) -> Option<CancellationToken> {
+        let mut loops = self.lock();
+        if let Some((shards, _)) = loops.get_mut(&level) {
+            *shards += 1;
+            return None;
+        }
+        let stop = shutdown.child_token();
+        loops.insert(level, (1, stop.clone()));
+        Some(stop)
+    }
+
+    /// A shard handed `level` back: its loop stops with the last one.
+    fn handed_back(&self, level: u32) {
+        let mut loops = self.lock();
+        if let Some((shards, stop)) = loops.get_mut(&level) {
+            *shards -= 1;
+            if *shards == 0 {
+                stop.cancel();
+                loops.remove(&level);
+            }
+        }
+    }
+}
+
 /// Every shard's [`Strands`]: each shard has its levels and its release
 /// queue, so its probes are judged against each other alone (a probe of
 /// one shard can overtake another shard's for reasons of its own queue).
@@ -137,6 +175,7 @@ pub(super) struct ShardStrands {
     shards: Arc<[Strands]>,
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
+    resends: Resends,
 }
 
 impl ShardStrands {
@@ -148,7 +187,13 @@ impl ShardStrands {
                 .collect(),
             cascade: cascade.clone(),
             metrics: metrics.clone(),
+            resends: Resends::default(),
         }
+    }
+
+    /// The resend loops every shard's keeper shares.
+    pub fn resends(&self) -> Resends {
+        self.resends.clone()
     }
 
     /// Each shard's, shard 0 first.
@@ -181,6 +226,8 @@ pub(super) struct LevelKeeper {
     /// How long a task that passed no stranded level may be overdue before
     /// the ledger's own resender publishes it again (`store.resend_after_ms`).
     pub resend_after: Duration,
+    /// Shared by every shard's keeper (see [`Resends`]).
+    pub resends: Resends,
 }
 
 impl LevelKeeper {
@@ -210,7 +257,7 @@ impl LevelKeeper {
             let found = self.strands.watch().newly_stranded(&self.cascade, mono_ms);
             for level in found {
                 let stop = shutdown.child_token();
-                self.take_over(level, now_ms, &stop);
+                self.take_over(level, now_ms, &stop, &shutdown);
                 taken_over.insert(level, stop);
             }
             if let Some(recheck) = self.cascade.stranded_recheck() {
@@ -234,6 +281,7 @@ impl LevelKeeper {
             if let Some(stop) = taken_over.remove(&level) {
                 stop.cancel();
             }
+            self.resends.handed_back(level);
             watch.hand_back(level);
             let label = self.label(level);
             self.metrics.level_stranded.get_or_create(&label).set(0);
@@ -292,7 +340,13 @@ impl LevelKeeper {
 
     /// `level` found stranded: said, drained, and its overdue tasks resent.
     /// Until `stop` (a recheck, or shutdown).
-    fn take_over(&self, level: u32, now_ms: u64, stop: &CancellationToken) {
+    fn take_over(
+        &self,
+        level: u32,
+        now_ms: u64,
+        stop: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
         let queue = self.cascade.level_queue(level);
         warn!(
             level,
@@ -312,8 +366,10 @@ impl LevelKeeper {
             .set(1);
         tokio::spawn(self.clone().drain(level, stop.clone()));
         // A resender set to never (0) is obeyed here too.
-        if !self.resend_after.is_zero() {
-            tokio::spawn(self.clone().resend_through(level, now_ms, stop.clone()));
+        if !self.resend_after.is_zero()
+            && let Some(resending) = self.resends.taken(level, shutdown)
+        {
+            tokio::spawn(self.clone().resend_through(level, now_ms, resending));
         }
     }
 
@@ -393,8 +449,9 @@ impl LevelKeeper {
     /// From where the ledger's own resender has not yet looked. The ledger
     /// does not keep a task's shard, so in a chain of several shards the
     /// overdue tasks of every shard that passed this level are published
-    /// again: elsewhere they are that late already, and the release stage
-    /// drops whichever copy comes second.
+    /// again, by one loop however many shards have the level stranded
+    /// ([`Resends`]): elsewhere they are that late already, and the release
+    /// stage drops whichever copy comes second.
     async fn resend_through(self, level: u32, now_ms: u64, shutdown: CancellationToken) {
         let after_ms = u64::try_from(self.resend_after.as_millis()).unwrap_or(u64::MAX);
         let margin_ms = self.cascade.stranded_margin_ms();
@@ -430,5 +487,31 @@ impl LevelKeeper {
                 () = tokio::time::sleep(RESEND_POLL) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_resend_loop_a_level_however_many_shards_have_it_stranded() {
+        let resends = Resends::default();
+        let shutdown = CancellationToken::new();
+        let first = resends
+            .taken(4, &shutdown)
+            .expect("the first shard starts it");
+        assert!(resends.taken(4, &shutdown).is_none(), "a second does not");
+        assert!(
+            resends.taken(5, &shutdown).is_some(),
+            "another level has its own"
+        );
+        resends.handed_back(4);
+        assert!(!first.is_cancelled(), "one shard still has it stranded");
+        resends.handed_back(4);
+        assert!(first.is_cancelled(), "stopped with the last");
+        // Taken again later: a loop of its own again.
+        assert!(resends.taken(4, &shutdown).is_some());
+        resends.handed_back(9);
     }
 }

@@ -446,6 +446,11 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     let out = String::from_utf8_lossy(&matching.stdout);
     assert!(matching.status.success(), "{out}");
     assert!(out.contains("chain v1 matches the plan"), "{out}");
+    // Each queue's leader, where the management API answers; else why not.
+    assert!(
+        out.contains(", led by ") || out.contains("where each queue's leader runs is not known"),
+        "{out}"
+    );
     let next = run("2");
     let out = String::from_utf8_lossy(&next.stdout);
     assert_eq!(next.status.code(), Some(1), "{out}");

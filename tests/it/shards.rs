@@ -253,7 +253,7 @@ async fn on_a_cluster_the_shards_leaders_are_spread_over_the_nodes_and_shown() {
         cluster.nodes[0].management_port.unwrap()
     )
     .into();
-    let app = TestApp::spawn(settings).await;
+    let app = TestApp::spawn(settings.clone()).await;
     let key = app.cascade.binding_key("sharded");
     let mut consumer = TestConsumer::on_node(
         &cluster.nodes[0].uri(),
@@ -303,6 +303,18 @@ async fn on_a_cluster_the_shards_leaders_are_spread_over_the_nodes_and_shown() {
         .filter(|l| l.starts_with("delayline_queue_leader{") && l.ends_with(" 1"))
         .count();
     assert_eq!(series, queues, "{scrape}");
+    // `provision --check` names each queue's leader too.
+    let (ok, output) = run_delayline(&settings, &["provision", "--check"]).await;
+    assert!(ok, "{output}");
+    for shard in app.cascade.every_shard() {
+        let release = shard.release_queue();
+        assert!(
+            output
+                .lines()
+                .any(|l| l.contains(&format!("{release} (")) && l.contains(", led by dltest-")),
+            "{output}"
+        );
+    }
 
     let mut ids = HashSet::new();
     for n in 0..30u64 {
