@@ -284,17 +284,7 @@ mod tests {
     }
 
     fn sharded(shards: u32, levels: u32) -> crate::cascade::Cascade {
-        CascadeSettings {
-            levels,
-            unit_ms: 10,
-            prefix: "t".into(),
-            business_exchange: "biz".into(),
-            release_stage: Some(true),
-            shards,
-            ..CascadeSettings::default()
-        }
-        .validate()
-        .expect("valid sharded cascade")
+        crate::cascade::sharded_for_tests(levels, 10, shards)
     }
 
     #[test]

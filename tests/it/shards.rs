@@ -6,15 +6,15 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use delayline::broker::{connect, exchange_exists, queue_state};
+use delayline::broker::{OldChain, connect, exchange_exists, migrate_topology, queue_state};
 use delayline::cascade::{Cascade, QueueType};
 use delayline::config::Settings;
 use serde_json::json;
 
 use crate::common::nodes::{Cluster, NodeOptions};
 use crate::common::{
-    Backend, TestApp, TestConsumer, amqp_uri, eventually, queue_depth, run_delayline,
-    test_settings, with_ledger,
+    Backend, TestApp, TestConsumer, amqp_uri, close_connections_named, eventually, queue_depth,
+    run_delayline, test_settings, with_ledger,
 };
 use crate::release::serve_until_it_stops;
 
@@ -326,4 +326,68 @@ async fn on_a_cluster_the_shards_leaders_are_spread_over_the_nodes_and_shown() {
     drop(consumer);
     app.stop().await.unwrap();
     drop(cluster);
+}
+
+/// A migration between sharded chains killed half way, then run again:
+/// every task arrives once (the release stage drops a second copy of one
+/// moved twice), never early, and the old chain's every shard is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_migration_cut_off_midway_loses_nothing_when_run_again() {
+    let old_settings = sharded(3);
+    let old = old_settings.cascade().unwrap();
+    let mut new_settings = old_settings.clone();
+    new_settings.cascade.version = 2;
+    new_settings.cascade.shards = 2;
+
+    let mut old_app = TestApp::spawn(old_settings).await;
+    let mut consumer = TestConsumer::bind(&mut old_app, "sharded").await;
+    let mut ids = HashSet::new();
+    for n in 0..200u64 {
+        ids.insert(post(&old_app, 2_000 + n * 20).await);
+    }
+    let _old_topology = old_app.stop_keeping_topology().await;
+    let new_app = TestApp::spawn(new_settings).await;
+    let new = new_app.cascade.clone();
+    let old_depth = async || {
+        let mut depth = 0;
+        for shard in old.every_shard() {
+            for level in 0..shard.levels() {
+                depth += queue_depth(&shard.level_queue(level)).await;
+            }
+        }
+        depth
+    };
+    let before = old_depth().await;
+
+    let crashing = "delayline test sharded migrate crash";
+    let connection = connect(amqp_uri(), crashing).await.unwrap();
+    let migration = {
+        let new = new.clone();
+        tokio::spawn(async move {
+            let old = OldChain::version_of(&new, 1);
+            migrate_topology(&connection, &old, &new, &|_| true, None).await
+        })
+    };
+    eventually("half of the old chain to be moved", async || {
+        old_depth().await < before / 2
+    })
+    .await;
+    migration.abort();
+    close_connections_named(crashing);
+
+    let connection = connect(amqp_uri(), "delayline test sharded migrate")
+        .await
+        .unwrap();
+    let old_chain = OldChain::version_of(&new, 1);
+    let report = migrate_topology(&connection, &old_chain, &new, &|_| true, None)
+        .await
+        .unwrap();
+    assert!(report.removed);
+    assert_eq!(report.shards, 3, "{report:?}");
+    old_shards_are_gone(&old).await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(20))
+        .await;
+    let _ = connection.close(200, "done".into()).await;
+    new_app.stop().await.unwrap();
 }

@@ -41,30 +41,48 @@ fn sum_of(scrape: &str, metric: &str) -> f64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_seconds() {
-    let node = BrokerNode::start(&NodeOptions::default());
+/// A service of `shards` shards of 8 levels of 50 ms on `node`, probing
+/// every 200 ms with a margin of a second, handing stranded levels back
+/// after `recheck_ms`; and a consumer of its destination `stranded`.
+async fn stranding_app(node: &BrokerNode, shards: u32, recheck_ms: u64) -> (TestApp, TestConsumer) {
     let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
     settings.amqp.uri = node.uri().into();
+    settings.cascade.shards = shards;
     settings.cascade.level_probe_ms = 200;
     settings.cascade.stranded_margin_ms = 1_000;
-    // Past the first load's drain, so the levels are handed back to a
-    // mended broker.
-    settings.cascade.stranded_recheck_ms = 20_000;
+    settings.cascade.stranded_recheck_ms = recheck_ms;
     let app = TestApp::spawn(settings).await;
     let key = app.cascade.binding_key("stranded");
-    let mut consumer =
-        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    let consumer = TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    (app, consumer)
+}
 
-    // 3 s: 56 units in levels 5, 4 and 3 (1.6 + 0.8 + 0.4 s), 200 ms held.
+/// Tasks due 3 s after they are sent (56 units in levels 5, 4 and 3: 1.6 +
+/// 0.8 + 0.4 s, 200 ms held), sent for 2 s, then dead-lettering stopped on
+/// `node`, then sent for `after` more: the ids accepted, and when
+/// dead-lettering stopped.
+async fn load_across_the_stop(
+    app: &TestApp,
+    node: &BrokerNode,
+    after: Duration,
+) -> (std::collections::HashSet<String>, Instant) {
     let stop = CancellationToken::new();
     let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stopped_at = Instant::now();
     let supervisor = node.ctl(&["eval", STOP_DEAD_LETTERING]);
     assert_eq!(supervisor.trim(), "undefined", "the stand-in took effect");
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let ids = accepted_ids(load, stop).await;
+    tokio::time::sleep(after).await;
+    (accepted_ids(load, stop).await, stopped_at)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_that_stops_dead_lettering_is_drained_by_delayline_within_seconds() {
+    let node = BrokerNode::start(&NodeOptions::default());
+    // Past the first load's drain, so the levels are handed back to a
+    // mended broker.
+    let (app, mut consumer) = stranding_app(&node, 1, 20_000).await;
+    let (ids, stopped_at) = load_across_the_stop(&app, &node, Duration::from_secs(8)).await;
 
     let drained = drain(
         &mut consumer,
@@ -185,23 +203,8 @@ async fn hands_the_levels_back_once_the_broker_is_mended(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_shard_s_stranded_levels_are_found_and_drained() {
     let node = BrokerNode::start(&NodeOptions::default());
-    let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = node.uri().into();
-    settings.cascade.shards = 2;
-    settings.cascade.level_probe_ms = 200;
-    settings.cascade.stranded_margin_ms = 1_000;
-    let app = TestApp::spawn(settings).await;
-    let key = app.cascade.binding_key("stranded");
-    let mut consumer =
-        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
-
-    let stop = CancellationToken::new();
-    let load = steady_load(&app.http, &app.base, 2, "stranded", 3_000, stop.clone());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let supervisor = node.ctl(&["eval", STOP_DEAD_LETTERING]);
-    assert_eq!(supervisor.trim(), "undefined", "the stand-in took effect");
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let ids = accepted_ids(load, stop).await;
+    let (app, mut consumer) = stranding_app(&node, 2, 300_000).await;
+    let (ids, _) = load_across_the_stop(&app, &node, Duration::from_secs(6)).await;
     let drained = drain(
         &mut consumer,
         &ids,
