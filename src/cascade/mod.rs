@@ -5,6 +5,11 @@
 //! it straight down otherwise, so the waits add up to exactly `d` units. Each
 //! level queue has a single TTL, which keeps FIFO order equal to expiry order:
 //! no message ever waits behind a longer-lived one.
+//!
+//! A chain may have several shards, whole chains of levels side by side
+//! (`cascade.shards`): a [`Cascade`] is a view of one of them
+//! ([`Cascade::in_shard`]), shard 0 for the chain as a whole, and a task
+//! goes through the shard a hash of its id names ([`Cascade::for_task`]).
 
 mod names;
 mod plan;

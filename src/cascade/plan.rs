@@ -407,7 +407,8 @@ impl Cascade {
         });
     }
 
-    /// The queue that hears of released tasks no queue took, one for every shard.
+    /// The queue that hears of released tasks no queue took: one, shared by
+    /// every shard.
     fn plan_unroutable_seen(&self, plan: &mut TopologyPlan) {
         let seen = self.unroutable_seen_queue();
         plan.queues.push(self.plain_queue(seen.clone()));

@@ -140,11 +140,11 @@ pub struct CascadeSettings {
     /// arrives between this and this plus one unit early.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_lead_ms: Option<u64>,
-    /// Most due messages the release stage holds at once (its prefetch,
-    /// beyond what it is releasing), per shard's release queue. It holds every task falling due within
-    /// one unit: at least the peak due rate per second times the unit in
-    /// seconds. Past it, due messages wait in the release queue: late, never
-    /// lost.
+    /// Most due messages the release stage holds at once from each shard's
+    /// release queue (its prefetch, beyond what it is releasing). It holds
+    /// every task falling due within one unit: at least the peak due rate
+    /// per second times the unit in seconds. Past it, due messages wait in
+    /// the release queue: late, never lost.
     pub hold_limit: u32,
     /// With the release stage: how often each level of at most ten minutes'
     /// TTL gets a probe, a message waiting in that level alone, to find a

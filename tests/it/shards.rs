@@ -13,8 +13,8 @@ use serde_json::json;
 
 use crate::common::nodes::{Cluster, NodeOptions};
 use crate::common::{
-    Backend, TestApp, TestConsumer, amqp_uri, close_connections_named, eventually, queue_depth,
-    run_delayline, test_settings, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, amqp_uri, close_connections_named, eventually,
+    queue_depth, run_delayline, test_settings, with_ledger,
 };
 use crate::release::serve_until_it_stops;
 
@@ -30,6 +30,14 @@ async fn post(app: &TestApp, delay_ms: u64) -> String {
     let (status, accepted) = app.post("/v1/tasks", &body).await;
     assert_eq!(status, 202, "{accepted}");
     accepted["id"].as_str().unwrap().to_owned()
+}
+
+/// Deletes the poison queue `migrate-topology` declares for the new chain
+/// of `new` (not part of the chain's plan).
+fn poison_queue_cleanup(new: &Settings) -> Cleanup {
+    let mut cleanup = Cleanup::empty();
+    cleanup.queues.push(new.cascade().unwrap().poison_queue());
+    cleanup
 }
 
 /// Messages waiting in each shard's levels and release queue, by shard.
@@ -168,6 +176,7 @@ async fn migrate_topology_changes_the_shard_count_and_every_task_arrives_once_ne
     let mut new_settings = old_settings.clone();
     new_settings.cascade.version = 2;
     new_settings.cascade.shards = 2;
+    let _poison = poison_queue_cleanup(&new_settings);
 
     let mut old_app = TestApp::spawn(old_settings).await;
     let mut consumer = TestConsumer::bind(&mut old_app, "sharded").await;
@@ -215,6 +224,13 @@ async fn more_shards_in_place_from_one_is_refused_and_names_the_migration() {
     let _cleanup = app.stop_keeping_topology().await;
     let mut more = settings.clone();
     more.cascade.shards = 2;
+    // Exchanges are declared before queues: shard 1's are, before the refusal.
+    let shard = more.cascade().unwrap().in_shard(1);
+    let mut stray = Cleanup::empty();
+    stray.exchanges.push(shard.release_queue());
+    stray
+        .exchanges
+        .extend((0..shard.levels()).map(|level| shard.level_exchange(level)));
     let (ok, output) = run_delayline(&more, &["provision"]).await;
     assert!(!ok, "{output}");
     assert!(
@@ -224,8 +240,7 @@ async fn more_shards_in_place_from_one_is_refused_and_names_the_migration() {
         "{output}"
     );
     assert!(output.contains("migrate-topology --from"), "{output}");
-    // Refused before anything of shard 1 was declared.
-    let shard = more.cascade().unwrap().in_shard(1);
+    // Refused before any queue of shard 1 was declared.
     let connection = connect(amqp_uri(), "delayline test probe").await.unwrap();
     assert!(
         queue_state(&connection, &shard.level_queue(0))
@@ -338,6 +353,7 @@ async fn a_sharded_migration_cut_off_midway_loses_nothing_when_run_again() {
     let mut new_settings = old_settings.clone();
     new_settings.cascade.version = 2;
     new_settings.cascade.shards = 2;
+    let _poison = poison_queue_cleanup(&new_settings);
 
     let mut old_app = TestApp::spawn(old_settings).await;
     let mut consumer = TestConsumer::bind(&mut old_app, "sharded").await;
