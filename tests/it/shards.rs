@@ -32,12 +32,17 @@ async fn post(app: &TestApp, delay_ms: u64) -> String {
     accepted["id"].as_str().unwrap().to_owned()
 }
 
-/// Deletes the poison queue `migrate-topology` declares for the new chain
-/// of `new` (not part of the chain's plan).
-fn poison_queue_cleanup(new: &Settings) -> Cleanup {
-    let mut cleanup = Cleanup::empty();
-    cleanup.queues.push(new.cascade().unwrap().poison_queue());
-    cleanup
+/// A migration's two sides: the old chain's settings (three shards) and
+/// the new version's (two), with what deletes the poison queue
+/// `migrate-topology` declares for the new chain (not part of its plan).
+fn three_shards_to_two() -> (Settings, Settings, Cleanup) {
+    let old = sharded(3);
+    let mut new = old.clone();
+    new.cascade.version = 2;
+    new.cascade.shards = 2;
+    let mut poison = Cleanup::empty();
+    poison.queues.push(new.cascade().unwrap().poison_queue());
+    (old, new, poison)
 }
 
 /// Messages waiting in each shard's levels and release queue, by shard.
@@ -171,13 +176,8 @@ async fn old_shards_are_gone(old: &Cascade) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_topology_changes_the_shard_count_and_every_task_arrives_once_never_early() {
-    let old_settings = sharded(3);
+    let (old_settings, new_settings, _poison) = three_shards_to_two();
     let old = old_settings.cascade().unwrap();
-    let mut new_settings = old_settings.clone();
-    new_settings.cascade.version = 2;
-    new_settings.cascade.shards = 2;
-    let _poison = poison_queue_cleanup(&new_settings);
-
     let mut old_app = TestApp::spawn(old_settings).await;
     let mut consumer = TestConsumer::bind(&mut old_app, "sharded").await;
     let mut ids = HashSet::new();
@@ -348,13 +348,8 @@ async fn on_a_cluster_the_shards_leaders_are_spread_over_the_nodes_and_shown() {
 /// moved twice), never early, and the old chain's every shard is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_migration_cut_off_midway_loses_nothing_when_run_again() {
-    let old_settings = sharded(3);
+    let (old_settings, new_settings, _poison) = three_shards_to_two();
     let old = old_settings.cascade().unwrap();
-    let mut new_settings = old_settings.clone();
-    new_settings.cascade.version = 2;
-    new_settings.cascade.shards = 2;
-    let _poison = poison_queue_cleanup(&new_settings);
-
     let mut old_app = TestApp::spawn(old_settings).await;
     let mut consumer = TestConsumer::bind(&mut old_app, "sharded").await;
     let mut ids = HashSet::new();
