@@ -477,26 +477,17 @@ impl TaskRequest<'_> {
         // `Cascade::delay_start_ms`.
         let accepted_at_ms = cascade.delay_start_ms(now);
         let delay = self.requested_delay(accepted_at_ms)?;
-        let delay_field = self.delay_field();
-        let route_in = |cascade: &Cascade| {
-            cascade.route(delay, &self.destination).map_err(|error| {
-                let field = match error {
-                    RouteError::DelayTooLong { .. } => delay_field,
-                    _ => "/destination",
-                };
-                TaskError::from(error).at(field)
-            })
-        };
-        // Checked before the rest, as it always was: the shard is known
-        // once the id is, and routes alike in every shard.
-        let mut route = route_in(cascade)?;
+        let route = cascade.route(delay, &self.destination).map_err(|error| {
+            let field = match error {
+                RouteError::DelayTooLong { .. } => self.delay_field(),
+                _ => "/destination",
+            };
+            TaskError::from(error).at(field)
+        })?;
         let (payload, content_type) = self.payload()?;
         let client_id = self.id.is_some();
         let id = validate_id(self.id)?;
-        if cascade.shards() > 1 {
-            // Through the shard its id names (see `Cascade::shard_of`).
-            route = route_in(&cascade.for_task(&id))?;
-        }
+        let route = cascade.in_task_shard(route, &id);
         Ok(Task {
             client_id,
             id,

@@ -640,11 +640,13 @@ impl Mover<'_> {
                 let deliver_at = message::deliver_at_ms(&delivery.properties);
                 // One reading for the route and its stamp alike.
                 let now = crate::clock::read();
-                // Into the new chain's shard for the task's id.
-                let id = delivery.properties.message_id().as_ref();
-                let shard = self.new.for_task(id.map_or("", |id| id.as_str()));
-                match shard.reschedule(key, *levels, deliver_at, now.wall_ms) {
+                match self.new.reschedule(key, *levels, deliver_at, now.wall_ms) {
                     Ok(route) => {
+                        // Into the new chain's shard for the task's id.
+                        let id = delivery.properties.message_id().as_ref();
+                        let route = self
+                            .new
+                            .in_task_shard(route, id.map_or("", |id| id.as_str()));
                         // Due already (not merely within the new chain's release lead).
                         if route.delay_ms == 0 {
                             self.report.overdue += 1;

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::names::{level_exchange_name, release_queue_name};
 use super::settings::{Cascade, DeliveryKey, MAX_NAME_BYTES};
 
 /// Where and how to publish one task so that it reaches the business exchange
@@ -225,13 +226,9 @@ impl Cascade {
             routing_key.push('.');
         }
         routing_key.push_str(destination);
-        let entry_exchange = match delay_units.checked_ilog2() {
-            Some(highest_set_digit) => self.level_exchange(highest_set_digit),
-            None => self.due_exchange(),
-        };
         Route {
             routing_key,
-            entry_exchange,
+            entry_exchange: self.entry_exchange_in(self.shard(), delay_units),
             delay_units,
             // What the levels are sure to keep it for: granted in a chain
             // that does not hold (one that holds grants its own).
@@ -240,6 +237,31 @@ impl Cascade {
             held: false,
             unit_ms: self.unit_ms(),
         }
+    }
+
+    /// Where a task of `delay_units` enters shard `shard`: the exchange of
+    /// its highest set digit; for a zero delay, the shard's release stage
+    /// (when on) or the business exchange.
+    fn entry_exchange_in(&self, shard: u32, delay_units: u64) -> String {
+        match delay_units.checked_ilog2() {
+            Some(highest_set_digit) => {
+                level_exchange_name(self.prefix(), self.version(), shard, highest_set_digit)
+            }
+            None if self.release_stage() => {
+                release_queue_name(self.prefix(), self.version(), shard)
+            }
+            None => self.business_exchange().to_owned(),
+        }
+    }
+
+    /// `route`, planned in any shard, through the shard the task `id`
+    /// names instead (see [`Cascade::shard_of`]): only its entry differs,
+    /// since every shard has the same levels.
+    pub fn in_task_shard(&self, mut route: Route, id: &str) -> Route {
+        if self.shards() > 1 {
+            route.entry_exchange = self.entry_exchange_in(self.shard_of(id), route.delay_units);
+        }
+        route
     }
 
     /// The key a consumer binds its queue to the business exchange with to

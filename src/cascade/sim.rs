@@ -269,6 +269,8 @@ mod tests {
             prop_assert_eq!(shard.shard(), c.shard_of(&id));
             let units = units.min(c.max_delay_units());
             let route = shard.route_units(units, "d");
+            // Planned in shard 0 and moved into the task's: the same route.
+            prop_assert_eq!(c.in_task_shard(c.route_units(units, "d"), &id), route.clone());
             let arrivals = Simulator::new(&plan).publish(&route.entry_exchange, &route.routing_key);
             prop_assert_eq!(arrivals, vec![Arrival {
                 exchange: shard.release_queue(),

@@ -83,16 +83,13 @@ pub fn take(
         Due::At(at_ms) => (at_ms.saturating_sub(accepted_at_ms), None),
     };
     let destination = destination_of(routing_key, cascade);
-    let route_in = |cascade: &Cascade| {
-        cascade
-            .route(Duration::from_millis(delay_ms), destination)
-            .map_err(|error| match error {
-                RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
-                // The destination was checked: only the delay can be wrong.
-                other => Refusal::DelayTooLong(other.to_string()),
-            })
-    };
-    let mut route = route_in(cascade)?;
+    let route = cascade
+        .route(Duration::from_millis(delay_ms), destination)
+        .map_err(|error| match error {
+            RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
+            // The destination was checked: only the delay can be wrong.
+            other => Refusal::DelayTooLong(other.to_string()),
+        })?;
     let (id, fingerprint) = match properties.message_id() {
         Some(id) => {
             let id = id.as_str();
@@ -104,10 +101,7 @@ pub fn take(
         }
         None => (uuid::Uuid::now_v7().to_string(), None),
     };
-    if cascade.shards() > 1 {
-        // Through the shard its id names (see `Cascade::shard_of`).
-        route = route_in(&cascade.for_task(&id))?;
-    }
+    let route = cascade.in_task_shard(route, &id);
     let carried = message::taken_in(properties, &ingress.deliver_to, routing_key, asked_delay);
     Ok(Taken {
         task: Task {

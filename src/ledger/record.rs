@@ -183,9 +183,9 @@ impl StoredTask {
             .ok_or("the ledger does not hold the whole payload")?;
         let remaining = Duration::from_millis(self.deliver_at_ms.saturating_sub(now_ms));
         let route = cascade
-            .for_task(&self.id)
             .route(remaining, &self.destination)
             .map_err(|error| format!("cannot be routed: {error}"))?;
+        let route = cascade.in_task_shard(route, &self.id);
         Ok(Task {
             id: self.id.clone(),
             client_id: false,

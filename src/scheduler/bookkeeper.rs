@@ -213,9 +213,9 @@ impl Bookkeeper {
         // the row is changed.
         let route = self
             .cascade
-            .for_task(id)
             .route(delay, &current.destination)
             .map_err(ChangeError::Route)?;
+        let route = self.cascade.in_task_shard(route, id);
         let change = Move {
             deliver_at_ms: self.cascade.delay_start_ms(now.wall) + route.delay_ms,
             delay_ms: route.delay_ms,

@@ -89,21 +89,6 @@ impl Strands {
         self.watch.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The release stage took `probe` off: this replica's is noted; for
-    /// another's, the notice to send its owner. Either way the probe itself
-    /// is acknowledged. (Handed back to the queue instead, a probe could go
-    /// to the same replica again and again, each time held with the window
-    /// it came in, until its owner took it for late: a healthy level taken
-    /// for stranded.)
-    pub fn probe_arrived(&self, probe: &Probe) -> Option<Message> {
-        if *probe.owner == *self.owner {
-            self.heard(probe);
-            return None;
-        }
-        self.metrics.level_probes_handed_on.inc();
-        Some(probe.notice(&self.cascade))
-    }
-
     /// This replica's `probe` came back.
     fn heard(&self, probe: &Probe) {
         let ttl_ms = probe.ttl_ms(&self.cascade);
@@ -201,12 +186,18 @@ impl ShardStrands {
         self.shards.iter()
     }
 
-    /// The release stage took `probe` off (see [`Strands::probe_arrived`]):
-    /// noted by the shard of this replica that sent it, or the notice for
-    /// the replica that did.
+    /// The release stage took `probe` off: noted by the shard of this
+    /// replica that sent it; for another replica's, the notice to send its
+    /// owner. Either way the probe itself is acknowledged. (Handed back to
+    /// the queue instead, a probe could go to the same replica again and
+    /// again, each time held with the window it came in, until its owner
+    /// took it for late: a healthy level taken for stranded.)
     pub fn probe_arrived(&self, probe: &Probe) -> Option<Message> {
         match self.shards.iter().find(|own| *own.owner == *probe.owner) {
-            Some(own) => own.probe_arrived(probe),
+            Some(own) => {
+                own.heard(probe);
+                None
+            }
             None => {
                 self.metrics.level_probes_handed_on.inc();
                 Some(probe.notice(&self.cascade))
