@@ -35,8 +35,23 @@ fn leaders(alive: &BrokerNode) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The service's warnings and what the strand watch judged, filtered by
+/// `DLTEST_LOG` when set: a failure here cannot be rerun at will, and the
+/// harness prints them only when the test fails. Called before the service
+/// starts, so that this subscriber is the one installed.
+fn keep_logs() {
+    let filter = std::env::var("DLTEST_LOG")
+        .unwrap_or_else(|_| "warn,delayline::scheduler::strands=info".to_owned());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
+    keep_logs();
     // A short dead-letter confirm timeout bounds the stall quorum queues can
     // show after a member is lost (180 s by default; see the runbook).
     let booting = Instant::now();
