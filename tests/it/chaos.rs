@@ -88,7 +88,7 @@ impl Service {
         cluster: &Cluster,
         connection_name: &str,
     ) -> usize {
-        loop {
+        for _ in 0..5 {
             let node = self.node(cluster).await;
             if node != spared {
                 return node;
@@ -96,6 +96,7 @@ impl Service {
             cluster.nodes[spared].close_connections_named(connection_name);
             self.left(spared, cluster).await;
         }
+        panic!("the service went back to node {spared} five times");
     }
 
     /// Waits until the connection to `node` is gone: `rabbitmqctl
