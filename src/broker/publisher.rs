@@ -72,6 +72,9 @@ pub struct PublisherOptions {
     pub uris: Vec<String>,
     pub channels: usize,
     pub confirm_timeout: Duration,
+    /// How long a publish past the confirm timeout is still awaited
+    /// ([`LateConfirm::outcome`]).
+    pub late_confirm_limit: Duration,
     pub connect_timeout: Duration,
     pub max_backoff: Duration,
     pub connection_name: String,
@@ -96,6 +99,7 @@ impl PublisherOptions {
             uris: amqp.uris(),
             channels: amqp.publish_channels,
             confirm_timeout: Duration::from_millis(amqp.confirm_timeout_ms),
+            late_confirm_limit: Duration::from_millis(amqp.late_confirm_limit_ms),
             connect_timeout: Duration::from_millis(amqp.connect_timeout_ms),
             max_backoff: Duration::from_millis(amqp.reconnect_max_backoff_ms),
             connection_name: format!("delayline {}", cascade.prefix()),
@@ -110,17 +114,30 @@ impl PublisherOptions {
 /// (a blocked connection sends it when the alarm clears), so whoever holds
 /// this decides what happened by awaiting [`LateConfirm::outcome`] instead
 /// of publishing the message again.
-pub struct LateConfirm(JoinHandle<Result<(), PublishError>>);
+pub struct LateConfirm {
+    publish: JoinHandle<Result<(), PublishError>>,
+    /// The whole wait allowed, counted from the publish.
+    limit: Duration,
+    /// What is left of it when the confirm timeout ran out.
+    remaining: Duration,
+}
 
 impl LateConfirm {
-    /// Resolves when the broker confirms, refuses, or the connection dies.
+    /// Resolves when the broker confirms, refuses, or the connection dies,
+    /// or once the publish has waited `amqp.late_confirm_limit_ms` in all:
+    /// then it is a timeout that may have landed. A channel whose node lost
+    /// its quorum (a partition, a paused VM) can stay open and never answer;
+    /// a second copy is harmless (the release stage drops it), a task
+    /// waiting for good is not.
     pub async fn outcome(self) -> Result<(), PublishError> {
-        self.0.await.unwrap_or_else(|error| {
-            Err(PublishError::Unconfirmed {
+        match tokio::time::timeout(self.remaining, self.publish).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(error)) => Err(PublishError::Unconfirmed {
                 reason: format!("the publish task ended abnormally: {error}"),
                 refused: false,
-            })
-        })
+            }),
+            Err(_) => Err(PublishError::Timeout(self.limit)),
+        }
     }
 }
 
@@ -427,7 +444,14 @@ impl Publisher {
                 reason: format!("the publish task ended abnormally: {error}"),
                 refused: false,
             }),
-            Err(_) => Ok(Published::Late(LateConfirm(publish))),
+            Err(_) => {
+                let limit = self.shared.options.late_confirm_limit;
+                Ok(Published::Late(LateConfirm {
+                    publish,
+                    limit,
+                    remaining: limit.saturating_sub(timeout),
+                }))
+            }
         }
     }
 

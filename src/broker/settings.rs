@@ -19,6 +19,13 @@ pub struct AmqpSettings {
     /// answered `pending` and its confirm still awaited (with a ledger), or
     /// the request gets 503 `broker_timeout` (without one).
     pub confirm_timeout_ms: u64,
+    /// How long, counted from the publish, a confirm that missed
+    /// `confirm_timeout_ms` is still awaited before the task is published
+    /// again (a possible second copy, which the release stage drops): a
+    /// node cut off from its cluster can hold a channel open and never
+    /// answer. Alarms that block publishing longer than this publish the
+    /// task once more when they clear.
+    pub late_confirm_limit_ms: u64,
     /// Upper bound of the exponential back-off between reconnection attempts.
     pub reconnect_max_backoff_ms: u64,
     /// How long one connection attempt to one address may take.
@@ -64,6 +71,7 @@ impl Default for AmqpSettings {
             uri: Secret::from("amqp://guest:guest@127.0.0.1:5672/%2f"),
             publish_channels: 5,
             confirm_timeout_ms: 10_000,
+            late_confirm_limit_ms: 60_000,
             reconnect_max_backoff_ms: 5_000,
             connect_timeout_ms: 3_000,
             misconfiguration_grace_ms: 30_000,
@@ -95,9 +103,35 @@ impl AmqpSettings {
                 ));
             }
         }
+        if self.late_confirm_limit_ms < self.confirm_timeout_ms {
+            return Err(format!(
+                "amqp.late_confirm_limit_ms ({}) must be at least amqp.confirm_timeout_ms ({}): \
+                 it is the whole wait for a confirm, the timeout included",
+                self.late_confirm_limit_ms, self.confirm_timeout_ms
+            ));
+        }
         if self.connect_timeout_ms == 0 {
             return Err("amqp.connect_timeout_ms must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_late_confirm_limit_covers_the_confirm_timeout() {
+        let mut amqp = AmqpSettings::default();
+        amqp.validate().unwrap();
+        amqp.late_confirm_limit_ms = amqp.confirm_timeout_ms;
+        amqp.validate().unwrap();
+        amqp.late_confirm_limit_ms = amqp.confirm_timeout_ms - 1;
+        let error = amqp.validate().unwrap_err();
+        assert!(
+            error.contains("amqp.late_confirm_limit_ms (9999)"),
+            "{error}"
+        );
     }
 }

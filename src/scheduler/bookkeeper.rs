@@ -588,7 +588,12 @@ impl Bookkeeper {
                     bookkeeper.record_published(&id, revision).await;
                 }
                 Err(error) => {
-                    debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
+                    if matches!(error, PublishError::Timeout(_)) {
+                        // An answer that may never come (amqp.late_confirm_limit_ms).
+                        warn!(task_id = %id, %error, "no answer to a late publish; the forwarder publishes it again");
+                    } else {
+                        debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
+                    }
                     let retry_at = retry_at(crate::clock::now_ms(), attempts);
                     bookkeeper
                         .record_retry(&id, revision, &error, retry_at, false)

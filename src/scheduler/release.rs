@@ -74,11 +74,6 @@ const NOTICE_WINDOW: u16 = 64;
 /// before the next, so that a missing business exchange or a blocked broker
 /// is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
-/// The longest wait for a publish that outlived the confirm timeout. Its
-/// window holds a quarter of the stage; past this the message is requeued
-/// and released again, a possible second copy rather than a stage that
-/// waits for good on an answer that may never come.
-const LATE_CONFIRM_LIMIT: Duration = Duration::from_secs(60);
 
 /// How long an exchange other than the business exchange, once seen to
 /// exist, is taken to exist without asking the broker again.
@@ -264,14 +259,15 @@ struct Due<'a> {
     at_us: u64,
 }
 
-/// A publish's outcome once confirmed; a late confirm is awaited up to its
-/// limit.
+/// A publish's outcome once confirmed. A late confirm is awaited up to
+/// `amqp.late_confirm_limit_ms`: its window holds a quarter of the stage, and
+/// past the limit the message is requeued and released again, a possible
+/// second copy rather than a stage that waits for good on an answer that may
+/// never come.
 async fn confirmed(published: Result<Published, PublishError>) -> Result<(), PublishError> {
     match published? {
         Published::Confirmed => Ok(()),
-        Published::Late(late) => tokio::time::timeout(LATE_CONFIRM_LIMIT, late.outcome())
-            .await
-            .unwrap_or(Err(PublishError::Timeout(LATE_CONFIRM_LIMIT))),
+        Published::Late(late) => late.outcome().await,
     }
 }
 

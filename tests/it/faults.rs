@@ -426,6 +426,63 @@ async fn a_late_confirm_is_awaited_and_the_task_is_not_published_twice() {
     app.stop().await.unwrap();
 }
 
+/// A node that stops answering (SIGSTOP: its sockets stay open, as a node
+/// cut off from its quorum can hold a publish without a word) must not hold
+/// a task for good: past `amqp.late_confirm_limit_ms` the late confirm is
+/// given up and the task published again, while the node still says
+/// nothing. Once it answers, the task arrives once (the release stage drops
+/// the second copy). A partition scenario left four tasks pending this way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_that_never_comes_is_given_up_at_the_limit() {
+    let node = BrokerNode::start(&NodeOptions::default());
+    let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = node.uri().into();
+    settings.amqp.confirm_timeout_ms = 300;
+    settings.amqp.late_confirm_limit_ms = 1_500;
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("unanswered");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    let task = json!({"destination": "unanswered", "delay_ms": 100});
+    let (status, warm) = app.post("/v1/tasks", &task).await;
+    assert_eq!(
+        (status, &warm["state"]),
+        (202, &json!("scheduled")),
+        "{warm}"
+    );
+
+    let paused = node.pause();
+    let (status, late) = app.post("/v1/tasks", &task).await;
+    assert_eq!((status, &late["state"]), (202, &json!("pending")), "{late}");
+    let id = late["id"].as_str().unwrap().to_owned();
+    let mut errors = Vec::new();
+    let given_up = within(Duration::from_secs(8), async || {
+        let (_, task) = app.get(&format!("/v1/tasks/{id}")).await;
+        let error = task["last_error"].as_str().unwrap_or_default().to_owned();
+        let limit_said = error.contains("did not confirm the message within 1.5s");
+        errors.push(error);
+        limit_said
+    })
+    .await;
+    drop(paused);
+    errors.dedup();
+    assert!(given_up, "the late confirm was never given up: {errors:?}");
+
+    let ids = HashSet::from([warm["id"].as_str().unwrap().to_owned(), id]);
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(30))
+        .await;
+    eventually("nothing pending once the node answers", async || {
+        let (_, page) = app.get("/v1/tasks?state=pending").await;
+        page["tasks"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(consumer.next(Duration::from_secs(1)).await.is_none());
+    let scrape = app.scrape().await;
+    assert!(sample(&scrape, "delayline_publish_unconfirmed_total").unwrap() > 0.0);
+    app.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_level_that_holds_its_messages_shows_in_metrics_and_is_healed() {
     let node = BrokerNode::start(&NodeOptions {

@@ -961,6 +961,10 @@ fn configured(
             "DELAYLINE__AMQP__CONFIRM_TIMEOUT_MS",
             settings.amqp.confirm_timeout_ms.to_string(),
         )
+        .env(
+            "DELAYLINE__AMQP__LATE_CONFIRM_LIMIT_MS",
+            settings.amqp.late_confirm_limit_ms.to_string(),
+        )
         .env("DELAYLINE__CASCADE__PREFIX", &c.prefix)
         .env(
             "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",

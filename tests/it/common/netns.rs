@@ -94,19 +94,12 @@ impl NsNode {
 
     /// Freezes the node's VM (SIGSTOP): its sockets stay open, nothing answers.
     pub fn pause(&self) {
-        let pid = std::fs::read_to_string(self.dir.join("pid")).expect("the node's pid file");
-        let status = Command::new("kill")
-            .args(["-STOP", pid.trim()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        super::nodes::freeze(&self.dir);
     }
 
     /// Lets a paused node run again (SIGCONT); harmless on a running one.
     pub fn resume(&self) {
-        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
-            let _ = Command::new("kill").args(["-CONT", pid.trim()]).status();
-        }
+        super::nodes::thaw(&self.dir);
     }
 }
 

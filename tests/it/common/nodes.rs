@@ -4,7 +4,7 @@
 //! is stopped and deleted when dropped. See `shared/notes/rabbitmq-nodes.md`.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -308,6 +308,14 @@ impl BrokerNode {
         );
     }
 
+    /// Freezes the node's VM (SIGSTOP) until the guard is dropped: its
+    /// sockets stay open and nothing answers, as a node that lost its
+    /// quorum may hold a publish without a word.
+    pub fn pause(&self) -> Paused<'_> {
+        freeze(&self.dir);
+        Paused(self)
+    }
+
     /// Stops the node for good (its directories go when it is dropped).
     pub fn stop(&self) {
         let _ = self.try_ctl(&["stop"]);
@@ -510,6 +518,33 @@ pub async fn drain(
     {}
     drained.lateness.sort_unstable();
     drained
+}
+
+/// A paused node ([`BrokerNode::pause`]); it runs again when this goes,
+/// whatever the test did meanwhile.
+pub struct Paused<'a>(&'a BrokerNode);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        thaw(&self.0.dir);
+    }
+}
+
+/// SIGSTOPs the node whose pid file is in `dir`.
+pub(crate) fn freeze(dir: &Path) {
+    let pid = std::fs::read_to_string(dir.join("pid")).expect("the node's pid file");
+    let status = Command::new("kill")
+        .args(["-STOP", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// SIGCONTs a node [`freeze`] stopped; harmless on a running one.
+pub(crate) fn thaw(dir: &Path) {
+    if let Ok(pid) = std::fs::read_to_string(dir.join("pid")) {
+        let _ = Command::new("kill").args(["-CONT", pid.trim()]).status();
+    }
 }
 
 /// Polls `check` every 100 ms until it holds or `limit` passes; returns whether it held.
