@@ -170,16 +170,6 @@ impl LevelWatch {
         }
     }
 
-    /// Forgets the probes out: the broker was unreachable, which explains
-    /// any delay, and what comes back of them says nothing new.
-    pub fn forget_probes_out(&mut self) {
-        for probes in &mut self.levels {
-            probes.out_since_ms = None;
-        }
-        self.direct.out_since_ms = None;
-        self.latest_due_back_ms = 0;
-    }
-
     /// The levels found stranded at `now_ms` that were not before: a probe
     /// due more than the margin after theirs has come back first.
     pub fn newly_stranded(&mut self, cascade: &Cascade, now_ms: u64) -> Vec<u32> {
@@ -278,8 +268,6 @@ mod tests {
             "a level taken over is not probed"
         );
         assert!(watch.wants_probe(Some(1)));
-        watch.forget_probes_out();
-        assert!(watch.wants_probe(Some(0)));
     }
 
     #[test]

@@ -238,8 +238,11 @@ impl LevelKeeper {
                 () = shutdown.cancelled() => return,
                 _ = interval.tick() => {}
             }
+            // Probes out stay out while the broker is away: judged by order,
+            // its absence delays them no more than a backlog does, and a
+            // level that, after a node loss, passes new messages but keeps
+            // those it held before shows only in a probe sent before it.
             if !self.broker.status().ready {
-                self.strands.watch().forget_probes_out();
                 continue;
             }
             self.send_probes().await;

@@ -285,6 +285,25 @@ impl BrokerNode {
             .collect()
     }
 
+    /// What each quorum queue's member on this node holds, from the Raft
+    /// state machine itself (`rabbit_fifo:overview/1`): ready, checked out,
+    /// and held for dead-lettering (`num_discarded`, and checked out to the
+    /// dead-letter worker). For a failure that cannot be rerun.
+    pub fn quorum_overviews(&self) -> String {
+        const OVERVIEWS: &str = "[{N, maps:with([num_messages, num_ready_messages, \
+            num_checked_out, num_discarded, num_discard_checked_out, num_consumers], O), L} \
+            || Q <- rabbit_amqqueue:list(), amqqueue:get_type(Q) =:= rabbit_quorum_queue, \
+            {resource, _, queue, N} <- [amqqueue:get_name(Q)], \
+            {ok, {_, O}, L} <- [catch ra:local_query({element(1, amqqueue:get_pid(Q)), node()}, \
+            fun rabbit_fifo:overview/1)]].";
+        let output = self.try_ctl(&["eval", OVERVIEWS]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }
+
     /// The runbook's remedy for a stranded level, run against this node.
     pub fn release_stranded_level(&self, queue: &str) {
         let script = concat!(
@@ -502,7 +521,11 @@ pub async fn drain(
                     return drained;
                 }
                 if quiet_since.elapsed() >= Duration::from_secs(20) {
-                    for queue in node.stranded_levels(prefix) {
+                    let stranded = node.stranded_levels(prefix);
+                    if !stranded.is_empty() {
+                        eprintln!("before the remedy: {}", node.quorum_overviews());
+                    }
+                    for queue in stranded {
                         eprintln!("{queue} holds stranded messages: releasing it (runbook)");
                         node.release_stranded_level(&queue);
                         drained.released.push(queue);
