@@ -347,7 +347,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             describe_plan(&plan_with(&cascade, &settings.ingresses(&cascade)?))
         ),
         Command::Provision { check: true, .. } => {
-            let report = provision::check(&settings.operator(&cascade), &cascade).await?;
+            let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
+            let report = provision::check(&settings.operator(&cascade), &cascade, &plan).await?;
             print!("{report}");
             if report.problems() > 0 {
                 return Ok(ExitCode::FAILURE);

@@ -14,7 +14,8 @@ use super::inspect::{QueueState, exchange_exists, queue_state};
 use super::provision::{declare_exchange, declare_queue};
 use super::{BrokerError, TopologyConflict, open_channel};
 use crate::cascade::{
-    Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, level_queue_name, unroutable_queue_name,
+    Cascade, ExchangeSpec, MAX_LEVELS, QueueSpec, TopologyPlan, level_queue_name,
+    unroutable_queue_name,
 };
 
 /// "1 message", "2 messages".
@@ -237,10 +238,13 @@ pub async fn discover_chain(
     Ok(levels)
 }
 
-/// Compares every object of `cascade`'s plan with the broker, and looks for
-/// other versions of the chain.
-pub async fn check(connection: &Connection, cascade: &Cascade) -> Result<CheckReport, BrokerError> {
-    let plan = cascade.plan();
+/// Compares every object of `plan` (`cascade`'s, with the ingresses') with
+/// the broker, and looks for other versions of the chain.
+pub async fn check(
+    connection: &Connection,
+    cascade: &Cascade,
+    plan: &TopologyPlan,
+) -> Result<CheckReport, BrokerError> {
     let mut objects = Vec::new();
     for exchange in &plan.exchanges {
         objects.push(check_exchange(connection, exchange).await?);

@@ -18,15 +18,17 @@ pub async fn provision(
     .await
 }
 
-/// Every difference between the broker and `cascade`'s plan, and where
-/// the management API answers, the node leading each of its queues.
+/// Every difference between the broker and `plan` (`cascade`'s, with its
+/// ingresses), and where the management API answers, the node leading each
+/// of the chain's queues.
 pub async fn check(
     settings: &OperatorSettings,
     cascade: &Cascade,
+    plan: &TopologyPlan,
 ) -> Result<CheckReport, OperationError> {
     let amqp = &settings.amqp;
     let mut report = on_broker(amqp, "delayline provision --check", async |connection| {
-        Ok(broker::check(connection, cascade).await?)
+        Ok(broker::check(connection, cascade, plan).await?)
     })
     .await?;
     report.leaders = leaders(settings, cascade).await;

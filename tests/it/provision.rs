@@ -6,8 +6,11 @@ use std::process::Command;
 use crate::common::{Cleanup, TestApp, amqp_uri, queue_depth, rabbitmqctl_json, test_settings};
 use delayline::broker::{BrokerError, Status, check, connect, provision, queue_state};
 use delayline::cascade::{ArgValue, BindingTarget, QueueType};
+use delayline::ingress::{IngressSettings, plan_with};
 use delayline::service::ServiceError;
-use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind as LapinKind};
 use serde_json::Value;
@@ -356,18 +359,54 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
 async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     let mut settings = test_settings(3, 50, QueueType::Classic);
     let v1 = settings.cascade().unwrap();
-    let _cleanup = Cleanup::for_cascade(&v1);
+    // An ingress's objects are checked with the chain's.
+    let ingress = IngressSettings {
+        exchange: format!("{}.in", v1.prefix()),
+        deliver_to: None,
+        kind: "direct".into(),
+        routing_keys: Vec::new(),
+    }
+    .validate(&v1)
+    .unwrap();
+    let mut cleanup = Cleanup::for_cascade(&v1);
+    cleanup
+        .queues
+        .extend([ingress.queue.clone(), ingress.refused_queue.clone()]);
+    cleanup.exchanges.push(ingress.exchange.clone());
     let connection = connect(amqp_uri(), "delayline test").await.unwrap();
-    provision(&connection, &v1.plan()).await.unwrap();
+    let plan = plan_with(&v1, std::slice::from_ref(&ingress));
+    provision(&connection, &plan).await.unwrap();
 
-    let report = check(&connection, &v1).await.unwrap();
+    let report = check(&connection, &v1, &plan).await.unwrap();
     assert_eq!(report.problems(), 0, "{report}");
     assert!(report.other_chains.is_empty());
+    let checked: Vec<&str> = report.objects.iter().map(|o| o.name.as_str()).collect();
+    for name in [&ingress.exchange, &ingress.queue, &ingress.refused_queue] {
+        assert!(checked.contains(&name.as_str()), "{name}: {report}");
+    }
+    // One of them gone: said missing.
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_delete(
+            ingress.refused_queue.as_str().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let report = check(&connection, &v1, &plan).await.unwrap();
+    let missing: Vec<&str> = report
+        .objects
+        .iter()
+        .filter(|o| o.status == Status::Missing)
+        .map(|o| o.name.as_str())
+        .collect();
+    assert_eq!(missing, [ingress.refused_queue.as_str()], "{report}");
 
     // Same version, another unit: every level queue differs in its TTL.
     let mut other_unit = settings.clone();
     other_unit.cascade.unit_ms = 100;
-    let report = check(&connection, &other_unit.cascade().unwrap())
+    let other_unit = other_unit.cascade().unwrap();
+    let report = check(&connection, &other_unit, &other_unit.plan())
         .await
         .unwrap();
     let differing: Vec<(String, Vec<String>)> = report
@@ -400,7 +439,7 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     // The next version: its objects are missing, and v1 is found beside it.
     settings.cascade.version = 2;
     let v2 = settings.cascade().unwrap();
-    let report = check(&connection, &v2).await.unwrap();
+    let report = check(&connection, &v2, &v2.plan()).await.unwrap();
     let missing: BTreeSet<&str> = report
         .objects
         .iter()
