@@ -99,7 +99,7 @@ impl PublisherOptions {
             uris: amqp.uris(),
             channels: amqp.publish_channels,
             confirm_timeout: Duration::from_millis(amqp.confirm_timeout_ms),
-            late_confirm_limit: Duration::from_millis(amqp.late_confirm_limit_ms),
+            late_confirm_limit: amqp.late_confirm_limit(),
             connect_timeout: Duration::from_millis(amqp.connect_timeout_ms),
             max_backoff: Duration::from_millis(amqp.reconnect_max_backoff_ms),
             connection_name: format!("delayline {}", cascade.prefix()),
