@@ -58,12 +58,19 @@ pub struct LedgerRun {
 /// The phase: `tasks` tasks at 16 and at 256 callers, a tenth of them at
 /// one, each run in a fresh ledger of its own, without the indexes in
 /// `dropped`.
-pub async fn phase(tasks: usize, dropped: &[String]) -> anyhow::Result<Vec<LedgerRun>> {
-    let label = if dropped.is_empty() {
+pub async fn phase(
+    tasks: usize,
+    dropped: &[String],
+    same_delay: bool,
+) -> anyhow::Result<Vec<LedgerRun>> {
+    let mut label = if dropped.is_empty() {
         "sqlite".to_owned()
     } else {
         format!("sqlite -{}", dropped.join(" -"))
     };
+    if same_delay {
+        label.push_str(" same-delay");
+    }
     let mut runs = Vec::new();
     for concurrency in [1, 16, 256] {
         let dir = std::env::temp_dir().join(format!(
@@ -72,7 +79,7 @@ pub async fn phase(tasks: usize, dropped: &[String]) -> anyhow::Result<Vec<Ledge
         ));
         std::fs::create_dir_all(&dir)?;
         let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
-        let run = default_ledger(&label, &dir, tasks, concurrency, dropped).await;
+        let run = default_ledger(&label, &dir, tasks, concurrency, dropped, same_delay).await;
         let _ = std::fs::remove_dir_all(&dir);
         runs.push(run?);
     }
@@ -125,6 +132,7 @@ async fn default_ledger(
     tasks: usize,
     concurrency: usize,
     dropped: &[String],
+    same_delay: bool,
 ) -> anyhow::Result<LedgerRun> {
     let path = dir.join("ledger.db");
     let settings = StoreSettings {
@@ -145,8 +153,15 @@ async fn default_ledger(
     // Built before measuring: parsing is the HTTP layer's cost, not the ledger's.
     let cascade = CascadeSettings::default().validate()?;
     let now = SystemTime::now();
+    // The same delay for every task puts each at the end of the due-order
+    // indexes (due times that grow with time), as a workload of one fixed
+    // delay does; the default spreads them over an hour.
+    let body = |n: u64| match same_delay {
+        true => crate::load::task_body_due_in(n, 3_600_000),
+        false => crate::load::task_body(n),
+    };
     let built: Vec<Task> = (0..tasks as u64)
-        .map(|n| Task::parse(&crate::load::task_body(n), &cascade, now))
+        .map(|n| Task::parse(&body(n), &cascade, now))
         .collect::<Result<_, _>>()?;
     let ids: Vec<String> = built.iter().map(|t| t.id.clone()).collect();
 

@@ -26,9 +26,13 @@ fn ingest_delay_ms(n: u64) -> u64 {
 }
 
 pub fn task_body(n: u64) -> Vec<u8> {
+    task_body_due_in(n, ingest_delay_ms(n))
+}
+
+/// Task `n`'s body with the delay `delay_ms`.
+pub fn task_body_due_in(n: u64, delay_ms: u64) -> Vec<u8> {
     format!(
-        r#"{{"destination":"bench.ingest","delay_ms":{},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}},"headers":{{"tenant":"t-{}"}}}}"#,
-        ingest_delay_ms(n),
+        r#"{{"destination":"bench.ingest","delay_ms":{delay_ms},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}},"headers":{{"tenant":"t-{}"}}}}"#,
         n % 16
     )
     .into_bytes()

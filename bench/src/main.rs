@@ -95,6 +95,11 @@ struct Args {
     /// costs a task (the service needs every one of them).
     #[arg(long, value_delimiter = ',')]
     ledger_drop_index: Vec<String>,
+    /// The ledger phase gives every task the same delay (due times that grow
+    /// with time, appended to the due-order indexes) instead of spreading
+    /// them over an hour.
+    #[arg(long)]
+    ledger_same_delay: bool,
     /// Schedules the schedules phase holds (default 100,000; 10,000 with --quick).
     #[arg(long)]
     schedules_held: Option<u64>,
@@ -513,7 +518,8 @@ async fn main() -> anyhow::Result<()> {
         let tasks = args
             .ledger_tasks
             .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-        results.ledger = ledger::phase(tasks, &args.ledger_drop_index).await?;
+        results.ledger =
+            ledger::phase(tasks, &args.ledger_drop_index, args.ledger_same_delay).await?;
     }
 
     if run("limits") {
