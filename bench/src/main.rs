@@ -100,6 +100,10 @@ struct Args {
     /// them over an hour.
     #[arg(long)]
     ledger_same_delay: bool,
+    /// The ingest phase measures the AMQP ingress before HTTP, on the
+    /// service's fresh ledger and chain, instead of after HTTP's tasks.
+    #[arg(long)]
+    ingress_first: bool,
     /// Schedules the schedules phase holds (default 100,000; 10,000 with --quick).
     #[arg(long)]
     schedules_held: Option<u64>,
@@ -309,9 +313,13 @@ async fn main() -> anyhow::Result<()> {
                 }
                 reference.delete().await?;
             }
+            let ingress = sut.ingress.is_some() && !auth;
+            if ingress && args.ingress_first {
+                ingest_over_ingress(&args, &sut, &label, seconds, &progress, &mut results).await?;
+            }
             let summary =
                 ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;
-            if sut.ingress.is_some() && !auth {
+            if ingress && !args.ingress_first {
                 ingest_over_ingress(&args, &sut, &label, seconds, &progress, &mut results).await?;
             }
             progress.finish_and_clear();
