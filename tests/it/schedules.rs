@@ -715,7 +715,7 @@ async fn a_killed_replica_restarts_without_a_duplicate_or_a_gap() {
     let mut child = crate::common::spawn_binary(&settings, port);
     crate::common::wait_connected_at(&http, &base).await;
     // Until the run is unbroken, not for a fixed window: on a loaded machine
-    // an occurrence the killed replica left unconfirmed arrives after later
+    // an occurrence the killed replica left unconfirmed can arrive after later
     // ones, republished once its lease ends.
     received.extend(drain(&mut consumer, Duration::from_secs(4)).await);
     let unbroken = |received: &[Received]| {
