@@ -17,6 +17,7 @@ mod ledger;
 mod load;
 mod paced;
 mod plot;
+mod queue_pass;
 mod rabbitmqctl;
 mod record_cost;
 mod replicas;
@@ -60,7 +61,8 @@ struct Args {
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default. `shards` runs only when named.
+    /// replicas); all by default. `shards` and `queue-pass` run only when
+    /// named.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -127,6 +129,12 @@ struct Args {
     /// The shards phase's burst, as the rate it is sized for (× 12 s of tasks).
     #[arg(long, default_value_t = 5000.0)]
     shards_rate: f64,
+    /// The queue-pass phase's queue types, measured in this order.
+    #[arg(long, value_delimiter = ',', default_value = "quorum,classic,stream")]
+    pass_types: Vec<String>,
+    /// The queue-pass phase's confirms outstanding, over `channels`.
+    #[arg(long, default_value_t = 256)]
+    pass_in_flight: usize,
     /// The database the postgres ledger gets a schema of its own in.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
@@ -162,6 +170,9 @@ struct Results {
     replicas: Vec<replicas::ReplicaRun>,
     /// One burst's due rate with 1, 2 and 4 shards.
     shards: Vec<shards::ShardRun>,
+    /// What a pass through a queue (publish, consume, acknowledge) costs
+    /// the broker, per queue type.
+    queue_pass: Vec<queue_pass::Pass>,
 }
 
 #[derive(Debug, Serialize)]
@@ -241,6 +252,7 @@ async fn main() -> anyhow::Result<()> {
         forecast: Vec::new(),
         replicas: Vec::new(),
         shards: Vec::new(),
+        queue_pass: Vec::new(),
     };
 
     if run("ingest") {
@@ -601,6 +613,33 @@ async fn main() -> anyhow::Result<()> {
             println!(
                 "shards: {} shard(s), {} tasks due at once: {:.0}/s over 10 s; leaders {:?}",
                 r.shards, r.tasks, r.due_per_sec, r.leaders
+            );
+        }
+    }
+
+    if args.phases.iter().any(|p| p == "queue-pass") {
+        let prefix = format!("delayline-bench-{}", std::process::id());
+        results.queue_pass = queue_pass::phase(
+            &args.amqp_uri,
+            &prefix,
+            &args.pass_types,
+            args.channels,
+            args.pass_in_flight,
+            seconds,
+        )
+        .await?;
+        for p in &results.queue_pass {
+            println!(
+                "queue-pass: {} queue, {} in flight over {} channels: {:.0}/s through \
+                 (published {:.0}/s), {} of {} consumed; broker {:.0} µs a message",
+                p.queue_type,
+                p.in_flight,
+                p.channels,
+                p.passed_per_sec,
+                p.published_per_sec,
+                p.consumed,
+                p.published,
+                p.cpu.broker_us.unwrap_or(f64::NAN)
             );
         }
     }
