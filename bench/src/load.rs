@@ -197,14 +197,7 @@ pub async fn raw_amqp(
         RawTarget::Ingress(_) => format!("amqp ingress ({channels} ch)"),
     };
     let connection = connect(uri, "delayline-bench raw").await?;
-    let mut opened = Vec::new();
-    for _ in 0..channels {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        opened.push(channel);
-    }
+    let opened = confirming_channels(&connection, channels).await?;
     let start = Instant::now();
     let deadline = start + duration;
     let tick = ticker(progress, duration);
@@ -535,6 +528,22 @@ impl PlainReference {
         close(&self.connection).await;
         Ok(())
     }
+}
+
+/// `channels` channels of `connection` in confirm mode, for publishers.
+pub async fn confirming_channels(
+    connection: &lapin::Connection,
+    channels: usize,
+) -> anyhow::Result<Vec<lapin::Channel>> {
+    let mut opened = Vec::with_capacity(channels);
+    for _ in 0..channels {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        opened.push(channel);
+    }
+    Ok(opened)
 }
 
 /// Closes a connection, bounded: once a run hung for good awaiting the

@@ -18,14 +18,14 @@ use delayline::broker::connect;
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation};
 use serde::{Deserialize, Serialize};
 
 use crate::cpu;
-use crate::load::close;
+use crate::load::{close, confirming_channels};
 
 /// Deliveries a consumer may hold, as the ingress (4 windows of 256).
 const PREFETCH: u16 = 1024;
@@ -201,14 +201,7 @@ async fn publish(
     in_flight: usize,
     duration: Duration,
 ) -> anyhow::Result<u64> {
-    let mut opened = Vec::new();
-    for _ in 0..channels {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        opened.push(channel);
-    }
+    let opened = confirming_channels(connection, channels).await?;
     let deadline = Instant::now() + duration;
     let confirmed = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..in_flight)
