@@ -90,8 +90,8 @@ async fn measure(
     let connection = connect(uri, "delayline-bench queue pass").await?;
     let admin = connection.create_channel().await?;
     declare(&admin, queue, queue_type).await?;
-    let consumed = Arc::new(AtomicU64::new(0));
     let consuming = connection.create_channel().await?;
+    let consumed = Arc::new(AtomicU64::new(0));
     let consumer = tokio::spawn(consume(
         consuming.clone(),
         queue.to_owned(),
@@ -100,23 +100,38 @@ async fn measure(
     ));
     let meter = cpu::Meter::start(broker, None);
     let start = Instant::now();
-    let published = publish(&connection, queue, channels, in_flight, duration).await?;
+    let published = publish(&connection, queue, channels, in_flight, duration).await;
     let publishing = start.elapsed();
-    let drained = Instant::now() + DRAIN_LIMIT;
-    while consumed.load(Ordering::Relaxed) < published && Instant::now() < drained {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if let Ok(published) = published {
+        drain(&consumed, published, &consumer).await;
     }
     let elapsed = start.elapsed();
-    let passed = consumed.load(Ordering::Relaxed).min(published);
+    let passed = consumed
+        .load(Ordering::Relaxed)
+        .min(*published.as_ref().unwrap_or(&0));
     let cpu = meter.finish(passed);
+    let failed = consumer.is_finished();
     // Closed before the queue goes: a consumer cancelled by the delete while
     // lapin cancels it too ends the connection in a protocol error.
     let _ = consuming.close(200, "pass measured".into()).await;
-    consumer.abort();
-    admin
+    let consumer_error = if failed {
+        consumer
+            .await
+            .map_or_else(|panicked| Some(panicked.into()), Result::err)
+    } else {
+        consumer.abort();
+        None
+    };
+    // Deleted whatever the pass came to.
+    let deleted = admin
         .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await?;
+        .await;
     close(&connection).await;
+    let published = published?;
+    if let Some(error) = consumer_error {
+        return Err(error.context("consuming"));
+    }
+    deleted?;
     Ok(Pass {
         queue_type: queue_type.to_owned(),
         channels,
@@ -128,6 +143,22 @@ async fn measure(
         published_per_sec: published as f64 / publishing.as_secs_f64(),
         cpu,
     })
+}
+
+/// Waits until the consumer has acknowledged `published` messages, it has
+/// stopped, or [`DRAIN_LIMIT`] has passed.
+async fn drain(
+    consumed: &AtomicU64,
+    published: u64,
+    consumer: &tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let drained = Instant::now() + DRAIN_LIMIT;
+    while consumed.load(Ordering::Relaxed) < published
+        && Instant::now() < drained
+        && !consumer.is_finished()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A durable queue of `queue_type` (`quorum`, `classic` or `stream`).
