@@ -112,6 +112,13 @@ pub const RESEND_UNRELEASED: &str = "UPDATE tasks SET state = 'pending', \
      WHERE state = 'scheduled' AND deliver_at_ms >= $3 AND deliver_at_ms < $4 \
      AND ($5 = 0 OR substr(routing_key, $5, 1) = '1') RETURNING id";
 
+/// The key (`$1`) revision `$3` of pending task `$2` is about to be
+/// published with: the forwarder routes a task by what remains of its
+/// delay, and the resend of a stranded level's tasks picks them by the
+/// levels their key passes.
+pub const RECORD_ROUTE: &str = "UPDATE tasks SET routing_key = $1 \
+     WHERE id = $2 AND revision = $3 AND state = 'pending'";
+
 pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
      publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
      refusals = refusals + $4 \
@@ -605,6 +612,7 @@ mod tests {
     fn fixed_statements_number_their_parameters_from_one() {
         for (sql, count) in [
             (SCHEDULE_RETRY.to_owned(), 6),
+            (RECORD_ROUTE.to_owned(), 3),
             (FAIL_PENDING.to_owned(), 3),
             (FAIL_SCHEDULED.to_owned(), 3),
             (holder_by_key(), 1),

@@ -111,6 +111,30 @@ impl Ledger {
         .and_then(decode_all)
     }
 
+    /// Records the key each `(id, revision, key)` is about to be published
+    /// with by the forwarder, where it differs from the one admitted (the
+    /// delay left is shorter, so the levels are others). Without it, the
+    /// resend of a stranded level's tasks, which picks them by their key,
+    /// would miss the copies that went through that level. One transaction
+    /// for the batch: one synced write, not one each.
+    pub async fn record_routes(&self, routes: &[(&str, u64, &str)]) -> Result<(), LedgerError> {
+        if routes.is_empty() {
+            return Ok(());
+        }
+        in_tx!(&self.pool, tx => {
+            for (id, revision, key) in routes {
+                sqlx::query(sql::RECORD_ROUTE)
+                    .bind(*key)
+                    .bind(*id)
+                    .bind(db_ms(*revision))
+                    .execute(&mut *tx)
+                    .await
+                    .context("recording the route a task is published with")?;
+            }
+        });
+        Ok(())
+    }
+
     /// Deletes up to `limit` tasks that are no longer pending and were due
     /// before `before_ms`, the idempotency keys of changes made before then
     /// and the bulk operations finished before then; returns how many

@@ -387,28 +387,32 @@ impl Bookkeeper {
                 return 0;
             }
         };
-        let (alone, together): (Vec<&StoredTask>, Vec<&StoredTask>) =
-            claimed.iter().partition(|stored| stored.publish_alone);
-        let together = join_all(together.iter().map(|stored| async {
-            let outcome = match self.reroute(stored).await {
-                Some(task) => {
-                    self.broker
-                        .publish_bounded(message::of_task(&task.message()))
-                        .await
-                }
-                None => return false,
-            };
+        let routed: Vec<(&StoredTask, Task)> = join_all(
+            claimed
+                .iter()
+                .map(|stored| async move { Some((stored, self.reroute(stored).await?)) }),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+        self.record_routes(&routed).await;
+        let (alone, together): (Vec<_>, Vec<_>) =
+            routed.iter().partition(|(stored, _)| stored.publish_alone);
+        let together = join_all(together.iter().map(|(stored, task)| async {
+            let outcome = self
+                .broker
+                .publish_bounded(message::of_task(&task.message()))
+                .await;
             self.record_forwarded(stored, outcome).await
         }));
         let alone = async {
             let mut isolated = self.broker.isolated();
             let mut published = 0;
-            for stored in &alone {
-                if let Some(task) = self.reroute(stored).await {
-                    let outcome = isolated.publish(message::of_task(&task.message())).await;
-                    let outcome = outcome.map(|()| Published::Confirmed);
-                    published += usize::from(self.record_forwarded(stored, outcome).await);
-                }
+            for (stored, task) in &alone {
+                let outcome = isolated.publish(message::of_task(&task.message())).await;
+                let outcome = outcome.map(|()| Published::Confirmed);
+                published += usize::from(self.record_forwarded(stored, outcome).await);
             }
             isolated.close().await;
             published
@@ -423,6 +427,24 @@ impl Bookkeeper {
             );
         }
         claimed.len()
+    }
+
+    /// Records the keys the forwarder's copies go with, where they are not
+    /// those the ledger holds (see [`Ledger::record_routes`]). Not recorded,
+    /// the copies still go: only the resend of a stranded level misses
+    /// them, and the ledger's own resender does not.
+    async fn record_routes(&self, routed: &[(&StoredTask, Task)]) {
+        let changed: Vec<(&str, u64, &str)> = routed
+            .iter()
+            .filter(|(stored, task)| stored.routing_key != task.route.routing_key)
+            .map(|(stored, task)| {
+                let key = task.route.routing_key.as_str();
+                (stored.id.as_str(), stored.revision, key)
+            })
+            .collect();
+        if let Err(error) = self.ledger.record_routes(&changed).await {
+            warn!(%error, tasks = changed.len(), "cannot record the routes of forwarded tasks; they are published anyway");
+        }
     }
 
     /// The task of a pending row, routed by what remains of its delay; a row
