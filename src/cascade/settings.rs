@@ -149,7 +149,9 @@ pub struct CascadeSettings {
     /// With the release stage: how often each level of at most ten minutes'
     /// TTL gets a probe, a message waiting in that level alone, to find a
     /// level that stopped dead-lettering (see `crate::cascade`'s `strand`).
-    /// One probe per level is out at a time. 0: no probes.
+    /// The next probe goes in while the newest still has two intervals
+    /// left in the level, so a level always holds one (a level shorter
+    /// than two intervals gets one every interval). 0: no probes.
     pub level_probe_ms: u64,
     /// How long after a level's probe was due a probe of another level may
     /// come back first before the level is taken to be stranded and drained

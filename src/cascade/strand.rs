@@ -12,6 +12,8 @@
 //! itself: a consumer takes messages before they expire, and they go on
 //! at the time the level would have sent them.
 
+use std::collections::BTreeSet;
+
 use super::Cascade;
 
 /// A message entering level `level` alone: the units of a probe through it.
@@ -70,10 +72,10 @@ pub const MAX_WATCHED_TTL_MS: u64 = 10 * 60 * 1000;
 /// What this replica's probes say of one level.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct LevelProbes {
-    /// When this replica's probe still out through the level was sent (its
-    /// monotonic clock, ms: a stepped wall clock must not make a probe look
-    /// late).
-    out_since_ms: Option<u64>,
+    /// When each of this replica's probes still out through the level was
+    /// sent (its monotonic clock, ms: a stepped wall clock must not make a
+    /// probe look late). Oldest first: the oldest is the one judged.
+    out: BTreeSet<u64>,
     /// Since when the level is taken to be stranded.
     stranded_since_ms: Option<u64>,
 }
@@ -89,26 +91,36 @@ struct LevelProbes {
 /// only the level can have kept the first. A probe through no level at
 /// all, straight to the release queue, overtakes them when every level
 /// stopped at once.
+///
+/// A node loss can leave a level that passes what comes later but keeps
+/// what it held at the loss; only a probe inside it at that moment shows
+/// it. So a level always has a probe inside: the next goes in while the
+/// newest still has two probe intervals left in the level (a level shorter
+/// than that gets one every interval, and has one inside that share of the
+/// time).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LevelWatch {
     levels: Vec<LevelProbes>,
     /// The probe straight to the release stage, through no level: it
     /// shows how far the release queue is behind, when every level is
     /// stranded at once (a node's dead-letter workers all stopped) and no
-    /// probe of a level could overtake another.
+    /// probe of a level could overtake another. One out at a time.
     direct: LevelProbes,
     /// How long past its own due time a probe may still be overtaken.
     margin_ms: u64,
+    /// How often probes are sent (the keeper's interval).
+    every_ms: u64,
     /// The latest due time (sent plus TTL) of a probe that came back.
     latest_due_back_ms: u64,
 }
 
 impl LevelWatch {
-    pub fn new(levels: u32, margin_ms: u64) -> LevelWatch {
+    pub fn new(levels: u32, margin_ms: u64, every_ms: u64) -> LevelWatch {
         LevelWatch {
             levels: vec![LevelProbes::default(); levels as usize],
             direct: LevelProbes::default(),
             margin_ms,
+            every_ms,
             latest_due_back_ms: 0,
         }
     }
@@ -119,13 +131,27 @@ impl LevelWatch {
     }
 
     /// Whether a probe should go through `level` (`None`: straight to the
-    /// release stage) now: none of this replica's is out, and the level is
-    /// not taken over (its probes would pass through delayline's own
-    /// consumer and say nothing of the broker).
-    pub fn wants_probe(&self, level: Option<u32>) -> bool {
-        self.probes(level).is_some_and(|probes| {
-            probes.out_since_ms.is_none() && probes.stranded_since_ms.is_none()
-        })
+    /// release stage) at `now_ms`: the level is not taken over (its probes
+    /// would pass through delayline's own consumer and say nothing of the
+    /// broker), and its newest probe out, if any, leaves it within two
+    /// intervals (so the next is inside before it leaves, whatever the
+    /// tick's jitter or the confirm's wait). The direct probe waits for
+    /// its last to come back.
+    pub fn wants_probe(&self, cascade: &Cascade, level: Option<u32>, now_ms: u64) -> bool {
+        let Some(probes) = self.probes(level) else {
+            return false;
+        };
+        if probes.stranded_since_ms.is_some() {
+            return false;
+        }
+        match (level, probes.out.last()) {
+            (_, None) => true,
+            (None, Some(_)) => false,
+            (Some(level), Some(&newest)) => {
+                let leaves_ms = newest.saturating_add(cascade.level_ttl_ms(level));
+                leaves_ms < now_ms.saturating_add(self.every_ms.saturating_mul(2))
+            }
+        }
     }
 
     fn probes(&self, level: Option<u32>) -> Option<&LevelProbes> {
@@ -145,28 +171,25 @@ impl LevelWatch {
     /// This replica's probe went through `level` at `sent_ms`.
     pub fn sent(&mut self, level: Option<u32>, sent_ms: u64) {
         if let Some(probes) = self.probes_mut(level) {
-            probes.out_since_ms.get_or_insert(sent_ms);
+            probes.out.insert(sent_ms);
         }
     }
 
     /// The probe noted as sent through `level` at `sent_ms` was not (the
     /// broker did not confirm it).
     pub fn not_sent(&mut self, level: Option<u32>, sent_ms: u64) {
-        if let Some(probes) = self.probes_mut(level)
-            && probes.out_since_ms == Some(sent_ms)
-        {
-            probes.out_since_ms = None;
+        if let Some(probes) = self.probes_mut(level) {
+            probes.out.remove(&sent_ms);
         }
     }
 
     /// This replica's probe sent through `level` at `sent_ms`, due `ttl_ms`
-    /// later, reached the release stage.
+    /// later, reached the release stage. The older ones of the level stay
+    /// out: a level that passes new messages may keep old ones.
     pub fn came_back(&mut self, level: Option<u32>, sent_ms: u64, ttl_ms: u64) {
         self.latest_due_back_ms = self.latest_due_back_ms.max(sent_ms + ttl_ms);
-        if let Some(probes) = self.probes_mut(level)
-            && probes.out_since_ms.is_some_and(|out| out <= sent_ms)
-        {
-            probes.out_since_ms = None;
+        if let Some(probes) = self.probes_mut(level) {
+            probes.out.remove(&sent_ms);
         }
     }
 
@@ -176,7 +199,7 @@ impl LevelWatch {
         let (margin_ms, latest) = (self.margin_ms, self.latest_due_back_ms);
         let mut found = Vec::new();
         for (level, probes) in (0u32..).zip(&mut self.levels) {
-            let overtaken = probes.out_since_ms.is_some_and(|sent| {
+            let overtaken = probes.out.first().is_some_and(|&sent| {
                 latest > (sent + cascade.level_ttl_ms(level)).saturating_add(margin_ms)
             });
             if overtaken && probes.stranded_since_ms.is_none() {
@@ -246,10 +269,10 @@ mod tests {
     #[test]
     fn a_probe_overtaken_by_one_due_past_the_margin_strands_its_level_once() {
         let cascade = for_tests(4, 100, QueueType::Quorum);
-        let mut watch = LevelWatch::new(4, 1_000);
+        let mut watch = LevelWatch::new(4, 1_000, 100);
         watch.sent(Some(2), 10_000);
         watch.sent(Some(0), 10_000);
-        assert!(!watch.wants_probe(Some(2)));
+        assert!(!watch.wants_probe(&cascade, Some(2), 10_000));
         // Level 0's probe, due at 10,100, is back: no later than level 2's
         // (due 10,400) plus the margin.
         watch.came_back(Some(0), 10_000, 100);
@@ -264,26 +287,26 @@ mod tests {
         assert!(watch.newly_stranded(&cascade, 70_000).is_empty());
         assert_eq!(watch.stranded(), vec![(2, 60_000)]);
         assert!(
-            !watch.wants_probe(Some(2)),
+            !watch.wants_probe(&cascade, Some(2), 60_000),
             "a level taken over is not probed"
         );
-        assert!(watch.wants_probe(Some(1)));
+        assert!(watch.wants_probe(&cascade, Some(1), 60_000));
     }
 
     #[test]
     fn with_every_level_stranded_the_direct_probe_overtakes_them() {
         let cascade = for_tests(4, 100, QueueType::Quorum);
-        let mut watch = LevelWatch::new(4, 1_000);
+        let mut watch = LevelWatch::new(4, 1_000, 100);
         for level in 0..4 {
             watch.sent(Some(level), 10_000);
         }
         watch.sent(None, 10_000);
-        assert!(!watch.wants_probe(None));
+        assert!(!watch.wants_probe(&cascade, None, 11_000), "one at a time");
         watch.not_sent(None, 10_000);
-        assert!(watch.wants_probe(None));
+        assert!(watch.wants_probe(&cascade, None, 10_000));
         watch.sent(None, 10_000);
         watch.came_back(None, 10_000, 0);
-        assert!(watch.wants_probe(None));
+        assert!(watch.wants_probe(&cascade, None, 10_000));
         watch.sent(None, 11_250);
         watch.came_back(None, 11_250, 0);
         // Due 11,250: past levels 0 (10,100) and 1 (10,200) and the margin.
@@ -295,7 +318,7 @@ mod tests {
     #[test]
     fn a_stranded_level_is_handed_back_after_the_recheck_and_taken_again_if_overtaken() {
         let cascade = for_tests(4, 100, QueueType::Quorum);
-        let mut watch = LevelWatch::new(4, 1_000);
+        let mut watch = LevelWatch::new(4, 1_000, 100);
         watch.sent(Some(2), 10_000);
         watch.came_back(None, 11_500, 0);
         assert_eq!(watch.newly_stranded(&cascade, 12_000), vec![2]);
@@ -303,11 +326,11 @@ mod tests {
         assert_eq!(watch.due_for_recheck(72_000, 60_000), vec![2]);
         watch.hand_back(2);
         assert!(watch.stranded().is_empty());
-        assert!(watch.wants_probe(Some(2)), "probed again");
+        assert!(watch.wants_probe(&cascade, Some(2), 72_000), "probed again");
         // Its old probe, drained late, says nothing of the new one.
         watch.sent(Some(2), 72_000);
         watch.came_back(Some(2), 10_000, 400);
-        assert!(!watch.wants_probe(Some(2)));
+        assert!(!watch.wants_probe(&cascade, Some(2), 72_000));
         // Back in time: handed back for good.
         watch.came_back(Some(2), 72_000, 400);
         assert!(watch.newly_stranded(&cascade, 72_500).is_empty());
@@ -324,6 +347,21 @@ mod tests {
         assert_eq!(watched, (0..10).collect::<Vec<_>>(), "2^9 s = 512 s");
     }
 
+    #[test]
+    fn a_probe_older_than_one_back_through_the_same_level_stays_out() {
+        // After a node loss a level may pass a new probe and keep the one
+        // it held at the loss: the old one is still judged.
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let mut watch = LevelWatch::new(4, 1_000, 100);
+        watch.sent(Some(3), 10_000);
+        watch.sent(Some(3), 10_700);
+        watch.came_back(Some(3), 10_700, 800);
+        assert!(watch.newly_stranded(&cascade, 11_600).is_empty());
+        watch.sent(Some(0), 11_801);
+        watch.came_back(Some(0), 11_801, 100);
+        assert_eq!(watch.newly_stranded(&cascade, 12_000), vec![3]);
+    }
+
     proptest! {
         /// However late the probes come back (a backlog in the release
         /// queue delays them all alike), a level whose probes come back in
@@ -337,7 +375,7 @@ mod tests {
         ) {
             let cascade = for_tests(6, 50, QueueType::Quorum);
             let margin = 1_000;
-            let mut watch = LevelWatch::new(6, margin);
+            let mut watch = LevelWatch::new(6, margin, 100);
             // (back at, level, sent): the release stage sees them in due
             // order, each up to 900 ms off, all behind the same backlog.
             let mut events: Vec<(u64, u32, u64)> = probes
@@ -362,6 +400,40 @@ mod tests {
             let due = last + cascade.level_ttl_ms(3) + margin + 1;
             watch.came_back(Some(0), due - cascade.level_ttl_ms(0), cascade.level_ttl_ms(0));
             prop_assert_eq!(watch.newly_stranded(&cascade, due + backlog), vec![3]);
+        }
+
+        /// With ticks at most twice the interval apart, a level whose TTL
+        /// is at least two intervals has a probe inside at every moment
+        /// from its first: the next goes in before the newest leaves. And
+        /// no more than a few are out at once.
+        #[test]
+        fn a_level_always_holds_a_probe(
+            level in 2u32..8,
+            gaps in proptest::collection::vec(100u64..200, 1..300),
+        ) {
+            let cascade = for_tests(8, 50, QueueType::Quorum);
+            let ttl = cascade.level_ttl_ms(level);
+            let mut watch = LevelWatch::new(8, 1_000, 100);
+            let mut inside: Vec<u64> = Vec::new();
+            let mut now = 0;
+            for gap in gaps {
+                // Back at the release stage as soon as they leave the level.
+                for &sent in inside.iter().filter(|&&sent| sent + ttl <= now) {
+                    watch.came_back(Some(level), sent, ttl);
+                }
+                inside.retain(|&sent| sent + ttl > now);
+                if watch.wants_probe(&cascade, Some(level), now) {
+                    watch.sent(Some(level), now);
+                    inside.push(now);
+                }
+                prop_assert!(
+                    inside.iter().any(|&sent| sent + ttl > now + gap),
+                    "none inside until the tick after {now}"
+                );
+                prop_assert!(inside.len() <= 4, "{} inside at {now}", inside.len());
+                now += gap;
+            }
+            prop_assert!(watch.newly_stranded(&cascade, now).is_empty());
         }
     }
 }

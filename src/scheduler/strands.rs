@@ -4,12 +4,12 @@
 //! stop for good (RabbitMQ #16652): the level takes messages, they expire,
 //! and nothing leaves. The ledger's resender publishes such tasks again a
 //! minute late; this does better. Each level (of at most ten minutes' TTL)
-//! has one probe out at a time (see [`crate::cascade::LevelWatch`] for the
-//! verdict). Replicas share the release queue, so a probe may reach
-//! another replica's release stage: that one takes it off at once and sends
-//! a notice of it straight to the sender's own queue (exclusive to its
-//! connection), where the sender notes it as if it had come itself. A level
-//! found stranded is then
+//! always has a probe inside (see [`crate::cascade::LevelWatch`] for when
+//! the next goes in, and for the verdict). Replicas share the release
+//! queue, so a probe may reach another replica's release stage: that one
+//! takes it off at once and sends a notice of it straight to the sender's
+//! own queue (exclusive to its connection), where the sender notes it as if
+//! it had come itself. A level found stranded is then
 //! - consumed by delayline: each message is taken before it expires (a
 //!   message delivered to a consumer does not expire), waits here until the
 //!   time the level would have let it go, and goes on to where
@@ -71,7 +71,10 @@ pub(super) struct Strands {
 
 impl Strands {
     pub fn new(cascade: Arc<Cascade>, metrics: Arc<Metrics>) -> Strands {
-        let watch = LevelWatch::new(cascade.levels(), cascade.stranded_margin_ms());
+        let every_ms = cascade.level_probe().map_or(0, |every| {
+            u64::try_from(every.as_millis()).unwrap_or(u64::MAX)
+        });
+        let watch = LevelWatch::new(cascade.levels(), cascade.stranded_margin_ms(), every_ms);
         Strands {
             watch: Arc::new(Mutex::new(watch)),
             cascade,
@@ -300,7 +303,7 @@ impl LevelKeeper {
             let wanted: Vec<Option<u32>> = LevelWatch::watched(&self.cascade)
                 .map(Some)
                 .chain([None])
-                .filter(|&level| watch.wants_probe(level))
+                .filter(|&level| watch.wants_probe(&self.cascade, level, sent_ms))
                 .collect();
             for &level in &wanted {
                 watch.sent(level, sent_ms);

@@ -13,6 +13,9 @@ use delayline::message::DELIVER_AT_HEADER;
 
 use super::{TestConsumer, free_port};
 
+/// A queue's messages: (ready, unacknowledged, all).
+type QueueCounts = (u64, u64, u64);
+
 /// What a node is started with.
 #[derive(Clone, Debug, Default)]
 pub struct NodeOptions {
@@ -268,20 +271,20 @@ impl BrokerNode {
         pids.len()
     }
 
-    /// Level queues of the chain `prefix` that still hold messages, or whose
-    /// counts the broker cannot give (no leader): called when nothing has
-    /// arrived for a while, they are stranded (see
-    /// deploy/rabbitmq/release-stranded-level.sh).
+    /// Level queues of the chain `prefix` that hold expired messages (more
+    /// in all than ready and unacknowledged: held for dead-lettering, as
+    /// the runbook reads it), or whose counts the broker cannot give (no
+    /// leader): called when nothing has arrived for a while, they are
+    /// stranded (see deploy/rabbitmq/release-stranded-level.sh). A message
+    /// still waiting out its TTL, such as delayline's probe, is ready.
     pub fn stranded_levels(&self, prefix: &str) -> Vec<String> {
-        let listing = self.ctl(&["list_queues", "name", "messages"]);
-        listing
-            .lines()
-            .filter_map(|line| {
-                let (name, messages) = line.split_once('\t').unwrap_or((line, ""));
+        self.queue_counts_where_known()
+            .into_iter()
+            .filter(|(name, counts)| {
                 let level = name.starts_with(prefix) && name.contains(".level");
-                let holds = messages.trim().parse::<u64>().map_or(true, |n| n > 0);
-                (level && holds).then(|| name.to_owned())
+                level && counts.is_none_or(|(ready, unacked, all)| all > ready + unacked)
             })
+            .map(|(name, _)| name)
             .collect()
     }
 
@@ -344,6 +347,18 @@ impl BrokerNode {
     /// ready, unacknowledged, all). Quorum queues count the messages their
     /// dead-letter worker holds only in the total.
     pub fn queue_listing(&self) -> Vec<(String, u64, u64, u64)> {
+        self.queue_counts_where_known()
+            .into_iter()
+            .filter_map(|(name, counts)| {
+                let (ready, unacked, all) = counts?;
+                Some((name, ready, unacked, all))
+            })
+            .collect()
+    }
+
+    /// Every queue with its counts, `None` where the
+    /// broker cannot give them (a quorum queue without a leader).
+    fn queue_counts_where_known(&self) -> Vec<(String, Option<QueueCounts>)> {
         let listing = self.ctl(&[
             "list_queues",
             "name",
@@ -353,10 +368,11 @@ impl BrokerNode {
         ]);
         listing
             .lines()
-            .filter_map(|line| {
+            .map(|line| {
                 let fields: Vec<&str> = line.split('\t').collect();
                 let count = |i: usize| fields.get(i)?.trim().parse().ok();
-                Some((fields[0].to_owned(), count(1)?, count(2)?, count(3)?))
+                let counts = (|| Some((count(1)?, count(2)?, count(3)?)))();
+                (fields[0].to_owned(), counts)
             })
             .collect()
     }
