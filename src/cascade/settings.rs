@@ -146,8 +146,8 @@ pub struct CascadeSettings {
     /// per second times the unit in seconds. Past it, due messages wait in
     /// the release queue: late, never lost.
     pub hold_limit: u32,
-    /// With the release stage: how often each level of at most ten minutes'
-    /// TTL gets a probe, a message waiting in that level alone, to find a
+    /// With the release stage: how often probes go out, each a message
+    /// waiting in one level alone (of at most ten minutes' TTL), to find a
     /// level that stopped dead-lettering (see `crate::cascade`'s `strand`).
     /// The next probe goes in while the newest still has two intervals
     /// left in the level, so a level always holds one (a level shorter
