@@ -146,8 +146,12 @@ async fn default_ledger(
     if !dropped.is_empty() {
         // Before the writer's first statement: it prepares against this schema.
         let connection = rusqlite::Connection::open(&path)?;
-        for index in dropped {
-            connection.execute_batch(&format!("DROP INDEX {index}"))?;
+        for name in dropped {
+            let statement = match name.strip_prefix("trigger:") {
+                Some(trigger) => format!("DROP TRIGGER {trigger}"),
+                None => format!("DROP INDEX {name}"),
+            };
+            connection.execute_batch(&statement)?;
         }
     }
     // Built before measuring: parsing is the HTTP layer's cost, not the ledger's.

@@ -94,7 +94,8 @@ struct Args {
     #[arg(long)]
     ledger_tasks: Option<usize>,
     /// The ledger phase drops these indexes first, to measure what each
-    /// costs a task (the service needs every one of them).
+    /// costs a task (the service needs every one of them); `trigger:NAME`
+    /// drops a trigger instead.
     #[arg(long, value_delimiter = ',')]
     ledger_drop_index: Vec<String>,
     /// The ledger phase gives every task the same delay (due times that grow

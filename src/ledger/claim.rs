@@ -34,6 +34,34 @@ pub struct HeldFor {
     pub destination: String,
 }
 
+/// The states one statement of a claim takes tasks from, in order.
+struct ClaimFrom {
+    states: &'static str,
+    /// Pending tasks: the count of pending tasks falls by those claimed.
+    pending: bool,
+    /// Counted in the forecast already (on their way); a `failed` task
+    /// whose message comes after all enters the count when claimed.
+    counted: bool,
+}
+
+const CLAIM_FROM: [ClaimFrom; 3] = [
+    ClaimFrom {
+        states: "state = 'pending'",
+        pending: true,
+        counted: true,
+    },
+    ClaimFrom {
+        states: "state IN ('scheduled', 'releasing')",
+        pending: false,
+        counted: true,
+    },
+    ClaimFrom {
+        states: "state = 'failed'",
+        pending: false,
+        counted: false,
+    },
+];
+
 /// Takes each `(id, revision)` due at the release stage: a task that is
 /// neither cancelled nor delivered, in the message's revision, becomes
 /// `releasing` (from `pending` first, to count those). The findings follow
@@ -53,17 +81,19 @@ pub(super) async fn claim(
         claimed.contains(&(id.to_owned(), revision))
     };
     let mut were_pending = 0u64;
-    for (from, pending) in [
-        ("state = 'pending'", true),
-        ("state IN ('scheduled', 'releasing', 'failed')", false),
-    ] {
+    for ClaimFrom {
+        states: from,
+        pending,
+        counted,
+    } in CLAIM_FROM
+    {
         let open: Vec<(&str, i64)> = pairs
             .iter()
             .copied()
             .filter(|pair| !is_claimed(&claimed, *pair))
             .collect();
         for chunk in statement_sized_chunks(&open) {
-            let taken = tx.claim(from, chunk).await?;
+            let taken = tx.claim(from, counted, chunk).await?;
             if pending {
                 were_pending += taken.len() as u64;
             }

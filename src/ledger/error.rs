@@ -31,6 +31,10 @@ pub enum LedgerError {
     },
     #[error("cannot start the ledger's writer: {0}")]
     WriterThread(std::io::Error),
+    /// The writer counts what falls due itself, so it must not run the
+    /// triggers that count it too (an SQLite built without the option).
+    #[error("cannot start the ledger's writer: SQLite kept its triggers on")]
+    WriterTriggers,
     #[error("ledger row {id}: {reason}")]
     Corrupt { id: String, reason: String },
     #[error("the ledger writer has stopped")]

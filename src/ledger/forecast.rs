@@ -1,7 +1,9 @@
 //! What falls due, per minute and destination: the counts the triggers of
 //! migration 0013 keep (`due_counts`, and on PostgreSQL the changes not yet
 //! folded into them, `due_changes`), read for a forecast; and the fold.
-//! The statements on these two tables are here, and only here.
+//! The statements on these two tables are here, and only here, but for the
+//! two with which SQLite's group-commit writer, which runs without the
+//! triggers, adds its own changes ([`super::due_counts`]).
 
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
@@ -129,6 +131,28 @@ mod tests {
             .fetch_all(pool)
             .await
             .unwrap()
+    }
+
+    /// SQLite's writer runs without triggers and does what these four do
+    /// itself ([`super::super::due_counts`]); a new trigger would be skipped by it, so a
+    /// migration that adds one must change the writer too, and this list.
+    #[tokio::test]
+    async fn the_sqlite_schema_has_only_the_forecasts_triggers() {
+        let pool = migrated_sqlite().await;
+        let triggers: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY 1")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            triggers,
+            [
+                "due_counts_on_delete",
+                "due_counts_on_enter",
+                "due_counts_on_insert",
+                "due_counts_on_leave"
+            ]
+        );
     }
 
     /// SQLite's triggers keep the counts in place through every change a

@@ -23,8 +23,9 @@
 //! commands learn about due tasks; [`tasks`] reads tasks, claims pending
 //! ones for the forwarder and prunes; [`limits`] keeps release limits (the
 //! one file that writes the limits table) and runs the limiter's pass;
-//! [`forecast`] reads what falls due per minute (counted by triggers) and
-//! folds PostgreSQL's changes into those counts; [`operations`] keeps bulk
+//! [`forecast`] reads what falls due per minute (counted by triggers, and
+//! on SQLite by the writer for its own changes: [`due_counts`]) and folds
+//! PostgreSQL's changes into those counts; [`operations`] keeps bulk
 //! operations (the one file that writes that table) and reads their pages. The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
 //! schedules' own table is written in [`schedules`].
@@ -33,47 +34,20 @@
 //! `settings` (where the ledger is, and whether there is one) → `error`;
 //! `pool` (connections, migrations) → `settings`; [`handle`] (the
 //! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim` →
-//! `transaction` → `sql` → `filter`, `record`; `tasks`, `change`,
+//! `transaction` → `sql` → `filter`, `record`, and `transaction` →
+//! `due_counts`; `tasks`, `change`,
 //! `release` and `schedules` add methods to the handle.
 
-/// Runs `$body` with `$pool` bound to the backend's own pool type: the body
-/// is type-checked (and compiled) once per backend.
-macro_rules! on_pool {
-    ($pool:expr, $p:ident => $body:expr) => {
-        match $pool {
-            $crate::ledger::pool::Pool::Sqlite($p) => $body,
-            $crate::ledger::pool::Pool::Postgres($p) => $body,
-        }
-    };
-}
-
-/// Runs `$body` in a transaction on either backend's pool, `$t` bound to
-/// it, and commits; an early return (`?`) rolls it back. `QueryContext` must
-/// be in scope.
-macro_rules! in_tx {
-    ($pool:expr, $t:ident => $body:expr) => {
-        match $pool {
-            $crate::ledger::pool::Pool::Sqlite(p) => {
-                let mut $t = p.begin().await.context("starting a transaction")?;
-                let value = $body;
-                $t.commit().await.context("committing")?;
-                value
-            }
-            $crate::ledger::pool::Pool::Postgres(p) => {
-                let mut $t = p.begin().await.context("starting a transaction")?;
-                let value = $body;
-                $t.commit().await.context("committing")?;
-                value
-            }
-        }
-    };
-}
+// The two macros every file below uses: first, so that they are in scope.
+#[macro_use]
+mod macros;
 
 mod admit;
 mod change;
 mod checkpoint;
 mod claim;
 mod cursor;
+mod due_counts;
 mod error;
 mod filter;
 mod forecast;

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
@@ -109,6 +110,16 @@ pub(super) fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, Le
             checkpoint::WRITER_CHECKPOINT_PAGES
         ))
         .map_err(failed)?;
+    // The forecast's triggers cost every insert and every update of a
+    // task's state a statement of their own; this connection's
+    // transactions sum those counts and write them once a group
+    // (`super::due_counts`). Every other connection keeps the triggers.
+    let triggers = connection
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)
+        .map_err(failed)?;
+    if triggers {
+        return Err(LedgerError::WriterTriggers);
+    }
     connection.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
     Ok(connection)
 }

@@ -85,11 +85,12 @@ pub fn mark_published(pairs: usize, trim: bool) -> String {
 /// Marks releasing tasks delivered at `$1`, keeping `$2` bytes of the
 /// payload; the ids are `$3…`. A task the release stage claimed while
 /// still pending (its confirm not yet recorded) carries the error of an
-/// earlier attempt: delivered, it has none.
+/// earlier attempt: delivered, it has none. Returns each one's due time
+/// and destination: it leaves the forecast's count.
 pub fn mark_delivered(ids: usize) -> String {
     format!(
         "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1, last_error = NULL, {} \
-         WHERE state = 'releasing' AND id IN ({})",
+         WHERE state = 'releasing' AND id IN ({}) RETURNING deliver_at_ms, destination",
         trimmed_payload(2),
         placeholders(3, ids)
     )
@@ -126,19 +127,24 @@ pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last
 
 /// Quarantines a task (in revision `$3`, or any when NULL), first if
 /// pending (the count of pending tasks changes), else if scheduled (a
-/// migration set its message aside).
+/// migration set its message aside). Returns its due time and destination:
+/// it leaves the forecast's count.
 pub const FAIL_PENDING: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
-     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'pending'";
+     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'pending' \
+     RETURNING deliver_at_ms, destination";
 pub const FAIL_SCHEDULED: &str = "UPDATE tasks SET state = 'failed', last_error = $1 \
-     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled'";
+     WHERE id = $2 AND ($3 IS NULL OR revision = $3) AND state = 'scheduled' \
+     RETURNING deliver_at_ms, destination";
 
 /// Claims `(id, revision)` pairs (`$1…`) of tasks matching `from`: `releasing`.
 /// Returns each claimed pair: one window may carry two revisions of a task
 /// (a copy of the old one late, the new one on time), and only the pair
-/// that matched is claimed.
+/// that matched is claimed; with its due time and destination, for the
+/// forecast's count when it was not counted before.
 pub fn claim(from: &str, pairs: usize) -> String {
     format!(
-        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} RETURNING id, revision",
+        "UPDATE tasks SET state = 'releasing' WHERE {from} AND {} \
+         RETURNING id, revision, deliver_at_ms, destination",
         id_revision_pairs(1, pairs)
     )
 }
@@ -496,7 +502,9 @@ mod tests {
         found.dedup();
         assert_eq!(found, [1, 2, 3, 4], "{sql}");
         assert!(sql.contains("last_error = NULL"), "{sql}");
-        assert!(sql.ends_with("WHERE state = 'releasing' AND id IN ($3, $4)"));
+        assert!(sql.ends_with(
+            "WHERE state = 'releasing' AND id IN ($3, $4) RETURNING deliver_at_ms, destination"
+        ));
     }
 
     #[test]
@@ -506,7 +514,8 @@ mod tests {
         assert_eq!(
             sql,
             "UPDATE tasks SET state = 'releasing' WHERE state = 'pending' AND \
-             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) RETURNING id, revision"
+             ((id = $1 AND revision = $2) OR (id = $3 AND revision = $4)) \
+             RETURNING id, revision, deliver_at_ms, destination"
         );
         assert_eq!(parameters(&states(3)), [1, 2, 3]);
     }
@@ -522,7 +531,8 @@ mod tests {
             mark_published(3, false),
             mark_delivered(3),
             claim("state = 'pending'", 3),
-            claim("state IN ('scheduled', 'releasing', 'failed')", 3),
+            claim("state IN ('scheduled', 'releasing')", 3),
+            claim("state = 'failed'", 3),
             states(3),
             SCHEDULE_RETRY.to_owned(),
             FAIL_PENDING.to_owned(),

@@ -6,10 +6,15 @@
 //! call into SQLite with a prepared, cached statement, with no channel
 //! crossed and no argument copied per statement, as sqlx's SQLite driver
 //! does. PostgreSQL's side stays on sqlx.
+//!
+//! That connection runs without the forecast's triggers: a [`SqliteTx`]
+//! sums what its statements change in the counts of what falls due and
+//! writes the sums before it commits ([`super::due_counts`] says why).
 
 use rusqlite::{Connection, ToSql};
 use sqlx::{PgPool, Postgres, Transaction};
 
+use super::due_counts::{self, DueChanges};
 use super::error::{LedgerError, QueryContext};
 use super::record::db_ms;
 use super::record::{INSERT_COLUMNS, Retry, Row};
@@ -40,9 +45,11 @@ pub(super) enum Tx<'c> {
 /// dropped uncommitted. It holds the connection by `&mut` (which is `Send`,
 /// where rusqlite's own `Transaction` holds `&Connection`, which is not), so
 /// that the writer's future can be spawned whichever backend it serves.
+/// `due` is what its statements changed in the forecast's counts so far.
 pub(super) struct SqliteTx<'c> {
     connection: &'c mut Connection,
     open: bool,
+    due: DueChanges,
 }
 
 impl Drop for SqliteTx<'_> {
@@ -72,15 +79,40 @@ impl SqliteTx<'_> {
         rows.collect()
     }
 
-    /// Every row's first two columns, as an id and a number.
-    fn id_numbers(
-        &self,
+    /// Runs `sql`, which returns each changed task's due time and
+    /// destination, and counts `tasks` (`+1` entering, `-1` leaving) for
+    /// each; returns how many it changed.
+    fn count_each(
+        &mut self,
         sql: &str,
         parameters: &[&dyn ToSql],
-    ) -> rusqlite::Result<Vec<(String, i64)>> {
-        let mut statement = self.prepared(sql)?;
-        let rows = statement.query_map(parameters, |row| Ok((row.get(0)?, row.get(1)?)))?;
-        rows.collect()
+        tasks: i64,
+    ) -> rusqlite::Result<u64> {
+        let changed: Vec<(i64, String)> = {
+            let mut statement = self.prepared(sql)?;
+            let rows = statement.query_map(parameters, |row| Ok((row.get(0)?, row.get(1)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for (deliver_at_ms, destination) in &changed {
+            self.due.add(*deliver_at_ms, destination, tasks);
+        }
+        Ok(changed.len() as u64)
+    }
+
+    /// Writes the counts this transaction changed, one row per minute and
+    /// destination, then commits.
+    fn commit(&mut self) -> rusqlite::Result<()> {
+        for (minute_ms, destination, tasks) in self.due.changed() {
+            self.prepared(due_counts::COUNT_DUE)?
+                .execute(rusqlite::params![minute_ms, destination, tasks])?;
+            if tasks < 0 {
+                self.prepared(due_counts::FORGET_UNCOUNTED)?
+                    .execute(rusqlite::params![minute_ms, destination])?;
+            }
+        }
+        self.connection.execute_batch("COMMIT")?;
+        self.open = false;
+        Ok(())
     }
 
     fn states(&self, sql: &str, ids: &[&str]) -> rusqlite::Result<Vec<(String, String, i64)>> {
@@ -150,6 +182,7 @@ impl Tx<'_> {
                 Tx::Sqlite(SqliteTx {
                     connection,
                     open: true,
+                    due: DueChanges::default(),
                 })
             }
             Store::Postgres(pool) => {
@@ -160,13 +193,7 @@ impl Tx<'_> {
 
     pub(super) async fn commit(self) -> Result<(), LedgerError> {
         match self {
-            Tx::Sqlite(mut tx) => {
-                tx.connection
-                    .execute_batch("COMMIT")
-                    .context("committing")?;
-                tx.open = false;
-                Ok(())
-            }
+            Tx::Sqlite(mut tx) => tx.commit().context("committing"),
             Tx::Postgres(t) => t.commit().await.context("committing"),
         }
     }
@@ -175,9 +202,22 @@ impl Tx<'_> {
     pub(super) async fn insert(&mut self, rows: &[&Row]) -> Result<Vec<String>, LedgerError> {
         let sql = sql::insert(rows.len());
         match self {
-            Tx::Sqlite(tx) => tx
-                .texts(&sql, &insert_parameters(rows))
-                .context("recording tasks"),
+            Tx::Sqlite(tx) => {
+                let inserted = tx
+                    .texts(&sql, &insert_parameters(rows))
+                    .context("recording tasks")?;
+                let is_inserted: std::collections::HashSet<&str> =
+                    inserted.iter().map(String::as_str).collect();
+                for row in rows
+                    .iter()
+                    .filter(|row| is_inserted.contains(row.id.as_str()))
+                {
+                    if due_counts::is_counted(&row.state) {
+                        tx.due.add(row.deliver_at_ms, &row.destination, 1);
+                    }
+                }
+                Ok(inserted)
+            }
             Tx::Postgres(t) => {
                 let mut query = sqlx::query_scalar(&sql);
                 for r in rows {
@@ -208,29 +248,48 @@ impl Tx<'_> {
         }
     }
 
-    /// One chunk of a release claim: the ids claimed.
-    /// The `(id, revision)` pairs it claimed.
+    /// One chunk of a release claim, of tasks matching `from` (which
+    /// are `counted` in the forecast, or all not): the `(id, revision)`
+    /// pairs it claimed.
     pub(super) async fn claim(
         &mut self,
         from: &str,
+        counted: bool,
         pairs: &[(&str, i64)],
     ) -> Result<Vec<(String, i64)>, LedgerError> {
         let sql = sql::claim(from, pairs.len());
-        match self {
-            Tx::Sqlite(tx) => tx
-                .id_numbers(&sql, &pair_parameters(pairs))
-                .context("claiming due tasks"),
+        let claimed: Vec<(String, i64, i64, String)> = match self {
+            Tx::Sqlite(tx) => {
+                let read = || -> rusqlite::Result<Vec<(String, i64, i64, String)>> {
+                    let mut statement = tx.prepared(&sql)?;
+                    let rows = statement.query_map(pair_parameters(pairs).as_slice(), |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                    })?;
+                    rows.collect()
+                };
+                let claimed = read().context("claiming due tasks")?;
+                if !counted {
+                    for (_, _, deliver_at_ms, destination) in &claimed {
+                        tx.due.add(*deliver_at_ms, destination, 1);
+                    }
+                }
+                claimed
+            }
             Tx::Postgres(t) => {
-                let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
+                let mut query = sqlx::query_as(&sql);
                 for (id, revision) in pairs {
                     query = query.bind(*id).bind(*revision);
                 }
                 query
                     .fetch_all(&mut **t)
                     .await
-                    .context("claiming due tasks")
+                    .context("claiming due tasks")?
             }
-        }
+        };
+        Ok(claimed
+            .into_iter()
+            .map(|(id, revision, ..)| (id, revision))
+            .collect())
     }
 
     pub(super) async fn states(
@@ -323,7 +382,7 @@ impl Tx<'_> {
             Tx::Sqlite(tx) => {
                 let mut parameters: Vec<&dyn ToSql> = vec![&at_ms, &copy_bytes];
                 parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
-                tx.execute(&sql, &parameters)
+                tx.count_each(&sql, &parameters, -1)
                     .map(|_| ())
                     .context("marking tasks delivered")
             }
@@ -524,7 +583,7 @@ impl Tx<'_> {
         for (sql, was_pending) in [(sql::FAIL_PENDING, true), (sql::FAIL_SCHEDULED, false)] {
             let changed = match self {
                 Tx::Sqlite(tx) => tx
-                    .execute(sql, &[&reason, &id, &revision])
+                    .count_each(sql, &[&reason, &id, &revision], -1)
                     .context("marking a task failed")?,
                 Tx::Postgres(t) => sqlx::query(sql)
                     .bind(reason)

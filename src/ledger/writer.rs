@@ -640,6 +640,104 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The counts of what falls due, and a recount of the tasks on their
+    /// way, per minute and destination.
+    async fn counts_and_recount(
+        ledger: &crate::ledger::Ledger,
+    ) -> (Vec<(i64, String, i64)>, Vec<(i64, String, i64)>) {
+        let super::super::pool::Pool::Sqlite(pool) = &ledger.pool else {
+            unreachable!("a SQLite ledger");
+        };
+        let read = async |sql: &str| -> Vec<(i64, String, i64)> {
+            sqlx::query_as(sql).fetch_all(pool).await.unwrap()
+        };
+        let counts = read("SELECT minute_ms, destination, tasks FROM due_counts ORDER BY 1, 2");
+        let recount = read(
+            "SELECT deliver_at_ms / 60000 * 60000, destination, COUNT(*) FROM tasks \
+             WHERE state IN ('pending', 'scheduled', 'releasing', 'waiting') \
+             GROUP BY 1, 2 ORDER BY 1, 2",
+        );
+        (counts.await, recount.await)
+    }
+
+    /// The writer's connection runs without the forecast's triggers and
+    /// counts what its own statements change, once a group: through
+    /// admissions (a repeat among them), a confirm, quarantines of a
+    /// pending and of a scheduled task, a claim (of a failed task too), a
+    /// hold for a limit and deliveries, the counts stay a recount of the
+    /// tasks on their way. A cancel on another connection is still counted
+    /// by the triggers.
+    #[tokio::test]
+    async fn the_writer_counts_what_falls_due_as_the_triggers_would() {
+        let (ledger, dir) = sqlite_ledger().await;
+        let now_ms = i64::try_from(crate::clock::now_ms()).unwrap();
+        let rows: Vec<Row> = (0..8_i64)
+            .map(|i| Row {
+                destination: if i % 3 == 0 { "e" } else { "d" }.to_owned(),
+                deliver_at_ms: now_ms + i * 25_000,
+                ..row()
+            })
+            .collect();
+        for row in rows.iter().chain([&rows[2]]) {
+            ledger.writes.admit(row.clone()).await.unwrap();
+        }
+        let (counts, recount) = counts_and_recount(&ledger).await;
+        assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 8);
+        assert_eq!(counts, recount, "after admissions");
+
+        let id = |i: usize| rows[i].id.clone();
+        for i in 0..5 {
+            ledger.mark_published(id(i), 1).await.unwrap();
+        }
+        ledger
+            .mark_failed(id(5), None, "never".into())
+            .await
+            .unwrap();
+        ledger
+            .mark_failed(id(1), Some(1), "set aside".into())
+            .await
+            .unwrap();
+        let (counts, recount) = counts_and_recount(&ledger).await;
+        assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 6);
+        assert_eq!(counts, recount, "after quarantines");
+
+        let due = [0, 1, 2, 6].map(|i| (id(i), 1)).to_vec();
+        let held_by = vec![None, None, Some(held_for("pace")), None];
+        let findings = ledger.claim_release(due, held_by, None).await.unwrap();
+        assert_eq!(
+            findings,
+            [
+                Finding::Claimed,
+                Finding::Claimed,
+                Finding::Waiting,
+                Finding::Claimed
+            ]
+        );
+        let (counts, recount) = counts_and_recount(&ledger).await;
+        assert_eq!(
+            recount.iter().map(|(.., n)| n).sum::<i64>(),
+            7,
+            "the failed task came back"
+        );
+        assert_eq!(counts, recount, "after the claim");
+
+        ledger
+            .mark_delivered(vec![id(0), id(1), id(6)], 0)
+            .await
+            .unwrap();
+        let (counts, recount) = counts_and_recount(&ledger).await;
+        assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 4);
+        assert_eq!(counts, recount, "after deliveries");
+
+        let cancelled = ledger.cancel(&[id(7)], None, 0).await.unwrap();
+        assert_eq!(cancelled.len(), 1);
+        let (counts, recount) = counts_and_recount(&ledger).await;
+        assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 3);
+        assert_eq!(counts, recount, "after a cancel on the pool");
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A group that fails is answered with its failure and rolled back on
     /// the writer's own SQLite connection, which takes the next group as if
     /// nothing had happened (no transaction left open, nothing half written).
