@@ -75,7 +75,7 @@ mod tests {
             )
         ) {
             let mut due = DueChanges::default();
-            let mut expected: std::collections::BTreeMap<(i64, String), i64> = BTreeMap::new();
+            let mut expected: BTreeMap<(i64, String), i64> = BTreeMap::new();
             for &(at, second, tasks) in &changes {
                 let destination = if second { "e" } else { "d" };
                 due.add(at, destination, tasks);
