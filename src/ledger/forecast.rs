@@ -134,8 +134,9 @@ mod tests {
     }
 
     /// SQLite's writer runs without triggers and does what these four do
-    /// itself ([`super::super::due_counts`]); a new trigger would be skipped by it, so a
-    /// migration that adds one must change the writer too, and this list.
+    /// itself ([`super::super::due_counts`]); it would skip a new trigger,
+    /// so a migration that adds one must change the writer too, and this
+    /// list.
     #[tokio::test]
     async fn the_sqlite_schema_has_only_the_forecasts_triggers() {
         let pool = migrated_sqlite().await;
