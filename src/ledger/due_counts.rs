@@ -38,7 +38,7 @@ pub(super) const FORGET_UNCOUNTED: &str =
 /// What one transaction changed in the counts, summed per minute and
 /// destination: a task entering the count adds one in its minute, one
 /// leaving it takes one away.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(super) struct DueChanges(BTreeMap<(i64, String), i64>);
 
 impl DueChanges {

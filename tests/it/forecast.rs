@@ -1,10 +1,11 @@
 //! The forecast against the real broker and both ledgers: what falls due
-//! per bucket as tasks are submitted, cancelled and moved; a client counts
-//! only its own destinations; the console's chart and the due-soon gauges
-//! say the same; replicas sharing PostgreSQL read one forecast, and the
+//! per bucket as tasks are submitted, cancelled, moved and delivered; a
+//! client counts only its own destinations; the console's chart and the
+//! due-soon gauges say the same; replicas sharing PostgreSQL read one forecast, and the
 //! changes their transactions append are folded into the counts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use delayline::cascade::QueueType;
 use delayline::clock::{format_epoch_ms, now_ms, parse_epoch_ms};
@@ -12,7 +13,7 @@ use delayline::config::Settings;
 use serde_json::{Value, json};
 
 use crate::common::{
-    Backend, TestApp, bearer_client, eventually, sample, test_settings, with_ledger,
+    Backend, TestApp, TestConsumer, bearer_client, eventually, sample, test_settings, with_ledger,
 };
 use crate::console::Browser;
 
@@ -171,6 +172,24 @@ async fn the_forecast_counts_what_falls_due_and_follows_cancels_and_moves_on_sql
         );
         let message = answer["error"]["message"].as_str().unwrap();
         assert!(message.contains(field), "{bad}: {message}");
+    }
+
+    // Delivered tasks leave it: the ledger's writer counts them out itself
+    // (it runs without the triggers), in the commit that marks them.
+    let mut consumer = TestConsumer::bind(&mut app, &format!("{prefix}.c.#")).await;
+    let soon = submit(&app, &format!("{prefix}.c.x"), &[3, 3, 4]).await;
+    assert_eq!(forecast(&app, &query).await.1, 43);
+    let ids: HashSet<String> = soon.iter().map(|(id, _)| id.clone()).collect();
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(30))
+        .await;
+    eventually("delivered tasks leave the forecast", async || {
+        forecast(&app, &query).await.1 == 40
+    })
+    .await;
+    for (id, _) in &soon {
+        let (_, task) = app.get(&format!("/v1/tasks/{id}")).await;
+        assert_eq!(task["state"], "delivered", "{task}");
     }
 }
 
