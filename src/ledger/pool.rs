@@ -125,8 +125,9 @@ pub(super) fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, Le
 }
 
 /// Statements the writer keeps prepared: every chunk size (7) of each
-/// statement over many rows (insert, two marks, two claims, states,
-/// delivered) and the fixed ones, with room to spare.
+/// statement over many rows (a quarantine, three claims, states,
+/// delivered), the one-row insert and scheduled mark, and the fixed ones,
+/// with room to spare.
 const WRITER_STATEMENTS: usize = 128;
 
 /// Applies every migration not yet applied. Safe to run from several

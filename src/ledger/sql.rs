@@ -44,6 +44,15 @@ pub fn insert(rows: usize) -> String {
     )
 }
 
+/// Inserts one new row, skipped if its id or idempotency key is taken.
+pub fn insert_one() -> String {
+    format!(
+        "INSERT INTO tasks ({}) VALUES ({}) ON CONFLICT DO NOTHING",
+        INSERT_COLUMNS.join(", "),
+        placeholders(1, INSERT_COLUMNS.len())
+    )
+}
+
 /// `((id = $first AND revision = $first+1) OR …)` for `pairs` pairs.
 /// Not `(id, revision) IN (VALUES …)`: SQLite scans the whole table for
 /// that, where each term of the OR is a primary-key lookup.
