@@ -33,23 +33,25 @@ pub fn placeholders(first: usize, count: usize) -> String {
 /// order, row after row) and returns the ids it inserted; a row whose id
 /// or idempotency key is taken is skipped, not an error.
 pub fn insert(rows: usize) -> String {
+    format!("{} RETURNING id", insert_skipping_taken(rows))
+}
+
+/// Inserts one new row, skipped if its id or idempotency key is taken;
+/// returns nothing (SQLite's count of changed rows tells whether it went
+/// in, without the table a `RETURNING` builds each time it runs).
+pub fn insert_one() -> String {
+    insert_skipping_taken(1)
+}
+
+fn insert_skipping_taken(rows: usize) -> String {
     let width = INSERT_COLUMNS.len();
     let values = (0..rows)
         .map(|row| format!("({})", placeholders(1 + row * width, width)))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "INSERT INTO tasks ({}) VALUES {values} ON CONFLICT DO NOTHING RETURNING id",
+        "INSERT INTO tasks ({}) VALUES {values} ON CONFLICT DO NOTHING",
         INSERT_COLUMNS.join(", ")
-    )
-}
-
-/// Inserts one new row, skipped if its id or idempotency key is taken.
-pub fn insert_one() -> String {
-    format!(
-        "INSERT INTO tasks ({}) VALUES ({}) ON CONFLICT DO NOTHING",
-        INSERT_COLUMNS.join(", "),
-        placeholders(1, INSERT_COLUMNS.len())
     )
 }
 

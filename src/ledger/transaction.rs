@@ -123,16 +123,17 @@ impl SqliteTx<'_> {
     /// rows: SQLite builds a table for a `RETURNING` clause each time it
     /// runs, and the release's claim and delivered mark, run once a row,
     /// cost it twice.
-    fn execute_each<'p>(
+    fn execute_each<'p, Own: IntoIterator<Item = &'p dyn ToSql>>(
         &self,
         sql: &str,
         leading: &[&'p dyn ToSql],
-        rows: impl Iterator<Item = Vec<&'p dyn ToSql>>,
+        rows: impl Iterator<Item = Own>,
     ) -> rusqlite::Result<u64> {
         let mut statement = self.prepared(sql)?;
+        let mut parameters = leading.to_vec();
         let mut changed = 0;
         for own in rows {
-            let mut parameters = leading.to_vec();
+            parameters.truncate(leading.len());
             parameters.extend(own);
             changed += statement.execute(parameters.as_slice())? as u64;
         }
@@ -145,7 +146,7 @@ impl SqliteTx<'_> {
         let mut statement = self.prepared(&sql::insert_one())?;
         let mut inserted = Vec::with_capacity(rows.len());
         for row in rows {
-            if statement.execute(insert_parameters(&[row]).as_slice())? == 1 {
+            if statement.execute(insert_parameters(row).as_slice())? == 1 {
                 inserted.push(*row);
             }
         }
@@ -168,47 +169,40 @@ impl SqliteTx<'_> {
     }
 }
 
-/// The parameters of `rows` new rows, in [`INSERT_COLUMNS`] order.
-fn insert_parameters<'r>(rows: &[&'r Row]) -> Vec<&'r dyn ToSql> {
-    let mut parameters: Vec<&dyn ToSql> = Vec::with_capacity(rows.len() * INSERT_COLUMNS.len());
-    for r in rows {
-        parameters.extend([
-            &r.id as &dyn ToSql,
-            &r.idempotency_key,
-            &r.fingerprint,
-            &r.destination,
-            &r.routing_key,
-            &r.delay_ms,
-            &r.deliver_at_ms,
-            &r.content_type,
-            &r.headers,
-            &r.payload,
-            &r.payload_bytes,
-            &r.state,
-            &r.created_at_ms,
-            &r.published_at_ms,
-            &r.next_attempt_at_ms,
-            &r.attempts,
-            &r.last_error,
-            &r.client,
-            &r.properties,
-            &r.exchange,
-        ]);
-    }
-    parameters
+/// The parameters of a new row, in [`INSERT_COLUMNS`] order.
+fn insert_parameters(r: &Row) -> [&dyn ToSql; INSERT_COLUMNS.len()] {
+    [
+        &r.id,
+        &r.idempotency_key,
+        &r.fingerprint,
+        &r.destination,
+        &r.routing_key,
+        &r.delay_ms,
+        &r.deliver_at_ms,
+        &r.content_type,
+        &r.headers,
+        &r.payload,
+        &r.payload_bytes,
+        &r.state,
+        &r.created_at_ms,
+        &r.published_at_ms,
+        &r.next_attempt_at_ms,
+        &r.attempts,
+        &r.last_error,
+        &r.client,
+        &r.properties,
+        &r.exchange,
+    ]
 }
 
 /// One `(id, revision)` pair as parameters.
-fn pair_of<'p>(id: &'p &'p str, revision: &'p i64) -> Vec<&'p dyn ToSql> {
-    vec![id as &dyn ToSql, revision as &dyn ToSql]
+fn pair_of<'p>((id, revision): &'p (&'p str, i64)) -> [&'p dyn ToSql; 2] {
+    [id, revision]
 }
 
 /// `pairs` as parameters, each id followed by its revision.
 fn pair_parameters<'p>(pairs: &'p [(&'p str, i64)]) -> Vec<&'p dyn ToSql> {
-    pairs
-        .iter()
-        .flat_map(|(id, revision)| [id as &dyn ToSql, revision as &dyn ToSql])
-        .collect()
+    pairs.iter().flat_map(pair_of).collect()
 }
 
 impl Tx<'_> {
@@ -387,7 +381,7 @@ impl Tx<'_> {
         let copy_bytes = i32::try_from(payload_copy_bytes).unwrap_or(i32::MAX);
         match self {
             Tx::Sqlite(tx) => {
-                let each = pairs.iter().map(|(id, revision)| pair_of(id, revision));
+                let each = pairs.iter().map(pair_of);
                 tx.execute_each(&sql::mark_published(1, trim), &[&now_ms, &copy_bytes], each)
                     .context("marking tasks scheduled")
             }

@@ -640,6 +640,48 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The scheduled mark is bound to the revision that was published: a
+    /// confirm for a task's old revision, come after the task moved, leaves
+    /// it pending (its new copy's confirm marks it), while the other marks
+    /// in the same call still take.
+    #[tokio::test]
+    async fn a_scheduled_mark_for_an_old_revision_leaves_the_task_pending() {
+        let (ledger, dir) = sqlite_ledger().await;
+        let (moved, kept) = (row(), row());
+        for row in [&moved, &kept] {
+            ledger.writes.admit(row.clone()).await.unwrap();
+        }
+        let change = crate::ledger::Move {
+            deliver_at_ms: u64::try_from(moved.deliver_at_ms).unwrap() + 1_000,
+            delay_ms: 2_000,
+            routing_key: moved.routing_key.clone(),
+            lease_until_ms: 0,
+        };
+        let rescheduled = ledger.reschedule(&moved.id, &change, None, None, 0).await;
+        assert!(
+            matches!(rescheduled, Ok(crate::ledger::Reschedule::Moved(_))),
+            "{rescheduled:?}"
+        );
+        let state = async |id: &str| {
+            let stored = ledger.get(id).await.unwrap().unwrap();
+            (stored.state.as_str().to_owned(), stored.revision)
+        };
+        let (old, old_marked) = (moved.id.clone(), kept.id.clone());
+        let (late, current) = (
+            ledger.writes.published(old, 1),
+            ledger.writes.published(old_marked, 1),
+        );
+        let (late, current) = tokio::join!(late, current);
+        late.unwrap();
+        current.unwrap();
+        assert_eq!(state(&moved.id).await, ("pending".to_owned(), 2));
+        assert_eq!(state(&kept.id).await, ("scheduled".to_owned(), 1));
+        ledger.writes.published(moved.id.clone(), 2).await.unwrap();
+        assert_eq!(state(&moved.id).await, ("scheduled".to_owned(), 2));
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The counts of what falls due, and a recount of the tasks on their
     /// way, per minute and destination.
     async fn counts_and_recount(
