@@ -593,6 +593,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Moves the admitted `row` a second later (its revision 2).
+    async fn move_a_second_later(ledger: &crate::ledger::Ledger, row: &Row) {
+        let change = crate::ledger::Move {
+            deliver_at_ms: u64::try_from(row.deliver_at_ms).unwrap() + 1_000,
+            delay_ms: 2_000,
+            routing_key: row.routing_key.clone(),
+            lease_until_ms: 0,
+        };
+        let moved = ledger.reschedule(&row.id, &change, None, None, 0).await;
+        assert!(
+            matches!(moved, Ok(crate::ledger::Reschedule::Moved(_))),
+            "{moved:?}"
+        );
+    }
+
     /// One window may carry a late copy of a moved task's old revision
     /// beside its new one: only the new one is claimed, and the old one is
     /// found in the new revision (stale, dropped), in either order.
@@ -602,17 +617,7 @@ mod tests {
         let moved = [row(), row()];
         for row in &moved {
             ledger.writes.admit(row.clone()).await.unwrap();
-            let change = crate::ledger::Move {
-                deliver_at_ms: u64::try_from(row.deliver_at_ms).unwrap() + 1_000,
-                delay_ms: 2_000,
-                routing_key: row.routing_key.clone(),
-                lease_until_ms: 0,
-            };
-            let moved = ledger.reschedule(&row.id, &change, None, None, 0).await;
-            assert!(
-                matches!(moved, Ok(crate::ledger::Reschedule::Moved(_))),
-                "{moved:?}"
-            );
+            move_a_second_later(&ledger, row).await;
         }
         let windows = [
             vec![(moved[0].id.clone(), 1), (moved[0].id.clone(), 2)],
@@ -651,17 +656,7 @@ mod tests {
         for row in [&moved, &kept] {
             ledger.writes.admit(row.clone()).await.unwrap();
         }
-        let change = crate::ledger::Move {
-            deliver_at_ms: u64::try_from(moved.deliver_at_ms).unwrap() + 1_000,
-            delay_ms: 2_000,
-            routing_key: moved.routing_key.clone(),
-            lease_until_ms: 0,
-        };
-        let rescheduled = ledger.reschedule(&moved.id, &change, None, None, 0).await;
-        assert!(
-            matches!(rescheduled, Ok(crate::ledger::Reschedule::Moved(_))),
-            "{rescheduled:?}"
-        );
+        move_a_second_later(&ledger, &moved).await;
         let state = async |id: &str| {
             let stored = ledger.get(id).await.unwrap().unwrap();
             (stored.state.as_str().to_owned(), stored.revision)
