@@ -647,8 +647,8 @@ mod tests {
 
     /// The scheduled mark is bound to the revision that was published: a
     /// confirm for a task's old revision, come after the task moved, leaves
-    /// it pending (its new copy's confirm marks it), while the other marks
-    /// in the same call still take.
+    /// it pending (its new copy's confirm marks it), while another task's
+    /// mark sent beside it still takes.
     #[tokio::test]
     async fn a_scheduled_mark_for_an_old_revision_leaves_the_task_pending() {
         let (ledger, dir) = sqlite_ledger().await;
@@ -661,10 +661,9 @@ mod tests {
             let stored = ledger.get(id).await.unwrap().unwrap();
             (stored.state.as_str().to_owned(), stored.revision)
         };
-        let (old, old_marked) = (moved.id.clone(), kept.id.clone());
         let (late, current) = (
-            ledger.writes.published(old, 1),
-            ledger.writes.published(old_marked, 1),
+            ledger.writes.published(moved.id.clone(), 1),
+            ledger.writes.published(kept.id.clone(), 1),
         );
         let (late, current) = tokio::join!(late, current);
         late.unwrap();
