@@ -790,6 +790,68 @@ async fn a_task_the_broker_lost_is_published_again_by_a_postgresql_ledger() {
     a_lost_task_is_published_again(Backend::Postgres).await;
 }
 
+/// The same loss with level probes on, as by default: the purge takes
+/// level 1's probes with the task, so the level is also found stranded,
+/// and the stranded level's resend and the ledger's resender both look for
+/// the task. It is published again by whichever looks first, once, and
+/// arrives once, not before its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_takes_a_level_s_probes_too_still_delivers_the_task_once() {
+    let mut settings = with_ledger(test_settings(8, 1000, QueueType::Quorum), Backend::Sqlite);
+    settings.store.resend_after_ms = 1_500;
+    assert!(
+        settings.cascade.level_probe_ms > 0,
+        "probes on, as by default"
+    );
+    let mut app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("lost");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    // Level 1 (2 s) takes a probe every second, from about a second after
+    // the start.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+
+    let lost = post_task(&app, "lost", 3_000).await;
+    let lost_id = id_of(&lost);
+    let purged = consumer
+        .channel
+        .queue_purge(
+            app.cascade.level_queue(1).as_str().into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert!(purged >= 2, "the task and a probe: {purged}");
+
+    let again = consumer
+        .next(Duration::from_secs(15))
+        .await
+        .expect("the lost task is published again");
+    assert_eq!(again.message_id(), lost_id);
+    let deliver_at = again.header_i64("x-deliver-at-ms").unwrap();
+    let late = again.received_at_ms as i64 - deliver_at;
+    assert!(
+        late >= 1_500,
+        "published again only once overdue: {late} ms"
+    );
+    assert!(
+        consumer.next(Duration::from_secs(4)).await.is_none(),
+        "once"
+    );
+
+    eventually("level 1 is found stranded", async || {
+        let scrape = app.scrape().await;
+        scrape.lines().any(|line| {
+            line.starts_with("delayline_level_stranded{level=\"1\"") && line.ends_with(" 1")
+        })
+    })
+    .await;
+    let (_, seen) = app.get(&format!("/v1/tasks/{lost_id}")).await;
+    assert_eq!(seen["state"], "delivered", "{seen}");
+    let scrape = app.scrape().await;
+    assert_eq!(sample(&scrape, "delayline_tasks_resent_total"), Some(1.0));
+    app.stop().await.unwrap();
+}
+
 async fn a_lost_task_is_published_again(backend: Backend) {
     let mut settings = with_ledger(test_settings(8, 1000, QueueType::Quorum), backend);
     settings.store.resend_after_ms = 1_500;
