@@ -7,17 +7,26 @@
 //! write queued behind it (requests, and the release stage's claims of tasks
 //! due in the next milliseconds), then waits for the database file's writes
 //! and fsync: hundreds of milliseconds on a disk the broker is busy with.
-//! So a connection of its own checkpoints every [`CHECKPOINT_EVERY`],
-//! `PASSIVE`: it takes no lock a writer needs, and copies what no reader
-//! still uses; the database file's writes and fsync are its own.
+//! So a connection of its own checkpoints, `PASSIVE`: it takes no lock a
+//! writer needs, and copies what no reader still uses; the database file's
+//! writes and fsync are its own.
 //!
-//! That alone would let the log grow for as long as writes never pause: a
-//! log starts over only when a write begins after a checkpoint that copied
-//! all of it, and beside a steady writer a `PASSIVE` checkpoint never gets
-//! to the end. So the writer still checkpoints, past
-//! [`WRITER_CHECKPOINT_PAGES`] (four times SQLite's default): it has only
-//! what came in since the last of those (a quarter second's worth) to copy,
-//! and its next write starts the log over.
+//! It checkpoints when the log has grown by [`STEP_PAGES`] since its last
+//! pass, as fast as the log grew before, and at least every
+//! [`CHECKPOINT_EVERY`]: a timer alone lets a fast writer's log outgrow a
+//! pass between two ticks, and the writer then copies that whole window
+//! itself while every write waits (record 37 in `docs/bench/history/`).
+//!
+//! A steady writer's log never pauses, and a log starts over only when a
+//! write begins after a checkpoint that copied all of it; beside a steady
+//! writer a `PASSIVE` checkpoint never gets to the end. So the writer still
+//! checkpoints, past [`WRITER_CHECKPOINT_PAGES`]. Within a step of that
+//! bound the checkpointer's passes come back to back, each copying what
+//! came in during the one before, so the writer, which checkpoints in the
+//! gap after a pass, copies only what came in since that pass began, and
+//! its next write starts the log over. If a pass is under way, the writer's
+//! checkpoint does not wait for it (SQLite answers busy at once): it tries
+//! again on its next commit.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,39 +34,111 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-/// How often the log is copied into the database file.
+/// The longest the log waits to be copied into the database file.
 pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
-/// Pages of log (4 KiB each) past which the writer checkpoints itself:
-/// the log's bound, 16 MB.
-pub(super) const WRITER_CHECKPOINT_PAGES: u32 = 4_000;
+/// The log's growth (pages of 4 KiB, 16 MB) that one pass copies under load.
+pub(super) const STEP_PAGES: u32 = 4_000;
 
-/// Checkpoints the ledger at `path` every [`CHECKPOINT_EVERY`] until `closing`.
+/// The shortest pause between two passes: a pass costs an fsync however
+/// little it copies.
+pub(super) const SOONEST: Duration = Duration::from_millis(10);
+
+/// Pages of log past which the writer checkpoints itself: the log's bound,
+/// 64 MB, four steps, so the checkpointer has copied most of it first.
+pub(super) const WRITER_CHECKPOINT_PAGES: u32 = 4 * STEP_PAGES;
+
+/// Checkpoints the ledger at `path` until `closing`, each pass when the log
+/// is due to have grown by [`STEP_PAGES`] ([`pause_after`]).
 pub(super) async fn until_closed(path: PathBuf, closing: CancellationToken) {
     let mut connection = None;
+    let mut last = Pass::default();
+    let mut pause = CHECKPOINT_EVERY;
     loop {
         tokio::select! {
             () = closing.cancelled() => return,
-            () = tokio::time::sleep(CHECKPOINT_EVERY) => {}
+            () = tokio::time::sleep(pause) => {}
         }
         let path = path.clone();
         let taken = connection.take();
+        let started = Instant::now();
         // Blocking (file writes, fsync): not on the service's workers.
         let done = tokio::task::spawn_blocking(move || once(taken, &path)).await;
+        pause = CHECKPOINT_EVERY;
         match done {
-            Ok(Ok(kept)) => connection = Some(kept),
+            Ok(Ok((kept, logged))) => {
+                connection = Some(kept);
+                let pass = Pass { started, logged };
+                pause = pause_from_now(&last, &pass);
+                last = pass;
+            }
             Ok(Err(error)) => warn!(%error, "cannot checkpoint the SQLite ledger; trying again"),
             Err(error) => warn!(%error, "the SQLite ledger's checkpoint stopped abnormally"),
         }
     }
 }
 
+/// A checkpoint's start and the pages the log held then.
+struct Pass {
+    started: Instant,
+    logged: u64,
+}
+
+impl Default for Pass {
+    fn default() -> Pass {
+        Pass {
+            started: Instant::now(),
+            logged: 0,
+        }
+    }
+}
+
+/// [`pause_after`], less the time since `pass` started (its own length),
+/// and never below [`SOONEST`].
+fn pause_from_now(last: &Pass, pass: &Pass) -> Duration {
+    pause_after(last, pass)
+        .saturating_sub(pass.started.elapsed())
+        .max(SOONEST)
+}
+
+/// How long after `pass` started the next should: when the log, growing as
+/// it grew since `last`, will have grown by [`STEP_PAGES`]; between
+/// [`SOONEST`] and [`CHECKPOINT_EVERY`]. Within a step of the writer's
+/// bound, at once: the writer checkpoints in the gap after a pass, and
+/// copies what came in since that pass began, so those passes are kept
+/// short.
+fn pause_after(last: &Pass, pass: &Pass) -> Duration {
+    if pass.logged + u64::from(STEP_PAGES) >= u64::from(WRITER_CHECKPOINT_PAGES) {
+        return SOONEST;
+    }
+    // A log smaller than before started over in between and grew at least
+    // to its size.
+    let grown = if pass.logged >= last.logged {
+        pass.logged - last.logged
+    } else {
+        pass.logged
+    };
+    let between = pass.started.saturating_duration_since(last.started);
+    step_time(grown, between)
+}
+
+/// The time to grow [`STEP_PAGES`] at `grown` pages in `between`, between
+/// [`SOONEST`] and [`CHECKPOINT_EVERY`]: pure, for the tests.
+fn step_time(grown: u64, between: Duration) -> Duration {
+    if grown == 0 {
+        return CHECKPOINT_EVERY;
+    }
+    let nanos = between.as_nanos() * u128::from(STEP_PAGES) / u128::from(grown);
+    let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
+    Duration::from_nanos(nanos).clamp(SOONEST, CHECKPOINT_EVERY)
+}
+
 /// One `PASSIVE` checkpoint on `connection` (opened if `None`); the
-/// connection, to keep for the next.
+/// connection, to keep for the next, and the pages the log held.
 fn once(
     connection: Option<rusqlite::Connection>,
     path: &std::path::Path,
-) -> Result<rusqlite::Connection, rusqlite::Error> {
+) -> Result<(rusqlite::Connection, u64), rusqlite::Error> {
     let connection = match connection {
         Some(connection) => connection,
         None => rusqlite::Connection::open(path)?,
@@ -76,7 +157,8 @@ fn once(
         took_ms = started.elapsed().as_millis() as u64,
         "checkpointed the SQLite ledger"
     );
-    Ok(connection)
+    // -1 when the ledger is not in WAL mode: nothing logged.
+    Ok((connection, u64::try_from(logged).unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -114,7 +196,7 @@ mod tests {
                 })
                 .unwrap()
         };
-        let kept = once(None, &path).unwrap();
+        let (kept, _) = once(None, &path).unwrap();
         let (logged, copied) = frames(&kept);
         // Past SQLite's 1,000 pages, the writer did not checkpoint: the
         // log holds every commit, and the checkpoint copied all of it.
@@ -126,24 +208,30 @@ mod tests {
     }
 
     /// Under writes that never pause, with the checkpointer beside them,
-    /// the log stays near its bound instead of holding every write (100 MB
-    /// here).
+    /// the log stays near its bound instead of holding every write (120 MB
+    /// here, the bound 64 MB).
     #[test]
     fn the_log_stays_bounded_under_writes_that_never_pause() {
         let (dir, path, writer) = writer_of_a_new_ledger();
         let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let checkpointer = {
             let (path, writing) = (path.clone(), writing.clone());
+            // `until_closed`'s pacing, on a thread.
             std::thread::spawn(move || {
-                let mut connection = None;
+                let (mut connection, mut last, mut pause) = (None, Pass::default(), SOONEST);
                 while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(20));
-                    connection = Some(once(connection, &path).unwrap());
+                    std::thread::sleep(pause);
+                    let started = Instant::now();
+                    let (kept, logged) = once(connection, &path).unwrap();
+                    connection = Some(kept);
+                    let pass = Pass { started, logged };
+                    pause = pause_from_now(&last, &pass);
+                    last = pass;
                 }
             })
         };
         let page = vec![7u8; 4000];
-        for _ in 0..250 {
+        for _ in 0..300 {
             let tx = writer.unchecked_transaction().unwrap();
             for _ in 0..100 {
                 tx.execute("INSERT INTO t VALUES (?1)", [&page]).unwrap();
@@ -153,10 +241,83 @@ mod tests {
         writing.store(false, std::sync::atomic::Ordering::Relaxed);
         checkpointer.join().unwrap();
         let log = std::fs::metadata(dir.join("ledger.db-wal")).unwrap().len();
-        // The bound, and what comes in while a checkpoint runs.
-        let bound = u64::from(WRITER_CHECKPOINT_PAGES) * 4096;
-        assert!(log < 3 * bound, "{log} bytes of log");
+        // The bound, and what comes in while a pass of the checkpointer
+        // makes the writer's checkpoint wait for its next commit.
+        let bound = u64::from(WRITER_CHECKPOINT_PAGES + STEP_PAGES) * 4096;
+        assert!(log < bound, "{log} bytes of log");
         drop(writer);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A log growing at a steady rate is checkpointed each [`STEP_PAGES`]
+    /// of growth, within [`SOONEST`] and [`CHECKPOINT_EVERY`]; an idle log
+    /// every [`CHECKPOINT_EVERY`].
+    mod pacing {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn the_pause_lets_the_log_grow_one_step(
+                grown in 0_u64..1_000_000,
+                between_us in 1_u64..2_000_000,
+            ) {
+                let between = Duration::from_micros(between_us);
+                let pause = step_time(grown, between);
+                prop_assert!((SOONEST..=CHECKPOINT_EVERY).contains(&pause));
+                if grown == 0 {
+                    prop_assert_eq!(pause, CHECKPOINT_EVERY);
+                } else {
+                    // Growing as before, the log grows one step in the pause
+                    // unless a bound cut it short or long.
+                    let in_pause = grown as f64 * pause.as_secs_f64() / between.as_secs_f64();
+                    let step = f64::from(STEP_PAGES);
+                    if pause == SOONEST {
+                        prop_assert!(in_pause >= step * 0.999);
+                    } else if pause == CHECKPOINT_EVERY {
+                        prop_assert!(in_pause <= step * 1.001);
+                    } else {
+                        prop_assert!((in_pause - step).abs() <= step * 0.001, "{in_pause}");
+                    }
+                }
+            }
+
+            #[test]
+            fn faster_growth_never_waits_longer(
+                grown in 0_u64..1_000_000,
+                more in 0_u64..1_000_000,
+                between_us in 1_u64..2_000_000,
+            ) {
+                let between = Duration::from_micros(between_us);
+                prop_assert!(step_time(grown + more, between) <= step_time(grown, between));
+            }
+        }
+
+        /// A log that started over since the last pass grew at least to
+        /// its size; one that did not, by the difference.
+        #[test]
+        fn growth_is_read_across_a_log_that_started_over() {
+            let started = Instant::now();
+            let last = Pass {
+                started,
+                logged: 9_000,
+            };
+            let quarter = started + CHECKPOINT_EVERY / 4;
+            let grew = |logged| {
+                pause_after(
+                    &last,
+                    &Pass {
+                        started: quarter,
+                        logged,
+                    },
+                )
+            };
+            // 2,000 pages in a quarter of the longest pause: a step in half of it.
+            assert_eq!(grew(11_000), CHECKPOINT_EVERY / 2);
+            assert_eq!(grew(2_000), CHECKPOINT_EVERY / 2);
+            assert_eq!(grew(9_000), CHECKPOINT_EVERY);
+            // Within a step of the writer's bound: at once.
+            assert_eq!(grew(12_000), SOONEST);
+        }
     }
 }
