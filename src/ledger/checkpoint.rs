@@ -104,13 +104,11 @@ fn pause_from_now(last: &Pass, pass: &Pass) -> Duration {
 /// How long after `pass` started the next should: when the log, growing as
 /// it grew since `last`, will have grown by [`STEP_PAGES`]; between
 /// [`SOONEST`] and [`CHECKPOINT_EVERY`]. Within a step of the writer's
-/// bound, at once: the writer checkpoints in the gap after a pass, and
-/// copies what came in since that pass began, so those passes are kept
-/// short.
+/// bound, while the log grows, at once: the writer checkpoints in the gap
+/// after a pass, and copies what came in since that pass began, so those
+/// passes are kept short. (A log that stopped growing there stays that long
+/// until the next write: it waits the longest pause like any idle log.)
 fn pause_after(last: &Pass, pass: &Pass) -> Duration {
-    if pass.logged + u64::from(STEP_PAGES) >= u64::from(WRITER_CHECKPOINT_PAGES) {
-        return SOONEST;
-    }
     // A log smaller than before started over in between and grew at least
     // to its size.
     let grown = if pass.logged >= last.logged {
@@ -118,6 +116,10 @@ fn pause_after(last: &Pass, pass: &Pass) -> Duration {
     } else {
         pass.logged
     };
+    let near_the_bound = pass.logged + u64::from(STEP_PAGES) >= u64::from(WRITER_CHECKPOINT_PAGES);
+    if grown > 0 && near_the_bound {
+        return SOONEST;
+    }
     let between = pass.started.saturating_duration_since(last.started);
     step_time(grown, between)
 }
@@ -316,8 +318,17 @@ mod tests {
             assert_eq!(grew(11_000), CHECKPOINT_EVERY / 2);
             assert_eq!(grew(2_000), CHECKPOINT_EVERY / 2);
             assert_eq!(grew(9_000), CHECKPOINT_EVERY);
-            // Within a step of the writer's bound: at once.
+            // Within a step of the writer's bound: at once, while it grows.
             assert_eq!(grew(12_000), SOONEST);
+            let idle = Pass {
+                started,
+                logged: 12_000,
+            };
+            let still = Pass {
+                started: quarter,
+                logged: 12_000,
+            };
+            assert_eq!(pause_after(&idle, &still), CHECKPOINT_EVERY);
         }
     }
 }

@@ -812,31 +812,10 @@ async fn a_purge_that_takes_a_level_s_probes_too_still_delivers_the_task_once() 
 
     let lost = post_task(&app, "lost", 3_000).await;
     let lost_id = id_of(&lost);
-    let purged = consumer
-        .channel
-        .queue_purge(
-            app.cascade.level_queue(1).as_str().into(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let purged = purge_level_1(&app, &consumer).await;
     assert!(purged >= 2, "the task and a probe: {purged}");
 
-    let again = consumer
-        .next(Duration::from_secs(15))
-        .await
-        .expect("the lost task is published again");
-    assert_eq!(again.message_id(), lost_id);
-    let deliver_at = again.header_i64("x-deliver-at-ms").unwrap();
-    let late = again.received_at_ms as i64 - deliver_at;
-    assert!(
-        late >= 1_500,
-        "published again only once overdue: {late} ms"
-    );
-    assert!(
-        consumer.next(Duration::from_secs(4)).await.is_none(),
-        "once"
-    );
+    published_again(&mut consumer, &lost).await;
 
     eventually("level 1 is found stranded", async || {
         let scrape = app.scrape().await;
@@ -850,6 +829,44 @@ async fn a_purge_that_takes_a_level_s_probes_too_still_delivers_the_task_once() 
     let scrape = app.scrape().await;
     assert_eq!(sample(&scrape, "delayline_tasks_resent_total"), Some(1.0));
     app.stop().await.unwrap();
+}
+
+/// Purges level 1's queue (the broker losing what it holds): the messages
+/// it took.
+async fn purge_level_1(app: &TestApp, consumer: &TestConsumer) -> u32 {
+    consumer
+        .channel
+        .queue_purge(
+            app.cascade.level_queue(1).as_str().into(),
+            Default::default(),
+        )
+        .await
+        .unwrap()
+}
+
+/// The next message is the `lost` task published again, with its own due
+/// time, only once it was overdue by the resender's 1.5 s; and no copy
+/// follows it.
+async fn published_again(consumer: &mut TestConsumer, lost: &Value) {
+    let again = consumer
+        .next(Duration::from_secs(15))
+        .await
+        .expect("the lost task is published again");
+    assert_eq!(again.message_id(), id_of(lost));
+    let deliver_at = again.header_i64("x-deliver-at-ms").unwrap();
+    assert_eq!(
+        delayline::clock::format_epoch_ms(deliver_at as u64),
+        lost["deliver_at"]
+    );
+    let late = again.received_at_ms as i64 - deliver_at;
+    assert!(
+        late >= 1_500,
+        "published again only once overdue: {late} ms"
+    );
+    assert!(
+        consumer.next(Duration::from_secs(3)).await.is_none(),
+        "once"
+    );
 }
 
 async fn a_lost_task_is_published_again(backend: Backend) {
@@ -866,15 +883,8 @@ async fn a_lost_task_is_published_again(backend: Backend) {
 
     // 3 s: two units in level 1's queue (TTL 2 s), held for the rest.
     let lost = post_task(&app, "lost", 3_000).await;
-    let lost_id = lost["id"].as_str().unwrap().to_owned();
-    let purged = consumer
-        .channel
-        .queue_purge(
-            app.cascade.level_queue(1).as_str().into(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let lost_id = id_of(&lost);
+    let purged = purge_level_1(&app, &consumer).await;
     assert_eq!(purged, 1, "the task waited in level 1: {lost}");
     // 1.5 s: no whole unit after the lead, so held at the release stage.
     let kept = post_task(&app, "lost", 1_500).await;
@@ -884,25 +894,7 @@ async fn a_lost_task_is_published_again(backend: Backend) {
     let deliver_at = first.header_i64("x-deliver-at-ms").unwrap();
     assert!(first.received_at_ms as i64 >= deliver_at, "early");
 
-    let second = consumer
-        .next(Duration::from_secs(15))
-        .await
-        .expect("the lost task is published again");
-    assert_eq!(second.message_id(), lost_id);
-    let deliver_at = second.header_i64("x-deliver-at-ms").unwrap();
-    assert_eq!(
-        delayline::clock::format_epoch_ms(deliver_at as u64),
-        lost["deliver_at"]
-    );
-    let late = second.received_at_ms as i64 - deliver_at;
-    assert!(
-        late >= 1_500,
-        "published again only once overdue: {late} ms"
-    );
-    assert!(
-        consumer.next(Duration::from_secs(3)).await.is_none(),
-        "once"
-    );
+    published_again(&mut consumer, &lost).await;
 
     let (status, seen) = app.get(&format!("/v1/tasks/{lost_id}")).await;
     assert_eq!(status, 200);
