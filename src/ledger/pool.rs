@@ -170,6 +170,21 @@ pub(crate) async fn migrated_sqlite() -> sqlx::SqlitePool {
     pool
 }
 
+/// The group writer's connection (its settings, triggers off) to a new,
+/// migrated SQLite ledger in a scratch directory, which the caller removes.
+#[cfg(test)]
+pub(crate) async fn migrated_sqlite_writer() -> (std::path::PathBuf, rusqlite::Connection) {
+    let dir = std::env::temp_dir().join(format!("dl-writer-{}", uuid::Uuid::new_v4()));
+    let path = dir.join("ledger.db");
+    let pool = open_pool(&Location::Sqlite(path.clone()), 1)
+        .await
+        .expect("a SQLite ledger");
+    migrate(&pool, "scratch").await.expect("the migrations run");
+    on_pool!(&pool, p => p.close().await);
+    let writer = open_sqlite_writer(&path).expect("the writer's connection");
+    (dir, writer)
+}
+
 /// SQLite's plan for `statement` (its `parameters` bound to numbers): one
 /// line per step, such as `SEARCH tasks USING INDEX …`.
 #[cfg(test)]
@@ -247,6 +262,70 @@ mod tests {
         assert_eq!(run(&insert("d", Some("k"))).await.rows_affected(), 0);
         assert_eq!(run(&insert("e", None)).await.rows_affected(), 1);
         assert_eq!(run(&insert("a", None)).await.rows_affected(), 0);
+    }
+
+    /// Migration 0015 rebuilds `tasks` with its CHECK on `state` written
+    /// without `IN`: every column of every row stays as it was, a state
+    /// outside the eight is still refused, and the forecast's triggers,
+    /// made again, still count.
+    #[tokio::test]
+    async fn migration_0015_keeps_every_row_the_check_and_the_triggers() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let run = async |sql: &str| sqlx::raw_sql(sql).execute(&pool).await;
+        let (before, after): (Vec<_>, Vec<_>) =
+            SQLITE_MIGRATIONS.iter().partition(|m| m.version < 15);
+        let rebuild = after[0];
+        assert_eq!(rebuild.version, 15);
+        for migration in before {
+            run(&migration.sql).await.unwrap();
+        }
+        let insert = |id: &str, state: &str| {
+            format!(
+                "INSERT INTO tasks (id, idempotency_key, fingerprint, destination, routing_key, \
+                 delay_ms, deliver_at_ms, content_type, headers, payload, payload_bytes, state, \
+                 created_at_ms, published_at_ms, next_attempt_at_ms, attempts, last_error, \
+                 publish_alone, refusals, revision, delivered_at_ms, cancelled_at_ms, client, \
+                 properties, exchange, held_by) VALUES ('{id}', 'k-{id}', 'f', 'd', '1.d', 5, \
+                 60000, 'text/plain', '{{}}', x'01', 1, '{state}', 5, 6, 7, 2, 'e', 1, 3, 4, 8, \
+                 9, 'c', x'02', 'x', 'l')"
+            )
+        };
+        for (id, state) in [("a", "waiting"), ("b", "delivered"), ("c", "scheduled")] {
+            run(&insert(id, state)).await.unwrap();
+        }
+        let rows = async || -> Vec<String> {
+            let columns: Vec<String> =
+                sqlx::query_scalar("SELECT name FROM pragma_table_info('tasks') ORDER BY cid")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            let quoted: Vec<String> = columns.iter().map(|c| format!("quote({c})")).collect();
+            let every = format!(
+                "SELECT {} FROM tasks ORDER BY id",
+                quoted.join(" || ',' || ")
+            );
+            sqlx::query_scalar(&every).fetch_all(&pool).await.unwrap()
+        };
+        let counts = async || -> Vec<(i64, String, i64)> {
+            sqlx::query_as("SELECT minute_ms, destination, tasks FROM due_counts")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        };
+        let (rows_before, counts_before) = (rows().await, counts().await);
+        assert_eq!(counts_before, [(60000, "d".to_owned(), 2)]);
+
+        run(&rebuild.sql).await.unwrap();
+
+        assert_eq!(rows().await, rows_before);
+        assert_eq!(counts().await, counts_before);
+        assert!(run(&insert("d", "nowhere")).await.is_err());
+        run(&insert("e", "pending")).await.unwrap();
+        assert_eq!(counts().await, [(60000, "d".to_owned(), 3)]);
     }
 
     /// Every connection of the pool, not only the first, gets the settings

@@ -565,6 +565,39 @@ mod tests {
         }
     }
 
+    /// What the group writer runs for every task, the insert and the
+    /// scheduled mark, builds no temporary table: SQLite builds one for an
+    /// `IN` over more than two constants, such as the CHECK on `state`
+    /// before migration 0015, each time the statement runs (record 39).
+    #[tokio::test]
+    async fn the_writers_statements_for_each_task_build_no_table() {
+        let (dir, writer) = super::super::pool::migrated_sqlite_writer().await;
+        for statement in [
+            insert_one(),
+            mark_published(1, true),
+            mark_published(1, false),
+        ] {
+            let explain = format!("EXPLAIN {}", for_sqlite(&statement));
+            let mut program = writer.prepare(&explain).unwrap();
+            // Unbound: the program does not depend on the values.
+            let mut steps = program.raw_query();
+            let mut opcodes: Vec<String> = Vec::new();
+            while let Some(step) = steps.next().unwrap() {
+                opcodes.push(step.get(1).unwrap());
+            }
+            assert!(
+                opcodes.iter().any(|op| op == "Insert"),
+                "{statement}: {opcodes:?}"
+            );
+            assert!(
+                !opcodes.iter().any(|op| op == "OpenEphemeral"),
+                "{statement}: {opcodes:?}"
+            );
+        }
+        drop(writer);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// The resender reads only the tasks due in its span, by the due-time
     /// index, however many tasks the ledger holds.
     #[tokio::test]
