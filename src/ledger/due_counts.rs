@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use crate::forecast::MINUTE_MS;
 
 /// The states in which a task counts: on its way. The same as the
-/// triggers' lists in migration 0013.
+/// triggers' lists (migration 0016).
 const COUNTED: [&str; 4] = ["pending", "scheduled", "releasing", "waiting"];
 
 /// Whether a task in `state` counts in `due_counts`.

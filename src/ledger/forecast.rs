@@ -125,6 +125,7 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::ledger::pool::migrated_sqlite;
+    use sqlx::Row;
 
     async fn counts(pool: &sqlx::SqlitePool) -> Vec<(i64, String, i64)> {
         sqlx::query_as("SELECT minute_ms, destination, tasks FROM due_counts ORDER BY 1, 2")
@@ -154,6 +155,33 @@ mod tests {
                 "due_counts_on_leave"
             ]
         );
+    }
+
+    /// The triggers build no temporary table when they fire: SQLite builds
+    /// one for each `IN` over more than two constants, as 0013's state
+    /// lists were, every time (migration 0016). `EXPLAIN` lists the
+    /// triggers' programs after the statement's own.
+    #[tokio::test]
+    async fn sqlites_triggers_build_no_table_when_they_fire() {
+        let pool = migrated_sqlite().await;
+        for statement in [
+            "INSERT INTO tasks (id, destination, routing_key, delay_ms, deliver_at_ms, \
+             content_type, headers, payload_bytes, state, created_at_ms, next_attempt_at_ms) \
+             VALUES ('a', 'd', 'k', 0, 0, 't', '{}', 0, 'pending', 0, 0)",
+            "UPDATE tasks SET state = 'cancelled' WHERE id = 'a'",
+            "UPDATE tasks SET deliver_at_ms = 1 WHERE id = 'a'",
+            "DELETE FROM tasks WHERE id = 'a'",
+        ] {
+            let explain = format!("EXPLAIN {statement}");
+            let steps = sqlx::query(&explain).fetch_all(&pool).await.unwrap();
+            let opcodes: Vec<String> = steps.iter().map(|step| step.get(1)).collect();
+            let fired = opcodes.iter().filter(|op| *op == "Program").count();
+            assert!(fired >= 1, "{statement}: {opcodes:?}");
+            assert!(
+                !opcodes.iter().any(|op| op == "OpenEphemeral"),
+                "{statement}: {opcodes:?}"
+            );
+        }
     }
 
     /// SQLite's triggers keep the counts in place through every change a
