@@ -371,7 +371,9 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             migrate_topology(&settings, &cascade, &from, dry_run).await?
         }
         Command::Migrate => match crate::ledger::migrate_only(&settings.store).await? {
-            Some(target) => println!("ledger {target}: schema up to date"),
+            Some((target, migrated)) => {
+                println!("ledger {target}: {}", describe_migrated(migrated))
+            }
             None => println!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
@@ -572,6 +574,18 @@ async fn probe(settings: &Settings, path: &str) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// What `delayline migrate` did to the schema.
+fn describe_migrated(migrated: crate::ledger::Migrated) -> String {
+    if migrated.from == migrated.to {
+        format!("schema up to date (version {})", migrated.to)
+    } else {
+        format!(
+            "schema migrated from version {} to {}",
+            migrated.from, migrated.to
+        )
+    }
 }
 
 fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {

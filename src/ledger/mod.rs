@@ -74,7 +74,7 @@ pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
 pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
 pub(crate) use pass::{PassInput, StoredLimit};
-pub(crate) use pool::migrate_only;
+pub(crate) use pool::{Migrated, migrate_only};
 pub(crate) use record::{Retry, StoredTask};
 pub(crate) use schedules::{Advance, ScheduleChange, StoredSchedule};
 pub use settings::StoreSettings;

@@ -6,12 +6,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migrate, Migrator};
+use sqlx::pool::PoolOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, Connection};
+use sqlx::{ConnectOptions, Connection, Database};
 
 use super::checkpoint;
 use super::error::LedgerError;
@@ -130,21 +131,74 @@ pub(super) fn open_sqlite_writer(path: &Path) -> Result<rusqlite::Connection, Le
 /// with room to spare.
 const WRITER_STATEMENTS: usize = 128;
 
-/// Applies every migration not yet applied. Safe to run from several
-/// replicas at once: sqlx serialises them with a lock on PostgreSQL.
-pub(super) async fn migrate(pool: &Pool, target: &str) -> Result<(), LedgerError> {
-    let result = match pool {
-        Pool::Sqlite(p) => SQLITE_MIGRATIONS.run(p).await,
-        Pool::Postgres(p) => POSTGRES_MIGRATIONS.run(p).await,
+/// The schema versions a run of the migrations found and left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    pub from: i64,
+    pub to: i64,
+}
+
+/// Applies every migration not yet applied; the versions before and after.
+/// Safe to run from several replicas at once: sqlx serialises them with a
+/// lock on PostgreSQL.
+///
+/// On a connection of its own (a pool of one), with sqlx's statement
+/// logging off: a migration that rebuilds `tasks` runs for seconds on a
+/// large ledger (0015: 21 s for a million tasks), and sqlx's slow-statement
+/// warning printed the whole migration's SQL in one line (`delayline
+/// migrate` says which versions it applied instead).
+pub(super) async fn migrate(pool: &Pool, target: &str) -> Result<Migrated, LedgerError> {
+    let migrator = match pool {
+        Pool::Sqlite(_) => &SQLITE_MIGRATIONS,
+        Pool::Postgres(_) => &POSTGRES_MIGRATIONS,
     };
-    result.map_err(|source| LedgerError::Migrate {
+    let migrated = on_pool!(pool, p => {
+        let quiet = quiet_copy(p).await.map_err(|source| LedgerError::Connect {
+            target: target.to_owned(),
+            source,
+        })?;
+        let from = latest_version(&quiet).await;
+        let run = migrator.run(&quiet).await;
+        let to = latest_version(&quiet).await;
+        quiet.close().await;
+        run.map(|()| Migrated { from, to })
+    })
+    .map_err(|source| LedgerError::Migrate {
         target: target.to_owned(),
         source,
+    })?;
+    Ok(migrated)
+}
+
+/// A pool of one connection to where `pool` connects, its statement
+/// logging off.
+async fn quiet_copy<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    let options = pool.connect_options().as_ref().clone();
+    PoolOptions::<DB>::new()
+        .max_connections(1)
+        .connect_with(options.disable_statement_logging())
+        .await
+}
+
+/// The highest migration applied (0 for a new ledger).
+async fn latest_version<DB: Database>(pool: &sqlx::Pool<DB>) -> i64
+where
+    DB::Connection: Migrate,
+{
+    let Ok(mut connection) = pool.acquire().await else {
+        return 0;
+    };
+    let applied = connection.list_applied_migrations().await;
+    applied.map_or(0, |applied| {
+        applied.iter().map(|m| m.version).max().unwrap_or(0)
     })
 }
 
-/// `delayline migrate`: brings the schema up to date and says where.
-pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, LedgerError> {
+/// `delayline migrate`: brings the schema up to date; where, and from which
+/// version to which.
+pub async fn migrate_only(
+    settings: &StoreSettings,
+) -> Result<Option<(String, Migrated)>, LedgerError> {
     let Some(location) = Location::parse(settings)? else {
         return Ok(None);
     };
@@ -152,7 +206,7 @@ pub async fn migrate_only(settings: &StoreSettings) -> Result<Option<String>, Le
     let target = location.describe();
     let result = migrate(&pool, &target).await;
     on_pool!(&pool, p => p.close().await);
-    result.map(|()| Some(target))
+    result.map(|migrated| Some((target, migrated)))
 }
 
 /// An empty SQLite ledger in memory, migrated, for tests of its statements.
@@ -262,6 +316,36 @@ mod tests {
         assert_eq!(run(&insert("d", Some("k"))).await.rows_affected(), 0);
         assert_eq!(run(&insert("e", None)).await.rows_affected(), 1);
         assert_eq!(run(&insert("a", None)).await.rows_affected(), 0);
+    }
+
+    /// A run of the migrations says which versions it found and left: all
+    /// of them on a new ledger, none on one already up to date.
+    #[tokio::test]
+    async fn a_migration_run_says_from_which_version_to_which() {
+        let dir = std::env::temp_dir().join(format!("dl-migrated-{}", uuid::Uuid::new_v4()));
+        let pool = open_pool(&Location::Sqlite(dir.join("ledger.db")), 1)
+            .await
+            .unwrap();
+        let latest = SQLITE_MIGRATIONS.iter().map(|m| m.version).max().unwrap();
+        assert!(latest >= 16);
+        let first = migrate(&pool, "scratch").await.unwrap();
+        assert_eq!(
+            first,
+            Migrated {
+                from: 0,
+                to: latest
+            }
+        );
+        let again = migrate(&pool, "scratch").await.unwrap();
+        assert_eq!(
+            again,
+            Migrated {
+                from: latest,
+                to: latest
+            }
+        );
+        on_pool!(&pool, p => p.close().await);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Migration 0015 rebuilds `tasks` with its CHECK on `state` written
