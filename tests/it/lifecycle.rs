@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::{
-    Backend, Cleanup, TestConsumer, TestUser, amqp_uri, free_port, serve_command, spawn_binary,
-    terminate, test_settings, wait_ready_at, with_ledger,
+    Backend, Cleanup, TestConsumer, TestUser, amqp_uri, free_port, run_delayline, serve_command,
+    spawn_binary, terminate, test_settings, wait_ready_at, with_ledger,
 };
 use delayline::broker::{connect, provision, queue_state};
 use delayline::cascade::QueueType;
@@ -214,6 +214,34 @@ async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
         settings.cascade.prefix
     );
     assert!(first.contains(&chain), "{first}");
+}
+
+/// `delayline migrate` on a new ledger says from which schema version to
+/// which, and run again that there was nothing to do. Neither run prints a
+/// warning: sqlx's slow-statement warning, which printed a migration's whole
+/// SQL, is off for migrations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_says_which_versions_it_went_between_then_that_it_is_up_to_date() {
+    let settings = with_ledger(test_settings(3, 10, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let (ok, first) = run_delayline(&settings, &["migrate"]).await;
+    assert!(ok, "{first}");
+    let latest = first
+        .split("schema migrated from version 0 to ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|version| version.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("no versions in: {first}"));
+    assert!(latest >= 16, "{first}");
+    let (ok, again) = run_delayline(&settings, &["migrate"]).await;
+    assert!(ok, "{again}");
+    assert!(
+        again.contains(&format!("schema up to date (version {latest})")),
+        "{again}"
+    );
+    for output in [&first, &again] {
+        assert!(!output.contains("WARN"), "{output}");
+    }
 }
 
 /// SIGTERMs the service and returns what it logged (its piped stderr).
