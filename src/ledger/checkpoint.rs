@@ -64,17 +64,23 @@ pub(super) async fn until_closed(path: PathBuf, closing: CancellationToken) {
         let started = Instant::now();
         // Blocking (file writes, fsync): not on the service's workers.
         let done = tokio::task::spawn_blocking(move || once(taken, &path)).await;
-        pause = CHECKPOINT_EVERY;
-        match done {
+        pause = match done {
             Ok(Ok((kept, logged))) => {
                 connection = Some(kept);
                 let pass = Pass { started, logged };
-                pause = pause_from_now(&last, &pass);
+                let pause = pause_from_now(&last, &pass);
                 last = pass;
+                pause
             }
-            Ok(Err(error)) => warn!(%error, "cannot checkpoint the SQLite ledger; trying again"),
-            Err(error) => warn!(%error, "the SQLite ledger's checkpoint stopped abnormally"),
-        }
+            Ok(Err(error)) => {
+                warn!(%error, "cannot checkpoint the SQLite ledger; trying again");
+                CHECKPOINT_EVERY
+            }
+            Err(error) => {
+                warn!(%error, "the SQLite ledger's checkpoint stopped abnormally");
+                CHECKPOINT_EVERY
+            }
+        };
     }
 }
 

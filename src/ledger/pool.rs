@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use sqlx::migrate::{Migrate, Migrator};
+use sqlx::migrate::{Migrate, MigrateError, Migrator};
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
@@ -157,11 +157,15 @@ pub(super) async fn migrate(pool: &Pool, target: &str) -> Result<Migrated, Ledge
             target: target.to_owned(),
             source,
         })?;
-        let from = latest_version(&quiet).await;
-        let run = migrator.run(&quiet).await;
-        let to = latest_version(&quiet).await;
+        let migrated = async {
+            let from = latest_version(&quiet).await?;
+            migrator.run(&quiet).await?;
+            let to = latest_version(&quiet).await?;
+            Ok(Migrated { from, to })
+        }
+        .await;
         quiet.close().await;
-        run.map(|()| Migrated { from, to })
+        migrated
     })
     .map_err(|source| LedgerError::Migrate {
         target: target.to_owned(),
@@ -180,18 +184,26 @@ async fn quiet_copy<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<sqlx::Pool<DB
         .await
 }
 
-/// The highest migration applied (0 for a new ledger).
-async fn latest_version<DB: Database>(pool: &sqlx::Pool<DB>) -> i64
+/// The highest migration applied (0 for a new ledger). The migrations'
+/// table is made first, so that only a real failure is an error (a version
+/// read wrong would be said wrong), and under the migrator's lock, as the
+/// migrator makes it: replicas starting at once would otherwise race to
+/// create it (PostgreSQL; SQLite's lock is a no-op).
+async fn latest_version<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<i64, MigrateError>
 where
     DB::Connection: Migrate,
 {
-    let Ok(mut connection) = pool.acquire().await else {
-        return 0;
-    };
-    let applied = connection.list_applied_migrations().await;
-    applied.map_or(0, |applied| {
-        applied.iter().map(|m| m.version).max().unwrap_or(0)
-    })
+    let mut connection = pool.acquire().await?;
+    connection.lock().await?;
+    let applied = async {
+        connection.ensure_migrations_table().await?;
+        connection.list_applied_migrations().await
+    }
+    .await;
+    // The lock is the session's: released before the migrator takes the
+    // same connection (the pool has one), or when it closes.
+    connection.unlock().await?;
+    Ok(applied?.iter().map(|m| m.version).max().unwrap_or(0))
 }
 
 /// `delayline migrate`: brings the schema up to date; where, and from which
@@ -345,6 +357,42 @@ mod tests {
             }
         );
         on_pool!(&pool, p => p.close().await);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A version that cannot be read is an error, not a new ledger's 0: a
+    /// read-only file without the migrations' table cannot be given one.
+    /// Read-only once migrated, the version reads.
+    #[tokio::test]
+    async fn a_version_that_cannot_be_read_is_an_error_not_zero() {
+        let dir = std::env::temp_dir().join(format!("dl-version-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.db");
+        let read_only = async || {
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .read_only(true);
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await
+                .unwrap()
+        };
+        rusqlite::Connection::open(&path).unwrap();
+        let empty = read_only().await;
+        assert!(latest_version(&empty).await.is_err());
+        empty.close().await;
+
+        let pool = open_pool(&Location::Sqlite(path.clone()), 1).await.unwrap();
+        let migrated = migrate(&pool, "scratch").await.unwrap();
+        on_pool!(&pool, p => p.close().await);
+        let migrated_read_only = read_only().await;
+        assert_eq!(
+            latest_version(&migrated_read_only).await.unwrap(),
+            migrated.to
+        );
+        migrated_read_only.close().await;
         let _ = std::fs::remove_dir_all(dir);
     }
 
