@@ -196,6 +196,12 @@ async fn with_ledger(broker: ScriptedBroker) -> Harness {
 /// With the default ledger and the release stage, as the default
 /// configuration runs (the stage itself does not run: no broker here).
 async fn with_release_stage(broker: ScriptedBroker) -> Harness {
+    with_ledger_on(broker, release_stage_cascade()).await
+}
+
+/// Twelve levels of 100 ms with the release stage on, as the default
+/// configuration runs.
+fn release_stage_cascade() -> Arc<Cascade> {
     let cascade = crate::cascade::CascadeSettings {
         levels: 12,
         unit_ms: 100,
@@ -206,7 +212,7 @@ async fn with_release_stage(broker: ScriptedBroker) -> Harness {
     }
     .validate()
     .unwrap();
-    with_ledger_on(broker, Arc::new(cascade)).await
+    Arc::new(cascade)
 }
 
 async fn with_ledger_on(broker: ScriptedBroker, cascade: Arc<Cascade>) -> Harness {
@@ -1055,17 +1061,7 @@ mod access {
             true,
         )
         .unwrap();
-        let cascade = crate::cascade::CascadeSettings {
-            levels: 12,
-            unit_ms: 100,
-            prefix: "t".into(),
-            business_exchange: "biz".into(),
-            release_stage: Some(true),
-            ..crate::cascade::CascadeSettings::default()
-        }
-        .validate()
-        .unwrap();
-        with_ledger_and_auth(ScriptedBroker::ready(), Arc::new(cascade), auth).await
+        with_ledger_and_auth(ScriptedBroker::ready(), release_stage_cascade(), auth).await
     }
 
     impl Harness {
