@@ -103,6 +103,11 @@ struct Args {
     /// them over an hour.
     #[arg(long)]
     ledger_same_delay: bool,
+    /// The ingest phase (and the overload phase) gives every task the same
+    /// delay, so the ledger's due-order indexes take each at their end,
+    /// instead of spreading them over an hour.
+    #[arg(long)]
+    ingest_same_delay: bool,
     /// The ingest phase measures the AMQP ingress before HTTP, on the
     /// service's fresh ledger and chain, instead of after HTTP's tasks.
     #[arg(long)]
@@ -145,6 +150,8 @@ struct Args {
 struct Results {
     machine: Machine,
     quick: bool,
+    /// Every ingest task had the same delay (`--ingest-same-delay`).
+    ingest_same_delay: bool,
     ingest: Vec<Throughput>,
     raw_ceiling_tasks_per_sec: Option<f64>,
     /// Per ledger: the best HTTP rates against the raw ceiling, and the service's cost.
@@ -228,6 +235,9 @@ fn bar(message: &str) -> ProgressBar {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.ingest_same_delay {
+        load::use_same_delay();
+    }
     let run = |phase: &str| args.phases.is_empty() || args.phases.iter().any(|p| p == phase);
     let seconds = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
     std::fs::create_dir_all(&args.out)?;
@@ -237,6 +247,7 @@ async fn main() -> anyhow::Result<()> {
     let mut results = Results {
         machine: machine(),
         quick: args.quick,
+        ingest_same_delay: args.ingest_same_delay,
         ingest: Vec::new(),
         raw_ceiling_tasks_per_sec: None,
         stores: Vec::new(),
@@ -1090,6 +1101,9 @@ fn print_report(results: &Results) {
         schedules::print(measured);
     }
     if !results.ingest.is_empty() {
+        if results.ingest_same_delay {
+            println!("\n(every ingest task has the same delay: --ingest-same-delay)");
+        }
         println!(
             "\n{:<22} {:>9} {:>5} {:>6} {:>10} {:>8} {:>9} {:>9} {:>7} {:>20}",
             "ingest",
