@@ -162,8 +162,8 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
     // RELIABILITY.md's runs gave 1.5-1.7 s, but on two cores running three
     // nodes beside the machine's brokers a local CI run saw 17 s (the worst
     // 29 s) with every level found and drained by delayline, nothing missing
-    // and nothing resent: a stall not yet diagnosed, which the line above
-    // places in time.
+    // and nothing left to the resender: a stall not yet diagnosed, which the
+    // line above places in time.
     assert!(
         drained.released.is_empty(),
         "the runbook's remedy was needed for {:?}",
