@@ -56,7 +56,10 @@
 //!   the scheduler, acknowledging each once its task is committed.
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
-//!   forwards pending ones, awaits late confirms, moves tasks and prunes);
+//!   forwards pending ones, awaits late confirms, moves tasks and prunes,
+//!   and publishes again what the release stage never saw: a minute late,
+//!   or the stranded margin late within `cascade`'s `loss` window after a
+//!   failover);
 //!   cancels tasks; plans recurring schedules (`recurring`: each occurrence
 //!   a task a lead before its time, changes withdrawing what was made);
 //!   runs the release stage, which holds a due task to its millisecond
@@ -133,7 +136,8 @@
 //! - [`cascade`]: the algorithm as pure logic. Settings and their limits,
 //!   the routing key of a delay, the entry exchange, and the topology plan
 //!   as data (shared by the provisioner, `--dry-run` and the routing
-//!   simulator). No I/O; proven exhaustively and with property tests.
+//!   simulator), the verdicts on stranded levels (`strand`) and the due
+//!   times a failover makes suspect (`loss`). No I/O; proven exhaustively and with property tests.
 //!
 //! The public surface is what the binary, the integration tests and the
 //! benchmark use: the rooms they reach are `pub`, the others (`http`,

@@ -32,7 +32,7 @@
 //! take it (frames are buffered during a block), and a caller with a ledger
 //! must not publish it again before knowing.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,9 @@ pub struct BrokerStatus {
     pub blocked: Option<String>,
     /// Why the last attempt to connect failed, while not connected.
     pub problem: Option<BrokerProblem>,
+    /// Connections set up since the start: a count grown means delayline
+    /// connected again, however briefly it was away.
+    pub sessions: u64,
 }
 
 /// Why delayline is not connected to RabbitMQ.
@@ -226,6 +229,8 @@ struct Shared {
     plan: TopologyPlan,
     /// Why the last connection attempt failed; cleared once connected.
     problem: Mutex<Option<BrokerProblem>>,
+    /// Connections set up so far (see [`BrokerStatus::sessions`]).
+    sessions: AtomicU64,
 }
 
 impl Shared {
@@ -289,6 +294,7 @@ impl Publisher {
             options,
             plan,
             problem: Mutex::new(None),
+            sessions: AtomicU64::new(0),
         });
         let supervisor = tokio::spawn(supervise(shared.clone(), shutdown));
         (Publisher { shared }, supervisor)
@@ -305,9 +311,11 @@ impl Publisher {
 
     pub fn status(&self) -> BrokerStatus {
         let session = self.shared.session.borrow().clone();
+        let sessions = self.shared.sessions.load(Ordering::Relaxed);
         match session {
             None => BrokerStatus {
                 problem: self.shared.problem(),
+                sessions,
                 ..BrokerStatus::default()
             },
             Some(session) => BrokerStatus {
@@ -315,6 +323,7 @@ impl Publisher {
                 node: Some(redact_uri(&self.shared.options.uris[session.node])),
                 blocked: session.blocked(),
                 problem: None,
+                sessions,
             },
         }
     }
@@ -838,6 +847,7 @@ async fn supervise(shared: Arc<Shared>, shutdown: CancellationToken) -> Result<(
             *problem = None;
         }
         let node = redact_uri(&options.uris[session.node]);
+        shared.sessions.fetch_add(1, Ordering::Relaxed);
         shared.session.send_replace(Some(session.clone()));
         info!(
             %node,

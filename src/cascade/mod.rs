@@ -11,6 +11,7 @@
 //! ([`Cascade::in_shard`]), shard 0 for the chain as a whole, and a task
 //! goes through the shard a hash of its id names ([`Cascade::for_task`]).
 
+mod loss;
 mod names;
 mod plan;
 mod reschedule;
@@ -20,6 +21,7 @@ mod settings;
 mod sim;
 mod strand;
 
+pub use loss::LossWindow;
 pub(crate) use names::{
     digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
     release_queue_name, unroutable_exchange_name, unroutable_queue_name,

@@ -156,7 +156,9 @@ pub struct CascadeSettings {
     /// How long after a level's probe was due a probe of another level may
     /// come back first before the level is taken to be stranded and drained
     /// by delayline itself, and how overdue a task that passed it must be
-    /// before it is published again from the ledger.
+    /// before it is published again from the ledger. After a failover, for
+    /// the watched levels' span, it is how overdue any task not seen at the
+    /// release stage must be (see `crate::cascade`'s `loss`).
     pub stranded_margin_ms: u64,
     /// How long a level found stranded stays drained by delayline before it
     /// is handed back to the broker and probed again like any other: its

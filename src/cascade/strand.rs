@@ -60,6 +60,15 @@ impl Cascade {
             .saturating_sub(below.saturating_mul(self.unit_ms()))
             .saturating_sub(self.release_lead_ms())
     }
+
+    /// The longest a message waits in the levels delayline probes, all of
+    /// them taken: how long after a failover a message the broker held
+    /// then may still be due (see [`super::LossWindow`]).
+    pub fn watched_span_ms(&self) -> u64 {
+        LevelWatch::watched(self)
+            .map(|level| self.level_ttl_ms(level))
+            .sum()
+    }
 }
 
 /// The longest TTL of a level delayline probes and drains: a probe through

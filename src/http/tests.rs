@@ -46,6 +46,7 @@ impl ScriptedBroker {
             node: Some("amqp://test".into()),
             blocked: None,
             problem: None,
+            sessions: 1,
         };
         broker
     }

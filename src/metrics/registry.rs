@@ -236,7 +236,7 @@ impl Metrics {
         let tasks_resent = Counter::default();
         registry.register(
             "tasks_resent",
-            "Tasks published again because the release stage had not seen them store.resend_after_ms after their due time",
+            "Tasks published again because the release stage had not seen them store.resend_after_ms after their due time (cascade.stranded_margin_ms after it when they passed a stranded level, or fell due shortly after a failover)",
             tasks_resent.clone(),
         );
         let publish_late = Counter::default();

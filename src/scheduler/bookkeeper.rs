@@ -37,7 +37,7 @@ use super::limiter::Limiter;
 use super::release::Releaser;
 use super::strands::{LevelKeeper, ShardStrands};
 use crate::broker::{LateConfirm, PublishError, Published};
-use crate::cascade::Cascade;
+use crate::cascade::{Cascade, LossWindow};
 use crate::clock::Reading;
 use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
@@ -267,6 +267,9 @@ impl Bookkeeper {
                 self.clone()
                     .resend_unreleased(settings.resend_after, shutdown.clone()),
             ));
+            tasks.push(tokio::spawn(
+                self.clone().resend_after_failovers(shutdown.clone()),
+            ));
         }
         if self.cascade.release_stage() {
             let strands = ShardStrands::new(&self.cascade, &self.metrics);
@@ -347,6 +350,62 @@ impl Bookkeeper {
                     }
                 }
                 Err(error) => warn!(%error, "cannot look for tasks the release stage never saw"),
+            }
+        }
+    }
+
+    /// Publishes again, until `shutdown`, each task still `scheduled` the
+    /// stranded margin after its due time if that falls in the window a
+    /// failover makes suspect (see [`LossWindow`]): the resender's minute
+    /// is for what the broker loses at any time, this for what it loses
+    /// when a node goes. Looks every [`RESEND_POLL`], which is also how
+    /// long before the loss the window may begin.
+    async fn resend_after_failovers(self, shutdown: CancellationToken) {
+        let margin_ms = self.cascade.stranded_margin_ms();
+        let horizon_ms = self.cascade.watched_span_ms();
+        let reason = format!(
+            "not seen at the release stage {margin_ms} ms after its due time, shortly after \
+             delayline lost its connection to RabbitMQ: published again"
+        );
+        let mut window = LossWindow::default();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESEND_POLL) => {}
+            }
+            let now_ms = crate::clock::now_ms();
+            let status = self.broker.status();
+            let opened = !window.is_open();
+            window.observe(now_ms, status.sessions, status.node.is_some(), horizon_ms);
+            if opened && window.is_open() {
+                info!(
+                    horizon_ms,
+                    margin_ms,
+                    "connected again after a failover: tasks not seen at the release stage \
+                     the margin after their due time are published again"
+                );
+            }
+            let Some(span) = window.due(now_ms, margin_ms) else {
+                continue;
+            };
+            match self
+                .ledger
+                .resend_unreleased(span, 0, now_ms, &reason)
+                .await
+            {
+                Ok(ids) => {
+                    window.looked(span.1);
+                    if !ids.is_empty() {
+                        self.metrics.tasks_resent.inc_by(ids.len() as u64);
+                        warn!(
+                            tasks = ids.len(),
+                            task_ids = ?&ids[..ids.len().min(20)],
+                            margin_ms,
+                            "tasks not seen at the release stage after a failover: published again"
+                        );
+                    }
+                }
+                Err(error) => warn!(%error, "cannot look for tasks a failover may have lost"),
             }
         }
     }

@@ -97,7 +97,8 @@ async fn losing_the_node_in_use_moves_to_another_and_loses_nothing() {
     let load = steady_load(&app.http, &app.base, 4, "load", 500, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lost_at = Instant::now();
-    cluster.nodes[0].stop();
+    // Off the runtime's workers: the service runs on them.
+    tokio::task::block_in_place(|| cluster.nodes[0].stop());
     let moved = within(Duration::from_secs(30), async || {
         node_in_use(&app, &cluster).await.is_some_and(|n| n != 0)
     })
