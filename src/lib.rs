@@ -137,7 +137,8 @@
 //!   the routing key of a delay, the entry exchange, and the topology plan
 //!   as data (shared by the provisioner, `--dry-run` and the routing
 //!   simulator), the verdicts on stranded levels (`strand`) and the due
-//!   times a failover makes suspect (`loss`). No I/O; proven exhaustively and with property tests.
+//!   times a failover makes suspect (`loss`). No I/O; proven exhaustively
+//!   and with property tests.
 //!
 //! The public surface is what the binary, the integration tests and the
 //! benchmark use: the rooms they reach are `pub`, the others (`http`,

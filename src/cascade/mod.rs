@@ -21,7 +21,7 @@ mod settings;
 mod sim;
 mod strand;
 
-pub use loss::LossWindow;
+pub(crate) use loss::LossWindow;
 pub(crate) use names::{
     digit_pattern, ledger_marker_name, level_exchange_name, level_queue_name, poison_queue_name,
     release_queue_name, unroutable_exchange_name, unroutable_queue_name,

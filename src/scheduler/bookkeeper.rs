@@ -375,9 +375,9 @@ impl Bookkeeper {
             }
             let now_ms = crate::clock::now_ms();
             let status = self.broker.status();
-            let opened = !window.is_open();
+            let was_closed = !window.is_open();
             window.observe(now_ms, status.sessions, status.node.is_some(), horizon_ms);
-            if opened && window.is_open() {
+            if was_closed && window.is_open() {
                 info!(
                     horizon_ms,
                     margin_ms,
