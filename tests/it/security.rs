@@ -5,6 +5,7 @@
 //! test's own, the refuse-to-start rule, and no secret in the logs.
 
 use std::collections::HashSet;
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -546,7 +547,10 @@ fn run_guides_block(
         .to_string();
     let environment = delayline_command(settings, &[]);
     let (stdout, stderr) = (dir.join("block.out"), dir.join("block.err"));
+    // A group of its own, so that a block that never ends is stopped with
+    // the service it started, not only the shell.
     let mut child = std::process::Command::new("sh")
+        .process_group(0)
         .arg("-c")
         .arg(&script)
         .current_dir(dir)
@@ -571,7 +575,10 @@ fn run_guides_block(
             break true;
         }
         if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
+            let group = format!("-{}", child.id());
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &group])
+                .status();
             let _ = child.wait();
             break false;
         }
