@@ -73,6 +73,7 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
 pub struct BulkError {
+    /// The JSON pointer of the field at fault, as the API's other errors say it.
     pub field: &'static str,
     pub reason: String,
 }
@@ -91,17 +92,17 @@ fn instant(field: &'static str, text: &str) -> Result<u64, BulkError> {
 impl BulkRequest {
     pub fn validate(&self, now_ms: u64) -> Result<Bulk, BulkError> {
         let pattern = DestinationPattern::parse(&self.filter.destination)
-            .map_err(|e| refuse("filter.destination", e.to_string()))?;
+            .map_err(|e| refuse("/filter/destination", e.to_string()))?;
         let due_after_ms = match &self.filter.due_after {
-            Some(text) => instant("filter.due_after", text)?,
+            Some(text) => instant("/filter/due_after", text)?,
             None => 0,
         };
         let due_before_ms = match &self.filter.due_before {
-            Some(text) => instant("filter.due_before", text)?,
+            Some(text) => instant("/filter/due_before", text)?,
             None => u64::MAX,
         };
         if due_before_ms <= due_after_ms {
-            return Err(refuse("filter.due_before", "must be after due_after"));
+            return Err(refuse("/filter/due_before", "must be after due_after"));
         }
         Ok(Bulk {
             pattern,
@@ -116,23 +117,23 @@ impl BulkRequest {
         match (self.action.as_str(), &self.shift, &self.deliver_at) {
             ("cancel", None, None) => Ok(Action::Cancel),
             ("cancel", _, _) => Err(refuse(
-                "action",
+                "/action",
                 "cancel takes neither shift nor deliver_at",
             )),
             ("move", Some(shift), None) => Ok(Action::Shift(shift_ms(shift)?)),
             ("move", None, Some(at)) => {
-                let at_ms = instant("deliver_at", at)?;
+                let at_ms = instant("/deliver_at", at)?;
                 if at_ms <= now_ms {
-                    return Err(refuse("deliver_at", "must be in the future"));
+                    return Err(refuse("/deliver_at", "must be in the future"));
                 }
                 Ok(Action::MoveTo(at_ms))
             }
             ("move", _, _) => Err(refuse(
-                "action",
+                "/action",
                 "move takes exactly one of shift and deliver_at",
             )),
             (other, _, _) => Err(refuse(
-                "action",
+                "/action",
                 format!("must be \"cancel\" or \"move\", got {other:?}"),
             )),
         }
@@ -146,11 +147,11 @@ fn shift_ms(text: &str) -> Result<i64, BulkError> {
         None => (1, text),
     };
     let duration = humantime::parse_duration(magnitude)
-        .map_err(|e| refuse("shift", format!("{text:?} is not a duration: {e}")))?;
+        .map_err(|e| refuse("/shift", format!("{text:?} is not a duration: {e}")))?;
     let ms = i64::try_from(duration.as_millis())
-        .map_err(|_| refuse("shift", format!("{text:?} is too long")))?;
+        .map_err(|_| refuse("/shift", format!("{text:?} is too long")))?;
     if ms == 0 {
-        return Err(refuse("shift", "must not be zero"));
+        return Err(refuse("/shift", "must not be zero"));
     }
     Ok(sign * ms)
 }
@@ -217,46 +218,46 @@ mod tests {
         let refused = [
             (
                 json!({"filter": {"destination": "a..b"}, "action": "cancel"}),
-                "filter.destination",
+                "/filter/destination",
             ),
             (
                 json!({"filter": {"destination": "#", "due_after": "soon"}, "action": "cancel"}),
-                "filter.due_after",
+                "/filter/due_after",
             ),
             (
                 json!({"filter": {"destination": "#", "due_after": "2027-01-02T00:00:00Z",
                 "due_before": "2027-01-01T00:00:00Z"}, "action": "cancel"}),
-                "filter.due_before",
+                "/filter/due_before",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "delete"}),
-                "action",
+                "/action",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "cancel", "shift": "1m"}),
-                "action",
+                "/action",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "move"}),
-                "action",
+                "/action",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "move", "shift": "1m",
                 "deliver_at": "2099-01-01T00:00:00Z"}),
-                "action",
+                "/action",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "move", "shift": "later"}),
-                "shift",
+                "/shift",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "move", "shift": "0s"}),
-                "shift",
+                "/shift",
             ),
             (
                 json!({"filter": {"destination": "#"}, "action": "move",
                 "deliver_at": "2020-01-01T00:00:00Z"}),
-                "deliver_at",
+                "/deliver_at",
             ),
         ];
         for (body, field) in refused {

@@ -81,6 +81,8 @@ pub struct Limit {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
 pub struct LimitError {
+    /// The JSON pointer of the body's field at fault, as the API's other
+    /// errors say it, or `name` for the limit's name in the path.
     pub field: &'static str,
     pub reason: String,
 }
@@ -117,16 +119,16 @@ impl LimitRequest {
     pub fn validate(&self, name: &str, now_ms: u64) -> Result<Limit, LimitError> {
         check_name(name)?;
         let destinations = DestinationPattern::parse(&self.destinations)
-            .map_err(|e| invalid("destinations", e.reason))?;
+            .map_err(|e| invalid("/destinations", e.reason))?;
         let rate = self.rate()?;
         let paused_until_ms = match &self.paused_until {
             None => None,
             Some(text) => {
                 let at = parse_epoch_ms(text)
-                    .ok_or_else(|| invalid("paused_until", "must be an RFC 3339 time"))?;
+                    .ok_or_else(|| invalid("/paused_until", "must be an RFC 3339 time"))?;
                 if at <= now_ms {
                     return Err(invalid(
-                        "paused_until",
+                        "/paused_until",
                         format!(
                             "{text} is not in the future (now is {})",
                             format_epoch_ms(now_ms)
@@ -139,7 +141,7 @@ impl LimitRequest {
         if let Some(bound) = &self.max_queue_depth
             && (bound.queue.is_empty() || bound.queue.len() > 255)
         {
-            return Err(invalid("max_queue_depth.queue", "must be 1 to 255 bytes"));
+            return Err(invalid("/max_queue_depth/queue", "must be 1 to 255 bytes"));
         }
         Ok(Limit {
             name: name.to_owned(),
@@ -154,13 +156,13 @@ impl LimitRequest {
     fn rate(&self) -> Result<Option<Rate>, LimitError> {
         let Some(per_sec) = self.rate_per_sec else {
             return match self.burst {
-                Some(_) => Err(invalid("burst", "needs rate_per_sec")),
+                Some(_) => Err(invalid("/burst", "needs rate_per_sec")),
                 None => Ok(None),
             };
         };
         if !(per_sec.is_finite() && per_sec > 0.0 && per_sec <= MAX_RATE) {
             return Err(invalid(
-                "rate_per_sec",
+                "/rate_per_sec",
                 format!("must be above 0 and at most {MAX_RATE}"),
             ));
         }
@@ -170,7 +172,7 @@ impl LimitRequest {
             .unwrap_or_else(|| (per_sec / 10.0).ceil().max(1.0) as u64);
         if burst < least {
             return Err(invalid(
-                "burst",
+                "/burst",
                 format!(
                     "must be at least {least} at {per_sec}/s: the limiter releases in at most \
                      {PASSES_PER_SEC} passes a second"
@@ -178,7 +180,7 @@ impl LimitRequest {
             ));
         }
         if burst > 1_000_000 {
-            return Err(invalid("burst", "must be at most 1000000"));
+            return Err(invalid("/burst", "must be at most 1000000"));
         }
         Ok(Some(Rate { per_sec, burst }))
     }
@@ -424,42 +426,42 @@ mod tests {
     #[test]
     fn every_bad_field_is_named() {
         let cases = [
-            (serde_json::json!({"destinations": "a..b"}), "destinations"),
+            (serde_json::json!({"destinations": "a..b"}), "/destinations"),
             (
                 serde_json::json!({"destinations": "a", "rate_per_sec": 0}),
-                "rate_per_sec",
+                "/rate_per_sec",
             ),
             (
                 serde_json::json!({"destinations": "a", "rate_per_sec": -1}),
-                "rate_per_sec",
+                "/rate_per_sec",
             ),
             (
                 serde_json::json!({"destinations": "a", "rate_per_sec": 1e9}),
-                "rate_per_sec",
+                "/rate_per_sec",
             ),
             (
                 serde_json::json!({"destinations": "a", "burst": 5}),
-                "burst",
+                "/burst",
             ),
             (
                 serde_json::json!({"destinations": "a", "rate_per_sec": 5000, "burst": 10}),
-                "burst",
+                "/burst",
             ),
             (
                 serde_json::json!({"destinations": "a", "rate_per_sec": 5, "burst": 0}),
-                "burst",
+                "/burst",
             ),
             (
                 serde_json::json!({"destinations": "a", "paused_until": "yesterday"}),
-                "paused_until",
+                "/paused_until",
             ),
             (
                 serde_json::json!({"destinations": "a", "paused_until": format_epoch_ms(NOW - 1)}),
-                "paused_until",
+                "/paused_until",
             ),
             (
                 serde_json::json!({"destinations": "a", "max_queue_depth": {"queue": "", "messages": 1}}),
-                "max_queue_depth.queue",
+                "/max_queue_depth/queue",
             ),
         ];
         for (json, field) in cases {

@@ -241,7 +241,7 @@ pub(crate) fn deserialize_whole<'de, T: Deserialize<'de>>(
 /// The body of `POST /v1/tasks/batch`, its tasks not yet parsed.
 pub fn parse_batch(body: &[u8]) -> Result<BatchRequest<'_>, TaskError> {
     require_object(body, "", "a batch: {\"tasks\": [task, …]}")?;
-    deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, ""))
+    deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, "", "a batch"))
 }
 
 /// A body must be a JSON object; serde would also take an array for a struct.
@@ -318,29 +318,18 @@ impl TaskError {
 
     /// A body that does not fit the request's shape, said in the request's
     /// terms: where (a JSON pointer below `at`), what was found, and what
-    /// is accepted there.
+    /// is accepted there. `object` names the request in words ("a task",
+    /// "a bulk request"), for a field it does not have.
     pub(crate) fn from_shape(
         error: &serde_path_to_error::Error<serde_json::Error>,
         at: &str,
+        object: &str,
     ) -> Self {
         let inner = error.inner();
         if !matches!(inner.classify(), serde_json::error::Category::Data) {
             return TaskError::MalformedJson(inner.to_string());
         }
-        let mut pointer = at.to_owned();
-        for segment in error.path().iter() {
-            match segment {
-                serde_path_to_error::Segment::Seq { index } => {
-                    pointer.push_str(&format!("/{index}"))
-                }
-                serde_path_to_error::Segment::Map { key }
-                | serde_path_to_error::Segment::Enum { variant: key } => {
-                    pointer.push('/');
-                    pointer.push_str(key);
-                }
-                serde_path_to_error::Segment::Unknown => pointer.push_str("/?"),
-            }
-        }
+        let pointer = json_pointer(at, error.path());
         let text = inner.to_string();
         // serde's words, less the position (of no use in a JSON body) and the backquotes.
         let text = text
@@ -348,7 +337,6 @@ impl TaskError {
             .next()
             .unwrap_or(&text)
             .replace('`', "\"");
-        let field = pointer.rsplit('/').next().unwrap_or_default();
         if let Some(unknown) = text.strip_prefix("unknown field ") {
             let name = unknown.split(',').next().unwrap_or(unknown);
             // serde lists the struct's own fields, so the list cannot drift.
@@ -358,26 +346,50 @@ impl TaskError {
             let container = pointer
                 .rsplit_once('/')
                 .map_or("", |(container, _)| container);
+            let owner = if container == at { object } else { container };
             return TaskError::InvalidRequest(format!(
-                "{pointer}: unknown field {name}; the fields of {} are {}",
-                if container.is_empty() {
-                    "a task"
-                } else {
-                    container
-                },
-                fields
+                "{pointer}: unknown field {name}; the fields of {owner} are {fields}"
             ));
         }
+        if let Some(missing) = text.strip_prefix("missing field ") {
+            // The pointer is the object's; the field is named by serde.
+            let name = missing.trim_matches('"');
+            let accepts = accepted(name).map_or(String::new(), |what| format!(" ({what})"));
+            return TaskError::InvalidRequest(format!(
+                "{pointer}/{name}: missing; {object} needs \"{name}\"{accepts}"
+            ));
+        }
+        let field = pointer.rsplit('/').next().unwrap_or_default();
         let found = text
             .strip_prefix("invalid type: ")
             .and_then(|t| t.split(", expected").next())
             .unwrap_or(&text);
-        TaskError::InvalidRequest(format!(
-            "{pointer}: got {found}, expected {}",
-            accepted(field)
-                .unwrap_or_else(|| { text.split(", expected ").nth(1).unwrap_or("another value") })
-        ))
+        let expected = accepted(field)
+            .unwrap_or_else(|| text.split(", expected ").nth(1).unwrap_or("another value"));
+        let hint = if field == "delay" && found.starts_with("integer") {
+            " (a number of milliseconds is \"delay_ms\")"
+        } else {
+            ""
+        };
+        TaskError::InvalidRequest(format!("{pointer}: got {found}, expected {expected}{hint}"))
     }
+}
+
+/// The JSON pointer of a place serde found wrong, below `at`.
+fn json_pointer(at: &str, path: &serde_path_to_error::Path) -> String {
+    let mut pointer = at.to_owned();
+    for segment in path.iter() {
+        match segment {
+            serde_path_to_error::Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
+            serde_path_to_error::Segment::Map { key }
+            | serde_path_to_error::Segment::Enum { variant: key } => {
+                pointer.push('/');
+                pointer.push_str(key);
+            }
+            serde_path_to_error::Segment::Unknown => pointer.push_str("/?"),
+        }
+    }
+    pointer
 }
 
 /// What a request field accepts, in the reference's words.
@@ -423,7 +435,7 @@ impl Task {
     ) -> Result<Task, TaskError> {
         require_object(body, at, "a task: {\"destination\": …, \"delay_ms\": …}")?;
         let request: TaskRequest =
-            deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, at))?;
+            deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, at, "a task"))?;
         request.validate(cascade, now).map_err(|error| error.at(at))
     }
 
@@ -597,7 +609,7 @@ pub fn parse_new_delay(body: &[u8], start_ms: u64) -> Result<NewDelay, TaskError
                 error.path()
             ))
         } else {
-            TaskError::from_shape(&error, "")
+            TaskError::from_shape(&error, "", "a new due time")
         }
     })?;
     let delay = requested_delay(
@@ -625,8 +637,13 @@ fn requested_delay(
     match (delay_ms, delay, deliver_at) {
         (Some(ms), None, None) => delay_of_ms(ms),
         (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
+            // A bare number has no unit: milliseconds are `delay_ms`.
+            let hint = match text.trim().parse::<u64>() {
+                Ok(ms) => format!(" (for {ms} milliseconds, give \"delay_ms\": {ms})"),
+                Err(_) => String::new(),
+            };
             TaskError::InvalidDelay(format!(
-                "/delay: {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}"
+                "/delay: {text:?} is not a duration such as \"90s\" or \"1h30m\": {e}{hint}"
             ))
         }),
         (None, None, Some(text)) => {
@@ -1099,6 +1116,30 @@ mod reference_tests {
              delay_ms, delay, deliver_at, payload, payload_base64, content_type, headers, id, \
              exchange"
         );
+    }
+
+    #[test]
+    fn a_missing_field_is_named_with_what_it_takes() {
+        let error = parse(r#"{"delay":"1s"}"#).unwrap_err();
+        assert_eq!(error.code(), "invalid_request");
+        assert_eq!(
+            error.to_string(),
+            "/destination: missing; a task needs \"destination\" (a string: words of A-Z, a-z, \
+             0-9, _ and - joined by dots)"
+        );
+    }
+
+    #[test]
+    fn a_delay_in_bare_milliseconds_is_pointed_to_delay_ms() {
+        for body in [
+            r#"{"destination":"d","delay":2000}"#,
+            r#"{"destination":"d","delay":"2000"}"#,
+        ] {
+            let error = parse(body).unwrap_err().to_string();
+            assert!(error.contains("\"delay_ms\""), "{body}: {error}");
+        }
+        let error = parse(r#"{"destination":"d","delay":"2 fortnights"}"#).unwrap_err();
+        assert!(!error.to_string().contains("delay_ms"), "{error}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub(super) fn own_outcome(confirmation: Confirmation, sent: &Sent<'_>) -> Result
     warn!(
         exchange = %stray.delivery.exchange,
         routing_key = %stray.delivery.routing_key,
-        message_id = ?stray.delivery.properties.message_id(),
+        message_id = stray.delivery.properties.message_id().as_ref().map(|id| id.as_str()),
         reply_code = stray.reply_code,
         reply_text = %stray.reply_text,
         "RabbitMQ returned a message no queue took, to the confirm of another publish on its \

@@ -84,8 +84,8 @@ pub async fn start_bulk(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     require_object(&body, "", "a bulk change: {\"filter\": …, \"action\": …}")?;
-    let request: BulkRequest =
-        deserialize_whole(&body).map_err(|e| ApiError::from(TaskError::from_shape(&e, "")))?;
+    let request: BulkRequest = deserialize_whole(&body)
+        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "", "a bulk request")))?;
     let key = idempotency_key(headers.get(IDEMPOTENCY_KEY))?;
     let idempotency = (key, fingerprint(&body)?);
     let (operation, created) = start(&state, &caller, &request, Some(idempotency)).await?;

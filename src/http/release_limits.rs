@@ -128,8 +128,8 @@ pub async fn put_limit(
     require(&caller, Permission::Limits)?;
     let now_ms = crate::clock::now_ms();
     require_object(&body, "", "a limit: {\"destinations\": …}")?;
-    let request: LimitRequest =
-        deserialize_whole(&body).map_err(|e| ApiError::from(TaskError::from_shape(&e, "")))?;
+    let request: LimitRequest = deserialize_whole(&body)
+        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "", "a limit")))?;
     let limit = request
         .validate(&name, now_ms)
         .map_err(LimitsError::Invalid)?;

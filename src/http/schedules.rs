@@ -151,7 +151,7 @@ pub struct ListQuery {
 /// A JSON object of type `T`, or the task parser's errors naming the field.
 fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, ApiError> {
     require_object(body, "", shape)?;
-    deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, "").into())
+    deserialize_whole(body).map_err(|e| TaskError::from_shape(&e, "", "a schedule").into())
 }
 
 /// The answer as of now: the clock read once, at the edge.

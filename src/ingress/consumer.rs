@@ -128,21 +128,22 @@ impl IngressRunner {
     async fn refuse(&self, message: &Inbound, refusal: &Refusal) -> Settle {
         let properties = message::set_aside(&message.properties);
         let reason = refusal.to_string();
+        let key = message.routing_key.as_str();
         let mut copy = Message {
             exchange: String::new(),
             routing_key: self.ingress.refused_queue.clone(),
             payload: message.payload.clone(),
-            properties: message::refused(&properties, refusal.code(), &reason, false),
+            properties: message::refused(&properties, key, (refusal.code(), &reason), false),
         };
         if self.broker.check_fits(&copy).is_err() {
-            copy.properties = message::refused(&properties, refusal.code(), &reason, true);
+            copy.properties = message::refused(&properties, key, (refusal.code(), &reason), true);
         }
         match self.broker.publish_bounded(copy).await {
             Ok(Published::Confirmed) => {
                 warn!(
                     ingress = self.ingress.exchange,
                     queue = self.ingress.refused_queue,
-                    message_id = ?message.properties.message_id(),
+                    message_id = message::message_id(&message.properties),
                     routing_key = message.routing_key,
                     code = refusal.code(),
                     reason = %refusal,

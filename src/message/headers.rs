@@ -10,7 +10,9 @@ pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
 /// The task's revision the message was published with: the release stage
 /// drops a copy older than the ledger's (the task was moved since).
 pub const REVISION_HEADER: &str = "x-delayline-revision";
-/// A poisoned message's routing key before it was moved.
+/// The routing key a message had before delayline moved it to a queue of
+/// its own by that queue's name: a poisoned message's, or one an ingress
+/// refused.
 pub const ROUTING_KEY_HEADER: &str = "x-delayline-routing-key";
 /// Why a message was poisoned.
 pub const POISON_REASON_HEADER: &str = "x-delayline-poison-reason";

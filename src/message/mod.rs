@@ -47,7 +47,7 @@ pub(crate) use publish::{properties_of, republished};
 #[cfg(test)]
 pub(crate) use read::TaskStamp;
 pub(crate) use read::{
-    decode_properties, deliver_at_ms, delivered_to, encode_properties, identity,
+    decode_properties, deliver_at_ms, delivered_to, encode_properties, identity, message_id,
 };
 pub(crate) use stamp::Stamp;
 pub use value::FieldValue;

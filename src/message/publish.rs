@@ -348,13 +348,15 @@ pub(super) fn with_headers(
 }
 
 /// A message an ingress refused, to its refused queue: as it came (see
-/// [`set_aside`]), with the refusal's `code` and `reason`. A copy whose
-/// headers leave no room for them (`headers_dropped`) keeps its body and
-/// properties but not its headers, and says so.
+/// [`set_aside`]), with the refusal's `code` and `reason`, and the
+/// `routing_key` it came with (the copy goes to the queue by its name, so
+/// the key would otherwise be lost). A copy whose headers leave no room for
+/// them (`headers_dropped`) keeps its body, properties and routing key but
+/// not its other headers, and says so.
 pub fn refused(
     properties: &BasicProperties,
-    code: &str,
-    reason: &str,
+    routing_key: &str,
+    (code, reason): (&str, &str),
     headers_dropped: bool,
 ) -> BasicProperties {
     let mut headers = if headers_dropped {
@@ -370,5 +372,6 @@ pub fn refused(
     let text = |value: &str| AMQPValue::LongString(LongString::from(value));
     headers.insert(ShortString::from(REFUSAL_CODE_HEADER), text(code));
     headers.insert(ShortString::from(REFUSAL_REASON_HEADER), text(reason));
+    headers.insert(ShortString::from(ROUTING_KEY_HEADER), text(routing_key));
     properties.clone().with_headers(headers)
 }

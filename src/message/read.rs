@@ -40,6 +40,11 @@ pub fn decode_properties(bytes: &[u8]) -> Option<BasicProperties> {
     rest.is_empty().then_some(properties)
 }
 
+/// A message's `message_id` as text (a task's id), for logs and lookups.
+pub fn message_id(properties: &BasicProperties) -> Option<&str> {
+    properties.message_id().as_ref().map(|id| id.as_str())
+}
+
 /// The task id and revision a message carries. One without a revision
 /// header was published before revisions existed: revision 1.
 pub fn identity(properties: &BasicProperties) -> Option<(String, u64)> {

@@ -217,7 +217,7 @@ impl Bookkeeper {
             .map_err(ChangeError::Route)?;
         let route = self.cascade.in_task_shard(route, id);
         let change = Move {
-            deliver_at_ms: self.cascade.delay_start_ms(now.wall) + route.delay_ms,
+            deliver_at_ms: self.delay_start_ms(now) + route.delay_ms,
             delay_ms: route.delay_ms,
             routing_key: route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,
@@ -237,6 +237,13 @@ impl Bookkeeper {
         }
         let after = self.ledger.get(id).await?.unwrap_or(moved);
         Ok(Reschedule::Moved(after))
+    }
+
+    /// The millisecond a delay given at `now` counts from (see
+    /// [`Cascade::delay_start_ms`]): a move to a time is the delay from it,
+    /// so that the task lands on that time exactly.
+    pub(super) fn delay_start_ms(&self, now: &Reading) -> u64 {
+        self.cascade.delay_start_ms(now.wall)
     }
 
     /// Starts the forwarder, the retention pruner, the forecast's counts'
@@ -342,7 +349,7 @@ impl Bookkeeper {
                         warn!(
                             tasks = ids.len(),
                             // The first few, to look up.
-                            task_ids = ?&ids[..ids.len().min(20)],
+                            task_ids = %ids[..ids.len().min(20)].join(","),
                             after_ms,
                             "tasks never reached the release stage after their due time \
                              (the broker lost their messages): published again"
@@ -399,7 +406,7 @@ impl Bookkeeper {
                         self.metrics.tasks_resent.inc_by(ids.len() as u64);
                         warn!(
                             tasks = ids.len(),
-                            task_ids = ?&ids[..ids.len().min(20)],
+                            task_ids = %ids[..ids.len().min(20)].join(","),
                             margin_ms,
                             "tasks not seen at the release stage after a failover: published again"
                         );

@@ -168,8 +168,11 @@ async fn move_one(
     owner: Option<&str>,
     now: &crate::clock::Reading,
 ) -> Result<Outcome, BulkOperationError> {
-    let new_due_ms = bulk.new_due_ms(task.deliver_at_ms, now.wall_ms);
-    let delay = Duration::from_millis(new_due_ms - now.wall_ms);
+    // Counted from where a single move's delay counts from, so that each
+    // task lands exactly where `PATCH` would put it.
+    let start_ms = bookkeeper.delay_start_ms(now);
+    let new_due_ms = bulk.new_due_ms(task.deliver_at_ms, start_ms);
+    let delay = Duration::from_millis(new_due_ms - start_ms);
     let key = ChangeKey {
         key: format!("bulk:{operation_id}:{}", task.id),
         fingerprint: operation_id.to_owned(),

@@ -37,7 +37,7 @@ impl Scheduler {
                     .saw_depth(&bound.queue, Depth::Ready(ready)),
                 None => {
                     return Err(LimitsError::Invalid(LimitError {
-                        field: "max_queue_depth.queue",
+                        field: "/max_queue_depth/queue",
                         reason: format!("queue {:?} does not exist", bound.queue),
                     }));
                 }

@@ -680,7 +680,10 @@ impl Releaser {
             }
             if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);
-                debug!(task_id = ?message.properties.message_id(), reason, "dropped at release");
+                debug!(
+                    task_id = message::message_id(&message.properties),
+                    reason, "dropped at release"
+                );
                 settles.push(Settle::Ack);
                 continue;
             }
@@ -698,7 +701,7 @@ impl Releaser {
                 }
                 Some((Err(error), _)) => {
                     warn!(
-                        task_id = ?message.properties.message_id(),
+                        task_id = message::message_id(&message.properties),
                         %error,
                         "a due task could not be released; it is released again"
                     );
@@ -740,7 +743,7 @@ impl Releaser {
     ) -> Result<Released, PublishError> {
         if !self.exchange_exists(&message.exchange).await? {
             warn!(
-                task_id = ?message.properties.message_id(),
+                task_id = message::message_id(&message.properties),
                 exchange = message.exchange,
                 queue = self.cascade.unroutable_queue(),
                 "a due task's exchange does not exist: it waits in the unroutable queue"
@@ -806,7 +809,7 @@ impl Releaser {
         };
         counter.inc();
         debug!(
-            task_id = ?message.properties.message_id(),
+            task_id = message::message_id(&message.properties),
             lateness_ms,
             known = verdict == Verdict::Deliver,
             "delivered"

@@ -124,6 +124,60 @@ async fn a_bulk_cancel_of_20000_tasks_falling_due_leaves_each_delivered_or_cance
     );
 }
 
+/// A bulk move puts each task exactly where a single move would: by a
+/// shift, its due time plus the shift to the millisecond (forward and
+/// back); to a time, that time, as `PATCH` with `deliver_at` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_move_lands_each_task_where_a_single_move_would() {
+    use delayline::clock::{format_epoch_ms, now_ms, parse_epoch_ms};
+    let settings = settings();
+    let prefix = settings.cascade.prefix.clone();
+    let app = TestApp::spawn(settings).await;
+    let destination = format!("{prefix}.exact");
+    let ids = submit(&app, &destination, &[15_000, 16_000, 17_000]).await;
+    let due = async |id: &str| {
+        let (status, task) = app.get(&format!("/v1/tasks/{id}")).await;
+        assert_eq!(status, 200, "{task}");
+        parse_epoch_ms(task["deliver_at"].as_str().unwrap()).unwrap()
+    };
+    let bulk = async |body: Value| {
+        let (status, operation) = app.post("/v1/tasks/bulk", &body).await;
+        assert_eq!(status, 202, "{operation}");
+        let operation = finished(&app, operation["id"].as_str().unwrap()).await;
+        assert_eq!(operation["changed"].as_u64(), Some(3), "{operation}");
+    };
+    let filter = json!({"destination": destination});
+    for (shift, by) in [("1ms", 1), ("2s", 2_000), ("-3s", -3_000)] {
+        let mut before = Vec::new();
+        for id in &ids {
+            before.push(due(id).await);
+        }
+        bulk(json!({"filter": filter, "action": "move", "shift": shift})).await;
+        for (id, was) in ids.iter().zip(before) {
+            assert_eq!(
+                due(id).await,
+                was.checked_add_signed(by).unwrap(),
+                "{shift}"
+            );
+        }
+    }
+    // To one time: where PATCH puts a task, to the millisecond.
+    let at = format_epoch_ms(now_ms() + 20_000 + 7);
+    bulk(json!({"filter": filter, "action": "move", "deliver_at": at})).await;
+    let other = submit(&app, &format!("{prefix}.single"), &[15_000]).await;
+    let (status, moved) = app
+        .patch(
+            &format!("/v1/tasks/{}", other[0]),
+            &json!({"deliver_at": at}),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["deliver_at"], at.as_str());
+    for id in &ids {
+        assert_eq!(format_epoch_ms(due(id).await), at);
+    }
+}
+
 /// A move by a shift brings tasks forward (never before their new due
 /// time); a repeat under the same Idempotency-Key is the same operation,
 /// another request under it a conflict; a client reaches only its own
@@ -238,16 +292,16 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
     for (body, field) in [
         (
             json!({"filter": {"destination": "a..b"}, "action": "cancel"}),
-            "filter.destination",
+            "/filter/destination",
         ),
         (
             json!({"filter": {"destination": format!("{prefix}.mine.#")}, "action": "move"}),
-            "action",
+            "/action",
         ),
         (
             json!({"filter": {"destination": format!("{prefix}.mine.#")}, "action": "move",
             "deliver_at": "2020-01-01T00:00:00Z"}),
-            "deliver_at",
+            "/deliver_at",
         ),
     ] {
         let (status, answer, _) = post("tok-mover", "k4", &body).await;

@@ -11,7 +11,7 @@ use delayline::cascade::QueueType;
 use delayline::clock::epoch_ms;
 use delayline::config::Settings;
 use delayline::ingress::IngressSettings;
-use delayline::message::{REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER};
+use delayline::message::{REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER, ROUTING_KEY_HEADER};
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, DecimalValue, FieldTable, LongString, ShortString};
@@ -303,6 +303,19 @@ async fn bad_input_is_refused_with_the_reason_and_a_retry_is_one_task() {
         let Some(AMQPValue::LongString(code)) = message.header(REFUSAL_CODE_HEADER) else {
             panic!("no refusal code");
         };
+        // The key it was published with, kept (as a header: the copy
+        // reaches the refused queue by the queue's name).
+        let came_with = if message.body == b"c" {
+            "us.order"
+        } else {
+            "eu.order"
+        };
+        assert_eq!(
+            message.header(ROUTING_KEY_HEADER),
+            Some(&text(came_with)),
+            "{:?}",
+            message.body
+        );
         if message.body == b"a" {
             // The reason in AMQP's words, not Rust's.
             assert_eq!(

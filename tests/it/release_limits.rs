@@ -356,27 +356,27 @@ async fn every_bad_limit_is_refused_with_its_field_and_nothing_changes() {
     let past = format_epoch_ms(now_ms() - 1_000);
     let long = "x".repeat(129);
     let cases = [
-        ("l", json!({"destinations": "a..b"}), "destinations"),
+        ("l", json!({"destinations": "a..b"}), "/destinations"),
         (
             "l",
             json!({"destinations": "a", "rate_per_sec": 0}),
-            "rate_per_sec",
+            "/rate_per_sec",
         ),
-        ("l", json!({"destinations": "a", "burst": 5}), "burst"),
+        ("l", json!({"destinations": "a", "burst": 5}), "/burst"),
         (
             "l",
             json!({"destinations": "a", "rate_per_sec": 5000, "burst": 1}),
-            "burst",
+            "/burst",
         ),
         (
             "l",
             json!({"destinations": "a", "paused_until": past}),
-            "paused_until",
+            "/paused_until",
         ),
         (
             "l",
             json!({"destinations": "a", "max_queue_depth": {"queue": "no-such-queue-here", "messages": 1}}),
-            "max_queue_depth.queue",
+            "/max_queue_depth/queue",
         ),
         (long.as_str(), json!({"destinations": "a"}), "name"),
     ];
