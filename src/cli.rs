@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::auth::Permission;
 use crate::broker::{OldChain, Survey};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::Settings;
@@ -16,6 +17,30 @@ use crate::operations::migrate::{self, DryRun, Migrated};
 use crate::operations::unroutable::{self, Requeued};
 use crate::operations::{provision, token};
 use crate::service::{self, shutdown_signal};
+use crate::task::TaskState;
+
+/// Writes to standard output. A reader that has gone (`| head`) ends the
+/// command quietly, as other command-line tools end, where `print!` would
+/// panic: nothing is left to say to anyone.
+fn write_out(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        if error.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("delayline: cannot write to standard output: {error}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+}
+
+macro_rules! out {
+    ($($arg:tt)*) => { write_out(format_args!($($arg)*)) };
+}
+
+macro_rules! outln {
+    ($($arg:tt)*) => { write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
 
 #[derive(Debug, Parser)]
 #[command(name = "delayline", version, about = "Delayed delivery for RabbitMQ")]
@@ -63,6 +88,7 @@ pub enum Command {
     /// GET the running service's /readyz (or --path) on http.bind; exits 0
     /// on a 200. The health check of images that have no curl.
     Probe {
+        /// The path to GET (`/healthz` asks only whether the process answers).
         #[arg(long, default_value = "/readyz")]
         path: String,
     },
@@ -70,6 +96,7 @@ pub enum Command {
     /// (SIGHUP), for images that have no `kill`: in a container its process
     /// is PID 1, the default.
     Reload {
+        /// The process to signal.
         #[arg(long, default_value_t = 1)]
         pid: i32,
     },
@@ -137,6 +164,7 @@ pub enum Command {
         /// Delay such as 90s, 1h30m or 250ms.
         #[arg(long, value_parser = humantime::parse_duration)]
         delay: std::time::Duration,
+        /// The task's destination, the routing key it is delivered with (`billing.invoice`).
         #[arg(long)]
         destination: String,
     },
@@ -147,9 +175,15 @@ pub enum ScheduleCommand {
     /// Every schedule: its state, timing, next occurrence and counts.
     List,
     /// Pause a schedule: no occurrence is made while paused.
-    Pause { id: String },
+    Pause {
+        /// The schedule's id (as `schedules list` shows it).
+        id: String,
+    },
     /// Resume a paused schedule from its first occurrence after now.
-    Resume { id: String },
+    Resume {
+        /// The schedule's id (as `schedules list` shows it).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,16 +193,26 @@ pub enum LimitCommand {
     /// Set a limit (new, or changed in place).
     Set(LimitArgs),
     /// Pause a limit: every task it matches waits when due.
-    Pause { name: String },
+    Pause {
+        /// The limit's name.
+        name: String,
+    },
     /// Resume a limit: what waits is released, at its rate if it has one.
-    Resume { name: String },
+    Resume {
+        /// The limit's name.
+        name: String,
+    },
     /// Delete a limit: what it held is released.
-    Delete { name: String },
+    Delete {
+        /// The limit's name.
+        name: String,
+    },
 }
 
 /// What `limits set` is told (see `PUT /v1/limits/{name}`).
 #[derive(Debug, clap::Args)]
 pub struct LimitArgs {
+    /// The limit's name (A-Z, a-z, 0-9, `_`, `-`, `.`).
     pub name: String,
     /// A topic pattern over destinations, as tokens' (`billing.#`).
     #[arg(long)]
@@ -188,6 +232,7 @@ pub struct LimitArgs {
     /// Keep this queue at no more than --max-depth ready messages.
     #[arg(long, requires = "max_depth")]
     pub queue: Option<String>,
+    /// The most ready messages --queue may hold before matching tasks wait.
     #[arg(long, requires = "queue")]
     pub max_depth: Option<u64>,
 }
@@ -239,7 +284,7 @@ pub struct BulkFilterArgs {
     #[arg(long)]
     pub due_before: Option<String>,
     /// Only tasks in this state.
-    #[arg(long)]
+    #[arg(long, value_parser = task_states())]
     pub state: Option<String>,
     /// An Idempotency-Key: the same command again is the same operation.
     #[arg(long)]
@@ -266,8 +311,14 @@ pub struct NewToken {
     /// (`*`: any); repeatable.
     #[arg(long = "exchange", value_name = "NAME")]
     exchanges: Vec<String>,
-    /// submit, read, cancel, reschedule, metrics, admin (comma-separated or repeated).
-    #[arg(long = "permission", value_delimiter = ',', required = true)]
+    /// What the client may do (comma-separated or repeated; the security
+    /// page says what each allows).
+    #[arg(
+        long = "permission",
+        value_delimiter = ',',
+        required = true,
+        value_parser = permissions()
+    )]
     permissions: Vec<String>,
     /// Tasks per second (token bucket).
     #[arg(long)]
@@ -282,6 +333,17 @@ pub struct NewToken {
     /// only the token is printed then.
     #[arg(long, value_name = "FILE")]
     append_to: Option<PathBuf>,
+}
+
+/// The task states, as the API spells them: clap lists them in the help
+/// and refuses another once, before any request is made.
+fn task_states() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(TaskState::ALL.map(TaskState::as_str))
+}
+
+/// The permissions a client can be given, from the code's own list.
+fn permissions() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Permission::ALL.map(Permission::as_str))
 }
 
 impl From<NewToken> for token::NewClient {
@@ -334,7 +396,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
         Command::Reload { pid } => reload(pid)?,
         Command::Openapi => {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&crate::http::openapi::document())?
             );
@@ -342,14 +404,14 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Token {
             action: TokenCommand::Create(new),
         } => create_token(new)?,
-        Command::Provision { dry_run: true, .. } => print!(
+        Command::Provision { dry_run: true, .. } => out!(
             "{}",
             describe_plan(&plan_with(&cascade, &settings.ingresses(&cascade)?))
         ),
         Command::Provision { check: true, .. } => {
             let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
             let report = provision::check(&settings.operator(&cascade), &cascade, &plan).await?;
-            print!("{report}");
+            out!("{report}");
             if report.problems() > 0 {
                 return Ok(ExitCode::FAILURE);
             }
@@ -357,7 +419,7 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Provision { .. } => {
             let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
             let report = provision::provision(&settings.amqp, &plan).await?;
-            println!(
+            outln!(
                 "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
                 report.exchanges,
                 report.queues,
@@ -372,33 +434,33 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
         Command::Migrate => match crate::ledger::migrate_only(&settings.store).await? {
             Some((target, migrated)) => {
-                println!("ledger {target}: {}", describe_migrated(migrated))
+                outln!("ledger {target}: {}", describe_migrated(migrated))
             }
-            None => println!("store.url is \"none\": there is no ledger to migrate"),
+            None => outln!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
             let done =
                 unroutable::requeue_unroutable(&settings.operator(&cascade), &cascade).await?;
-            print!("{}", describe_requeue(&done, &cascade));
+            out!("{}", describe_requeue(&done, &cascade));
         }
         Command::Probe { path } => return probe(&settings, &path).await,
         Command::Limits { action, url, token } => {
-            print!("{}", limits(&settings, action, url, token).await?);
+            out!("{}", limits(&settings, action, url, token).await?);
         }
         Command::Forecast { window, url, token } => {
             let remote = crate::remote::Remote::new(&settings, url, token)?;
-            print!("{}", remote.forecast(&forecast_query(&window)).await?);
+            out!("{}", remote.forecast(&forecast_query(&window)).await?);
         }
         Command::Bulk { action, url, token } => {
             let remote = crate::remote::Remote::new(&settings, url, token)?;
             let (body, key) = bulk_request(action);
-            print!("{}", remote.bulk(&body, key.as_deref()).await?);
+            out!("{}", remote.bulk(&body, key.as_deref()).await?);
         }
         Command::Schedules { action, url, token } => {
-            print!("{}", schedules(&settings, action, url, token).await?);
+            out!("{}", schedules(&settings, action, url, token).await?);
         }
         Command::Route { delay, destination } => {
-            print!("{}", describe_route(&cascade, delay, &destination)?)
+            out!("{}", describe_route(&cascade, delay, &destination)?)
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -415,14 +477,14 @@ async fn migrate_topology(
     let operator = settings.operator(cascade);
     if dry_run {
         let found = migrate::dry_run(&operator, cascade, old).await?;
-        print!("{}", describe_dry_run(&found, cascade));
+        out!("{}", describe_dry_run(&found, cascade));
         return Ok(());
     }
     let migrated = migrate::migrate(&operator, cascade, old).await?;
     if let Some(why) = &migrated.management_unavailable {
         eprintln!("delayline: {why}; counting ready messages only");
     }
-    print!("{}", describe_migration(&migrated, cascade));
+    out!("{}", describe_migration(&migrated, cascade));
     Ok(())
 }
 
@@ -442,8 +504,8 @@ fn create_token(new: NewToken) -> anyhow::Result<()> {
     let append_to = new.append_to.clone();
     let created = token::create_token(new.into(), append_to.as_deref())?;
     match append_to {
-        None => print!("{}\n\n{}", created.token, created.entry),
-        Some(_) => println!("{}", created.token),
+        None => out!("{}\n\n{}", created.token, created.entry),
+        Some(_) => outln!("{}", created.token),
     }
     Ok(())
 }
@@ -454,7 +516,7 @@ fn reload(pid: i32) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("--pid {pid} is not a process id"))?;
     rustix::process::kill_process(process, rustix::process::Signal::HUP)
         .map_err(|error| anyhow::anyhow!("sending SIGHUP to process {pid}: {error}"))?;
-    println!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
+    outln!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
     Ok(())
 }
 
@@ -568,7 +630,7 @@ async fn probe(settings: &Settings, path: &str) -> anyhow::Result<ExitCode> {
     } else {
         crate::probe::probe(&settings.http.bind, path).await?
     };
-    println!("{status} {body}");
+    outln!("{status} {body}");
     Ok(if status == 200 {
         ExitCode::SUCCESS
     } else {
@@ -588,20 +650,37 @@ fn describe_migrated(migrated: crate::ledger::Migrated) -> String {
     }
 }
 
+/// `n` and its noun, in the singular for one.
+fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {
     let mut text = String::new();
     if done.counted_delivered > 0 {
         text += &format!(
-            "{} unroutable tasks in the ledger count as delivered again\n",
-            done.counted_delivered
+            "{} in the ledger counted as delivered again\n",
+            count(
+                done.counted_delivered,
+                "unroutable task",
+                "unroutable tasks"
+            )
         );
     }
     text += &format!(
-        "republished {} unroutable messages to {}; {} are still in {} \
+        "republished {} to {}; {} still in {} \
          (still unroutable, as the broker counts them now)\n",
-        done.republished,
+        count(
+            done.republished,
+            "unroutable message",
+            "unroutable messages"
+        ),
         cascade.business_exchange(),
-        done.still_unroutable,
+        count(done.still_unroutable, "is", "are"),
         cascade.unroutable_queue()
     );
     text
@@ -705,20 +784,20 @@ fn without_repeats(error: &anyhow::Error) -> String {
 fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
     let waiting: u64 = found.waiting.iter().map(|(_, n)| u64::from(*n)).sum();
     let mut text = format!(
-        "dry run, nothing moves: chain {}.v{} ({} levels, {} shards) holds {waiting} ready \
-         messages, {} unroutable and {} in its poison queue; they would move into {}.v{} ({} \
-         levels of {} ms, {} shards, delays up to {})\n",
+        "dry run, nothing moves: chain {}.v{} ({}, {}) holds {}, {} unroutable and {} in its \
+         poison queue; they would move into {}.v{} ({} of {} ms, {}, delays up to {})\n",
         old.prefix,
         old.version,
-        found.levels,
-        found.shards,
+        count(found.levels, "level", "levels"),
+        count(found.shards, "shard", "shards"),
+        count(waiting, "ready message", "ready messages"),
         found.unroutable,
         found.poisoned,
         new.prefix(),
         new.version(),
-        new.levels(),
+        count(new.levels(), "level", "levels"),
         new.unit_ms(),
-        new.shards(),
+        count(new.shards(), "shard", "shards"),
         humantime::format_duration(std::time::Duration::from_millis(new.max_delay_ms())),
     );
     for (queue, messages) in found.waiting.iter().filter(|(_, n)| *n > 0) {
@@ -783,6 +862,64 @@ pub fn describe_plan(plan: &TopologyPlan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every command says what it does and every argument what it takes,
+    /// in `--help`: an empty line there is a question left to the reader.
+    #[test]
+    fn every_command_and_argument_has_help() {
+        use clap::CommandFactory;
+        fn walk(command: &clap::Command, path: &str, silent: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.get_help().is_none() && !matches!(id, "help" | "version") {
+                    silent.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    silent.push(path.clone());
+                }
+                walk(sub, &path, silent);
+            }
+        }
+        let mut silent = Vec::new();
+        walk(&Cli::command(), "delayline", &mut silent);
+        assert!(silent.is_empty(), "without help: {silent:#?}");
+    }
+
+    #[test]
+    fn states_and_permissions_are_checked_from_the_codes_own_lists() {
+        use clap::CommandFactory;
+        let parse = |args: &[&str]| Cli::command().try_get_matches_from(args);
+        let bulk = [
+            "delayline",
+            "bulk",
+            "cancel",
+            "--destination",
+            "#",
+            "--state",
+        ];
+        for state in TaskState::ALL {
+            assert!(parse(&[&bulk[..], &[state.as_str()]].concat()).is_ok());
+        }
+        let error = parse(&[&bulk[..], &["done"]].concat())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(error.matches("possible values").count(), 1, "{error}");
+        let create = [
+            "delayline",
+            "token",
+            "create",
+            "--name",
+            "n",
+            "--permission",
+        ];
+        for permission in Permission::ALL {
+            assert!(parse(&[&create[..], &[permission.as_str()]].concat()).is_ok());
+        }
+        assert!(parse(&[&create[..], &["everything"]].concat()).is_err());
+    }
 
     #[test]
     fn from_is_a_version_or_a_settings_file() {

@@ -271,3 +271,21 @@ fn the_clients_file_is_read_again_on_reload() {
     assert!(auth.reload().is_err());
     assert!(auth.authenticate(Some("t2")).is_ok());
 }
+
+/// The security page's table of permissions names every permission the
+/// code knows, in the code's order, and no other: `token create --help`
+/// lists them from the same `Permission::ALL`.
+#[test]
+fn the_security_page_lists_every_permission() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md")).unwrap();
+    let documented: Vec<&str> = page
+        .lines()
+        .skip_while(|line| !line.starts_with("| permission |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| line.split('`').nth(1))
+        .collect();
+    let known: Vec<&str> = Permission::ALL.iter().map(|p| p.as_str()).collect();
+    assert_eq!(documented, known);
+}

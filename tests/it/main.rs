@@ -9,6 +9,7 @@ mod common;
 mod api;
 mod bulk;
 mod chaos;
+mod command_line;
 mod console;
 mod contract;
 mod delivery;
