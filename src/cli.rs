@@ -439,8 +439,12 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             None => outln!("store.url is \"none\": there is no ledger to migrate"),
         },
         Command::RequeueUnroutable => {
-            let done =
-                unroutable::requeue_unroutable(&settings.operator(&cascade), &cascade).await?;
+            let done = unroutable::requeue_unroutable(
+                &settings.operator(&cascade),
+                &cascade,
+                crate::clock::now_ms(),
+            )
+            .await?;
             out!("{}", describe_requeue(&done, &cascade));
         }
         Command::Probe { path } => return probe(&settings, &path).await,
@@ -688,15 +692,21 @@ fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {
 
 fn describe_dry_run(found: &DryRun, new: &Cascade) -> String {
     let mut text = describe_survey(&found.survey, &found.old, new);
+    if let Some(tasks) = found.tasks {
+        text += &format!(
+            "ledger: {} on their way; the levels' other messages are the service's level \
+             probes (or copies of moved and cancelled tasks), which are not moved\n",
+            count(tasks, "task", "tasks")
+        );
+    }
     let Some(beyond) = &found.beyond else {
         text += "no ledger (store.url = \"none\"): which tasks the new chain cannot hold shows \
                  only when they are moved\n";
         return text;
     };
     text += &format!(
-        "ledger: {} waiting tasks are due later than {} from now, the most {}.v{} holds: \
-         they would go to {}\n",
-        beyond.len(),
+        "ledger: {} due later than {} from now, the most {}.v{} holds: they would go to {}\n",
+        count(beyond.len() as u64, "waiting task is", "waiting tasks are"),
         humantime::format_duration(std::time::Duration::from_millis(new.max_delay_ms())),
         new.prefix(),
         new.version(),
@@ -723,7 +733,7 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
     let mut text = format!(
         "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
          delivered, {} unroutable messages moved, {} poisoned (in {}), {} copies of \
-         cancelled or moved tasks dropped; the old chain is deleted\n",
+         cancelled or moved tasks and {} dropped; the old chain is deleted\n",
         old.prefix,
         old.version,
         report.levels,
@@ -735,6 +745,7 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
         report.poisoned,
         new.poison_queue(),
         report.superseded,
+        count(report.probes, "level probe", "level probes"),
     );
     for (queue, check) in &report.deleted {
         text += &format!("deleted {queue}: unbound, drained, then {check}\n");
@@ -784,8 +795,9 @@ fn without_repeats(error: &anyhow::Error) -> String {
 fn describe_survey(found: &Survey, old: &OldChain, new: &Cascade) -> String {
     let waiting: u64 = found.waiting.iter().map(|(_, n)| u64::from(*n)).sum();
     let mut text = format!(
-        "dry run, nothing moves: chain {}.v{} ({}, {}) holds {}, {} unroutable and {} in its \
-         poison queue; they would move into {}.v{} ({} of {} ms, {}, delays up to {})\n",
+        "dry run, nothing moves: chain {}.v{} ({}, {}) holds {} in its levels and release \
+         queues, {} unroutable and {} in its poison queue; they would move into {}.v{} ({} of \
+         {} ms, {}, delays up to {})\n",
         old.prefix,
         old.version,
         count(found.levels, "level", "levels"),

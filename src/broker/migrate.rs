@@ -141,6 +141,8 @@ pub struct MigrationReport {
     pub poisoned: u64,
     /// Copies of cancelled tasks, or older revisions of moved ones: dropped.
     pub superseded: u64,
+    /// The old service's level probes: no task's, so dropped, not moved.
+    pub probes: u64,
     /// The task ids (AMQP `message_id`) of the messages poisoned here, with
     /// the reason: for the ledger to say so.
     pub poisoned_tasks: Vec<(String, String)>,
@@ -794,6 +796,12 @@ impl Mover<'_> {
         };
         let mut confirms = Vec::with_capacity(window.len());
         for delivery in window {
+            if matches!(kind, Kind::Level { .. })
+                && message::Probe::read(&delivery.properties).is_some()
+            {
+                self.report.probes += 1;
+                continue;
+            }
             if matches!(kind, Kind::Level { .. })
                 && self
                     .still_wanted

@@ -65,7 +65,7 @@ impl From<StoredTask> for TaskView {
         let kept = stored.payload.as_ref().map_or(0, |p| p.len() as u64);
         TaskView {
             revision: stored.revision,
-            delivered_at: stored.delivered_at_ms.map(format_epoch_ms),
+            delivered_at: stored.delivered_ms().map(format_epoch_ms),
             lateness_ms: stored.lateness_ms(),
             cancelled_at: stored.cancelled_at_ms.map(format_epoch_ms),
             held_by: stored.held_by.clone(),

@@ -24,7 +24,14 @@ pub async fn requeue_unroutable(state: &AppState, caller: &Caller) -> Result<Req
         ));
     };
     let cascade = state.scheduler.cascade();
-    Ok(requeue(state.scheduler.own_ledger(), &operator.amqp, cascade).await?)
+    let now_ms = crate::clock::read().wall_ms;
+    Ok(requeue(
+        state.scheduler.own_ledger(),
+        &operator.amqp,
+        cascade,
+        now_ms,
+    )
+    .await?)
 }
 
 #[utoipa::path(post, summary = "Requeue the unroutable queue's messages", path = "/v1/unroutable/requeue", tag = "operations",

@@ -94,6 +94,15 @@ impl Ledger {
         Ok(counts)
     }
 
+    /// Every task on its way (pending, scheduled, releasing, waiting),
+    /// whenever it falls due: what the chain and the ledger still have to
+    /// deliver. Read off the forecast's counts, not the tasks.
+    pub async fn tasks_on_their_way(&self) -> Result<u64, LedgerError> {
+        let minutes = self.due_per_minute(0, u64::MAX, None).await?;
+        let tasks: i64 = minutes.iter().map(|minute| minute.tasks).sum();
+        Ok(u64::try_from(tasks).unwrap_or(0))
+    }
+
     /// Folds PostgreSQL's changes into the counts, and forgets empty
     /// minutes before `now_ms`; returns how many changes. (SQLite's
     /// triggers count in place: nothing to fold.)

@@ -144,7 +144,9 @@ pub struct StoredTask {
     pub refusals: u32,
     /// 1, plus one per reschedule.
     pub revision: u64,
-    /// When the business exchange confirmed it (release stage only).
+    /// When the business exchange confirmed it (release stage only). An
+    /// unroutable task keeps the moment it was released here, which was no
+    /// delivery: [`StoredTask::delivered_ms`] says so.
     pub delivered_at_ms: Option<u64>,
     pub cancelled_at_ms: Option<u64>,
     /// The limit that held it when it fell due (`waiting`), once one did.
@@ -155,8 +157,14 @@ impl StoredTask {
     /// How late the delivery was: from `deliver_at` to the business
     /// exchange's confirm.
     pub fn lateness_ms(&self) -> Option<u64> {
-        self.delivered_at_ms
+        self.delivered_ms()
             .map(|at| at.saturating_sub(self.deliver_at_ms))
+    }
+
+    /// When it was delivered: never while unroutable (no queue took it).
+    pub fn delivered_ms(&self) -> Option<u64> {
+        self.delivered_at_ms
+            .filter(|_| self.state != TaskState::Unroutable)
     }
 
     /// Whether a caller limited to `owner`'s tasks (`None`: every task) may

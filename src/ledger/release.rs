@@ -119,9 +119,10 @@ impl Ledger {
     /// Before `requeue-unroutable` sends the unroutable queue's messages to
     /// the business exchange again: their tasks count as delivered, until a
     /// copy that is unroutable again marks its task so once more (which can
-    /// only come after this commit). Returns how many.
-    pub async fn requeue_unroutable(&self) -> Result<u64, LedgerError> {
+    /// only come after this commit), from `now_ms`. Returns how many.
+    pub async fn requeue_unroutable(&self, now_ms: u64) -> Result<u64, LedgerError> {
         on_pool!(&self.pool, p => sqlx::query(sql::REQUEUE_UNROUTABLE)
+            .bind(db_ms(now_ms))
             .execute(p)
             .await
             .map(|done| done.rows_affected()))

@@ -288,8 +288,10 @@ pub const SUPERSEDED: &str =
 pub const MARK_UNROUTABLE: &str = "UPDATE tasks SET state = 'unroutable', \
      delivered_at_ms = COALESCE(delivered_at_ms, $3) \
      WHERE id = $1 AND revision = $2 AND state IN ('releasing', 'delivered')";
+/// A requeued task counts as delivered when it is requeued: the moment it
+/// was released into the unroutable queue was no delivery.
 pub const REQUEUE_UNROUTABLE: &str =
-    "UPDATE tasks SET state = 'delivered' WHERE state = 'unroutable'";
+    "UPDATE tasks SET state = 'delivered', delivered_at_ms = $1 WHERE state = 'unroutable'";
 
 /// A client's waiting tasks. Both counts read an index alone
 /// (`tasks_by_deliver_at` carries the client): a task not yet due is waiting

@@ -43,6 +43,9 @@ pub struct DryRun {
     pub survey: Survey,
     /// Waiting tasks (id, due) the new chain cannot hold; `None` without a ledger.
     pub beyond: Option<Vec<(String, String)>>,
+    /// Tasks on their way, by the ledger: the old chain's messages are
+    /// these and, with the release stage, the service's level probes.
+    pub tasks: Option<u64>,
 }
 
 pub async fn dry_run(
@@ -56,18 +59,20 @@ pub async fn dry_run(
         async |connection| Ok(broker::survey(connection, &old).await?),
     )
     .await?;
-    let beyond = match open_ledger(settings).await? {
-        None => None,
+    let (beyond, tasks) = match open_ledger(settings).await? {
+        None => (None, None),
         Some(ledger) => {
             let beyond = beyond_the_chain(&ledger, new).await;
+            let tasks = ledger.tasks_on_their_way().await;
             ledger.close().await;
-            Some(beyond?)
+            (Some(beyond?), Some(tasks?))
         }
     };
     Ok(DryRun {
         old,
         survey,
         beyond,
+        tasks,
     })
 }
 

@@ -19,16 +19,17 @@ pub struct Requeued {
     pub still_unroutable: u32,
 }
 
-/// The CLI's `requeue-unroutable`: with the ledger of `settings`.
+/// The CLI's `requeue-unroutable`, at `now_ms`: with the ledger of `settings`.
 pub async fn requeue_unroutable(
     settings: &OperatorSettings,
     cascade: &Cascade,
+    now_ms: u64,
 ) -> Result<Requeued, OperationError> {
     let ledger = match cascade.release_stage() {
         true => open_ledger(settings).await?,
         false => None,
     };
-    let done = requeue(ledger.as_ref(), &settings.amqp, cascade).await;
+    let done = requeue(ledger.as_ref(), &settings.amqp, cascade, now_ms).await;
     if let Some(ledger) = ledger {
         ledger.close().await;
     }
@@ -36,11 +37,12 @@ pub async fn requeue_unroutable(
 }
 
 /// Requeues with `ledger` (the service's own, from the API, or the CLI's):
-/// one code path for both.
+/// one code path for both. The tasks count as delivered at `now_ms`.
 pub async fn requeue(
     ledger: Option<&Ledger>,
     amqp: &AmqpSettings,
     cascade: &Cascade,
+    now_ms: u64,
 ) -> Result<Requeued, OperationError> {
     // Counted delivered before they go: a copy unroutable again then marks
     // its task `unroutable` once more, after this commit.
@@ -48,7 +50,7 @@ pub async fn requeue(
     if cascade.release_stage()
         && let Some(ledger) = ledger
     {
-        counted_delivered = ledger.requeue_unroutable().await?;
+        counted_delivered = ledger.requeue_unroutable(now_ms).await?;
     }
     let (republished, still_unroutable) =
         on_broker(amqp, "delayline requeue-unroutable", async |connection| {

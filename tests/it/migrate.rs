@@ -382,7 +382,10 @@ async fn a_new_prefix_named_by_the_old_settings_keeps_the_shared_parking_queue()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the_poisoned() {
-    let old_settings = with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite);
+    let mut old_settings = with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite);
+    // A probe goes into level 7 (12.8 s) whenever the newest there has two
+    // intervals (10 s) left: one is still there when the migration runs.
+    old_settings.cascade.level_probe_ms = 5_000;
     let mut new_settings = old_settings.clone();
     new_settings.cascade.version = 2;
     // At most 1.5 s: a task due in 20 s cannot be held.
@@ -392,17 +395,27 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
     let _cleanup = cleanup_both(&old, &new);
 
     let old_app = TestApp::spawn(old_settings).await;
+    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
+    eventually("a probe waits in level 7", async || {
+        queue_state(&connection, &old.level_queue(7))
+            .await
+            .unwrap()
+            .is_some_and(|q| q.messages >= 1)
+    })
+    .await;
     for (id, delay_ms) in [("too-long", 20_000), ("fits", 1_200)] {
         let body = json!({"destination": "moved", "id": id, "delay_ms": delay_ms});
         let (status, accepted) = old_app.post("/v1/tasks", &body).await;
         assert_eq!((status, &accepted["state"]), (202, &json!("scheduled")));
     }
     let _old_topology = old_app.stop_keeping_topology().await;
-    let connection = connect(amqp_uri(), "delayline test migrate").await.unwrap();
+    // Messages only move down, into the release queue, which nothing
+    // consumes now: their sum changes only if something takes them.
     let waiting = async || {
         let mut ready = 0;
-        for level in 0..8 {
-            ready += queue_state(&connection, &old.level_queue(level))
+        let queues = (0..8).map(|level| old.level_queue(level));
+        for queue in queues.chain([old.release_queue()]) {
+            ready += queue_state(&connection, &queue)
                 .await
                 .unwrap()
                 .map_or(0, |q| q.messages);
@@ -416,9 +429,11 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
     assert!(ok, "{output}");
     assert!(output.contains("dry run, nothing moves"), "{output}");
     assert!(
-        output.contains("ledger: 1 waiting tasks are due later than 1s 500ms"),
+        output.contains("ledger: 1 waiting task is due later than 1s 500ms"),
         "{output}"
     );
+    // The probes are messages, not tasks.
+    assert!(output.contains("ledger: 2 tasks on their way"), "{output}");
     assert!(output.contains("  too-long  due "), "{output}");
     assert!(!output.contains("  fits  due "), "{output}");
     assert!(output.contains(&new.poison_queue()), "{output}");
@@ -427,6 +442,14 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
     let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
     assert!(ok, "{output}");
     assert!(output.contains("poisoned task too-long"), "{output}");
+    // The probes are dropped, not moved as tasks: "fits" alone is moved
+    // (or delivered, if it fell due meanwhile).
+    assert!(
+        output.contains("1 rescheduled, 0 already due")
+            || output.contains("0 rescheduled, 1 already due"),
+        "{output}"
+    );
+    assert!(!output.contains(" 0 level probes dropped"), "{output}");
     let new_app = TestApp::spawn(new_settings).await;
     let (_, task) = new_app.get("/v1/tasks/too-long").await;
     assert_eq!(task["state"], "failed", "{task}");

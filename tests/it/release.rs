@@ -586,7 +586,9 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
     })
     .await;
     let (_, seen) = app.get(&format!("/v1/tasks/{id}")).await;
-    assert!(seen["delivered_at"].is_string(), "{seen}");
+    // Released, but delivered to no queue: no delivery time, no lateness.
+    assert!(seen["delivered_at"].is_null(), "{seen}");
+    assert!(seen["lateness_ms"].is_null(), "{seen}");
     assert_eq!(
         sample(&app.scrape().await, "delayline_tasks_unroutable_total"),
         Some(1.0)
@@ -605,10 +607,11 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
 
     // The runbook's remedy: bind, then requeue; it is delivered and seen so.
     let mut late = TestConsumer::bind(&mut app, "#.nobody.home").await;
+    let requeued_at = delayline::clock::now_ms();
     let (ok, output) = run_delayline(&settings, &["requeue-unroutable"]).await;
     assert!(ok, "{output}");
     assert!(
-        output.contains("1 unroutable tasks in the ledger count as delivered"),
+        output.contains("1 unroutable task in the ledger counted as delivered"),
         "{output}"
     );
     let message = late.next(Duration::from_secs(10)).await.expect("requeued");
@@ -616,6 +619,10 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, seen) = app.get(&format!("/v1/tasks/{id}")).await;
     assert_eq!(seen["state"], "delivered", "{seen}");
+    // Delivered when requeued, not when first released.
+    let delivered_at = seen["delivered_at"].as_str().expect("delivered_at");
+    let delivered_at = delayline::clock::parse_epoch_ms(delivered_at).unwrap();
+    assert!(delivered_at >= requeued_at, "{seen}");
     assert_eq!(
         sample(&app.scrape().await, "delayline_tasks_unroutable_total"),
         Some(1.0)

@@ -314,10 +314,12 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
             }
             h2 { "Payload" }
             (payload(task))
-            h2 { "Headers" }
-            table { tbody { @for (name, value) in &task.headers {
-                tr { th scope="row" { (name) } td { (serde_json::to_string(value).unwrap_or_default()) } }
-            } } }
+            @if !task.headers.is_empty() {
+                h2 { "Headers" }
+                table { tbody { @for (name, value) in &task.headers {
+                    tr { th scope="row" { (name) } td { (serde_json::to_string(value).unwrap_or_default()) } }
+                } } }
+            }
         },
     )
 }
@@ -354,9 +356,12 @@ fn timeline(
         events.push((Some(at), what));
     }
     events.push((Some(due), "due".to_owned()));
-    if let Some(at) = task.delivered_at_ms {
+    if let Some(at) = task.delivered_ms() {
         let late = task.lateness_ms().unwrap_or_default();
         events.push((Some(at), format!("delivered, {late} ms after due")));
+    } else if let (TaskState::Unroutable, Some(at)) = (task.state, task.delivered_at_ms) {
+        let what = "released, but no queue was bound for it: in the unroutable queue";
+        events.push((Some(at), what.to_owned()));
     }
     if let Some(limit) = &task.held_by {
         let what = if task.state == TaskState::Waiting {
@@ -611,5 +616,36 @@ mod tests {
             ]
         );
         assert!(times(&late).windows(2).all(|w| w[0] <= w[1]), "{late:?}");
+    }
+
+    #[test]
+    fn an_unroutable_task_is_not_said_delivered() {
+        let mut parked = task(13_500, Some(13_501));
+        parked.state = TaskState::Unroutable;
+        let events = timeline(&parked, &[], true);
+        let last = &events.last().unwrap().1;
+        assert!(last.contains("unroutable queue"), "{events:?}");
+        assert!(!events.iter().any(|(_, what)| what.contains("delivered")));
+    }
+
+    #[test]
+    fn a_task_page_has_a_headers_heading_only_with_headers() {
+        let page = |task: &StoredTask| {
+            let view = TaskPage {
+                task,
+                levels: Vec::new(),
+                release_stage: true,
+                may_cancel: false,
+                may_reschedule: false,
+                csrf: "c",
+                notice: None,
+            };
+            super::task(&view, Some("admin")).into_string()
+        };
+        let mut with = task(13_500, None);
+        assert!(!page(&with).contains("Headers"));
+        with.headers
+            .insert("k".into(), crate::message::FieldValue::Str("v".into()));
+        assert!(page(&with).contains("<h2>Headers</h2>"));
     }
 }
