@@ -174,14 +174,37 @@ pub(super) async fn migrate(pool: &Pool, target: &str) -> Result<Migrated, Ledge
     Ok(migrated)
 }
 
-/// A pool of one connection to where `pool` connects, its statement
-/// logging off.
-async fn quiet_copy<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+/// A pool of one connection to where `pool` connects, quiet.
+async fn quiet_copy<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<sqlx::Pool<DB>, sqlx::Error>
+where
+    <DB::Connection as Connection>::Options: Quiet,
+{
     let options = pool.connect_options().as_ref().clone();
     PoolOptions::<DB>::new()
         .max_connections(1)
-        .connect_with(options.disable_statement_logging())
+        .connect_with(options.quiet())
         .await
+}
+
+/// Connection options for the migrations: no statement logging, and on
+/// PostgreSQL no notices below a warning (each `CREATE … IF NOT EXISTS` of
+/// the migrations' table said "already exists, skipping", which sqlx logs
+/// at INFO: three lines at every start).
+trait Quiet {
+    fn quiet(self) -> Self;
+}
+
+impl Quiet for SqliteConnectOptions {
+    fn quiet(self) -> Self {
+        self.disable_statement_logging()
+    }
+}
+
+impl Quiet for PgConnectOptions {
+    fn quiet(self) -> Self {
+        self.disable_statement_logging()
+            .options([("client_min_messages", "warning")])
+    }
 }
 
 /// The highest migration applied (0 for a new ledger). The migrations'
