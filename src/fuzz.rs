@@ -337,7 +337,7 @@ proptest! {
             queue_type: QueueType::Quorum,
             prefix: "t".into(),
             version: 1,
-            business_exchange: "biz".into(),
+            business_exchange: Some("biz".into()),
             release_stage: Some(precision.is_some()),
             delivery_key: crate::cascade::DeliveryKey::Digits,
             precision_ms: precision.map(|p| p.min(unit_ms)),

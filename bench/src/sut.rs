@@ -131,7 +131,7 @@ impl ServiceUnderTest {
             queue_type,
             prefix: format!("bench-{id}"),
             version: 1,
-            business_exchange: format!("bench-{id}.business"),
+            business_exchange: Some(format!("bench-{id}.business")),
             release_stage: Some(release_stage),
             delivery_key: delayline::cascade::DeliveryKey::Destination,
             precision_ms,

@@ -44,7 +44,7 @@ pub(crate) fn for_tests(levels: u32, unit_ms: u64, queue_type: QueueType) -> Cas
         queue_type,
         prefix: "t".into(),
         version: 1,
-        business_exchange: "biz".into(),
+        business_exchange: Some("biz".into()),
         release_stage: None,
         delivery_key: DeliveryKey::Destination,
         ..CascadeSettings::default()
@@ -59,7 +59,7 @@ pub(crate) fn sharded_for_tests(levels: u32, unit_ms: u64, shards: u32) -> Casca
         levels,
         unit_ms,
         prefix: "t".into(),
-        business_exchange: "biz".into(),
+        business_exchange: Some("biz".into()),
         release_stage: Some(true),
         shards,
         ..CascadeSettings::default()

@@ -72,6 +72,13 @@ pub fn unroutable_seen_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.unroutable-seen")
 }
 
+/// The business exchange of a chain whose settings name none: the
+/// prefix's own, so that two prefixes never deliver into each other's
+/// consumers' queues.
+pub fn business_exchange_of(prefix: &str) -> String {
+    format!("{prefix}.business")
+}
+
 /// The alternate exchange of the business exchange.
 pub fn unroutable_exchange_name(business_exchange: &str) -> String {
     format!("{business_exchange}.unroutable")

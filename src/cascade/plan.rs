@@ -521,7 +521,7 @@ mod tests {
             levels: 4,
             unit_ms: 1000,
             prefix: "p".into(),
-            business_exchange: "biz".into(),
+            business_exchange: Some("biz".into()),
             ..CascadeSettings::default()
         }
         .validate()
@@ -596,7 +596,7 @@ mod tests {
         let cascade = CascadeSettings {
             levels: 3,
             prefix: "p".into(),
-            business_exchange: "biz".into(),
+            business_exchange: Some("biz".into()),
             release_stage: Some(true),
             ..CascadeSettings::default()
         }
@@ -647,7 +647,7 @@ mod tests {
         CascadeSettings {
             levels: cascade.levels(),
             prefix: cascade.prefix().into(),
-            business_exchange: cascade.business_exchange().into(),
+            business_exchange: Some(cascade.business_exchange().into()),
             ..CascadeSettings::default()
         }
     }

@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::names::{
-    level_exchange_name, level_queue_name, poison_queue_name, probe_notice_queue_name,
-    release_queue_name, unroutable_exchange_name, unroutable_queue_name,
+    business_exchange_of, level_exchange_name, level_queue_name, poison_queue_name,
+    probe_notice_queue_name, release_queue_name, unroutable_exchange_name, unroutable_queue_name,
 };
 
 /// The largest `x-message-ttl` RabbitMQ accepts (10 years, measured on 3.10.8).
@@ -110,7 +110,12 @@ pub struct CascadeSettings {
     /// `delayline migrate-topology --from <old version>`.
     pub version: u32,
     /// The exchange tasks are delivered to when their delay has elapsed.
-    pub business_exchange: String,
+    /// Unset: `<prefix>.business`, so that an instance with a prefix of its
+    /// own delivers to an exchange of its own (the default prefix keeps
+    /// `delayline.business`); its alternate exchange and unroutable queue
+    /// are named after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub business_exchange: Option<String>,
     /// Whether level 0 dead-letters into a release queue that delayline
     /// consumes (so a task can be cancelled or moved until it is due)
     /// instead of straight to the business exchange. Unset: on with a
@@ -188,7 +193,7 @@ impl Default for CascadeSettings {
             queue_type: QueueType::Quorum,
             prefix: "delayline".to_owned(),
             version: 1,
-            business_exchange: "delayline.business".to_owned(),
+            business_exchange: None,
             release_stage: None,
             delivery_key: DeliveryKey::Destination,
             precision_ms: None,
@@ -304,7 +309,9 @@ impl CascadeSettings {
         self.check_precision()?;
         self.check_shards()?;
         check_name("prefix", &self.prefix)?;
-        check_name("business_exchange", &self.business_exchange)?;
+        let business = self.business_exchange.clone();
+        let business = business.unwrap_or_else(|| business_exchange_of(&self.prefix));
+        check_name("business_exchange", &business)?;
         // The longest derived names must still be valid AMQP short strings.
         let (prefix, version, top) = (&self.prefix, self.version, self.levels - 1);
         let last_shard = self.shards - 1;
@@ -323,14 +330,16 @@ impl CascadeSettings {
             "prefix",
             &probe_notice_queue_name(prefix, version, &"f".repeat(16)),
         )?;
-        let business = &self.business_exchange;
-        check_name("business_exchange", &unroutable_exchange_name(business))?;
+        check_name("business_exchange", &unroutable_exchange_name(&business))?;
         check_name(
             "business_exchange",
-            &unroutable_queue_name(business, version),
+            &unroutable_queue_name(&business, version),
         )?;
         Ok(Cascade {
-            settings: self,
+            settings: CascadeSettings {
+                business_exchange: Some(business),
+                ..self
+            },
             shard: 0,
         })
     }
@@ -426,7 +435,11 @@ impl Cascade {
     }
 
     pub fn business_exchange(&self) -> &str {
-        &self.settings.business_exchange
+        // Always set by `validate`.
+        self.settings
+            .business_exchange
+            .as_deref()
+            .unwrap_or_default()
     }
 
     /// Level 0 dead-letters into the release queue, which delayline
@@ -700,10 +713,32 @@ mod tests {
             assert!(s.validate().is_err(), "{prefix:?} accepted");
         }
         let s = CascadeSettings {
-            business_exchange: "x".repeat(250),
+            business_exchange: Some("x".repeat(250)),
             ..CascadeSettings::default()
         };
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn the_business_exchange_follows_the_prefix_unless_named() {
+        let default = CascadeSettings::default().validate().unwrap();
+        assert_eq!(default.business_exchange(), "delayline.business");
+        let own = CascadeSettings {
+            prefix: "billing-delays".into(),
+            ..CascadeSettings::default()
+        };
+        let own = own.validate().unwrap();
+        assert_eq!(own.business_exchange(), "billing-delays.business");
+        assert_eq!(
+            own.unroutable_exchange(),
+            "billing-delays.business.unroutable"
+        );
+        let named = CascadeSettings {
+            prefix: "billing-delays".into(),
+            business_exchange: Some("shared".into()),
+            ..CascadeSettings::default()
+        };
+        assert_eq!(named.validate().unwrap().business_exchange(), "shared");
     }
 
     #[test]

@@ -187,7 +187,7 @@ mod tests {
         ) {
             let queue_type = if quorum { QueueType::Quorum } else { QueueType::Classic };
             let settings = CascadeSettings {
-                levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: "biz".into(),
+                levels, unit_ms, queue_type, prefix: "p".into(), version, business_exchange: Some("biz".into()),
                 release_stage: Some(release_stage),
                 delivery_key: if digits { DeliveryKey::Digits } else { DeliveryKey::Destination },
                 ..CascadeSettings::default()

@@ -207,7 +207,7 @@ fn release_stage_cascade() -> Arc<Cascade> {
         levels: 12,
         unit_ms: 100,
         prefix: "t".into(),
-        business_exchange: "biz".into(),
+        business_exchange: Some("biz".into()),
         release_stage: Some(true),
         ..crate::cascade::CascadeSettings::default()
     }

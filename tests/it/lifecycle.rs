@@ -180,7 +180,7 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
     assert_eq!(first["prefix"], settings.cascade.prefix.as_str(), "{first}");
     assert_eq!(
         first["business_exchange"],
-        settings.cascade.business_exchange.as_str()
+        settings.cascade().unwrap().business_exchange()
     );
     assert_eq!(
         (&first["version"], &first["levels"], &first["unit_ms"]),
@@ -301,7 +301,10 @@ async fn the_readme_quick_start_runs_as_written() {
     cleanup.queues.push(queue.clone());
     let consumer = readme_block("## Quick start", "python", 0)
         .replace("\"invoices\"", &format!("{queue:?}"))
-        .replace("delayline.business", &settings.cascade.business_exchange)
+        .replace(
+            "delayline.business",
+            settings.cascade().unwrap().business_exchange(),
+        )
         .replace("amqp://guest:guest@127.0.0.1:5672/%2f", amqp_uri());
     let mut python = tokio::process::Command::new(crate::common::python::tool("python"))
         .arg("-c")

@@ -525,3 +525,43 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
     assert!(out.contains("and 1 unroutable message;"), "{out}");
     let _ = connection.close(200, "done".into()).await;
 }
+
+/// Two instances on one vhost with prefixes of their own and no business
+/// exchange named: each delivers to `<prefix>.business`, so a consumer
+/// bound to one never receives the other's tasks, though both name the
+/// same destination (the guide's security example runs beside the quick
+/// start so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_different_prefixes_deliver_only_to_their_own_consumers() {
+    use crate::common::{Backend, TestConsumer, with_ledger};
+    let mut apps = Vec::new();
+    let mut consumers = Vec::new();
+    for _ in 0..2 {
+        let mut settings = with_ledger(test_settings(4, 10, QueueType::Quorum), Backend::Sqlite);
+        settings.cascade.business_exchange = None;
+        let prefix = settings.cascade.prefix.clone();
+        let mut app = TestApp::spawn(settings).await;
+        assert_eq!(
+            app.cascade.business_exchange(),
+            format!("{prefix}.business")
+        );
+        consumers.push(TestConsumer::bind(&mut app, "#").await);
+        apps.push(app);
+    }
+    let mut ids = Vec::new();
+    for app in &apps {
+        let task = serde_json::json!({"destination": "billing.invoice", "delay_ms": 50});
+        let (status, accepted) = app.post("/v1/tasks", &task).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["id"].as_str().unwrap().to_owned());
+    }
+    for (consumer, id) in consumers.iter_mut().zip(&ids) {
+        let message = consumer
+            .next(std::time::Duration::from_secs(10))
+            .await
+            .expect("its own task");
+        assert_eq!(&message.message_id(), id);
+        let other = consumer.next(std::time::Duration::from_secs(1)).await;
+        assert!(other.is_none(), "another instance's task crossed over");
+    }
+}

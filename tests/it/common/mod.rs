@@ -67,7 +67,7 @@ pub fn test_settings(levels: u32, unit_ms: u64, queue_type: QueueType) -> Settin
     settings.cascade.unit_ms = unit_ms;
     settings.cascade.queue_type = queue_type;
     settings.cascade.prefix = format!("dltest-{}", &id[..12]);
-    settings.cascade.business_exchange = format!("dltest-{}.business", &id[..12]);
+    settings.cascade.business_exchange = Some(format!("dltest-{}.business", &id[..12]));
     settings.http.bind = "127.0.0.1:0".to_owned();
     // Stateless unless a test asks for a ledger with `with_ledger`.
     settings.store.url = "none".to_owned().into();
@@ -945,6 +945,9 @@ fn configured(
     if let Some(precision_ms) = c.precision_ms {
         command.env("DELAYLINE__CASCADE__PRECISION_MS", precision_ms.to_string());
     }
+    if let Some(business) = &c.business_exchange {
+        command.env("DELAYLINE__CASCADE__BUSINESS_EXCHANGE", business);
+    }
     command
         .env("DELAYLINE__CASCADE__HOLD_LIMIT", c.hold_limit.to_string())
         .env(
@@ -966,10 +969,6 @@ fn configured(
             settings.amqp.late_confirm_limit_ms.to_string(),
         )
         .env("DELAYLINE__CASCADE__PREFIX", &c.prefix)
-        .env(
-            "DELAYLINE__CASCADE__BUSINESS_EXCHANGE",
-            &c.business_exchange,
-        )
         .env("DELAYLINE__CASCADE__LEVELS", c.levels.to_string())
         .env("DELAYLINE__CASCADE__UNIT_MS", c.unit_ms.to_string())
         .env("DELAYLINE__CASCADE__QUEUE_TYPE", c.queue_type.as_str())
