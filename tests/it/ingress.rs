@@ -795,3 +795,78 @@ async fn returned_releases_among_many_in_flight_are_each_parked_and_no_other() {
     drop(consumer);
     app.stop().await.unwrap();
 }
+
+/// The plugin page's step 2, its command as written, deletes an exchange on
+/// this broker: the management API, on RabbitMQ 3.10 and 4.x alike (the
+/// page once named a `rabbitmqctl` command that exists on neither). The
+/// shared broker's API when it has one (`DLTEST_MANAGEMENT_URL`), else a
+/// node of the test's own with the plugin on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_pages_delete_command_deletes_the_exchange() {
+    use crate::common::nodes::{BrokerNode, NodeOptions};
+    let (node, uri, api) = match std::env::var("DLTEST_MANAGEMENT_URL") {
+        Ok(url) => (None, amqp_uri().to_owned(), url),
+        Err(_) => {
+            let node = BrokerNode::start(&NodeOptions {
+                management: true,
+                ..NodeOptions::default()
+            });
+            let api = format!(
+                "http://guest:guest@127.0.0.1:{}",
+                node.management_port.unwrap()
+            );
+            let uri = node.uri();
+            (Some(node), uri, api)
+        }
+    };
+    let (credentials, address) = api
+        .trim_start_matches("http://")
+        .split_once('@')
+        .expect("the API's URL names its user");
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let exchange = format!("dltest-{}.my-exchange", &id[..12]);
+    let connection = connect(&uri, "plugin page test").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let command = doc_block(PLUGIN_PAGE, PLUGIN_SECTION, "sh", 0)
+        .replace("guest:guest", credentials)
+        .replace("localhost:15672", address)
+        .replace("my-exchange", &exchange);
+    let ran = tokio::process::Command::new("sh")
+        .args(["-c", &command])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let channel = connection.create_channel().await.unwrap();
+    let still_there = channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Direct,
+            lapin::options::ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    assert!(!still_there, "{exchange} is still declared");
+    let _ = connection.close(200, "done".into()).await;
+    drop(node);
+}
