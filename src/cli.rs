@@ -8,11 +8,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::auth::Permission;
-use crate::broker::{OldChain, Survey};
+use crate::broker::{ObjectKind, OldChain, Survey};
 use crate::cascade::{BindingTarget, Cascade, TopologyPlan};
 use crate::config::Settings;
 use crate::ingress::plan_with;
 use crate::message::DELIVER_AT_HEADER;
+use crate::operations::deprovision::{self, Deprovisioned};
 use crate::operations::migrate::{self, DryRun, Migrated};
 use crate::operations::unroutable::{self, Requeued};
 use crate::operations::{provision, token};
@@ -78,6 +79,24 @@ pub enum Command {
         /// Say what would move and what would be poisoned, and why; take nothing.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Delete what delayline declared for the configured chain (its prefix
+    /// and version: levels, release and poison queues, the business and
+    /// unroutable exchanges and queues, ingresses), and the queues named
+    /// with --queue. Without --yes it only says what would go.
+    Deprovision {
+        /// Delete; without it nothing is touched.
+        #[arg(long)]
+        yes: bool,
+        /// Delete even while the chain holds tasks or parked messages (the
+        /// ledger's tasks are cancelled first).
+        #[arg(long)]
+        drop_tasks: bool,
+        /// A queue of your own to delete too (a consumer's queue bound to
+        /// the business exchange); repeatable. No other queue of yours is
+        /// touched.
+        #[arg(long = "queue", value_name = "NAME")]
+        queues: Vec<String>,
     },
     /// Send the unroutable queue's messages back to the business exchange,
     /// once their destinations are bound; still unroutable ones land there again.
@@ -404,30 +423,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Token {
             action: TokenCommand::Create(new),
         } => create_token(new)?,
-        Command::Provision { dry_run: true, .. } => out!(
-            "{}",
-            describe_plan(&plan_with(&cascade, &settings.ingresses(&cascade)?))
-        ),
-        Command::Provision { check: true, .. } => {
-            let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
-            let report = provision::check(&settings.operator(&cascade), &cascade, &plan).await?;
-            out!("{report}");
-            if report.problems() > 0 {
-                return Ok(ExitCode::FAILURE);
-            }
-        }
-        Command::Provision { .. } => {
-            let plan = plan_with(&cascade, &settings.ingresses(&cascade)?);
-            let report = provision::provision(&settings.amqp, &plan).await?;
-            outln!(
-                "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
-                report.exchanges,
-                report.queues,
-                report.bindings,
-                cascade.levels(),
-                cascade.unit_ms(),
-                cascade.queue_type().as_str()
-            );
+        Command::Provision { dry_run, check } => {
+            return provision_chain(&settings, &cascade, dry_run, check).await;
         }
         Command::MigrateTopology { from, dry_run } => {
             migrate_topology(&settings, &cascade, &from, dry_run).await?
@@ -438,15 +435,18 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
             }
             None => outln!("store.url is \"none\": there is no ledger to migrate"),
         },
-        Command::RequeueUnroutable => {
-            let done = unroutable::requeue_unroutable(
-                &settings.operator(&cascade),
-                &cascade,
-                crate::clock::now_ms(),
-            )
-            .await?;
-            out!("{}", describe_requeue(&done, &cascade));
+        Command::Deprovision {
+            yes,
+            drop_tasks,
+            queues,
+        } => {
+            let asked = deprovision::Asked {
+                delete: yes,
+                drop_tasks,
+            };
+            deprovision_chain(&settings, &cascade, &queues, asked).await?
         }
+        Command::RequeueUnroutable => requeue(&settings, &cascade).await?,
         Command::Probe { path } => return probe(&settings, &path).await,
         Command::Limits { action, url, token } => {
             out!("{}", limits(&settings, action, url, token).await?);
@@ -468,6 +468,62 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `delayline provision [--dry-run | --check]`.
+async fn provision_chain(
+    settings: &Settings,
+    cascade: &Cascade,
+    dry_run: bool,
+    check: bool,
+) -> anyhow::Result<ExitCode> {
+    let plan = plan_with(cascade, &settings.ingresses(cascade)?);
+    if dry_run {
+        out!("{}", describe_plan(&plan));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if check {
+        let report = provision::check(&settings.operator(cascade), cascade, &plan).await?;
+        out!("{report}");
+        return Ok(match report.problems() {
+            0 => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        });
+    }
+    let report = provision::provision(&settings.amqp, &plan).await?;
+    outln!(
+        "provisioned {} exchanges, {} queues and {} bindings ({} levels of {} ms, {} queues)",
+        report.exchanges,
+        report.queues,
+        report.bindings,
+        cascade.levels(),
+        cascade.unit_ms(),
+        cascade.queue_type().as_str()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `delayline deprovision [--yes [--drop-tasks]] [--queue …]`.
+async fn deprovision_chain(
+    settings: &Settings,
+    cascade: &Cascade,
+    queues: &[String],
+    asked: deprovision::Asked,
+) -> anyhow::Result<()> {
+    let plan = plan_with(cascade, &settings.ingresses(cascade)?);
+    let operator = settings.operator(cascade);
+    let now_ms = crate::clock::now_ms();
+    let done = deprovision::deprovision(&operator, cascade, &plan, queues, asked, now_ms).await?;
+    out!("{}", describe_deprovision(&done, cascade));
+    Ok(())
+}
+
+/// `delayline requeue-unroutable`.
+async fn requeue(settings: &Settings, cascade: &Cascade) -> anyhow::Result<()> {
+    let operator = settings.operator(cascade);
+    let done = unroutable::requeue_unroutable(&operator, cascade, crate::clock::now_ms()).await?;
+    out!("{}", describe_requeue(&done, cascade));
+    Ok(())
 }
 
 /// `delayline migrate-topology --from … [--dry-run]`.
@@ -661,6 +717,56 @@ fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
         1 => format!("1 {one}"),
         n => format!("{n} {many}"),
     }
+}
+
+/// What `deprovision` found and did, an object a line.
+fn describe_deprovision(done: &Deprovisioned, cascade: &Cascade) -> String {
+    let mut text = format!(
+        "chain {}.v{} and what it declared:\n",
+        cascade.prefix(),
+        cascade.version()
+    );
+    for object in done.chain.iter().chain(&done.named) {
+        let what = match (object.exists, object.kind) {
+            (false, _) => "absent".to_owned(),
+            (true, ObjectKind::Queue) => count(object.messages, "message", "messages"),
+            (true, ObjectKind::Exchange) => String::new(),
+        };
+        text += &format!("  {:<8} {}  {what}\n", object.kind.as_str(), object.name);
+    }
+    let counted_by = match done.by_ledger {
+        true => "by the ledger",
+        false => "messages in its levels and release queues",
+    };
+    text += &format!(
+        "it holds {} ({counted_by}) and {} in its other queues\n",
+        count(done.tasks, "task on its way", "tasks on their way"),
+        count(done.parked, "parked message", "parked messages")
+    );
+    let present = done.chain.iter().chain(&done.named).filter(|o| o.exists);
+    let present = present.count() as u64;
+    if present == 0 {
+        return text + "nothing of it is on the broker\n";
+    }
+    if !done.deleted {
+        let flags = match done.holds_work() {
+            true => "--yes --drop-tasks",
+            false => "--yes",
+        };
+        text += &format!(
+            "nothing deleted: `delayline deprovision {flags}` deletes the {} above\n",
+            count(present, "object present", "objects present")
+        );
+        return text;
+    }
+    text += &format!("deleted {}", count(present, "object", "objects"));
+    if done.by_ledger {
+        text += &format!(
+            "; {} cancelled in the ledger, which stays (store.data_dir or store.url)",
+            count(done.cancelled, "task", "tasks")
+        );
+    }
+    text + "\n"
 }
 
 fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {

@@ -45,9 +45,9 @@
 //!   what it shows of the ledger and the broker (a stored task, a publish
 //!   error) it names through the scheduler, which hands those types on.
 //! - [`operations`]: the operator's commands as an application layer
-//!   (provision and check, migrate-topology, requeue-unroutable, token
-//!   create), each coordinating ledger and broker with the settings
-//!   `config` hands it. Where migrate decides what to do with a task (its
+//!   (provision and check, migrate-topology, requeue-unroutable,
+//!   deprovision, token create), each coordinating ledger and broker with
+//!   the settings `config` hands it. Where migrate decides what to do with a task (its
 //!   revision, whether it is still wanted): `operations::migrate`.
 //! - [`ingress`]: AMQP ingresses speaking the `x-delayed-message` plugin's
 //!   contract: an ingress's settings and broker objects, a message turned
@@ -97,7 +97,8 @@
 //!   (confirms, pipelining, reconnection, bounded waits, isolation of a
 //!   suspect message), over TLS when asked, consuming a queue in windows,
 //!   reading queue depths, moving a chain's messages (survey, drain, move,
-//!   delete), requeueing the unroutable queue. It knows nothing of tasks or
+//!   delete), requeueing the unroutable queue, looking at and deleting
+//!   named objects (`deprovision`). It knows nothing of tasks or
 //!   ledgers: what becomes of a task is decided above it.
 //! - [`schedule`]: recurring schedules, pure. A schedule as a client states
 //!   it, validated (its content by a task's rules); when it fires (a cron

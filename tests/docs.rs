@@ -254,3 +254,23 @@ fn commands_name_the_binary_as_the_reader_has_it() {
         );
     }
 }
+
+/// The getting-started page states the Rust version `Cargo.toml` declares
+/// (an older toolchain stops on it), and promises no first delivery in
+/// minutes that the first build alone takes longer than.
+#[test]
+fn getting_started_states_the_rust_version_and_an_honest_first_run() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let version = manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("rust-version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("Cargo.toml declares a rust-version");
+    let page = std::fs::read_to_string(root().join("docs/getting-started.md")).unwrap();
+    assert!(
+        page.contains(&format!("Rust {version} or later")),
+        "{version}"
+    );
+    assert!(!page.contains("five minutes"));
+    assert!(page.contains("eight minutes on two cores"));
+}

@@ -7,7 +7,7 @@
 // checked (checkExchange). Exits 0 once the message came, never early; 1 if
 // it did not within 30 s. Environment (defaults in brackets): AMQP_URI
 // [amqp://guest:guest@127.0.0.1:5672/%2f], INGRESS_EXCHANGE
-// [my-exchange.delayed], DELIVER_TO [my-exchange], QUEUE [my-queue],
+// [my-exchange.delayed], DELIVER_TO [my-exchange], QUEUE [examples.node.x-delay],
 // ROUTING_KEY [my-key].
 const amqp = require("amqplib");
 const { randomUUID } = require("node:crypto");
@@ -17,7 +17,7 @@ const env = (name, fallback) => process.env[name] || fallback;
 async function main() {
   const ingress = env("INGRESS_EXCHANGE", "my-exchange.delayed");
   const deliverTo = env("DELIVER_TO", "my-exchange");
-  const queue = env("QUEUE", "my-queue");
+  const queue = env("QUEUE", "examples.node.x-delay");
   const key = env("ROUTING_KEY", "my-key");
   const connection = await amqp.connect(env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f"));
   const channel = await connection.createConfirmChannel();

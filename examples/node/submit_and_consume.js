@@ -6,14 +6,14 @@
 // 0, or exits 1 if it has not come within 30 s. Environment (defaults in
 // brackets): DELAYLINE_URL [http://127.0.0.1:8080], DELAYLINE_TOKEN [none],
 // AMQP_URI [amqp://guest:guest@127.0.0.1:5672/%2f], BUSINESS_EXCHANGE
-// [delayline.business], QUEUE [examples.invoices], DESTINATION
+// [delayline.business], QUEUE [examples.node.invoices], DESTINATION
 // [billing.invoice].
 const amqp = require("amqplib");
 
 const env = (name, fallback) => process.env[name] || fallback;
 
 async function main() {
-  const queue = env("QUEUE", "examples.invoices");
+  const queue = env("QUEUE", "examples.node.invoices");
   const destination = env("DESTINATION", "billing.invoice");
   const connection = await amqp.connect(env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f"));
   const channel = await connection.createChannel();

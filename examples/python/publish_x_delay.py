@@ -7,7 +7,7 @@ docs/plugin.md. Declares nothing delayline declares: both exchanges are
 checked with a passive declare. Exits 0 once the message came, never
 early; 1 if it did not within 30 s. Environment (defaults in brackets):
 AMQP_URI [amqp://guest:guest@127.0.0.1:5672/%2f], INGRESS_EXCHANGE
-[my-exchange.delayed], DELIVER_TO [my-exchange], QUEUE [my-queue],
+[my-exchange.delayed], DELIVER_TO [my-exchange], QUEUE [examples.python.x-delay],
 ROUTING_KEY [my-key].
 """
 import os
@@ -25,7 +25,7 @@ def env(name, default):
 def main():
     ingress = env("INGRESS_EXCHANGE", "my-exchange.delayed")
     deliver_to = env("DELIVER_TO", "my-exchange")
-    queue = env("QUEUE", "my-queue")
+    queue = env("QUEUE", "examples.python.x-delay")
     key = env("ROUTING_KEY", "my-key")
     connection = pika.BlockingConnection(
         pika.URLParameters(env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f"))

@@ -6,7 +6,7 @@ it prints how late it came (never early) and exits 0, or exits 1 if it has
 not come within 30 s. Configured by the environment (defaults in brackets):
 DELAYLINE_URL [http://127.0.0.1:8080], DELAYLINE_TOKEN [none], AMQP_URI
 [amqp://guest:guest@127.0.0.1:5672/%2f], BUSINESS_EXCHANGE
-[delayline.business], QUEUE [examples.invoices], DESTINATION
+[delayline.business], QUEUE [examples.python.invoices], DESTINATION
 [billing.invoice].
 """
 import json
@@ -23,7 +23,7 @@ def env(name, default):
 
 
 def main():
-    queue = env("QUEUE", "examples.invoices")
+    queue = env("QUEUE", "examples.python.invoices")
     destination = env("DESTINATION", "billing.invoice")
     connection = pika.BlockingConnection(
         pika.URLParameters(env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f"))

@@ -2,14 +2,15 @@
 //! declaring the plan it is given (`provision`, `check`, `diagnose`),
 //! publishing the messages it is given (`publisher`), consuming a queue in
 //! windows for the release stage (`consume`), reading depths
-//! (`inspect`, `management`), moving a chain (`migrate`) and requeueing the
-//! unroutable queue (`unroutable`). It knows nothing of tasks, ledgers or
+//! (`inspect`, `management`), moving a chain (`migrate`), requeueing the
+//! unroutable queue (`unroutable`) and deleting a chain (`deprovision`). It knows nothing of tasks, ledgers or
 //! HTTP; channels are opened through [`open_channel`] and confirms read
 //! through [`confirm_outcome`], each written once; which publish a returned
 //! message belongs to is decided in `returns`.
 
 mod check;
 mod consume;
+mod deprovision;
 mod diagnose;
 mod error;
 mod inspect;
@@ -27,6 +28,8 @@ pub(crate) use check::{CheckReport, discover_chain};
 pub use check::{Status, check};
 pub use consume::{ConsumeLimits, Settle};
 pub(crate) use consume::{Inbound, Windows};
+pub use deprovision::{ObjectKind, Standing};
+pub(crate) use deprovision::{delete as delete_objects, standing};
 pub use error::BrokerError;
 pub(crate) use error::Context;
 pub(crate) use error::TopologyConflict;

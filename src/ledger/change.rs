@@ -150,6 +150,38 @@ impl Ledger {
             .collect())
     }
 
+    /// Cancels every task on its way (pending, scheduled, waiting,
+    /// releasing) at `now_ms`, in one transaction: the chain that held them
+    /// is being deleted with them (`delayline deprovision --drop-tasks`),
+    /// and a ledger that still had them would publish them again into the
+    /// next chain. Returns how many.
+    pub async fn cancel_every_task_on_its_way(&self, now_ms: u64) -> Result<u64, LedgerError> {
+        let mut cancelled = 0;
+        let mut was_pending = 0;
+        in_tx!(&self.pool, tx => {
+            let states = [
+                TaskState::Pending,
+                TaskState::Scheduled,
+                TaskState::Waiting,
+                TaskState::Releasing,
+            ];
+            for from in states {
+                let done = sqlx::query(sql::CANCEL_IN_STATE)
+                    .bind(db_ms(now_ms))
+                    .bind(from.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .context("cancelling every task on its way")?;
+                cancelled += done.rows_affected();
+                if from == TaskState::Pending {
+                    was_pending = done.rows_affected();
+                }
+            }
+        });
+        self.pending.remove(was_pending);
+        Ok(cancelled)
+    }
+
     /// Moves a pending or scheduled task to a new due time as a new
     /// revision, pending and leased to the caller, who publishes the new
     /// copy; the release stage drops the old one. With `key`, a repeat of

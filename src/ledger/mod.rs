@@ -71,7 +71,7 @@ pub use claim::{Finding, HeldFor};
 pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
-pub use handle::{Ledger, open};
+pub use handle::{Ledger, open, open_existing};
 pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
 pub(crate) use pass::{PassInput, StoredLimit};
 pub(crate) use pool::{Migrated, migrate_only};

@@ -100,6 +100,12 @@ impl Location {
         Err(LedgerError::UnknownUrl(url.to_owned()))
     }
 
+    /// Whether no ledger was ever made here: a SQLite file that does not
+    /// exist (opening one makes it). A PostgreSQL ledger is taken to exist.
+    pub fn is_unmade(&self) -> bool {
+        matches!(self, Location::Sqlite(path) if !path.exists())
+    }
+
     /// For logs and errors: never the password.
     pub fn describe(&self) -> String {
         match self {

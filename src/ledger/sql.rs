@@ -214,6 +214,11 @@ pub fn cancel(ids: usize, scoped: bool) -> String {
     )
 }
 
+/// Every task in state `$2` cancelled at `$1` (a chain deleted with what
+/// it held).
+pub const CANCEL_IN_STATE: &str =
+    "UPDATE tasks SET state = 'cancelled', cancelled_at_ms = $1 WHERE state = $2";
+
 pub fn select(ids: usize) -> String {
     format!(
         "SELECT {COLUMNS} FROM tasks WHERE id IN ({})",

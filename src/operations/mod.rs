@@ -1,12 +1,13 @@
 //! The operator's commands as an application layer: provisioning and
 //! checking the chain, migrating it, requeueing what was unroutable,
-//! creating client tokens. Each coordinates the ledger and the broker and
+//! deleting it (`deprovision`), creating client tokens. Each coordinates the ledger and the broker and
 //! returns what it did; `cli` parses arguments, calls one and prints.
 //!
 //! Decisions about a task live here, above the broker adapter: which copies
 //! a migration drops (asked of the ledger, see [`migrate`]), which tasks it
 //! marks failed, which unroutable tasks count as delivered again.
 
+pub mod deprovision;
 pub mod migrate;
 pub mod provision;
 mod settings;

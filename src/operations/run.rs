@@ -47,6 +47,16 @@ pub(super) async fn on_broker<T>(
     outcome
 }
 
+/// The ledger of `settings` if one was ever made, for a command that only
+/// reads it or changes what it holds; None without one.
+pub(super) async fn open_existing_ledger(
+    settings: &OperatorSettings,
+) -> Result<Option<Ledger>, OperationError> {
+    let commit_group_size = Histogram::new([1.0]);
+    let release_stage = settings.release_stage;
+    Ok(crate::ledger::open_existing(&settings.store, release_stage, commit_group_size).await?)
+}
+
 /// The ledger of `settings`, for a command; None without one.
 pub(super) async fn open_ledger(
     settings: &OperatorSettings,

@@ -147,3 +147,56 @@ fn the_examples_dependency_files_pin_what_the_tests_run() {
         "amqplib {amqplib} is not what the tests install"
     );
 }
+
+/// Each example program's default queue is its own: no two share one, and
+/// no page of the guide declares it (the `x-delay` examples once defaulted
+/// to the plugin page's `my-queue`, whose consumer took their message).
+/// The README's clean-up names every one.
+#[test]
+fn the_examples_default_queues_are_their_own() {
+    let programs = [
+        "examples/python/submit_and_consume.py",
+        "examples/python/publish_x_delay.py",
+        "examples/node/submit_and_consume.js",
+        "examples/node/publish_x_delay.js",
+        "examples/rust/src/bin/submit_and_consume.rs",
+        "examples/rust/src/bin/publish_x_delay.rs",
+        "examples/consumer.rs",
+    ];
+    let defaults: Vec<String> = programs
+        .iter()
+        .map(|program| {
+            let text = std::fs::read_to_string(repo(program)).unwrap();
+            let after = text
+                .split("\"QUEUE\", \"")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{program} reads no QUEUE"));
+            after.split('"').next().unwrap().to_owned()
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = defaults.iter().collect();
+    assert_eq!(distinct.len(), defaults.len(), "{defaults:?}");
+    let mut pages = vec![repo("README.md")];
+    for entry in std::fs::read_dir(repo("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for queue in &defaults {
+            for declared in [format!("\"{queue}\""), format!("queue={queue:?}")] {
+                assert!(
+                    !text.contains(&declared),
+                    "{} declares {queue}",
+                    page.display()
+                );
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    for queue in &defaults[..6] {
+        assert!(readme.contains(&format!("--queue {queue}")), "{queue}");
+    }
+}

@@ -420,7 +420,50 @@ async fn the_readme_quick_start_runs_as_written() {
     assert_eq!(answers[1]["state"], "cancelled", "{stdout}");
     assert!(answers[1]["cancelled_at"].is_string(), "{stdout}");
     python.kill().await.unwrap();
-    let _ = probe.close(200, "done".into()).await;
     terminate(&child);
     let _ = child.wait_with_output().await;
+
+    // Step 6: the service stopped, what it declared goes, with the queue named.
+    let clean_up = readme_block("## Quick start", "sh", 4).replace("invoices", &queue);
+    let said = run_as_written(&clean_up, &settings).await;
+    assert!(said.contains("deleted "), "{said}");
+    for gone in [queue, settings.cascade().unwrap().release_queue()] {
+        assert!(
+            queue_state(&probe, &gone).await.unwrap().is_none(),
+            "{gone}: {said}"
+        );
+    }
+    let _ = probe.close(200, "done".into()).await;
+}
+
+/// Runs a guide's shell block with `delayline` on the `PATH` and configured
+/// by `settings`' environment; what it printed, once it succeeded.
+async fn run_as_written(block: &str, settings: &delayline::config::Settings) -> String {
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_delayline"));
+    let path = format!(
+        "{}:{}",
+        binary.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = crate::common::delayline_command(settings, &[]);
+    let environment: Vec<_> = command
+        .as_std()
+        .get_envs()
+        .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+        .collect();
+    command = tokio::process::Command::new("sh");
+    let output = command
+        .args(["-ec", block])
+        .envs(environment)
+        .env("PATH", path)
+        .output()
+        .await
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{block}\n{said}");
+    said
 }

@@ -8,7 +8,7 @@
 //! came, never early; 1 if it did not within 30 s. Environment (defaults in
 //! brackets): `AMQP_URI` [amqp://guest:guest@127.0.0.1:5672/%2f],
 //! `INGRESS_EXCHANGE` [my-exchange.delayed], `DELIVER_TO` [my-exchange],
-//! `QUEUE` [my-queue], `ROUTING_KEY` [my-key].
+//! `QUEUE` [examples.rust.x-delay], `ROUTING_KEY` [my-key].
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ fn env(name: &str, default: &str) -> String {
 async fn main() -> Result<(), Error> {
     let ingress = env("INGRESS_EXCHANGE", "my-exchange.delayed");
     let deliver_to = env("DELIVER_TO", "my-exchange");
-    let queue = env("QUEUE", "my-queue");
+    let queue = env("QUEUE", "examples.rust.x-delay");
     let key = env("ROUTING_KEY", "my-key");
     let uri = env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f");
     let connection = Connection::connect(&uri, ConnectionProperties::default()).await?;

@@ -6,7 +6,7 @@
 //! or exits 1 if it has not come within 30 s. Environment (defaults in
 //! brackets): `DELAYLINE_URL` [http://127.0.0.1:8080], `DELAYLINE_TOKEN`
 //! [none], `AMQP_URI` [amqp://guest:guest@127.0.0.1:5672/%2f],
-//! `BUSINESS_EXCHANGE` [delayline.business], `QUEUE` [examples.invoices],
+//! `BUSINESS_EXCHANGE` [delayline.business], `QUEUE` [examples.rust.invoices],
 //! `DESTINATION` [billing.invoice].
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,7 +30,7 @@ fn now_ms() -> i64 {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let queue = env("QUEUE", "examples.invoices");
+    let queue = env("QUEUE", "examples.rust.invoices");
     let destination = env("DESTINATION", "billing.invoice");
     let uri = env("AMQP_URI", "amqp://guest:guest@127.0.0.1:5672/%2f");
     let connection = Connection::connect(&uri, ConnectionProperties::default()).await?;
