@@ -303,6 +303,12 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
             "deliver_at": "2020-01-01T00:00:00Z"}),
             "/deliver_at",
         ),
+        // An unknown field is said of the request it is not in.
+        (
+            json!({"filter": {"destination": format!("{prefix}.mine.#")}, "action": "move",
+            "shfit": "1m"}),
+            "the fields of a bulk request are filter, action, shift, deliver_at",
+        ),
     ] {
         let (status, answer, _) = post("tok-mover", "k4", &body).await;
         assert_eq!(

@@ -159,9 +159,9 @@ fn due_chart(chart: &DueChart) -> Markup {
         .first()
         .map_or("", |(start, _)| start.as_str());
     html! {
-        h3 { (chart.title) ": " (chart.total) " tasks" }
+        h3 { (chart.title) ": " (task_count(chart.total)) }
         svg.forecast viewBox=(format!("0 0 {width} 100")) preserveAspectRatio="none" role="img"
-            aria-label=(format!("{}: {} tasks, from {first}", chart.title, chart.total)) {
+            aria-label=(format!("{}: {}, from {first}", chart.title, task_count(chart.total))) {
             @for (i, (start, tasks)) in chart.buckets.iter().enumerate() {
                 @let height = tasks * 100 / most;
                 rect x=(i * 10 + 1) y=(100 - height) width="8" height=(height) {
@@ -219,12 +219,12 @@ pub fn tasks(
             (task_table(found))
             @if let Some((count, csrf)) = query.bulk_cancel.as_ref().filter(|(count, _)| *count > 0) {
                 form method="post" action="/console/tasks/bulk-cancel"
-                    data-confirm=(format!("Cancel {count} tasks to {}? None of them will be delivered.", query.destination)) {
+                    data-confirm=(format!("Cancel {} to {}? None of them will be delivered.", task_count(*count), query.destination)) {
                     input type="hidden" name="csrf" value=(csrf);
                     input type="hidden" name="destination" value=(query.destination);
                     input type="hidden" name="state" value=(query.state);
                     input type="hidden" name="due_before" value=(query.due_before);
-                    button type="submit" { "Cancel the " (count) " matching tasks" }
+                    button type="submit" { "Cancel the " (matching(*count)) }
                 }
             }
             @if let Some(cursor) = next {
@@ -531,6 +531,22 @@ fn notice(notice: &Option<(bool, String)>) -> Markup {
     }
 }
 
+/// "1 task", "2 tasks".
+fn task_count(n: u64) -> String {
+    match n {
+        1 => "1 task".to_owned(),
+        n => format!("{n} tasks"),
+    }
+}
+
+/// "matching task", or "2 matching tasks".
+fn matching(n: u64) -> String {
+    match n {
+        1 => "matching task".to_owned(),
+        n => format!("{n} matching tasks"),
+    }
+}
+
 /// Percent-encodes everything but unreserved characters.
 pub fn urlencode(text: &str) -> String {
     text.bytes()
@@ -616,6 +632,19 @@ mod tests {
             ]
         );
         assert!(times(&late).windows(2).all(|w| w[0] <= w[1]), "{late:?}");
+    }
+
+    #[test]
+    fn one_task_is_said_in_the_singular() {
+        assert_eq!(
+            (task_count(1), task_count(2), matching(1), matching(7)),
+            (
+                "1 task".to_owned(),
+                "2 tasks".to_owned(),
+                "matching task".to_owned(),
+                "7 matching tasks".to_owned()
+            )
+        );
     }
 
     #[test]
