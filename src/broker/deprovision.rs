@@ -1,6 +1,6 @@
-//! `deprovision`: objects as the broker has them, and their deletion. Which of them may go, and what their messages are,
-//! is decided above (`crate::operations::deprovision`); this only looks
-//! and deletes.
+//! `deprovision`: objects as the broker has them, and their deletion.
+//! Which of them may go, and what their messages are, is decided above
+//! (`crate::operations::deprovision`); this only looks and deletes.
 
 use lapin::Connection;
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};

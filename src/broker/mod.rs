@@ -3,8 +3,8 @@
 //! publishing the messages it is given (`publisher`), consuming a queue in
 //! windows for the release stage (`consume`), reading depths
 //! (`inspect`, `management`), moving a chain (`migrate`), requeueing the
-//! unroutable queue (`unroutable`) and deleting a chain (`deprovision`). It knows nothing of tasks, ledgers or
-//! HTTP; channels are opened through [`open_channel`] and confirms read
+//! unroutable queue (`unroutable`) and deleting a chain (`deprovision`). It
+//! knows nothing of tasks, ledgers or HTTP; channels are opened through [`open_channel`] and confirms read
 //! through [`confirm_outcome`], each written once; which publish a returned
 //! message belongs to is decided in `returns`.
 

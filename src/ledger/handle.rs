@@ -41,22 +41,6 @@ const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 /// many writes each transaction commits. With `release_stage`, a task's
 /// whole payload is kept until it is delivered (a move publishes it again),
 /// not only until it is published.
-/// The ledger of `settings` if one was made, for a command that only
-/// reads what it holds: a SQLite ledger that does not exist yet is not
-/// made (`None`, as without a ledger).
-pub async fn open_existing(
-    settings: &StoreSettings,
-    release_stage: bool,
-    commit_group_size: Histogram,
-) -> Result<Option<Ledger>, LedgerError> {
-    match Location::parse(settings)? {
-        Some(location) if !location.is_unmade() => {
-            open(settings, release_stage, commit_group_size).await
-        }
-        _ => Ok(None),
-    }
-}
-
 pub async fn open(
     settings: &StoreSettings,
     release_stage: bool,

@@ -76,6 +76,13 @@ pub enum Location {
     Postgres(String),
 }
 
+/// Whether `settings` name a ledger that was never made: a SQLite file that
+/// does not exist (opening one makes it). A PostgreSQL ledger is taken to
+/// exist; without a ledger there is none to make.
+pub fn is_unmade(settings: &StoreSettings) -> Result<bool, LedgerError> {
+    Ok(matches!(Location::parse(settings)?, Some(Location::Sqlite(path)) if !path.exists()))
+}
+
 impl Location {
     /// `None` for the stateless mode (`store.url = "none"`).
     pub fn parse(settings: &StoreSettings) -> Result<Option<Location>, LedgerError> {
@@ -98,12 +105,6 @@ impl Location {
             return Ok(Some(Location::Postgres(url.to_owned())));
         }
         Err(LedgerError::UnknownUrl(url.to_owned()))
-    }
-
-    /// Whether no ledger was ever made here: a SQLite file that does not
-    /// exist (opening one makes it). A PostgreSQL ledger is taken to exist.
-    pub fn is_unmade(&self) -> bool {
-        matches!(self, Location::Sqlite(path) if !path.exists())
     }
 
     /// For logs and errors: never the password.

@@ -52,9 +52,10 @@ pub(super) async fn on_broker<T>(
 pub(super) async fn open_existing_ledger(
     settings: &OperatorSettings,
 ) -> Result<Option<Ledger>, OperationError> {
-    let commit_group_size = Histogram::new([1.0]);
-    let release_stage = settings.release_stage;
-    Ok(crate::ledger::open_existing(&settings.store, release_stage, commit_group_size).await?)
+    if crate::ledger::is_unmade(&settings.store)? {
+        return Ok(None);
+    }
+    open_ledger(settings).await
 }
 
 /// The ledger of `settings`, for a command; None without one.

@@ -853,19 +853,9 @@ async fn the_plugin_pages_delete_command_deletes_the_exchange() {
         "{command}: {}",
         String::from_utf8_lossy(&ran.stderr)
     );
-    let channel = connection.create_channel().await.unwrap();
-    let still_there = channel
-        .exchange_declare(
-            exchange.as_str().into(),
-            lapin::ExchangeKind::Direct,
-            lapin::options::ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    let still_there = delayline::broker::exchange_exists(&connection, &exchange)
         .await
-        .is_ok();
+        .unwrap();
     assert!(!still_there, "{exchange} is still declared");
     let _ = connection.close(200, "done".into()).await;
     drop(node);
