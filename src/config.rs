@@ -26,6 +26,7 @@ use crate::ledger::StoreSettings;
 use crate::metrics::MetricsSettings;
 use crate::operations::OperatorSettings;
 use crate::scheduler::{ScheduleSettings, SchedulerSettings};
+use crate::stop::StopSettings;
 use crate::telemetry::LogSettings;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +41,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub schedules: ScheduleSettings,
     pub console: ConsoleSettings,
+    pub stop: StopSettings,
     /// AMQP ingresses (`[[ingress]]`): exchanges producers publish delayed
     /// messages to with the plugin's `x-delay` header.
     pub ingress: Vec<IngressSettings>,
@@ -91,6 +93,7 @@ impl Settings {
             self.http.validate(),
             self.store.validate(),
             self.schedules.validate(),
+            self.stop.validate(),
         ] {
             section.map_err(ConfigError::Invalid)?;
         }

@@ -129,6 +129,9 @@
 //!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`telemetry`], [`probe`]: logs, and the health check that containers
 //!   run.
+//! - [`stop`]: a stop that ends in bounded time: the `[stop]` section, and
+//!   waiting for named background work until a deadline, naming what was
+//!   still running when it passed.
 //! - [`clock`]: **where time is read and written.** This process's wall
 //!   clock (due times) and its named monotonic clock (holds), read here
 //!   and nowhere else, and time as delayline writes it (epoch
@@ -173,6 +176,7 @@ pub(crate) mod schedule;
 pub mod scheduler;
 pub mod secret;
 pub mod service;
+pub mod stop;
 pub mod task;
 pub(crate) mod telemetry;
 pub mod testkit;

@@ -6,13 +6,14 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::http::serve::{ConnectionLimits, https_config, serve};
 use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -26,6 +27,7 @@ use crate::ingress::{Ingress, IngressRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
 use crate::scheduler::{Broker, Scheduler};
+use crate::stop::{Named, join_until};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -68,11 +70,13 @@ pub async fn run(
     let components = Components::build(&settings, cascade, listener.local_addr()?).await?;
     let (mut running, api) = components.start(&settings, shutdown)?;
     let outcome = running.serve_until_stopped(listener, api).await;
-    outcome.and(running.stop().await)
+    let deadline = running.deadline();
+    outcome.and(running.stop(deadline).await)
 }
 
 /// The steps of stopping a running service, each begun once the one before
-/// it has finished.
+/// it has finished, all within `stop.timeout_ms` of the signal: what still
+/// runs then is abandoned, as a crash would leave it (see [`crate::stop`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
     /// The listeners stop taking requests; those in progress finish, so
@@ -203,6 +207,8 @@ impl Components {
         );
         let mut running = Running {
             stop_serving: CancellationToken::new(),
+            stop_asked: Arc::new(OnceLock::new()),
+            bound: settings.stop.timeout(),
             background_shutdown: CancellationToken::new(),
             background: Vec::new(),
             broker_shutdown,
@@ -213,18 +219,11 @@ impl Components {
         running.spawn_pollers(settings, publisher, &self, &scheduler);
         let ingresses = std::mem::take(&mut self.ingresses);
         running.spawn_ingresses(ingresses, &broker, &self, &scheduler);
-        running.spawn(stop_serving_on(
-            shutdown,
-            running.stop_serving.clone(),
-            running.background_shutdown.clone(),
-        ));
-        running.spawn(reload_on_hangup(
-            self.auth.clone(),
-            self.tls
-                .clone()
-                .map(|config| (config, settings.http.tls.clone())),
-            running.background_shutdown.clone(),
-        ));
+        let tls = self
+            .tls
+            .clone()
+            .map(|config| (config, settings.http.tls.clone()));
+        running.spawn_watches(shutdown, self.auth.clone(), tls);
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
             .with_operator(settings.operator(&self.cascade));
         let limits = settings.http.connection_limits();
@@ -238,14 +237,17 @@ impl Components {
             info!(address = %listener.local_addr()?, "serving /metrics on its own listener");
             // The same accept loop and bounds as the API's: it is open, so a
             // slow client must not hold it either.
-            running.spawn(serve(
-                listener,
-                metrics_router(state),
-                None,
-                limits,
-                self.metrics.clone(),
-                running.stop_serving.clone(),
-            ));
+            running.spawn(
+                "the metrics listener",
+                serve(
+                    listener,
+                    metrics_router(state),
+                    None,
+                    limits,
+                    self.metrics.clone(),
+                    running.stop_serving.clone(),
+                ),
+            );
         }
         let api = Api {
             address: self.address,
@@ -270,16 +272,45 @@ struct Api {
 /// A running service: what stopping it must stop.
 struct Running {
     stop_serving: CancellationToken,
+    /// When the stop was asked for (the signal), if it was.
+    stop_asked: Arc<OnceLock<Instant>>,
+    /// How long the stop may take from then.
+    bound: Duration,
     background_shutdown: CancellationToken,
-    background: Vec<JoinHandle<()>>,
+    background: Vec<Named>,
     broker_shutdown: CancellationToken,
     supervisor: JoinHandle<Result<(), BrokerError>>,
     scheduler: Scheduler,
 }
 
 impl Running {
-    fn spawn(&mut self, work: impl Future<Output = ()> + Send + 'static) {
-        self.background.push(tokio::spawn(work));
+    fn spawn(&mut self, name: &'static str, work: impl Future<Output = ()> + Send + 'static) {
+        self.background.push(Named::spawn(name, work));
+    }
+
+    /// When the stop must be over: its bound after the signal, or after now
+    /// when the service ends on its own (the broker side ended it).
+    fn deadline(&self) -> Instant {
+        deadline(&self.stop_asked, self.bound)
+    }
+
+    /// The watch that stops the listeners on `shutdown`, and the one that
+    /// reloads clients and the certificate on SIGHUP.
+    fn spawn_watches(
+        &mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        auth: Arc<Authenticator>,
+        tls: Option<(RustlsConfig, crate::http::HttpTlsSettings)>,
+    ) {
+        let watch = stop_serving_on(
+            shutdown,
+            self.stop_serving.clone(),
+            self.stop_asked.clone(),
+            self.background_shutdown.clone(),
+        );
+        self.spawn("the signal watch", watch);
+        let reloader = reload_on_hangup(auth, tls, self.background_shutdown.clone());
+        self.spawn("the SIGHUP reloader", reloader);
     }
 
     /// One consumer per AMQP ingress, stopped with the listeners: no new task
@@ -299,7 +330,7 @@ impl Running {
                 broker: broker.clone(),
                 metrics: components.metrics.clone(),
             };
-            self.spawn(runner.run(self.stop_serving.clone()));
+            self.spawn("an AMQP ingress", runner.run(self.stop_serving.clone()));
         }
     }
 
@@ -312,23 +343,29 @@ impl Running {
         scheduler: &Scheduler,
     ) {
         if settings.metrics.queue_poll_ms > 0 {
-            self.spawn(poll_queue_depths(
-                publisher,
-                components.cascade.clone(),
-                components.metrics.clone(),
-                Duration::from_millis(settings.metrics.queue_poll_ms),
-                settings.metrics.management_url.expose().to_owned(),
-                self.background_shutdown.clone(),
-            ));
+            self.spawn(
+                "the queue depth poller",
+                poll_queue_depths(
+                    publisher,
+                    components.cascade.clone(),
+                    components.metrics.clone(),
+                    Duration::from_millis(settings.metrics.queue_poll_ms),
+                    settings.metrics.management_url.expose().to_owned(),
+                    self.background_shutdown.clone(),
+                ),
+            );
         }
         if components.auth.tokens_required() && scheduler.has_ledger() {
-            self.spawn(refresh_quotas(
-                components.auth.clone(),
-                scheduler.clone(),
-                components.metrics.clone(),
-                Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
-                self.background_shutdown.clone(),
-            ));
+            self.spawn(
+                "the quota refresher",
+                refresh_quotas(
+                    components.auth.clone(),
+                    scheduler.clone(),
+                    components.metrics.clone(),
+                    Duration::from_millis(settings.auth.quota_refresh_ms.max(100)),
+                    self.background_shutdown.clone(),
+                ),
+            );
         }
     }
 
@@ -342,47 +379,103 @@ impl Running {
         info!(address = %api.address, https = api.tls.is_some(), "listening");
         let stop = self.stop_serving.clone();
         let served = serve(listener, api.app, api.tls, api.limits, api.metrics, stop);
+        // Requests still open at the stop's bound are dropped with it.
+        let (asked, bound) = (self.stop_asked.clone(), self.bound);
+        let stopping = self.stop_serving.clone();
+        let bounded = async move {
+            stopping.cancelled().await;
+            tokio::time::sleep_until(deadline(&asked, bound)).await;
+        };
         tokio::select! {
             () = served => Ok(()),
+            () = bounded => {
+                warn!("HTTP requests still open at the stop's bound were dropped");
+                Ok(())
+            }
             supervised = &mut self.supervisor => flatten(supervised),
         }
     }
 
-    /// Stops every component in [`STOP_ORDER`]; the broker's own ending, if
-    /// it comes now, is the outcome.
-    async fn stop(mut self) -> Result<(), ServiceError> {
+    /// Stops every component in [`STOP_ORDER`] by `deadline`; the broker's
+    /// own ending, if it comes now, is the outcome. Past the deadline what is
+    /// left is abandoned and named.
+    async fn stop(mut self, deadline: Instant) -> Result<(), ServiceError> {
         let mut stopped = Ok(());
         for step in STOP_ORDER {
-            match step {
+            let left = match step {
                 Stop::Listeners => {
                     // Also when the broker side ended the service.
                     self.stop_serving.cancel();
                     info!("HTTP requests drained; stopping the forwarder");
+                    Vec::new()
                 }
                 Stop::Background => {
                     self.background_shutdown.cancel();
-                    for task in std::mem::take(&mut self.background) {
-                        let _ = task.await;
-                    }
+                    join_until(std::mem::take(&mut self.background), deadline).await
                 }
+                Stop::Broker if self.supervisor.is_finished() => Vec::new(),
                 Stop::Broker => {
-                    if !self.supervisor.is_finished() {
-                        info!("closing the broker connection");
-                        self.broker_shutdown.cancel();
-                        stopped = flatten((&mut self.supervisor).await);
+                    info!("closing the broker connection");
+                    self.broker_shutdown.cancel();
+                    match timeout_at(deadline, &mut self.supervisor).await {
+                        Ok(supervised) => {
+                            stopped = flatten(supervised);
+                            Vec::new()
+                        }
+                        Err(_) => vec!["the broker connection's close"],
                     }
                 }
                 Stop::LateConfirms => {
                     info!("broker connection closed; recording late confirms");
-                    self.scheduler.finish_watchers().await;
+                    let watchers = self.scheduler.finish_watchers();
+                    within(deadline, watchers, "the late confirms' records").await
                 }
                 Stop::Ledger => {
-                    self.scheduler.close_ledger().await;
-                    info!("ledger closed");
+                    let closed = self.scheduler.close_ledger();
+                    let left = within(deadline, closed, "the ledger's close").await;
+                    if left.is_empty() {
+                        info!("ledger closed");
+                    }
+                    left
                 }
+            };
+            if !left.is_empty() {
+                self.abandon(&left);
+                return stopped;
             }
         }
         stopped
+    }
+
+    /// The stop's bound has passed with `left` still running: it is
+    /// abandoned as a crash would leave it, and said.
+    fn abandon(&self, left: &[&'static str]) {
+        warn!(
+            still_running = left.join(", "),
+            bound_ms = self.bound.as_millis() as u64,
+            "the stop took longer than stop.timeout_ms: abandoned what was still running, as a \
+             crash would leave it (what is unacknowledged returns to its queue, what is pending \
+             in the ledger is taken up at the next start or by another replica)"
+        );
+        self.supervisor.abort();
+        self.broker_shutdown.cancel();
+    }
+}
+
+/// `bound` after the stop was `asked` for, or after now.
+fn deadline(asked: &OnceLock<Instant>, bound: Duration) -> Instant {
+    asked.get().copied().unwrap_or_else(Instant::now) + bound
+}
+
+/// `work` finished by `deadline`: nothing left; otherwise `name`.
+async fn within(
+    deadline: Instant,
+    work: impl Future<Output = ()>,
+    name: &'static str,
+) -> Vec<&'static str> {
+    match timeout_at(deadline, work).await {
+        Ok(()) => Vec::new(),
+        Err(_) => vec![name],
     }
 }
 
@@ -395,14 +488,18 @@ fn flatten(
     }
 }
 
-/// Stops the listeners on `shutdown`, or when the background work ends.
+/// Stops the listeners on `shutdown` (noting when, for the stop's bound),
+/// or when the background work ends.
 async fn stop_serving_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
     stop_serving: CancellationToken,
+    asked: Arc<OnceLock<Instant>>,
     ended: CancellationToken,
 ) {
     tokio::select! {
-        _ = shutdown => {},
+        _ = shutdown => {
+            let _ = asked.set(Instant::now());
+        },
         _ = ended.cancelled() => {},
     }
     stop_serving.cancel();

@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
@@ -43,6 +42,7 @@ use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, Store
 use crate::message;
 use crate::message::Message;
 use crate::metrics::Metrics;
+use crate::stop::Named;
 use crate::task::{Task, TaskState};
 
 /// How often the forwarder looks for pending tasks when it found none.
@@ -254,64 +254,88 @@ impl Bookkeeper {
         &self,
         settings: &super::settings::SchedulerSettings,
         shutdown: CancellationToken,
-    ) -> Vec<JoinHandle<()>> {
+    ) -> Vec<Named> {
         let mut tasks = vec![
-            tokio::spawn(self.clone().forward(shutdown.clone())),
-            tokio::spawn(prune(
-                self.ledger.clone(),
-                settings.retention,
-                settings.prune_every,
-                shutdown.clone(),
-            )),
-            tokio::spawn(super::due_counts::keep_counts(
-                self.ledger.clone(),
-                self.metrics.clone(),
-                shutdown.clone(),
-            )),
+            Named::spawn("the forwarder", self.clone().forward(shutdown.clone())),
+            Named::spawn(
+                "the retention pruner",
+                prune(
+                    self.ledger.clone(),
+                    settings.retention,
+                    settings.prune_every,
+                    shutdown.clone(),
+                ),
+            ),
+            Named::spawn(
+                "the forecast's counts",
+                super::due_counts::keep_counts(
+                    self.ledger.clone(),
+                    self.metrics.clone(),
+                    shutdown.clone(),
+                ),
+            ),
         ];
         if self.cascade.release_stage() && !settings.resend_after.is_zero() {
-            tasks.push(tokio::spawn(
+            tasks.push(Named::spawn(
+                "the resender",
                 self.clone()
                     .resend_unreleased(settings.resend_after, shutdown.clone()),
             ));
-            tasks.push(tokio::spawn(
+            tasks.push(Named::spawn(
+                "the failover resender",
                 self.clone().resend_after_failovers(shutdown.clone()),
             ));
         }
         if self.cascade.release_stage() {
-            let strands = ShardStrands::new(&self.cascade, &self.metrics);
-            if let Some(every) = self.cascade.level_probe() {
-                for shard in strands.each() {
-                    let keeper = LevelKeeper {
-                        broker: self.broker.clone(),
-                        ledger: self.ledger.clone(),
-                        cascade: shard.cascade(),
-                        metrics: self.metrics.clone(),
-                        strands: shard.clone(),
-                        resend_after: settings.resend_after,
-                        resends: strands.resends(),
-                    };
-                    tasks.push(tokio::spawn(keeper.run(every, shutdown.clone())));
-                }
-            }
-            let releaser = Releaser {
-                broker: self.broker.clone(),
-                ledger: self.ledger.clone(),
-                cascade: self.cascade.clone(),
-                metrics: self.metrics.clone(),
-                in_flight: Default::default(),
-                exchanges: Default::default(),
-                offsets: Default::default(),
-                limits: self.limits.clone(),
-                strands,
-            };
-            tasks.push(tokio::spawn(
-                releaser.clone().watch_unroutable(shutdown.clone()),
-            ));
-            let limiter = Limiter::new(releaser.clone(), self.limits.clone());
-            tasks.push(tokio::spawn(limiter.run(shutdown.clone())));
-            tasks.push(tokio::spawn(releaser.run(shutdown)));
+            tasks.extend(self.spawn_release_stage(settings, shutdown));
         }
+        tasks
+    }
+
+    /// The level keepers (one a shard, with probes), the unroutable watch,
+    /// the limiter and the release stage.
+    fn spawn_release_stage(
+        &self,
+        settings: &super::settings::SchedulerSettings,
+        shutdown: CancellationToken,
+    ) -> Vec<Named> {
+        let mut tasks = Vec::new();
+        let strands = ShardStrands::new(&self.cascade, &self.metrics);
+        if let Some(every) = self.cascade.level_probe() {
+            for shard in strands.each() {
+                let keeper = LevelKeeper {
+                    broker: self.broker.clone(),
+                    ledger: self.ledger.clone(),
+                    cascade: shard.cascade(),
+                    metrics: self.metrics.clone(),
+                    strands: shard.clone(),
+                    resend_after: settings.resend_after,
+                    resends: strands.resends(),
+                };
+                tasks.push(Named::spawn(
+                    "a level keeper",
+                    keeper.run(every, shutdown.clone()),
+                ));
+            }
+        }
+        let releaser = Releaser {
+            broker: self.broker.clone(),
+            ledger: self.ledger.clone(),
+            cascade: self.cascade.clone(),
+            metrics: self.metrics.clone(),
+            in_flight: Default::default(),
+            exchanges: Default::default(),
+            offsets: Default::default(),
+            limits: self.limits.clone(),
+            strands,
+        };
+        tasks.push(Named::spawn(
+            "the unroutable watch",
+            releaser.clone().watch_unroutable(shutdown.clone()),
+        ));
+        let limiter = Limiter::new(releaser.clone(), self.limits.clone());
+        tasks.push(Named::spawn("the limiter", limiter.run(shutdown.clone())));
+        tasks.push(Named::spawn("the release stage", releaser.run(shutdown)));
         tasks
     }
 

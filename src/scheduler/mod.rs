@@ -41,7 +41,6 @@ mod strands;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -70,6 +69,7 @@ use crate::cascade::Cascade;
 use crate::clock::Reading;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
+use crate::stop::Named;
 use crate::task::{Task, TaskState};
 use bookkeeper::Bookkeeper;
 
@@ -354,16 +354,16 @@ impl Scheduler {
     /// Starts the forwarder and the retention pruner (with a ledger), and
     /// the planner of recurring schedules and the bulk operations' worker
     /// (with the release stage too); all end with `shutdown`.
-    pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
+    pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<Named> {
         let mut background = match &self.inner.mode {
             Mode::Stateless => Vec::new(),
             Mode::Ledger(bookkeeper) => {
                 let mut tasks = bookkeeper.spawn_background(&self.inner.settings, shutdown.clone());
                 if self.inner.cascade.release_stage() {
-                    tasks.push(tokio::spawn(bulk_worker::work_operations(
-                        bookkeeper.clone(),
-                        shutdown.clone(),
-                    )));
+                    tasks.push(Named::spawn(
+                        "the bulk operations' worker",
+                        bulk_worker::work_operations(bookkeeper.clone(), shutdown.clone()),
+                    ));
                 }
                 tasks
             }

@@ -13,7 +13,6 @@
 //! made, and the change withdraws the occurrences made before it.
 
 use futures_util::StreamExt;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -28,6 +27,7 @@ use crate::schedule::{
     ScheduleError, SchedulePatch, ScheduleRequest, Step, Timing, ValidSchedule, occurrence_body,
     occurrence_id, step,
 };
+use crate::stop::Named;
 use crate::task::{Task, fingerprint};
 
 /// Due schedules read per query.
@@ -354,16 +354,16 @@ impl Scheduler {
 
     /// Starts the planner (with a ledger and the release stage); it ends
     /// with `shutdown`.
-    pub fn spawn_planner(&self, shutdown: CancellationToken) -> Option<JoinHandle<()>> {
+    pub fn spawn_planner(&self, shutdown: CancellationToken) -> Option<Named> {
         self.changeable().ok()?;
         let planner = self.clone();
-        Some(tokio::spawn(async move {
+        Some(Named::spawn("the schedules' planner", async move {
             info!(
                 lead_ms = planner.lead_ms(),
                 "planning recurring schedules' occurrences"
             );
             loop {
-                planner.plan_due().await;
+                planner.plan_due(&shutdown).await;
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = planner.inner.wake_planner.notified() => {}
@@ -379,8 +379,10 @@ impl Scheduler {
         lead.min(self.cascade().max_delay_ms())
     }
 
-    /// Makes tasks of every occurrence within the lead.
-    pub async fn plan_due(&self) {
+    /// Makes tasks of every occurrence within the lead, a page of due
+    /// schedules at a time; a stop is noticed between two schedules (those
+    /// begun are finished: each is recorded whole, or planned again).
+    pub async fn plan_due(&self, shutdown: &CancellationToken) {
         let Ok(bookkeeper) = self.changeable() else {
             return;
         };
@@ -396,11 +398,12 @@ impl Scheduler {
             };
             let full = due.len() == PLAN_BATCH as usize;
             let progressed = futures_util::stream::iter(due)
+                .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
                 .map(|schedule| self.plan_one(schedule, now, horizon))
                 .buffer_unordered(PLAN_CONCURRENCY)
                 .fold(false, |any, advanced| async move { any || advanced })
                 .await;
-            if !(full && progressed) {
+            if !(full && progressed) || shutdown.is_cancelled() {
                 return;
             }
         }

@@ -703,6 +703,57 @@ async fn due_tasks_held_through_25_kills_in_a_row_all_arrive_never_early() {
     app.stop().await.unwrap();
 }
 
+/// A stop that cannot finish (another process holds the ledger's write
+/// lock, so the release stage waits on its claim of due tasks) ends at
+/// `stop.timeout_ms` after the SIGTERM, says what it abandoned, and loses
+/// nothing: the next start delivers every task, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_cannot_finish_ends_at_its_bound_and_loses_nothing() {
+    let mut settings = default_settings(6);
+    settings.stop.timeout_ms = 1_500;
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.bounded").await;
+    let mut ids = HashSet::new();
+    for _ in 0..50 {
+        ids.insert(id_of(&post_task(&app, "bounded", 300).await));
+    }
+    let cleanup = app.stop_keeping_topology().await;
+    let release = settings.cascade().unwrap().release_queue();
+    eventually("the tasks are due while no delayline runs", async || {
+        queue_depth(&release).await > 0
+    })
+    .await;
+    let held = LedgerWritesHeld::hold(&settings).await;
+    let child = serve_command(&settings, free_port())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_taken_by_the_release_stage(&release).await;
+    let asked = std::time::Instant::now();
+    crate::common::terminate(&child);
+    let ended = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
+    let took = asked.elapsed();
+    held.release().await;
+    let log =
+        String::from_utf8_lossy(&ended.expect("the process ended").unwrap().stderr).into_owned();
+    assert!(
+        log.contains("the stop took longer than stop.timeout_ms"),
+        "{log}"
+    );
+    assert!(log.contains("still_running=\"the release stage"), "{log}");
+    // Its bound, and generously what exiting takes on a loaded machine.
+    assert!(
+        took < Duration::from_millis(1_500 + 3_000),
+        "{took:?}\n{log}"
+    );
+
+    let app = TestApp::resume(settings, cleanup).await;
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(30))
+        .await;
+    app.stop().await.unwrap();
+}
+
 /// The same with the release stage's connection closed by the broker 25
 /// times while it holds due tasks: every task arrives, none early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

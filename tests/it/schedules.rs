@@ -745,3 +745,89 @@ async fn a_killed_replica_restarts_without_a_duplicate_or_a_gap() {
         "an occurrence is missing: {times:?}"
     );
 }
+
+/// A SIGTERM while many schedules are being planned (300 schedules every
+/// second, found by a start with a lead of 20 s: 6,000 occurrences to make
+/// at once) is noticed by the planner between two schedules: the stop ends
+/// promptly, abandoning nothing, and the next start goes on where it
+/// stopped: every schedule's occurrences arrive, each once, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_many_schedules_are_planned_is_prompt_and_loses_nothing() {
+    let mut settings = default_settings();
+    settings.schedules.lead_ms = 1_000;
+    settings.schedules.poll_ms = 100;
+    let mut cleanup = crate::common::Cleanup::for_settings(&settings);
+    let cascade = settings.cascade().unwrap();
+    let port = crate::common::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let child = crate::common::spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&http, &base).await;
+    let schedules: Vec<String> = (0..300).map(|i| format!("fire-{i}")).collect();
+    for id in &schedules {
+        let body = json!({"id": id, "destination": format!("fire.{id}"), "every": "1s"});
+        let created = http
+            .post(format!("{base}/v1/schedules"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+    }
+    crate::common::terminate(&child);
+    let _ = child.wait_with_output().await;
+
+    // A lead of 20 s: the next start has every schedule's 20 s to plan.
+    settings.schedules.lead_ms = 20_000;
+    let child = crate::common::serve_command(&settings, port)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::common::wait_connected_at(&http, &base).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = std::time::Instant::now();
+    crate::common::terminate(&child);
+    let ended = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
+    let took = asked.elapsed();
+    let log =
+        String::from_utf8_lossy(&ended.expect("the process ended").unwrap().stderr).into_owned();
+    assert!(!log.contains("the stop took longer"), "{took:?}: {log}");
+    assert!(took < Duration::from_secs(5), "{took:?}: {log}");
+
+    let mut consumer = TestConsumer::bind_to(
+        &mut cleanup,
+        &cascade,
+        cascade.business_exchange(),
+        "fire.#",
+    )
+    .await;
+    let mut child = crate::common::spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&http, &base).await;
+    // Three seconds of every schedule's occurrences, from one after the
+    // restart: each arrives (late if the planner is still catching up),
+    // once, never early.
+    let from = epoch_ms(std::time::SystemTime::now()) + 1_000;
+    let window = from..from + 3_000;
+    let mut seen = HashSet::new();
+    let mut in_window = std::collections::HashMap::<String, usize>::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    while in_window.len() < schedules.len() || in_window.values().any(|n| *n < 3) {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{} schedules complete",
+            in_window.values().filter(|n| **n >= 3).count()
+        );
+        for message in drain(&mut consumer, Duration::from_millis(500)).await {
+            assert!(seen.insert(message.message_id()), "delivered twice");
+            let schedule = text_header(&message, SCHEDULE_HEADER);
+            if window.contains(&occurrence_of(&message, &schedule)) {
+                *in_window.entry(schedule).or_default() += 1;
+            }
+        }
+    }
+    for message in drain(&mut consumer, Duration::from_secs(1)).await {
+        assert!(seen.insert(message.message_id()), "delivered twice");
+    }
+    child.kill().await.unwrap();
+    assert!(in_window.values().all(|n| *n == 3), "{in_window:?}");
+}

@@ -948,6 +948,10 @@ fn configured(
     if let Some(business) = &c.business_exchange {
         command.env("DELAYLINE__CASCADE__BUSINESS_EXCHANGE", business);
     }
+    command.env(
+        "DELAYLINE__STOP__TIMEOUT_MS",
+        settings.stop.timeout_ms.to_string(),
+    );
     command
         .env("DELAYLINE__CASCADE__HOLD_LIMIT", c.hold_limit.to_string())
         .env(
