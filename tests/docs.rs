@@ -274,3 +274,32 @@ fn getting_started_states_the_rust_version_and_an_honest_first_run() {
     assert!(!page.contains("five minutes"));
     assert!(page.contains("eight minutes on two cores"));
 }
+
+/// Every deploy file gives a stop more time than the stop's own bound
+/// (`stop.timeout_ms` in the example file) and a few seconds to exit, so
+/// that delayline ends its stop itself, saying what it abandoned, before
+/// the orchestrator kills it.
+#[test]
+fn the_deploy_files_grace_periods_exceed_the_stops_bound() {
+    let bound_ms: u64 = example_settings()
+        .into_iter()
+        .find(|(key, _)| key == "stop.timeout_ms")
+        .and_then(|(_, value)| value?.parse().ok())
+        .expect("the example file's stop.timeout_ms");
+    let graces = [
+        ("deploy/k8s/deployment.yaml", "terminationGracePeriodSeconds: "),
+        ("deploy/systemd/delayline.service", "TimeoutStopSec="),
+        ("deploy/compose.yaml", "stop_grace_period: "),
+        ("deploy/compose.cluster.yaml", "stop_grace_period: "),
+    ];
+    for (file, key) in graces {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let seconds: u64 = text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(key))
+            .map(|value| value.trim_end_matches('s').trim())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("{file} sets no {key}"));
+        assert!(seconds * 1000 >= bound_ms + 3_000, "{file}: {seconds} s");
+    }
+}
