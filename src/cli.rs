@@ -838,8 +838,8 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
     let Migrated { old, report, .. } = migrated;
     let mut text = format!(
         "moved chain {}.v{} ({} levels) into {}.v{}: {} rescheduled, {} already due and \
-         delivered, {} unroutable messages moved, {} poisoned (in {}), {} copies of \
-         cancelled or moved tasks and {} dropped; the old chain is deleted\n",
+         delivered, {} unroutable messages moved, {} poisoned (in {}), {} and {} dropped; the \
+         old chain is deleted\n",
         old.prefix,
         old.version,
         report.levels,
@@ -850,7 +850,11 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
         report.unroutable,
         report.poisoned,
         new.poison_queue(),
-        report.superseded,
+        count(
+            report.superseded,
+            "copy of a cancelled or moved task",
+            "copies of cancelled or moved tasks"
+        ),
         count(report.probes, "level probe", "level probes"),
     );
     for (queue, check) in &report.deleted {

@@ -287,7 +287,10 @@ fn the_deploy_files_grace_periods_exceed_the_stops_bound() {
         .and_then(|(_, value)| value?.parse().ok())
         .expect("the example file's stop.timeout_ms");
     let graces = [
-        ("deploy/k8s/deployment.yaml", "terminationGracePeriodSeconds: "),
+        (
+            "deploy/k8s/deployment.yaml",
+            "terminationGracePeriodSeconds: ",
+        ),
         ("deploy/systemd/delayline.service", "TimeoutStopSec="),
         ("deploy/compose.yaml", "stop_grace_period: "),
         ("deploy/compose.cluster.yaml", "stop_grace_period: "),

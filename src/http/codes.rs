@@ -390,7 +390,8 @@ impl ErrorCode {
             }
             ErrorCode::LedgerFull => "`store.max_pending` tasks wait for the broker already",
             ErrorCode::LedgerUnavailable => {
-                "the ledger database failed; nothing was accepted (the service's log says why)"
+                "the ledger database failed; nothing was accepted (the service's log says why); \
+                 on `/readyz`, the ledger cannot write, and why"
             }
             ErrorCode::BrokerUnavailable => {
                 "without a ledger: not connected (reconnecting), or the publish failed; for a release limit's `max_queue_depth`: the queue could not be checked"

@@ -204,6 +204,7 @@ impl From<NotReady> for ApiError {
             NotReady::Misconfigured { .. } => ErrorCode::BrokerMisconfigured,
             NotReady::Broker(_) => ErrorCode::NotReady,
             NotReady::LedgerFull { .. } => ErrorCode::LedgerFull,
+            NotReady::LedgerCannotWrite(_) => ErrorCode::LedgerUnavailable,
             NotReady::Ledger(error) => return error.into(),
         };
         ApiError::new(code, error.to_string())

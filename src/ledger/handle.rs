@@ -2,7 +2,7 @@
 //! bound on pending tasks, and the writes that go through the group commit.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,13 @@ pub struct Ledger {
     max_pending: u64,
     /// Stops the recount of pending tasks when the ledger closes.
     closing: CancellationToken,
+    /// The last admission the ledger could not write, when and why:
+    /// readiness reports it for a while (see [`Ledger::recent_write_failure`]).
+    failed_admission: Arc<std::sync::Mutex<Option<(Instant, String)>>>,
 }
+
+/// What `check_write` writes: about a task with a small payload.
+const WRITE_CHECK_BYTES: usize = 4096;
 
 /// How often the pending count is read back from the database.
 const RECOUNT_EVERY: Duration = Duration::from_secs(5);
@@ -74,6 +80,7 @@ pub async fn open(
         pending,
         max_pending: settings.max_pending,
         closing: CancellationToken::new(),
+        failed_admission: Arc::default(),
     };
     ledger.pending_tasks().await?;
     tokio::spawn(ledger.clone().recount_until_closed());
@@ -113,7 +120,22 @@ impl Ledger {
         lease_until_ms: u64,
     ) -> Result<Admission, LedgerError> {
         let row = Row::pending(task, idempotency_key, fingerprint, lease_until_ms);
-        self.writes.admit(row).await
+        let admitted = self.writes.admit(row).await;
+        if let Err(error) = &admitted
+            && let Ok(mut failed) = self.failed_admission.lock()
+        {
+            *failed = Some((Instant::now(), error.to_string()));
+        }
+        admitted
+    }
+
+    /// Why an admission could not be written, if one failed within `within`:
+    /// a nearly full disk can take a small write (readiness's own check) and
+    /// refuse the groups tasks are written in.
+    pub fn recent_write_failure(&self, within: Duration) -> Option<String> {
+        let failed = self.failed_admission.lock().ok()?;
+        let (at, reason) = failed.as_ref()?;
+        (at.elapsed() < within).then(|| reason.clone())
     }
 
     /// The broker confirmed revision `revision` of the task: it is
@@ -158,6 +180,25 @@ impl Ledger {
     /// The pending count as last known, without asking the database.
     pub fn pending_estimate(&self) -> u64 {
         self.pending.get()
+    }
+
+    /// Whether the ledger can write now: a row of about a task's size
+    /// written and removed in one transaction. A full disk, SQLite's page
+    /// limit or a database refusing writes fails it, in the database's words.
+    pub async fn check_write(&self) -> Result<(), LedgerError> {
+        let filler = vec![0u8; WRITE_CHECK_BYTES];
+        in_tx!(&self.pool, tx => {
+            sqlx::query(sql::WRITE_CHECK)
+                .bind(&filler)
+                .execute(&mut *tx)
+                .await
+                .context("writing (a check that the ledger can write)")?;
+            sqlx::query(sql::WRITE_CHECKS_REMOVED)
+                .execute(&mut *tx)
+                .await
+                .context("writing (a check that the ledger can write)")?;
+        });
+        Ok(())
     }
 
     /// Counts the pending tasks (other replicas add and forward too).

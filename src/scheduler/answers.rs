@@ -124,6 +124,9 @@ pub enum NotReady {
     Broker(String),
     #[error("{pending} tasks are waiting for RabbitMQ, the most store.max_pending allows")]
     LedgerFull { pending: u64 },
+    /// A write to the ledger failed just now (tasks would be refused).
+    #[error("the ledger cannot write: {0}")]
+    LedgerCannotWrite(String),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }

@@ -39,7 +39,7 @@ mod settings;
 mod strands;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -96,7 +96,17 @@ struct Inner {
     /// When this process started planning: occurrences due before it (and
     /// not made) fell due while no planner ran here.
     started_ms: u64,
+    /// The ledger's last check that it can write, and when: readiness
+    /// writes at most once a second, however often it is asked.
+    write_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
 }
+
+/// How long readiness reuses the ledger's last check that it can write.
+const WRITE_CHECK_REUSED_FOR: Duration = Duration::from_secs(1);
+/// How long a task the ledger could not write keeps the service not ready:
+/// a nearly full disk takes the check's small write, and refuses the groups
+/// tasks are written in. Then the check alone decides again.
+const WRITE_FAILURE_REPORTED_FOR: Duration = Duration::from_secs(5);
 
 impl Scheduler {
     /// With `ledger`, tasks are recorded before they are published;
@@ -127,6 +137,7 @@ impl Scheduler {
                 settings,
                 wake_planner: tokio::sync::Notify::new(),
                 started_ms: crate::clock::now_ms(),
+                write_checked: tokio::sync::Mutex::new(None),
             }),
         }
     }
@@ -186,6 +197,30 @@ impl Scheduler {
     /// answer and have room, and the broker may be away. Either way, a broker
     /// that has refused delayline's credentials beyond the grace is not ready:
     /// that will not pass by waiting.
+    /// Whether the ledger can write (a full disk, a database refusing
+    /// writes: the database's words say why not): no task it could not
+    /// write in the last seconds, and its own check, made at most once a
+    /// second; the next check after one that failed sees a ledger that
+    /// writes again.
+    async fn check_write(&self, ledger: &Ledger) -> Result<(), NotReady> {
+        if let Some(reason) = ledger.recent_write_failure(WRITE_FAILURE_REPORTED_FOR) {
+            return Err(NotReady::LedgerCannotWrite(reason));
+        }
+        let mut checked = self.inner.write_checked.lock().await;
+        let fresh = checked
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < WRITE_CHECK_REUSED_FOR);
+        let outcome = match fresh {
+            Some((_, outcome)) => outcome.clone(),
+            None => {
+                let outcome = ledger.check_write().await.map_err(|e| e.to_string());
+                *checked = Some((Instant::now(), outcome.clone()));
+                outcome
+            }
+        };
+        outcome.map_err(NotReady::LedgerCannotWrite)
+    }
+
     pub async fn readiness(&self) -> Result<Readiness, NotReady> {
         let status = self.inner.broker.status();
         if let Some(problem) = &status.problem
@@ -223,6 +258,7 @@ impl Scheduler {
                 if ledger.is_full() {
                     return Err(NotReady::LedgerFull { pending });
                 }
+                self.check_write(ledger).await?;
                 Some(pending)
             }
         };

@@ -841,3 +841,123 @@ async fn tasks_accepted_while_rabbitmq_is_stopped_arrive_after_it_restarts() {
         .await;
     app.stop().await.unwrap();
 }
+
+/// A filesystem of the test's own (tmpfs, `size` bytes), for a ledger that
+/// runs out of room; unmounted whatever happens.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(size: &str) -> SmallDisk {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("dltest-disk-{}", &id[..12]));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(
+            mounted.success(),
+            "mounting a tmpfs (the suite runs as root)"
+        );
+        SmallDisk(dir)
+    }
+
+    /// Fills what room is left with a file; its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        while file.write_all(&chunk).and_then(|()| file.flush()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `/readyz` reports a SQLite ledger whose disk is full, with the
+/// database's words, once a write fails (SQLite may take a few more first,
+/// into room its log already has), and is ready again by itself once there
+/// is room: no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reports_a_full_disk_under_the_ledger_and_recovers_by_itself() {
+    let disk = SmallDisk::mount("16m");
+    let mut settings = with_ledger(test_settings(6, 100, QueueType::Quorum), Backend::Sqlite);
+    settings.store.data_dir = disk.0.join("ledger").display().to_string();
+    let app = TestApp::spawn(settings).await;
+    readyz_becomes(&app, 200).await;
+    let filler = disk.fill();
+    let task = json!({"destination": "full.disk", "delay": "5s", "payload": "x".repeat(2_000)});
+    let mut refused = 0;
+    for _ in 0..5_000 {
+        let (status, answer) = app.post("/v1/tasks", &task).await;
+        assert!(matches!(status, 202 | 503), "{answer}");
+        if status == 503 {
+            refused += 1;
+            break;
+        }
+    }
+    assert_eq!(refused, 1, "a full disk never refused a task");
+    let body = readyz_becomes(&app, 503).await;
+    assert_eq!(body["error"]["code"], "ledger_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the ledger cannot write"), "{message}");
+    assert!(message.contains("full"), "{message}");
+    std::fs::remove_file(filler).unwrap();
+    readyz_becomes(&app, 200).await;
+    let (status, answer) = app.post("/v1/tasks", &task).await;
+    assert_eq!(status, 202, "{answer}");
+    app.stop().await.unwrap();
+}
+
+/// A role of the test's own on the suite's PostgreSQL, dropped whatever
+/// happens (after the test's schema, which holds what it owns).
+struct PgRole(String);
+
+impl Drop for PgRole {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([crate::common::POSTGRES_URL, "-q", "-c"])
+            .arg(format!("DROP ROLE IF EXISTS {}", self.0))
+            .output();
+    }
+}
+
+/// The same on PostgreSQL: a ledger whose role may no longer write (as a
+/// full disk, a read-only replica or a revoked grant would refuse) is not
+/// ready, saying what PostgreSQL said, and is ready again once it may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reports_postgresql_refusing_writes_and_recovers_by_itself() {
+    let mut settings = with_ledger(test_settings(6, 100, QueueType::Quorum), Backend::Postgres);
+    let schema = settings.cascade.prefix.replace('-', "_");
+    let role = PgRole(format!("{schema}_writer"));
+    crate::common::psql(&format!(
+        "CREATE ROLE {0} LOGIN; GRANT ALL ON SCHEMA {schema} TO {0}",
+        role.0
+    ));
+    settings.store.url = format!(
+        "postgres://{}@127.0.0.1:5432/test?options[search_path]={schema}",
+        role.0
+    )
+    .into();
+    let app = TestApp::spawn(settings).await;
+    readyz_becomes(&app, 200).await;
+    let writes = "INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA";
+    crate::common::psql(&format!("REVOKE {writes} {schema} FROM {}", role.0));
+    let body = readyz_becomes(&app, 503).await;
+    assert_eq!(body["error"]["code"], "ledger_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("permission denied"), "{message}");
+    crate::common::psql(&format!("GRANT {writes} {schema} TO {}", role.0));
+    readyz_becomes(&app, 200).await;
+    app.stop().await.unwrap();
+}

@@ -501,7 +501,7 @@ async fn the_release_stage_is_turned_on_and_off_by_migrating_the_chain() {
     let (ok, output) = run_delayline(&off_again, &["migrate-topology", "--from", "2"]).await;
     assert!(ok, "{output}");
     assert!(
-        output.contains("1 copies of cancelled or moved tasks dropped"),
+        output.contains("1 copy of a cancelled or moved task and "),
         "{output}"
     );
     let app = TestApp::start_sharing(off_again).await;
