@@ -449,6 +449,11 @@ pub fn list_sql(filter: &TaskFilter) -> String {
     )
 }
 
+/// Statements of `check_write`: a row of `$1` bytes written, then every
+/// such row removed, in one transaction.
+pub const WRITE_CHECK: &str = "INSERT INTO write_checks (filler) VALUES ($1)";
+pub const WRITE_CHECKS_REMOVED: &str = "DELETE FROM write_checks";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -686,8 +691,3 @@ mod tests {
         }
     }
 }
-
-/// Statements of `check_write`: a row of `$1` bytes written, then every
-/// such row removed, in one transaction.
-pub const WRITE_CHECK: &str = "INSERT INTO write_checks (filler) VALUES ($1)";
-pub const WRITE_CHECKS_REMOVED: &str = "DELETE FROM write_checks";
