@@ -410,6 +410,23 @@ fn the_wall_clock_is_read_only_in_the_clock_room() {
     assert_eq!(readers, ["clock.rs"]);
 }
 
+/// Logs show what they name as text: an AMQP property logged with `?`
+/// read `message_id=Some(ShortString("nb-bad-1"))`, a list of ids as Rust's
+/// debug form of a vector.
+#[test]
+fn logs_name_ids_as_text_not_in_rusts_debug_form() {
+    let debug_forms = files_where(|text| {
+        text.lines().any(|line| {
+            line.split(" = ?").skip(1).any(|value| {
+                value.contains("message_id()")
+                    || value.contains("properties")
+                    || value.contains("ids")
+            })
+        })
+    });
+    assert!(debug_forms.is_empty(), "{debug_forms:?}");
+}
+
 #[test]
 fn header_names_are_written_only_in_message_headers() {
     // The quoted start of every header name delayline writes or reads.
