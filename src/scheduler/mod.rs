@@ -192,11 +192,6 @@ impl Scheduler {
         Ok(submitted)
     }
 
-    /// Ready means a task posted now would be accepted. Without a ledger that
-    /// needs the broker (connected and provisioned); with one, the ledger must
-    /// answer and have room, and the broker may be away. Either way, a broker
-    /// that has refused delayline's credentials beyond the grace is not ready:
-    /// that will not pass by waiting.
     /// Whether the ledger can write (a full disk, a database refusing
     /// writes: the database's words say why not): no task it could not
     /// write in the last seconds, and its own check, made at most once a
@@ -221,6 +216,11 @@ impl Scheduler {
         outcome.map_err(NotReady::LedgerCannotWrite)
     }
 
+    /// Ready means a task posted now would be accepted. Without a ledger that
+    /// needs the broker (connected and provisioned); with one, the ledger must
+    /// answer, have room and be able to write, and the broker may be away.
+    /// Either way, a broker that has refused delayline's credentials beyond
+    /// the grace is not ready: that will not pass by waiting.
     pub async fn readiness(&self) -> Result<Readiness, NotReady> {
         let status = self.inner.broker.status();
         if let Some(problem) = &status.problem
