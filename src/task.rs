@@ -131,6 +131,9 @@ pub struct Task {
 ///   to cancel or move;
 /// - `waiting`: due, and held in the ledger by a release limit (`held_by`
 ///   names it) until the limit lets it go; it can still be cancelled or moved;
+/// - `staged`: through the levels well before its time (a burst's, given a
+///   lead), kept in the ledger alone until its moment, when the ledger's
+///   staged release delivers it; it can still be cancelled or moved;
 /// - `delivered`: confirmed by the business exchange (release stage only;
 ///   without it a task stays `scheduled`);
 /// - `unroutable`: released, but no queue was bound for its routing key: it
@@ -146,6 +149,8 @@ pub enum TaskState {
     Releasing,
     /// Due, and held in the ledger by a release limit.
     Waiting,
+    /// Not yet due, kept in the ledger alone until its moment.
+    Staged,
     Delivered,
     Unroutable,
     Cancelled,
@@ -153,11 +158,12 @@ pub enum TaskState {
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 8] = [
+    pub const ALL: [TaskState; 9] = [
         TaskState::Pending,
         TaskState::Scheduled,
         TaskState::Releasing,
         TaskState::Waiting,
+        TaskState::Staged,
         TaskState::Delivered,
         TaskState::Unroutable,
         TaskState::Cancelled,
@@ -170,6 +176,7 @@ impl TaskState {
             TaskState::Scheduled => "scheduled",
             TaskState::Releasing => "releasing",
             TaskState::Waiting => "waiting",
+            TaskState::Staged => "staged",
             TaskState::Delivered => "delivered",
             TaskState::Unroutable => "unroutable",
             TaskState::Cancelled => "cancelled",
@@ -177,12 +184,18 @@ impl TaskState {
         }
     }
 
+    /// The states a cancel or a reschedule can still change a task in, in
+    /// the order the ledger tries them (pending first, to count those).
+    pub const CHANGEABLE: [TaskState; 4] = [
+        TaskState::Pending,
+        TaskState::Scheduled,
+        TaskState::Waiting,
+        TaskState::Staged,
+    ];
+
     /// Whether a cancel or a reschedule can still change the task.
     pub fn is_changeable(self) -> bool {
-        matches!(
-            self,
-            TaskState::Pending | TaskState::Scheduled | TaskState::Waiting
-        )
+        Self::CHANGEABLE.contains(&self)
     }
 
     pub fn parse(text: &str) -> Option<TaskState> {

@@ -19,6 +19,7 @@ mod route;
 mod settings;
 #[cfg(test)]
 mod sim;
+mod spread;
 mod strand;
 
 pub(crate) use loss::LossWindow;
@@ -32,8 +33,9 @@ pub(crate) use plan::{Arguments, QueueSpec};
 pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
 pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType};
 pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, MAX_SHARDS, SettingsError};
+pub use spread::LevelLoad;
 pub use strand::LevelWatch;
-pub(crate) use strand::{digit_position, probe_units, units_below};
+pub(crate) use strand::{digit_position, levels_left, probe_units, units_below};
 
 /// The one cascade unit tests build: chain `t.v1`, business exchange `biz`.
 #[cfg(test)]

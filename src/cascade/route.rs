@@ -254,6 +254,18 @@ impl Cascade {
         }
     }
 
+    /// `route` (of a held task) waiting `units` in the levels instead, a
+    /// burst's lead ([`super::LevelLoad`]): the same delay granted, the
+    /// release stage holding (or staging) it for the rest.
+    pub fn with_wait(&self, route: &Route, units: u64, destination: &str) -> Route {
+        Route {
+            delay_ms: route.delay_ms,
+            hold_ms: route.delay_ms.saturating_sub(units * self.unit_ms()),
+            held: true,
+            ..self.route_units(units, destination)
+        }
+    }
+
     /// `route`, planned in any shard, through the shard the task `id`
     /// names instead (see [`Cascade::shard_of`]): only its entry differs,
     /// since every shard has the same levels.

@@ -179,6 +179,17 @@ pub struct CascadeSettings {
     /// chain's identity: changing it needs a new version and
     /// `migrate-topology`. Shard 0 keeps a one-shard chain's names.
     pub shards: u32,
+    /// In a chain that holds, with a ledger: how many tasks a second one
+    /// level's dead-letter worker is planned to pass, per level, before
+    /// tasks that fall due together are given leads through the levels
+    /// (see [`super::spread`]). What RabbitMQ's one worker a quorum queue
+    /// passes: 2,500 to 3,600 a second on two cores (BENCHMARKS.md, record
+    /// 27). 0: no leads, every task routed as it would be alone.
+    pub burst_level_rate: u32,
+    /// The longest lead a task of a burst is given: it reaches the release
+    /// stage at most this long before its time (and is staged in the
+    /// ledger until then).
+    pub burst_window_ms: u64,
 }
 
 impl Default for CascadeSettings {
@@ -203,6 +214,8 @@ impl Default for CascadeSettings {
             stranded_margin_ms: 2_000,
             stranded_recheck_ms: 300_000,
             shards: 1,
+            burst_level_rate: 2_000,
+            burst_window_ms: 120_000,
         }
     }
 }
@@ -243,6 +256,8 @@ pub enum SettingsError {
     ReleaseLead,
     #[error("cascade.shards must be between 1 and {MAX_SHARDS}")]
     Shards,
+    #[error("cascade.burst_window_ms must be at most {MAX_BURST_WINDOW_MS} (ten minutes)")]
+    BurstWindow,
     #[error(
         "cascade.shards = {0} needs the release stage: without it nothing consumes the chains' \
          ends, and a task's shard is found only by the stage (leave shards at 1, or keep a ledger)"
@@ -259,6 +274,10 @@ pub const MAX_SHARDS: u32 = 12;
 /// The largest `hold_limit`: a channel's prefetch is a 16-bit number, and
 /// the release stage's own windows take part of it.
 pub const MAX_HOLD_LIMIT: u32 = 60_000;
+
+/// The longest `burst_window_ms`: a task staged longer is better kept by
+/// the broker (the ledger alone holds it while it is staged).
+pub const MAX_BURST_WINDOW_MS: u64 = 600_000;
 
 /// The longest `release_lead_ms`: a task held longer is better kept by the broker.
 pub const MAX_RELEASE_LEAD_MS: u64 = 3_600_000;
@@ -365,6 +384,9 @@ impl CascadeSettings {
             .is_some_and(|lead| lead > MAX_RELEASE_LEAD_MS)
         {
             return Err(SettingsError::ReleaseLead);
+        }
+        if self.burst_window_ms > MAX_BURST_WINDOW_MS {
+            return Err(SettingsError::BurstWindow);
         }
         let Some(precision_ms) = self.precision_ms else {
             return Ok(());
@@ -487,6 +509,30 @@ impl Cascade {
     /// Most due messages the release stage holds at once.
     pub fn hold_limit(&self) -> u32 {
         self.settings.hold_limit
+    }
+
+    /// Tasks a second one level is planned to pass before a burst's tasks
+    /// get leads; 0 when tasks get none (no ledger to stage them in, or a
+    /// chain that does not hold).
+    pub fn burst_level_rate(&self) -> u32 {
+        if self.holds() && self.release_stage() {
+            self.settings.burst_level_rate
+        } else {
+            0
+        }
+    }
+
+    /// The longest lead a burst's task is given, in whole units.
+    pub fn burst_window_units(&self) -> u64 {
+        self.settings.burst_window_ms / self.unit_ms()
+    }
+
+    /// How far ahead of its time a task that reaches the release stage is
+    /// staged in the ledger rather than held unacknowledged: the lead and
+    /// two units (a task routed without a burst's lead arrives within the
+    /// lead and one unit, and a round delay's up to 64 s early).
+    pub fn stage_after_ms(&self) -> u64 {
+        self.release_lead_ms() + 2 * self.unit_ms()
     }
 
     /// How often levels are probed; `None` when they are not.
@@ -670,6 +716,11 @@ mod tests {
             ..CascadeSettings::default()
         };
         assert_eq!(far.validate(), Err(SettingsError::ReleaseLead));
+        let window = CascadeSettings {
+            burst_window_ms: MAX_BURST_WINDOW_MS + 1,
+            ..CascadeSettings::default()
+        };
+        assert_eq!(window.validate(), Err(SettingsError::BurstWindow));
     }
 
     #[test]

@@ -47,6 +47,30 @@ pub fn units_below(routing_key: &str, levels: u32, level: u32) -> Option<u64> {
     Some(units)
 }
 
+/// Each level the message with `routing_key` waits in, with the units from
+/// its entry into the chain until it leaves that level (its digits at and
+/// above it), highest level first; empty for a key that is not the chain's.
+pub fn levels_left(routing_key: &str, levels: u32) -> Vec<(u32, u64)> {
+    let digits: Vec<&str> = routing_key.splitn(levels as usize + 1, '.').collect();
+    if digits.len() <= levels as usize {
+        return Vec::new();
+    }
+    let mut units = 0u64;
+    let mut left = Vec::new();
+    for (i, digit) in digits[..levels as usize].iter().enumerate() {
+        let level = levels - 1 - i as u32;
+        match *digit {
+            "1" => {
+                units += 1 << level;
+                left.push((level, units));
+            }
+            "0" => {}
+            _ => return Vec::new(),
+        }
+    }
+    left
+}
+
 impl Cascade {
     /// When (epoch ms) a message due at `deliver_at_ms` leaves level
     /// `level` on its way: its due time less what the levels below still
@@ -87,6 +111,18 @@ struct LevelProbes {
     out: BTreeSet<u64>,
     /// Since when the level is taken to be stranded.
     stranded_since_ms: Option<u64>,
+    /// The latest moment a task seen at the release stage was due to leave
+    /// the level (its sender's stamp, this process's clock), and when that
+    /// was first seen: a level whose tasks keep coming out, each due to
+    /// leave later than the last, is moving.
+    passed: Option<Passed>,
+}
+
+/// The newest evidence that a level passes tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Passed {
+    left_ms: u64,
+    seen_ms: u64,
 }
 
 /// The probes of every level of a chain, and the verdicts drawn from them.
@@ -100,6 +136,15 @@ struct LevelProbes {
 /// only the level can have kept the first. A probe through no level at
 /// all, straight to the release queue, overtakes them when every level
 /// stopped at once.
+///
+/// A burst is not a stop: a level passing a burst holds its probe behind
+/// thousands of messages its one dead-letter worker passes in order, and a
+/// probe of a quiet level overtakes it. So the tasks that reach the release
+/// stage speak too ([`LevelWatch::passed`]): a level that let one of them
+/// go, due to leave it later than any before, within twice the margin, is
+/// moving and not stranded by being overtaken; one that let a task go due
+/// to leave it more than the margin after its oldest probe, which stays
+/// out, broke its own order, and is stranded even while it moves.
 ///
 /// A node loss can leave a level that passes what comes later but keeps
 /// what it held at the loss; only a probe inside it at that moment shows
@@ -202,16 +247,37 @@ impl LevelWatch {
         }
     }
 
+    /// A task seen at the release stage at `now_ms` was due to leave
+    /// `level` at `left_ms` (both this process's monotonic clock).
+    pub fn passed(&mut self, level: u32, left_ms: u64, now_ms: u64) {
+        if let Some(probes) = self.levels.get_mut(level as usize)
+            && probes.passed.is_none_or(|p| left_ms > p.left_ms)
+        {
+            probes.passed = Some(Passed {
+                left_ms,
+                seen_ms: now_ms,
+            });
+        }
+    }
+
     /// The levels found stranded at `now_ms` that were not before: a probe
-    /// due more than the margin after theirs has come back first.
+    /// due more than the margin after theirs has come back first and the
+    /// level shows no progress of its own, or the level let a task go due
+    /// to leave it more than the margin after its probe.
     pub fn newly_stranded(&mut self, cascade: &Cascade, now_ms: u64) -> Vec<u32> {
         let (margin_ms, latest) = (self.margin_ms, self.latest_due_back_ms);
         let mut found = Vec::new();
         for (level, probes) in (0u32..).zip(&mut self.levels) {
-            let overtaken = probes.out.first().is_some_and(|&sent| {
-                latest > (sent + cascade.level_ttl_ms(level)).saturating_add(margin_ms)
-            });
-            if overtaken && probes.stranded_since_ms.is_none() {
+            let Some(&sent) = probes.out.first() else {
+                continue;
+            };
+            let late_after = (sent + cascade.level_ttl_ms(level)).saturating_add(margin_ms);
+            let moving = probes
+                .passed
+                .is_some_and(|p| now_ms.saturating_sub(p.seen_ms) <= margin_ms.saturating_mul(2));
+            let order_broken = probes.passed.is_some_and(|p| p.left_ms > late_after);
+            let overtaken = latest > late_after;
+            if (order_broken || (overtaken && !moving)) && probes.stranded_since_ms.is_none() {
                 probes.stranded_since_ms = Some(now_ms);
                 found.push(level);
             }
@@ -263,6 +329,48 @@ mod tests {
         assert_eq!(digit_position(4, 3), 1);
         assert_eq!(digit_position(4, 0), 7);
         assert_eq!(&"1.0.1.1.d"[6..7], "1");
+    }
+
+    #[test]
+    fn a_key_says_when_its_message_leaves_each_level() {
+        assert_eq!(levels_left("1.0.1.1.d", 4), vec![(3, 8), (1, 10), (0, 11)]);
+        assert_eq!(levels_left("0.0.0.0.d", 4), vec![]);
+        assert_eq!(levels_left("1.x.1.1.d", 4), vec![]);
+        assert_eq!(levels_left("1.0", 4), vec![]);
+    }
+
+    #[test]
+    fn a_level_passing_a_burst_is_not_stranded_but_one_that_breaks_its_order_is() {
+        let cascade = for_tests(4, 100, QueueType::Quorum);
+        let mut watch = LevelWatch::new(4, 1_000, 100);
+        // Level 3's probe (due 10,800) waits behind a burst; level 0's,
+        // due 12,000, overtakes it.
+        watch.sent(Some(3), 10_000);
+        watch.came_back(None, 12_000, 0);
+        // Tasks keep leaving level 3, each due to leave later, older than the probe.
+        watch.passed(3, 10_500, 11_900);
+        assert!(watch.newly_stranded(&cascade, 12_000).is_empty(), "moving");
+        watch.passed(3, 10_400, 12_500);
+        assert!(
+            watch.newly_stranded(&cascade, 13_850).is_empty(),
+            "an earlier task is no progress, but 2 s have not passed"
+        );
+        watch.passed(3, 10_600, 13_500);
+        assert!(watch.newly_stranded(&cascade, 15_500).is_empty());
+        // No progress for more than twice the margin: stopped.
+        assert_eq!(watch.newly_stranded(&cascade, 15_501), vec![3]);
+
+        let mut watch = LevelWatch::new(4, 1_000, 100);
+        watch.sent(Some(3), 10_000);
+        // A task due to leave level 3 past the probe and the margin came
+        // out: the level kept its probe while passing newer messages.
+        watch.passed(3, 11_800, 12_000);
+        assert!(
+            watch.newly_stranded(&cascade, 12_000).is_empty(),
+            "by 1 ms no"
+        );
+        watch.passed(3, 11_801, 12_001);
+        assert_eq!(watch.newly_stranded(&cascade, 12_001), vec![3]);
     }
 
     #[test]

@@ -34,7 +34,9 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         TaskState::Cancelled => ErrorCode::TaskCancelled,
         TaskState::Failed => ErrorCode::TaskFailed,
         // A changeable task is never answered this way.
-        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting => ErrorCode::Internal,
+        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting | TaskState::Staged => {
+            ErrorCode::Internal
+        }
     };
     let why = match task.state {
         TaskState::Releasing => "it is due and being delivered",
@@ -44,7 +46,7 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         }
         TaskState::Cancelled => "it was cancelled",
         TaskState::Failed => "it failed and is never delivered",
-        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting => {
+        TaskState::Pending | TaskState::Scheduled | TaskState::Waiting | TaskState::Staged => {
             "it changed meanwhile; retry"
         }
     };

@@ -143,6 +143,7 @@ mod tests {
             delivered_at_ms: None,
             cancelled_at_ms: None,
             held_by: None,
+            release_at_ms: None,
         }
     }
 

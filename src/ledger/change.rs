@@ -99,7 +99,7 @@ impl Ledger {
         let mut found: HashMap<String, Cancel> = HashMap::with_capacity(unique.len());
         let mut was_pending = 0u64;
         in_tx!(&self.pool, tx => {
-            for from in [TaskState::Pending, TaskState::Scheduled, TaskState::Waiting] {
+            for from in TaskState::CHANGEABLE {
                 let open = undecided(&unique, |id| found.contains_key(id));
                 for chunk in statement_sized_chunks(&open) {
                     let sql = sql::cancel(chunk.len(), owner.is_some());
@@ -163,6 +163,7 @@ impl Ledger {
                 TaskState::Pending,
                 TaskState::Scheduled,
                 TaskState::Waiting,
+                TaskState::Staged,
                 TaskState::Releasing,
             ];
             for from in states {
@@ -223,7 +224,7 @@ impl Ledger {
             }
             let sql = format!("{} RETURNING {COLUMNS}", sql::MOVE);
             let mut moved = None;
-            for from in [TaskState::Pending, TaskState::Scheduled, TaskState::Waiting] {
+            for from in TaskState::CHANGEABLE {
                 let row: Option<Row> = sqlx::query_as(&sql)
                     .bind(db_ms(change.deliver_at_ms))
                     .bind(db_ms(change.delay_ms))

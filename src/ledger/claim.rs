@@ -24,6 +24,9 @@ pub enum Finding {
     /// Claimed, and now `waiting` in the ledger for the release limit it
     /// was claimed for: the limiter releases it.
     Waiting,
+    /// Claimed, and now `staged` in the ledger until its moment: the
+    /// staged release delivers it.
+    Staged,
 }
 
 /// The release limit a due task waits for if it is claimed and cannot go
@@ -174,6 +177,38 @@ pub(super) async fn hold_claimed(
         for chunk in statement_sized_chunks(&ids) {
             tx.hold(chunk, limit).await?;
         }
+    }
+    Ok(())
+}
+
+/// What one take of staged tasks asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnstageInput {
+    /// Tasks whose moment (epoch ms) is at or before this.
+    pub by_ms: u64,
+    /// Taken under a lease until then.
+    pub lease_until_ms: u64,
+    /// At most this many.
+    pub most: u32,
+}
+
+/// The claimed tasks of `due` staged instead, each until its moment in
+/// `until` (same order), found [`Finding::Staged`].
+pub(super) async fn stage_claimed(
+    tx: &mut Tx<'_>,
+    due: &[(String, u64)],
+    until: &[u64],
+    findings: &mut [Finding],
+) -> Result<(), LedgerError> {
+    let mut staged: Vec<(&str, i64)> = Vec::new();
+    for (((id, _), at_ms), finding) in due.iter().zip(until).zip(findings.iter_mut()) {
+        if *finding == Finding::Claimed {
+            staged.push((id.as_str(), db_ms(*at_ms)));
+            *finding = Finding::Staged;
+        }
+    }
+    if !staged.is_empty() {
+        tx.stage(&staged).await?;
     }
     Ok(())
 }

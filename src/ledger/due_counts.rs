@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use crate::forecast::MINUTE_MS;
 
 /// The states in which a task counts: on its way. The same as the
-/// triggers' lists (migration 0016).
-const COUNTED: [&str; 4] = ["pending", "scheduled", "releasing", "waiting"];
+/// triggers' lists (migration 0018).
+const COUNTED: [&str; 5] = ["pending", "scheduled", "releasing", "waiting", "staged"];
 
 /// Whether a task in `state` counts in `due_counts`.
 pub(super) fn is_counted(state: &str) -> bool {

@@ -31,7 +31,7 @@ impl TaskFilter {
 
 /// States few tasks are in, each with an index of its own (`tasks_pending`,
 /// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`,
-/// `tasks_waiting_in_due_order`): listing them goes
+/// `tasks_waiting_in_due_order`, `tasks_staged_in_due_order`): listing them goes
 /// through that index, not through every task in due order.
 pub(super) fn is_rare(state: TaskState) -> bool {
     matches!(
@@ -41,5 +41,6 @@ pub(super) fn is_rare(state: TaskState) -> bool {
             | TaskState::Unroutable
             | TaskState::Cancelled
             | TaskState::Waiting
+            | TaskState::Staged
     )
 }

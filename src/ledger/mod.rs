@@ -61,13 +61,14 @@ mod release;
 mod schedules;
 mod settings;
 mod sql;
+mod staged;
 mod tasks;
 mod transaction;
 mod writer;
 
 pub use admit::Admission;
 pub(crate) use change::{Cancel, ChangeKey, Move, Reschedule};
-pub use claim::{Finding, HeldFor};
+pub use claim::{Finding, HeldFor, UnstageInput};
 pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;

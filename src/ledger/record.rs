@@ -106,6 +106,8 @@ row! {
     cancelled_at_ms: Option<i64>,
     /// The limit that held it, once one did.
     held_by: Option<String>,
+    /// When a staged task is released (migration 0018).
+    release_at_ms: Option<i64>,
 }
 
 /// A task as the ledger knows it.
@@ -151,6 +153,9 @@ pub struct StoredTask {
     pub cancelled_at_ms: Option<u64>,
     /// The limit that held it when it fell due (`waiting`), once one did.
     pub held_by: Option<String>,
+    /// When the staged release lets it go (`staged`, or `releasing` from
+    /// there): its due time, or later by the staging replica's clock.
+    pub release_at_ms: Option<u64>,
 }
 
 impl StoredTask {
@@ -272,6 +277,7 @@ impl Row {
             delivered_at_ms: None,
             cancelled_at_ms: None,
             held_by: None,
+            release_at_ms: None,
         }
     }
 
@@ -317,6 +323,7 @@ impl Row {
             client: self.client,
             exchange: self.exchange,
             held_by: self.held_by,
+            release_at_ms: self.release_at_ms.map(ms),
         })
     }
 }
@@ -377,6 +384,7 @@ mod tests {
             delivered_at_ms: None,
             cancelled_at_ms: None,
             held_by: None,
+            release_at_ms: None,
         }
     }
 
@@ -436,6 +444,6 @@ mod tests {
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 26);
+        assert_eq!(COLUMNS.split(", ").count(), 27);
     }
 }

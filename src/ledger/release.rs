@@ -29,7 +29,9 @@ impl Ledger {
         held_by: Vec<Option<HeldFor>>,
         limits: Option<PassInput>,
     ) -> Result<Vec<Finding>, LedgerError> {
-        self.writes.claim(due, held_by, limits.map(Box::new)).await
+        self.writes
+            .claim(due, held_by, None, limits.map(Box::new))
+            .await
     }
 
     /// For each task whose older copies must not be delivered, the lowest

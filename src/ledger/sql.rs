@@ -230,7 +230,8 @@ pub fn select(ids: usize) -> String {
 /// whole payload is kept (the new copy is built from it).
 pub const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
      routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
-     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0, held_by = NULL \
+     last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0, held_by = NULL, \
+     release_at_ms = NULL \
      WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes \
      AND ($7 IS NULL OR client = $7)";
 
@@ -243,8 +244,8 @@ pub const FIND_CHANGE: &str =
 /// Claimed tasks (ids `$2…`) held by limit `$1`: they wait in the ledger.
 pub fn hold_releasing(ids: usize) -> String {
     format!(
-        "UPDATE tasks SET state = 'waiting', held_by = $1, next_attempt_at_ms = 0 \
-         WHERE state = 'releasing' AND id IN ({})",
+        "UPDATE tasks SET state = 'waiting', held_by = $1, next_attempt_at_ms = 0, \
+         release_at_ms = NULL WHERE state = 'releasing' AND id IN ({})",
         placeholders(2, ids)
     )
 }
@@ -277,6 +278,51 @@ pub const RETURN_EXPIRED_LEASES: &str = "UPDATE tasks SET state = 'waiting', \
 /// `$1`: a read, so that no write lock is taken unless there is one.
 pub const ANY_EXPIRED_LEASE: &str = "SELECT id FROM tasks \
      WHERE state = 'releasing' AND held_by IS NOT NULL AND next_attempt_at_ms < $1 LIMIT 1";
+
+/// A claimed task (`$2`) staged until `$1`: it waits in the ledger alone.
+pub const STAGE_RELEASING: &str = "UPDATE tasks SET state = 'staged', release_at_ms = $1, \
+     next_attempt_at_ms = 0 WHERE state = 'releasing' AND id = $2";
+
+/// The earliest moment a staged task is released.
+pub const NEXT_STAGED: &str = "SELECT MIN(release_at_ms) FROM tasks WHERE state = 'staged'";
+
+/// Takes up to `$3` staged tasks whose moment is by `$1`, in release
+/// order, leased until `$2`. The condition is repeated outside the
+/// subquery so that, on PostgreSQL, a replica that waited for another
+/// replica's take re-checks it and skips what was just taken.
+pub fn unstage() -> String {
+    format!(
+        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2 \
+         WHERE state = 'staged' AND release_at_ms <= $1 AND id IN ( \
+             SELECT id FROM tasks WHERE state = 'staged' AND release_at_ms <= $1 \
+             ORDER BY release_at_ms, id LIMIT $3) \
+         RETURNING {COLUMNS}"
+    )
+}
+
+/// Tasks the staged release took (ids `$1…`) whose publish failed: staged
+/// again, released on the next take.
+pub fn stage_again(ids: usize) -> String {
+    format!(
+        "UPDATE tasks SET state = 'staged', next_attempt_at_ms = 0 \
+         WHERE state = 'releasing' AND release_at_ms IS NOT NULL AND held_by IS NULL \
+         AND id IN ({})",
+        placeholders(1, ids)
+    )
+}
+
+/// Tasks the staged release took whose lease ran out before `$1` (the
+/// replica died before marking them delivered): staged again.
+pub const RETURN_EXPIRED_STAGES: &str = "UPDATE tasks SET state = 'staged', \
+     next_attempt_at_ms = 0 \
+     WHERE state = 'releasing' AND release_at_ms IS NOT NULL AND held_by IS NULL \
+     AND next_attempt_at_ms < $1";
+
+/// Whether any task the staged release took has a lease that ran out
+/// before `$1`: a read, so that no write lock is taken unless there is one.
+pub const ANY_EXPIRED_STAGE: &str = "SELECT id FROM tasks \
+     WHERE state = 'releasing' AND release_at_ms IS NOT NULL AND held_by IS NULL \
+     AND next_attempt_at_ms < $1 LIMIT 1";
 
 /// Waiting tasks per destination: how many, and the earliest due time.
 pub const WAITING_PER_DESTINATION: &str = "SELECT destination, COUNT(*), MIN(deliver_at_ms) \
@@ -342,9 +388,10 @@ pub fn claim_pending() -> String {
     )
 }
 
-/// Up to `$2` tasks neither pending nor waiting and due before `$1`.
+/// Up to `$2` tasks neither pending, waiting nor staged (whose only copy
+/// is the ledger's) and due before `$1`.
 pub const PRUNE_TASKS: &str = "DELETE FROM tasks WHERE id IN ( \
-     SELECT id FROM tasks WHERE state NOT IN ('pending', 'waiting') \
+     SELECT id FROM tasks WHERE state NOT IN ('pending', 'waiting', 'staged') \
      AND deliver_at_ms < $1 LIMIT $2)";
 /// Up to `$2` idempotency keys of changes made before `$1`.
 pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
@@ -386,7 +433,7 @@ pub fn bulk_page(one_destination: bool, owned: bool) -> String {
 /// console's bulk cancel states before asking.
 pub fn count_changeable(state: bool, owned: bool) -> String {
     let mut next = 2;
-    let mut condition = String::from("state IN ('pending', 'scheduled', 'waiting')");
+    let mut condition = String::from("state IN ('pending', 'scheduled', 'waiting', 'staged')");
     if state {
         next += 1;
         condition = format!("state = ${next} AND {condition}");

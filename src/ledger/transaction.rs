@@ -425,6 +425,61 @@ impl Tx<'_> {
         }
     }
 
+    /// Claimed tasks staged, each until its moment.
+    pub(super) async fn stage(&mut self, staged: &[(&str, i64)]) -> Result<(), LedgerError> {
+        match self {
+            Tx::Sqlite(tx) => {
+                let rows = staged
+                    .iter()
+                    .map(|(id, at)| [at as &dyn ToSql, id as &dyn ToSql]);
+                tx.execute_each(sql::STAGE_RELEASING, &[], rows)
+                    .map(|_| ())
+                    .context("staging due tasks")
+            }
+            Tx::Postgres(t) => {
+                for (id, at) in staged {
+                    sqlx::query(sql::STAGE_RELEASING)
+                        .bind(*at)
+                        .bind(*id)
+                        .execute(&mut **t)
+                        .await
+                        .context("staging due tasks")?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Up to `most` staged tasks whose moment is by `by_ms`, taken for
+    /// release under a lease until `lease_until_ms`, in release order.
+    pub(super) async fn unstage(
+        &mut self,
+        by_ms: u64,
+        lease_until_ms: u64,
+        most: u32,
+    ) -> Result<Vec<Row>, LedgerError> {
+        let sql = sql::unstage();
+        let (by, lease, most) = (db_ms(by_ms), db_ms(lease_until_ms), i64::from(most));
+        match self {
+            Tx::Sqlite(tx) => {
+                let read = || -> rusqlite::Result<Vec<Row>> {
+                    let parameters: [&dyn ToSql; 3] = [&by, &lease, &most];
+                    let mut statement = tx.prepared(&sql)?;
+                    let rows = statement.query_map(parameters.as_slice(), Row::from_sqlite)?;
+                    rows.collect()
+                };
+                read().context("taking staged tasks")
+            }
+            Tx::Postgres(t) => sqlx::query_as::<_, Row>(&sql)
+                .bind(by)
+                .bind(lease)
+                .bind(most)
+                .fetch_all(&mut **t)
+                .await
+                .context("taking staged tasks"),
+        }
+    }
+
     /// Claimed tasks `ids` wait for limit `held_by` instead.
     pub(super) async fn hold(&mut self, ids: &[&str], held_by: &str) -> Result<(), LedgerError> {
         let sql = sql::hold_releasing(ids.len());

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use super::admit::{Admission, Judged, admit};
-use super::claim::{Finding, HeldFor, claim, hold_claimed};
+use super::claim::{Finding, HeldFor, UnstageInput, claim, hold_claimed, stage_claimed};
 use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
 use super::record::db_ms;
@@ -69,12 +69,19 @@ enum Write {
         reply: Reply<()>,
     },
     /// Due tasks claimed; those claimed whose `held_by` names a limit
-    /// wait for it instead, in the same transaction.
+    /// wait for it instead, in the same transaction, and with
+    /// `staged_until`, every one claimed is staged until its moment.
     Claim {
         due: Due,
         held_by: HeldBy,
+        staged_until: StagedUntil,
         limits: Limits,
         reply: Reply<Vec<Finding>>,
+    },
+    /// Staged tasks taken for release.
+    Unstage {
+        input: UnstageInput,
+        reply: Reply<Vec<Row>>,
     },
     /// One pass of the limiter.
     Pass {
@@ -197,15 +204,21 @@ impl Handle {
         &self,
         due: Due,
         held_by: HeldBy,
+        staged_until: StagedUntil,
         limits: Limits,
     ) -> Result<Vec<Finding>, LedgerError> {
         self.send(|reply| Write::Claim {
             due,
             held_by,
+            staged_until,
             limits,
             reply,
         })
         .await
+    }
+
+    pub async fn unstage(&self, input: UnstageInput) -> Result<Vec<Row>, LedgerError> {
+        self.send(|reply| Write::Unstage { input, reply }).await
     }
 }
 
@@ -217,8 +230,9 @@ struct Group {
     retries: Vec<(String, u64, Retry, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
-    claims: Vec<(Due, HeldBy, Limits, Reply<Vec<Finding>>)>,
+    claims: Vec<ClaimAsked>,
     passes: Vec<(Box<PassInput>, Reply<Pass>)>,
+    unstages: Vec<(UnstageInput, Reply<Vec<Row>>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
@@ -229,6 +243,11 @@ type HeldBy = Vec<Option<HeldFor>>;
 /// What the release stage knows of the limits, for a claim that may let
 /// its held tasks go at once.
 type Limits = Option<Box<PassInput>>;
+/// For a claim of tasks to stage: per due task (in the same order), the
+/// moment (epoch ms) the staged release lets it go.
+type StagedUntil = Option<Vec<u64>>;
+/// A claim as a group holds it, with its caller's reply channel.
+type ClaimAsked = (Due, HeldBy, StagedUntil, Limits, Reply<Vec<Finding>>);
 
 /// What a committed group decided: for each admission, and for each claim.
 #[derive(Default)]
@@ -236,6 +255,7 @@ struct Decided {
     admissions: Vec<Judged>,
     claims: Vec<Vec<Finding>>,
     passes: Vec<Pass>,
+    unstaged: Vec<Vec<Row>>,
 }
 
 impl Group {
@@ -265,10 +285,14 @@ impl Group {
                 Write::Claim {
                     due,
                     held_by,
+                    staged_until,
                     limits,
                     reply,
-                } => group.claims.push((due, held_by, limits, reply)),
+                } => group
+                    .claims
+                    .push((due, held_by, staged_until, limits, reply)),
                 Write::Pass { input, reply } => group.passes.push((input, reply)),
+                Write::Unstage { input, reply } => group.unstages.push((input, reply)),
             }
         }
         group
@@ -289,6 +313,7 @@ impl Group {
             admissions,
             claims,
             passes,
+            unstaged,
         } = decided;
         let result = || match &failure {
             None => Ok(()),
@@ -310,6 +335,11 @@ impl Group {
         let mut passes = passes.into_iter();
         for (_, reply) in self.passes {
             let answer = result().and_then(|()| passes.next().ok_or(LedgerError::Closed));
+            let _ = reply.send(answer);
+        }
+        let mut unstaged = unstaged.into_iter();
+        for (_, reply) in self.unstages {
+            let answer = result().and_then(|()| unstaged.next().ok_or(LedgerError::Closed));
             let _ = reply.send(answer);
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
@@ -395,9 +425,12 @@ impl Writer {
         }
         let mut claims = Vec::with_capacity(group.claims.len());
         let mut claimed_pending = 0;
-        for (due, held_by, limits, _) in &group.claims {
+        for (due, held_by, staged_until, limits, _) in &group.claims {
             let (mut findings, were_pending) = claim(&mut tx, due).await?;
             hold_claimed(&mut tx, due, held_by, &mut findings, limits.as_deref()).await?;
+            if let Some(until) = staged_until {
+                stage_claimed(&mut tx, due, until, &mut findings).await?;
+            }
             claims.push(findings);
             claimed_pending += were_pending;
         }
@@ -405,6 +438,13 @@ impl Writer {
         let mut passes = Vec::with_capacity(group.passes.len());
         for (input, _) in &group.passes {
             passes.push(pass_in(&mut tx, input).await?);
+        }
+        let mut unstaged = Vec::with_capacity(group.unstages.len());
+        for (input, _) in &group.unstages {
+            unstaged.push(
+                tx.unstage(input.by_ms, input.lease_until_ms, input.most)
+                    .await?,
+            );
         }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
@@ -415,6 +455,7 @@ impl Writer {
             admissions,
             claims,
             passes,
+            unstaged,
         })
     }
 }
@@ -690,7 +731,7 @@ mod tests {
         let counts = read("SELECT minute_ms, destination, tasks FROM due_counts ORDER BY 1, 2");
         let recount = read(
             "SELECT deliver_at_ms / 60000 * 60000, destination, COUNT(*) FROM tasks \
-             WHERE state IN ('pending', 'scheduled', 'releasing', 'waiting') \
+             WHERE state IN ('pending', 'scheduled', 'releasing', 'waiting', 'staged') \
              GROUP BY 1, 2 ORDER BY 1, 2",
         );
         (counts.await, recount.await)

@@ -133,6 +133,8 @@ pub struct Metrics {
     pub release_dropped: Family<ReasonLabel, Counter>,
     pub release_unknown: Counter,
     pub tasks_unroutable: Counter,
+    pub tasks_staged: Counter,
+    pub staged_released: Counter,
     /// Seconds since the epoch of the last successful depth poll; 0 before the first.
     pub queue_depth_polled: Gauge<f64, AtomicU64>,
     pub auth_refused: Family<ReasonLabel, Counter>,
@@ -433,6 +435,19 @@ impl Metrics {
              (pruned, or another ledger's): never dropped",
             release_unknown.clone(),
         );
+        let tasks_staged = Counter::default();
+        registry.register(
+            "tasks_staged",
+            "Tasks that reached the release stage well before their time (a burst's lead) and \
+             were staged in the ledger until their moment",
+            tasks_staged.clone(),
+        );
+        let staged_released = Counter::default();
+        registry.register(
+            "staged_released",
+            "Staged tasks the ledger's staged release published at their moment",
+            staged_released.clone(),
+        );
         let tasks_unroutable = Counter::default();
         registry.register(
             "tasks_unroutable",
@@ -552,6 +567,8 @@ impl Metrics {
             release_dropped,
             release_unknown,
             tasks_unroutable,
+            tasks_staged,
+            staged_released,
             queue_depth_polled,
             limit_waiting,
             limit_released,

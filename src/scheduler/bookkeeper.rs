@@ -34,6 +34,7 @@ use super::broker::Broker;
 use super::limit_view::LimitsView;
 use super::limiter::Limiter;
 use super::release::Releaser;
+use super::staged::StagedRelease;
 use super::strands::{LevelKeeper, ShardStrands};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::{Cascade, LossWindow};
@@ -328,6 +329,7 @@ impl Bookkeeper {
             offsets: Default::default(),
             limits: self.limits.clone(),
             strands,
+            staged_wake: Default::default(),
         };
         tasks.push(Named::spawn(
             "the unroutable watch",
@@ -335,6 +337,11 @@ impl Bookkeeper {
         ));
         let limiter = Limiter::new(releaser.clone(), self.limits.clone());
         tasks.push(Named::spawn("the limiter", limiter.run(shutdown.clone())));
+        let staged = StagedRelease::new(releaser.clone());
+        tasks.push(Named::spawn(
+            "the staged release",
+            staged.run(shutdown.clone()),
+        ));
         tasks.push(Named::spawn("the release stage", releaser.run(shutdown)));
         tasks
     }

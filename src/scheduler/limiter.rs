@@ -36,11 +36,9 @@ use tracing::warn;
 
 use super::limit_view::LimitsView;
 use super::release::{Released, Releaser};
-use crate::broker::PublishError;
 use crate::clock;
 use crate::ledger::{Ledger, PassInput, StoredTask};
 use crate::limit::{Depth, waiting_per_limit};
-use crate::message;
 use crate::metrics::LimitLabel;
 
 /// Pause between passes while tasks wait: at most 100 passes a second
@@ -251,19 +249,8 @@ impl Limiter {
         released: Vec<StoredTask>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let outcomes = join_all(released.iter().map(|stored| async {
-            let outcome = match stored.rerouted(&self.releaser.cascade, clock::now_ms()) {
-                Ok(task) => {
-                    let cascade = message::of_task(&task.message());
-                    let message = message::released(
-                        &cascade.routing_key,
-                        cascade.payload,
-                        &cascade.properties,
-                        &self.releaser.cascade,
-                    );
-                    tokio::time::timeout(PUBLISH_LIMIT, self.releaser.publish_message(message))
-                        .await
-                        .unwrap_or(Err(PublishError::Timeout(PUBLISH_LIMIT)))
-                }
+            let outcome = match self.releaser.message_of(stored, clock::now_ms()) {
+                Ok(message) => self.releaser.publish_within(message, PUBLISH_LIMIT).await,
                 Err(reason) => {
                     warn!(
                         task_id = stored.id,

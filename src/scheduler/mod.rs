@@ -27,6 +27,7 @@ mod bookkeeper;
 mod broker;
 mod bulk;
 mod bulk_worker;
+mod burst;
 mod due_counts;
 mod forecast;
 pub(crate) mod hold;
@@ -36,6 +37,7 @@ mod limits;
 mod recurring;
 mod release;
 mod settings;
+mod staged;
 mod strands;
 
 use std::sync::Arc;
@@ -99,6 +101,9 @@ struct Inner {
     /// The ledger's last check that it can write, and when: readiness
     /// writes at most once a second, however often it is asked.
     write_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    /// Leads for tasks that fall due together (with a ledger only: what
+    /// arrives early is staged there).
+    bursts: Option<burst::Bursts>,
 }
 
 /// How long readiness reuses the ledger's last check that it can write.
@@ -118,6 +123,7 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         settings: SchedulerSettings,
     ) -> Self {
+        let bursts = ledger.as_ref().and_then(|_| burst::Bursts::new(&cascade));
         let mode = match ledger {
             None => Mode::Stateless,
             Some(ledger) => Mode::Ledger(Bookkeeper::new(
@@ -138,6 +144,7 @@ impl Scheduler {
                 wake_planner: tokio::sync::Notify::new(),
                 started_ms: crate::clock::now_ms(),
                 write_checked: tokio::sync::Mutex::new(None),
+                bursts,
             }),
         }
     }
@@ -160,6 +167,12 @@ impl Scheduler {
         idempotency: Idempotency,
         now: &Reading,
     ) -> Result<Submitted, SubmitError> {
+        let led = self
+            .inner
+            .bursts
+            .as_ref()
+            .and_then(|bursts| bursts.lead(&self.inner.cascade, task, now.wall_ms));
+        let task = led.as_ref().unwrap_or(task);
         // Built once: checked now, before anything is recorded, then published.
         let message = crate::message::of_task_at(&task.message(), now);
         self.inner

@@ -48,7 +48,7 @@ use super::strands::ShardStrands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
-use crate::ledger::{Finding, HeldFor, Ledger};
+use crate::ledger::{Finding, HeldFor, Ledger, StoredTask};
 use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -111,6 +111,9 @@ pub enum Verdict {
     /// Claimed, and a release limit matches its destination: it waits in
     /// the ledger for the limiter ([`super::limiter`]); acknowledged.
     Held,
+    /// Claimed well before its time: staged in the ledger until its moment
+    /// ([`super::staged`]); acknowledged.
+    Staged,
 }
 
 impl Verdict {
@@ -119,7 +122,11 @@ impl Verdict {
             Verdict::DropCancelled => Some("cancelled"),
             Verdict::DropStale => Some("stale"),
             Verdict::DropDuplicate => Some("duplicate"),
-            Verdict::Deliver | Verdict::Forward | Verdict::Wait | Verdict::Held => None,
+            Verdict::Deliver
+            | Verdict::Forward
+            | Verdict::Wait
+            | Verdict::Held
+            | Verdict::Staged => None,
         }
     }
 }
@@ -129,6 +136,7 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
     match finding {
         Finding::Claimed => Verdict::Deliver,
         Finding::Waiting => Verdict::Held,
+        Finding::Staged => Verdict::Staged,
         Finding::Absent => Verdict::Forward,
         Finding::Found {
             state: TaskState::Cancelled,
@@ -137,10 +145,10 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
         Finding::Found {
             revision: current, ..
         } if current > revision => Verdict::DropStale,
-        // Delivered, or waiting in the ledger for a limit (which releases
-        // it from there): this copy is not needed.
+        // Delivered, or waiting in the ledger for a limit or staged (each
+        // released from there): this copy is not needed.
         Finding::Found {
-            state: TaskState::Delivered | TaskState::Waiting,
+            state: TaskState::Delivered | TaskState::Waiting | TaskState::Staged,
             revision: current,
         } if current == revision => Verdict::DropDuplicate,
         // A revision newer than the ledger's, or a state the claim should
@@ -193,6 +201,9 @@ pub(super) struct Releaser {
     pub limits: LimitsView,
     /// Where a level probe that arrives is noted (see [`super::strands`]).
     pub strands: ShardStrands,
+    /// Told when this replica stages tasks: the staged release looks again
+    /// for the earliest moment.
+    pub staged_wake: Arc<tokio::sync::Notify>,
 }
 
 fn shards_of(cascade: &Cascade) -> usize {
@@ -459,6 +470,7 @@ impl Releaser {
             .iter()
             .map(|message| Probe::read(&message.properties))
             .collect();
+        self.strands.tasks_arrived(messages);
         if probes.iter().all(Option::is_none) {
             return self.release_in_time(messages, shutdown).await;
         }
@@ -520,24 +532,92 @@ impl Releaser {
     ) -> Vec<Settle> {
         let arrived_us = clock::mono_us();
         let targets = self.release_times(messages, arrived_us);
-        let held = Held::new(&self.metrics, &targets, arrived_us);
-        let groups = hold::claim_groups(&targets, micros(CLAIM_SPAN));
+        let mut settles = self.stage_early(messages, &targets, arrived_us).await;
+        // The rest, held to their times.
+        let rest: Vec<usize> = (0..messages.len())
+            .filter(|&i| settles[i].is_none())
+            .collect();
+        let rest_targets: Vec<u64> = rest.iter().map(|&i| targets[i]).collect();
+        let held = Held::new(&self.metrics, &rest_targets, arrived_us);
+        let groups = hold::claim_groups(&rest_targets, micros(CLAIM_SPAN));
         let released = join_all(groups.iter().map(|group| {
             let due: Vec<Due<'_>> = group
                 .iter()
-                .map(|&i| Due {
-                    message: &messages[i],
-                    at_us: targets[i],
+                .map(|&k| Due {
+                    message: &messages[rest[k]],
+                    at_us: rest_targets[k],
                 })
                 .collect();
             self.release(due, &held, shutdown)
         }))
         .await;
-        let mut settles = vec![Settle::Requeue; messages.len()];
         for (group, group_settles) in groups.iter().zip(released) {
-            for (&i, settle) in group.iter().zip(group_settles) {
-                settles[i] = settle;
+            for (&k, settle) in group.iter().zip(group_settles) {
+                settles[rest[k]] = Some(settle);
             }
+        }
+        settles
+            .into_iter()
+            .map(|settle| settle.unwrap_or(Settle::Requeue))
+            .collect()
+    }
+
+    /// Stages in the ledger each message of a window that arrived more
+    /// than [`Cascade::stage_after_ms`] before its time (a burst's lead),
+    /// until its moment ([`super::staged`]): acknowledged then, as is a copy
+    /// the claim proves needless. `None` for the others, held as before.
+    async fn stage_early(
+        &self,
+        messages: &[Inbound],
+        targets: &[u64],
+        arrived_us: u64,
+    ) -> Vec<Option<Settle>> {
+        let mut settles = vec![None; messages.len()];
+        let beyond_us = self.cascade.stage_after_ms().saturating_mul(1000);
+        let early: Vec<usize> = (0..messages.len())
+            .filter(|&i| targets[i] > arrived_us.saturating_add(beyond_us))
+            .collect();
+        if early.is_empty() {
+            return settles;
+        }
+        let identities: Vec<Option<(String, u64)>> = early
+            .iter()
+            .map(|&i| message::identity(&messages[i].properties))
+            .collect();
+        let entered = self.in_flight.enter(&identities);
+        let now = clock::read();
+        let mut asked = Vec::new();
+        let (mut due, mut until) = (Vec::new(), Vec::new());
+        for ((&i, identity), new) in early.iter().zip(&identities).zip(entered.entered()) {
+            if let (Some(identity), true) = (identity, new) {
+                let ahead_ms = targets[i].saturating_sub(now.mono_us).div_ceil(1000);
+                let deliver_at_ms = message::deliver_at_ms(&messages[i].properties).unwrap_or(0);
+                asked.push(i);
+                due.push(identity.clone());
+                until.push(deliver_at_ms.max(now.wall_ms.saturating_add(ahead_ms + 1)));
+            }
+        }
+        let findings = match self.ledger.stage(due.clone(), until).await {
+            Ok(findings) => findings,
+            Err(error) => {
+                warn!(%error, "cannot stage early tasks in the ledger; they are held instead");
+                return settles;
+            }
+        };
+        let mut staged = 0;
+        for ((&i, (_, revision)), finding) in asked.iter().zip(&due).zip(findings) {
+            let verdict = judge(finding, *revision);
+            if verdict == Verdict::Staged {
+                staged += 1;
+                settles[i] = Some(Settle::Ack);
+            } else if let Some(reason) = verdict.dropped() {
+                self.metrics.dropped_at_release(reason);
+                settles[i] = Some(Settle::Ack);
+            }
+        }
+        if staged > 0 {
+            self.metrics.tasks_staged.inc_by(staged);
+            self.staged_wake.notify_one();
         }
         settles
     }
@@ -736,6 +816,36 @@ impl Releaser {
         self.publish_message(message).await
     }
 
+    /// The message a task the ledger releases (a waiting or a staged one)
+    /// is published as, built from its row at `now_ms`; the error says
+    /// why it can never be.
+    pub(super) fn message_of(
+        &self,
+        stored: &StoredTask,
+        now_ms: u64,
+    ) -> Result<message::Message, String> {
+        let task = stored.rerouted(&self.cascade, now_ms)?;
+        let cascade = message::of_task(&task.message());
+        Ok(message::released(
+            &cascade.routing_key,
+            cascade.payload,
+            &cascade.properties,
+            &self.cascade,
+        ))
+    }
+
+    /// [`Releaser::publish_message`], given up after `limit` (a possible
+    /// second copy rather than a release that waits for good).
+    pub(super) async fn publish_within(
+        &self,
+        message: message::Message,
+        limit: Duration,
+    ) -> Result<Released, PublishError> {
+        tokio::time::timeout(limit, self.publish_message(message))
+            .await
+            .unwrap_or(Err(PublishError::Timeout(limit)))
+    }
+
     /// [`Releaser::publish`], of a message built for its release.
     pub(super) async fn publish_message(
         &self,
@@ -833,7 +943,9 @@ mod tests {
                 let expected = match (state, current.cmp(&message)) {
                     (Cancelled, _) => Verdict::DropCancelled,
                     (_, std::cmp::Ordering::Greater) => Verdict::DropStale,
-                    (Delivered | Waiting, std::cmp::Ordering::Equal) => Verdict::DropDuplicate,
+                    (Delivered | Waiting | Staged, std::cmp::Ordering::Equal) => {
+                        Verdict::DropDuplicate
+                    }
                     _ => Verdict::Forward,
                 };
                 assert_eq!(

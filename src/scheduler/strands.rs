@@ -37,7 +37,7 @@ use tracing::{info, warn};
 
 use super::Broker;
 use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
-use crate::cascade::{Cascade, LevelWatch, digit_position};
+use crate::cascade::{Cascade, LevelWatch, digit_position, levels_left};
 use crate::ledger::Ledger;
 use crate::message::{self, Message, Probe};
 use crate::metrics::{LevelLabel, Metrics};
@@ -90,6 +90,19 @@ impl Strands {
 
     fn watch(&self) -> std::sync::MutexGuard<'_, LevelWatch> {
         self.watch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A task sent at `sent_ms` (this process's clock) reached the release
+    /// stage at `now_ms`: each watched level it passed shows progress.
+    fn task_passed(&self, routing_key: &str, sent_ms: u64, now_ms: u64) {
+        let unit_ms = self.cascade.unit_ms();
+        let watched_below = LevelWatch::watched(&self.cascade).count() as u32;
+        let mut watch = self.watch();
+        for (level, units) in levels_left(routing_key, self.cascade.levels()) {
+            if level < watched_below {
+                watch.passed(level, sent_ms + units * unit_ms, now_ms);
+            }
+        }
     }
 
     /// This replica's `probe` came back.
@@ -187,6 +200,26 @@ impl ShardStrands {
     /// Each shard's, shard 0 first.
     pub fn each(&self) -> impl Iterator<Item = &Strands> {
         self.shards.iter()
+    }
+
+    /// Tasks reached the release stage: each one this process sent (its
+    /// stamp in this process's clock) tells its shard's watch which levels
+    /// passed it and when they were due to (see [`LevelWatch::passed`]).
+    pub fn tasks_arrived(&self, messages: &[Inbound]) {
+        let now_ms = crate::clock::mono_us() / 1000;
+        for message in messages {
+            let Some(stamp) = message::Stamp::read(&message.properties) else {
+                continue;
+            };
+            if stamp.source != crate::clock::source() {
+                continue;
+            }
+            let shard =
+                message::message_id(&message.properties).map_or(0, |id| self.cascade.shard_of(id));
+            if let Some(strands) = self.shards.get(shard as usize) {
+                strands.task_passed(&message.routing_key, stamp.sent_us / 1000, now_ms);
+            }
+        }
     }
 
     /// The release stage took `probe` off: noted by the shard of this

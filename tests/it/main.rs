@@ -8,6 +8,7 @@ mod common;
 
 mod api;
 mod bulk;
+mod burst;
 mod chaos;
 mod command_line;
 mod console;

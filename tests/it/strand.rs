@@ -33,7 +33,7 @@ const STOP_DEAD_LETTERING: &str =
 const START_DEAD_LETTERING: &str = "supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup).";
 
 /// The sum of every sample of `metric` (all its label sets) in a scrape.
-fn sum_of(scrape: &str, metric: &str) -> f64 {
+pub(crate) fn sum_of(scrape: &str, metric: &str) -> f64 {
     scrape
         .lines()
         .filter(|line| line.starts_with(&format!("{metric}{{")))

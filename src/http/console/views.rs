@@ -589,6 +589,7 @@ mod tests {
             delivered_at_ms,
             cancelled_at_ms: None,
             held_by: None,
+            release_at_ms: None,
         }
     }
 

@@ -979,6 +979,14 @@ fn configured(
         .env("DELAYLINE__CASCADE__VERSION", c.version.to_string())
         .env("DELAYLINE__CASCADE__SHARDS", c.shards.to_string())
         .env(
+            "DELAYLINE__CASCADE__BURST_LEVEL_RATE",
+            c.burst_level_rate.to_string(),
+        )
+        .env(
+            "DELAYLINE__CASCADE__BURST_WINDOW_MS",
+            c.burst_window_ms.to_string(),
+        )
+        .env(
             "DELAYLINE__CASCADE__RELEASE_STAGE",
             // As the settings resolve it, so that an unset stage follows the ledger here too.
             settings

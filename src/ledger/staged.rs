@@ -1,0 +1,109 @@
+//! Staged tasks: what reached the release stage well before its time (a
+//! burst's, given a lead through the levels so that it passes them ahead
+//! of the instant) is kept in the ledger alone until its moment, and
+//! released from there by any replica.
+//!
+//! Why the ledger: a task held unacknowledged in the release queue costs a
+//! place of the stage's prefetch and broker memory until its time, so a
+//! burst held that way would stop every other task's release. Staged, it
+//! costs one row (whose payload the ledger keeps until delivery anyway),
+//! and its release is bounded by how fast a replica publishes, not by the
+//! levels' dead-letter workers.
+//!
+//! The stage's claim stages a task in the claim's own transaction
+//! (`claim::stage_claimed`): `staged`, with the moment it is released. The staged
+//! release takes those whose moment is near in release order, in the
+//! writer's group (`releasing`, leased like the limiter's releases; a lease
+//! that runs out stages them again), publishes each at its moment, and marks
+//! them delivered.
+
+use super::claim::{Finding, UnstageInput};
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::record::{StoredTask, db_ms, decode_all};
+use super::sql::{self, statement_sized_chunks};
+
+impl Ledger {
+    /// Claims each `(id, revision)` that reached the release stage well
+    /// before its time and stages it until its moment in `until` (same
+    /// order): [`Finding::Staged`], or what the claim found instead.
+    pub async fn stage(
+        &self,
+        due: Vec<(String, u64)>,
+        until: Vec<u64>,
+    ) -> Result<Vec<Finding>, LedgerError> {
+        let held_by = vec![None; due.len()];
+        self.writes.claim(due, held_by, Some(until), None).await
+    }
+
+    /// Staged tasks whose moment is by `input.by_ms`, taken for release
+    /// in release order (group-committed).
+    pub async fn unstage(&self, input: UnstageInput) -> Result<Vec<StoredTask>, LedgerError> {
+        decode_all(self.writes.unstage(input).await?)
+    }
+
+    /// The earliest moment (epoch ms) a staged task is released, if any.
+    pub async fn next_staged_ms(&self) -> Result<Option<u64>, LedgerError> {
+        let next: Option<i64> = on_pool!(&self.pool, p =>
+            sqlx::query_scalar(sql::NEXT_STAGED).fetch_one(p).await)
+        .context("reading the next staged task's moment")?;
+        Ok(next.map(|at| u64::try_from(at).unwrap_or(0)))
+    }
+
+    /// Taken staged tasks whose publish failed: staged again, released on
+    /// the next take.
+    pub async fn stage_again(&self, ids: &[String]) -> Result<(), LedgerError> {
+        for chunk in statement_sized_chunks(ids) {
+            let sql = sql::stage_again(chunk.len());
+            on_pool!(&self.pool, p => {
+                let mut query = sqlx::query(&sql);
+                for id in chunk {
+                    query = query.bind(id);
+                }
+                query.execute(p).await.map(|_| ())
+            })
+            .context("staging tasks again")?;
+        }
+        Ok(())
+    }
+
+    /// Taken staged tasks whose lease ran out before `now_ms` (their
+    /// replica stopped before marking them delivered) are staged again;
+    /// how many.
+    pub async fn return_expired_stages(&self, now_ms: u64) -> Result<u64, LedgerError> {
+        let any: Option<String> = on_pool!(&self.pool, p =>
+            sqlx::query_scalar(sql::ANY_EXPIRED_STAGE)
+            .bind(db_ms(now_ms))
+            .fetch_optional(p)
+            .await)
+        .context("looking for staged tasks whose lease ran out")?;
+        if any.is_none() {
+            return Ok(0);
+        }
+        let returned = on_pool!(&self.pool, p => sqlx::query(sql::RETURN_EXPIRED_STAGES)
+            .bind(db_ms(now_ms))
+            .execute(p)
+            .await
+            .map(|done| done.rows_affected()))
+        .context("staging again tasks whose lease ran out")?;
+        Ok(returned)
+    }
+
+    /// Taken staged tasks `ids` whose destination a release limit holds
+    /// now: they wait for `limit` (`waiting`), as a due task the release
+    /// stage claims does.
+    pub async fn hold_unstaged(&self, ids: &[String], limit: &str) -> Result<(), LedgerError> {
+        for chunk in statement_sized_chunks(ids) {
+            let sql = sql::hold_releasing(chunk.len());
+            on_pool!(&self.pool, p => {
+                let mut query = sqlx::query(&sql).bind(limit);
+                for id in chunk {
+                    query = query.bind(id);
+                }
+                query.execute(p).await.map(|_| ())
+            })
+            .context("holding staged tasks for a limit")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! The staged release: tasks the release stage staged in the ledger well
+//! before their time ([`crate::ledger`]'s `staged`) are taken back from it
+//! near their moment and published then, in release order.
+//!
+//! Every replica runs one; a take is one statement in the ledger writer's
+//! group (on PostgreSQL, replicas skip what another took), under a lease
+//! like the limiter's: a replica that dies before marking its take
+//! delivered leaves it to be staged again when the lease runs out, and
+//! released by whoever takes it then. A take is at most [`PAGE`] tasks and
+//! at most [`PAGES_OUT`] are out at once, so memory does not grow with the
+//! burst. Each task waits for its own moment by this replica's wall clock
+//! (its moment is its due time, or later where the staging replica's clock
+//! said so), is published on the publish channels for due tasks, and is
+//! marked delivered at its confirm's time, in groups. A task whose
+//! destination a release limit holds at its moment waits for that limit
+//! instead, as a due task the release stage claims does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::release::{CLAIM_AHEAD, Released, Releaser};
+use crate::broker::PublishError;
+use crate::clock;
+use crate::ledger::{StoredTask, UnstageInput};
+
+/// Most staged tasks one take releases.
+pub const PAGE: u32 = 1000;
+/// Takes being released at once: one publishing while the next is taken.
+const PAGES_OUT: usize = 3;
+/// How long the release sleeps at most before it looks again (another
+/// replica may have staged an earlier task meanwhile).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// A take not marked delivered by then is staged again (its replica
+/// stopped) and released by whoever takes it next: a burst's tail is late
+/// by at most this after a crash. A publish still unconfirmed after
+/// [`PUBLISH_LIMIT`] is given up first (and staged again), so a lease runs
+/// out only on a replica that stopped.
+const LEASE: Duration = Duration::from_secs(10);
+const PUBLISH_LIMIT: Duration = Duration::from_secs(8);
+
+fn ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The staged release of one replica.
+#[derive(Clone)]
+pub(super) struct StagedRelease {
+    releaser: Releaser,
+}
+
+/// What became of a taken task's publish.
+enum Publish {
+    /// Published, or refused, with when the answer came.
+    Done(Result<Released, PublishError>, u64),
+    /// Not published: the replica stops.
+    Stopped,
+    /// Its row can never be published (it stays taken, its lease runs out).
+    Never,
+}
+
+/// What became of one take's tasks.
+#[derive(Default)]
+struct Outcomes {
+    delivered: BTreeMap<u64, Vec<String>>,
+    again: Vec<String>,
+}
+
+impl StagedRelease {
+    pub fn new(releaser: Releaser) -> StagedRelease {
+        StagedRelease { releaser }
+    }
+
+    /// Releases staged tasks at their moments until `shutdown`; what is
+    /// taken then and not yet published is staged again at once.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let pages = Arc::new(Semaphore::new(PAGES_OUT));
+        let mut out = JoinSet::new();
+        let mut leases_looked_at: Option<tokio::time::Instant> = None;
+        while !shutdown.is_cancelled() {
+            let mono = tokio::time::Instant::now();
+            if leases_looked_at.is_none_or(|at| mono.duration_since(at) >= LOOK_EVERY) {
+                self.return_expired().await;
+                leases_looked_at = Some(mono);
+            }
+            while out.try_join_next().is_some() {}
+            let pause = match self.wait_for_next().await {
+                Some(Duration::ZERO) => {
+                    let permit = tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        permit = pages.clone().acquire_owned() => permit,
+                    };
+                    let Ok(permit) = permit else { break };
+                    match self.take().await {
+                        Some(tasks) if !tasks.is_empty() => {
+                            let release = self.clone().release(tasks, permit, shutdown.clone());
+                            out.spawn(release);
+                            continue;
+                        }
+                        // Another replica took them, or the ledger failed.
+                        _ => Duration::from_millis(50),
+                    }
+                }
+                Some(wait) => wait.min(LOOK_EVERY),
+                None => LOOK_EVERY,
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(pause) => {}
+                () = self.releaser.staged_wake.notified() => {}
+            }
+        }
+        while out.join_next().await.is_some() {}
+    }
+
+    /// How long until the earliest staged task is to be taken
+    /// ([`CLAIM_AHEAD`] before its moment); `None` when nothing is staged
+    /// (or the ledger cannot say).
+    async fn wait_for_next(&self) -> Option<Duration> {
+        match self.releaser.ledger.next_staged_ms().await {
+            Ok(next) => {
+                let take_at_ms = next?.saturating_sub(ms(CLAIM_AHEAD));
+                let now_ms = clock::now_ms();
+                Some(Duration::from_millis(take_at_ms.saturating_sub(now_ms)))
+            }
+            Err(error) => {
+                warn!(%error, "cannot read when the next staged task is due");
+                None
+            }
+        }
+    }
+
+    /// Takes up to a page of staged tasks due within [`CLAIM_AHEAD`].
+    async fn take(&self) -> Option<Vec<StoredTask>> {
+        let now_ms = clock::now_ms();
+        let input = UnstageInput {
+            by_ms: now_ms + ms(CLAIM_AHEAD),
+            lease_until_ms: now_ms + ms(LEASE),
+            most: PAGE,
+        };
+        match self.releaser.ledger.unstage(input).await {
+            Ok(tasks) => Some(tasks),
+            Err(error) => {
+                warn!(%error, "cannot take staged tasks from the ledger; trying again");
+                None
+            }
+        }
+    }
+
+    async fn return_expired(&self) {
+        match self
+            .releaser
+            .ledger
+            .return_expired_stages(clock::now_ms())
+            .await
+        {
+            Ok(0) => {}
+            Ok(returned) => warn!(
+                tasks = returned,
+                "staged tasks taken for release were not marked delivered within their lease \
+                 (a replica stopped): staged again, released at once"
+            ),
+            Err(error) => warn!(%error, "cannot look for staged tasks whose lease ran out"),
+        }
+    }
+
+    /// One take: those a release limit holds wait for it; the others are
+    /// published each at its moment, then marked delivered (or staged
+    /// again).
+    async fn release(
+        self,
+        tasks: Vec<StoredTask>,
+        _permit: OwnedSemaphorePermit,
+        shutdown: CancellationToken,
+    ) {
+        let tasks = self.hold_limited(tasks).await;
+        let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
+        let mut outcomes = Outcomes::default();
+        for (task, outcome) in tasks.iter().zip(published) {
+            match outcome {
+                Publish::Done(Ok(released), at_ms) => {
+                    self.observe(task, released, at_ms);
+                    outcomes
+                        .delivered
+                        .entry(at_ms)
+                        .or_default()
+                        .push(task.id.clone());
+                }
+                Publish::Done(Err(error), _) => {
+                    warn!(task_id = task.id, %error, "a staged task could not be released; it is staged again");
+                    outcomes.again.push(task.id.clone());
+                }
+                Publish::Stopped => outcomes.again.push(task.id.clone()),
+                Publish::Never => {}
+            }
+        }
+        self.record(outcomes).await;
+    }
+
+    /// The tasks of a take no release limit holds now; the others wait for
+    /// their limits in the ledger.
+    async fn hold_limited(&self, tasks: Vec<StoredTask>) -> Vec<StoredTask> {
+        let limits = &self.releaser.limits;
+        let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut free = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            match limits.holder(&task.destination) {
+                Some(limit) => {
+                    limits.now_waiting(&task.destination);
+                    held.entry(limit).or_default().push(task.id);
+                }
+                None => free.push(task),
+            }
+        }
+        for (limit, ids) in held {
+            if let Err(error) = self.releaser.ledger.hold_unstaged(&ids, &limit).await {
+                warn!(%error, limit, "staged tasks a limit holds stay taken until their lease runs out");
+            }
+        }
+        free
+    }
+
+    /// Publishes `task` at its moment by this replica's wall clock, and
+    /// says when its confirm came.
+    async fn publish_at(&self, task: &StoredTask, shutdown: &CancellationToken) -> Publish {
+        let moment_ms = task.release_at_ms.unwrap_or(task.deliver_at_ms);
+        loop {
+            let now = clock::read();
+            if now.wall_ms >= moment_ms {
+                break;
+            }
+            let at_us = now.mono_us + (moment_ms - now.wall_ms) * 1000;
+            tokio::select! {
+                () = shutdown.cancelled() => return Publish::Stopped,
+                () = clock::until_mono_us(at_us) => {}
+            }
+        }
+        let message = match self.releaser.message_of(task, clock::now_ms()) {
+            Ok(message) => message,
+            Err(reason) => {
+                warn!(
+                    task_id = task.id,
+                    reason, "a staged task cannot be released"
+                );
+                return Publish::Never;
+            }
+        };
+        let outcome = self.releaser.publish_within(message, PUBLISH_LIMIT).await;
+        Publish::Done(outcome, clock::now_ms())
+    }
+
+    fn observe(&self, task: &StoredTask, released: Released, at_ms: u64) {
+        let metrics = &self.releaser.metrics;
+        if released == Released::Delivered {
+            metrics.delivered(at_ms, at_ms.saturating_sub(task.deliver_at_ms));
+            metrics.tasks_delivered.inc();
+        }
+        metrics.staged_released.inc();
+    }
+
+    /// Marks the published tasks delivered (at their confirms' times) and
+    /// stages again those not published, side by side.
+    async fn record(&self, outcomes: Outcomes) {
+        let ledger = &self.releaser.ledger;
+        let marks = outcomes
+            .delivered
+            .into_iter()
+            .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
+        for marked in join_all(marks).await {
+            if let Err(error) = marked {
+                warn!(%error, "released staged tasks not marked delivered in the ledger");
+            }
+        }
+        if !outcomes.again.is_empty()
+            && let Err(error) = ledger.stage_again(&outcomes.again).await
+        {
+            warn!(%error, "staged tasks not published are staged again when their lease runs out");
+        }
+    }
+}
