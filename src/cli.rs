@@ -863,6 +863,13 @@ fn describe_migration(migrated: &Migrated, new: &Cascade) -> String {
     for (id, reason) in &migrated.failed {
         text += &format!("poisoned task {id}: {reason} (failed in the ledger)\n");
     }
+    if migrated.staged_forwarded > 0 {
+        text += &format!(
+            "{} pending again, to be published by what remains of their delay: the new \
+             chain has no release stage to release them from the ledger\n",
+            count(migrated.staged_forwarded, "staged task", "staged tasks")
+        );
+    }
     if report.shards != new.shards() && report.shards > 0 {
         text += &format!(
             "the number of shards changed from {} to {}: each task now goes through the shard \

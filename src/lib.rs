@@ -62,11 +62,15 @@
 //!   failover);
 //!   cancels tasks; plans recurring schedules (`recurring`: each occurrence
 //!   a task a lead before its time, changes withdrawing what was made);
+//!   gives the tasks of a burst leads through the levels (`burst`, by
+//!   `cascade`'s `spread`);
 //!   runs the release stage, which holds a due task to its millisecond
 //!   (`hold`: when to release, by bounding other replicas' clocks from
-//!   what arrives, pure) and looks every due task up in the ledger before
+//!   what arrives, pure), stages in the ledger what arrives well before its
+//!   time, and looks every due task up in the ledger before
 //!   it goes to the business exchange (its verdicts per message are pure
-//!   functions); hands a due task a release limit matches to the ledger,
+//!   functions); releases staged tasks from the ledger at their moments
+//!   (`staged`); hands a due task a release limit matches to the ledger,
 //!   where it waits, and runs the limiter that releases what waits in due
 //!   order as the limits allow (`limiter`, by `limit_view`, what this
 //!   replica knows of them; the API's side in `limits`); reads the forecast
@@ -86,7 +90,7 @@
 //!   only declares. One operation in one place: the writer task's group
 //!   commit (`writer`), a group's transaction per backend (`transaction`),
 //!   its steps `admit` and `claim`, cancel and move (`change`), what the
-//!   release stage records (`release`), reads and sweeps (`tasks`),
+//!   release stage records (`release`), staged tasks (`staged`), reads and sweeps (`tasks`),
 //!   recurring schedules (`schedules`, each change guarded by the revision
 //!   read, the one file that writes the schedules table). Whether there is
 //!   a ledger at all is decided once, by `ledger::StoreSettings`. Its rows
@@ -140,8 +144,9 @@
 //! - [`cascade`]: the algorithm as pure logic. Settings and their limits,
 //!   the routing key of a delay, the entry exchange, and the topology plan
 //!   as data (shared by the provisioner, `--dry-run` and the routing
-//!   simulator), the verdicts on stranded levels (`strand`) and the due
-//!   times a failover makes suspect (`loss`). No I/O; proven exhaustively
+//!   simulator), the verdicts on stranded levels (`strand`), the due
+//!   times a failover makes suspect (`loss`), and which wait a task of a
+//!   burst takes (`spread`). No I/O; proven exhaustively
 //!   and with property tests.
 //!
 //! The public surface is what the binary, the integration tests and the

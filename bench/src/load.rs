@@ -581,9 +581,21 @@ pub async fn submit_due(
     count: usize,
     due_ms: u64,
 ) -> anyhow::Result<()> {
+    submit_due_from(bases, destination, 0, count, due_ms).await
+}
+
+/// [`submit_due`], the tasks numbered from `first` (their ids
+/// `{destination}-{n}`).
+pub async fn submit_due_from(
+    bases: &[String],
+    destination: &str,
+    first: usize,
+    count: usize,
+    due_ms: u64,
+) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let due = delayline::clock::format_epoch_ms(due_ms);
-    let batches: Vec<(String, serde_json::Value)> = (0..count)
+    let batches: Vec<(String, serde_json::Value)> = (first..first + count)
         .collect::<Vec<_>>()
         .chunks(1000)
         .enumerate()

@@ -8,6 +8,7 @@
 
 mod arrivals;
 mod backlog;
+mod burst;
 mod capacity;
 mod cpu;
 mod delivery;
@@ -61,8 +62,8 @@ struct Args {
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default. `shards` and `queue-pass` run only when
-    /// named.
+    /// replicas); all by default. `shards`, `burst` and `queue-pass` run
+    /// only when named.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -135,6 +136,13 @@ struct Args {
     /// The shards phase's burst, as the rate it is sized for (× 12 s of tasks).
     #[arg(long, default_value_t = 5000.0)]
     shards_rate: f64,
+    /// The burst phase's sizes: tasks due at one instant.
+    #[arg(long, value_delimiter = ',', default_values_t = [20_000, 100_000])]
+    burst_sizes: Vec<usize>,
+    /// The burst phase's ways of admitting them: `minute` (spread over the
+    /// minute before) and `at-once`.
+    #[arg(long, value_delimiter = ',', default_value = "minute,at-once")]
+    burst_modes: Vec<String>,
     /// The queue-pass phase's queue types, measured in this order.
     #[arg(long, value_delimiter = ',', default_value = "quorum,classic,stream")]
     pass_types: Vec<String>,
@@ -178,6 +186,8 @@ struct Results {
     replicas: Vec<replicas::ReplicaRun>,
     /// One burst's due rate with 1, 2 and 4 shards.
     shards: Vec<shards::ShardRun>,
+    /// Tasks due at one instant: how long until the last arrived.
+    burst: Vec<burst::BurstRun>,
     /// What a pass through a queue (publish, consume, acknowledge) costs
     /// the broker, per queue type.
     queue_pass: Vec<queue_pass::Pass>,
@@ -264,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
         forecast: Vec::new(),
         replicas: Vec::new(),
         shards: Vec::new(),
+        burst: Vec::new(),
         queue_pass: Vec::new(),
     };
 
@@ -627,6 +638,19 @@ async fn main() -> anyhow::Result<()> {
                 r.shards, r.tasks, r.due_per_sec, r.leaders
             );
         }
+    }
+
+    if args.phases.iter().any(|p| p == "burst") {
+        let progress = bar("burst");
+        results.burst = burst::phase(
+            &args.amqp_uri,
+            args.channels,
+            &args.burst_sizes,
+            &args.burst_modes,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
     }
 
     if args.phases.iter().any(|p| p == "queue-pass") {

@@ -55,6 +55,10 @@ pub struct TaskView {
     /// while it holds it; `GET /v1/limits/{name}` says why).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub held_by: Option<String>,
+    /// A staged task's moment (state `staged`, or `releasing` from there):
+    /// its due time, or later by the staging replica's clock.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub release_at: Option<String>,
     /// The API client that submitted it; absent while the API is open.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub client: Option<String>,
@@ -69,6 +73,7 @@ impl From<StoredTask> for TaskView {
             lateness_ms: stored.lateness_ms(),
             cancelled_at: stored.cancelled_at_ms.map(format_epoch_ms),
             held_by: stored.held_by.clone(),
+            release_at: stored.release_at_ms.map(format_epoch_ms),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),
             created_at: format_epoch_ms(stored.created_at_ms),

@@ -193,22 +193,29 @@ pub struct UnstageInput {
 }
 
 /// The claimed tasks of `due` staged instead, each until its moment in
-/// `until` (same order), found [`Finding::Staged`].
+/// `until` (same order), found [`Finding::Staged`]; one whose whole payload
+/// the ledger does not hold stays claimed (the release stage holds it).
 pub(super) async fn stage_claimed(
     tx: &mut Tx<'_>,
     due: &[(String, u64)],
     until: &[u64],
     findings: &mut [Finding],
 ) -> Result<(), LedgerError> {
+    let mut claimed: Vec<usize> = Vec::new();
     let mut staged: Vec<(&str, i64)> = Vec::new();
-    for (((id, _), at_ms), finding) in due.iter().zip(until).zip(findings.iter_mut()) {
+    for (i, (((id, _), at_ms), finding)) in due.iter().zip(until).zip(findings.iter()).enumerate() {
         if *finding == Finding::Claimed {
+            claimed.push(i);
             staged.push((id.as_str(), db_ms(*at_ms)));
-            *finding = Finding::Staged;
         }
     }
-    if !staged.is_empty() {
-        tx.stage(&staged).await?;
+    if staged.is_empty() {
+        return Ok(());
+    }
+    for (i, done) in claimed.into_iter().zip(tx.stage(&staged).await?) {
+        if done {
+            findings[i] = Finding::Staged;
+        }
     }
     Ok(())
 }

@@ -53,7 +53,7 @@ impl Ledger {
         .context("reading which destinations fall due")
     }
 
-    /// Tasks on their way (pending, scheduled, releasing, waiting) due in
+    /// Tasks on their way (pending, scheduled, releasing, waiting, staged) due in
     /// each minute of `[from_ms, to_ms)`, summed in the database over every
     /// destination or over `only` (a minute may come once per statement:
     /// at most [`NAMED_AT_ONCE`] destinations are named in one).
@@ -94,7 +94,7 @@ impl Ledger {
         Ok(counts)
     }
 
-    /// Every task on its way (pending, scheduled, releasing, waiting),
+    /// Every task on its way (pending, scheduled, releasing, waiting, staged),
     /// whenever it falls due: what the chain and the ledger still have to
     /// deliver. Read off the forecast's counts, not the tasks.
     pub async fn tasks_on_their_way(&self) -> Result<u64, LedgerError> {

@@ -35,8 +35,8 @@
 //! `pool` (connections, migrations) → `settings`; [`handle`] (the
 //! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim` →
 //! `transaction` → `sql` → `filter`, `record`, and `transaction` →
-//! `due_counts`; `tasks`, `change`, `release` and `schedules` add methods
-//! to the handle.
+//! `due_counts`; `tasks`, `change`, `release`, `staged` and `schedules` add
+//! methods to the handle.
 
 // The two macros every file below uses: first, so that they are in scope.
 #[macro_use]

@@ -279,9 +279,18 @@ pub const RETURN_EXPIRED_LEASES: &str = "UPDATE tasks SET state = 'waiting', \
 pub const ANY_EXPIRED_LEASE: &str = "SELECT id FROM tasks \
      WHERE state = 'releasing' AND held_by IS NOT NULL AND next_attempt_at_ms < $1 LIMIT 1";
 
-/// A claimed task (`$2`) staged until `$1`: it waits in the ledger alone.
+/// A claimed task (`$2`) staged until `$1`: it waits in the ledger alone,
+/// so only while the ledger holds its whole payload (a task published by
+/// a chain without a release stage kept only a copy of its start).
 pub const STAGE_RELEASING: &str = "UPDATE tasks SET state = 'staged', release_at_ms = $1, \
-     next_attempt_at_ms = 0 WHERE state = 'releasing' AND id = $2";
+     next_attempt_at_ms = 0 WHERE state = 'releasing' AND id = $2 \
+     AND payload IS NOT NULL AND length(payload) = payload_bytes";
+
+/// Every staged task pending from `$1`, to be published again by what
+/// remains of its delay (a chain without a release stage cannot release
+/// it from the ledger).
+pub const FORWARD_STAGED: &str = "UPDATE tasks SET state = 'pending', next_attempt_at_ms = $1, \
+     release_at_ms = NULL WHERE state = 'staged'";
 
 /// The earliest moment a staged task is released.
 pub const NEXT_STAGED: &str = "SELECT MIN(release_at_ms) FROM tasks WHERE state = 'staged'";

@@ -106,4 +106,16 @@ impl Ledger {
         }
         Ok(())
     }
+    /// Every staged task made pending from `now_ms`, for the forwarder to
+    /// publish by what remains of its delay into a chain without a release
+    /// stage (`migrate-topology` onto one); how many.
+    pub async fn forward_staged(&self, now_ms: u64) -> Result<u64, LedgerError> {
+        let forwarded = on_pool!(&self.pool, p => sqlx::query(sql::FORWARD_STAGED)
+            .bind(db_ms(now_ms))
+            .execute(p)
+            .await
+            .map(|done| done.rows_affected()))
+        .context("making staged tasks pending")?;
+        Ok(forwarded)
+    }
 }

@@ -425,29 +425,34 @@ impl Tx<'_> {
         }
     }
 
-    /// Claimed tasks staged, each until its moment.
-    pub(super) async fn stage(&mut self, staged: &[(&str, i64)]) -> Result<(), LedgerError> {
+    /// Claimed tasks staged, each until its moment: per task, whether it
+    /// was (the ledger holds its whole payload).
+    pub(super) async fn stage(&mut self, staged: &[(&str, i64)]) -> Result<Vec<bool>, LedgerError> {
+        let mut done = Vec::with_capacity(staged.len());
         match self {
             Tx::Sqlite(tx) => {
-                let rows = staged
-                    .iter()
-                    .map(|(id, at)| [at as &dyn ToSql, id as &dyn ToSql]);
-                tx.execute_each(sql::STAGE_RELEASING, &[], rows)
-                    .map(|_| ())
-                    .context("staging due tasks")
+                let mut stage = || -> rusqlite::Result<()> {
+                    let mut statement = tx.prepared(sql::STAGE_RELEASING)?;
+                    for (id, at) in staged {
+                        done.push(statement.execute(rusqlite::params![at, id])? == 1);
+                    }
+                    Ok(())
+                };
+                stage().context("staging due tasks")?;
             }
             Tx::Postgres(t) => {
                 for (id, at) in staged {
-                    sqlx::query(sql::STAGE_RELEASING)
+                    let changed = sqlx::query(sql::STAGE_RELEASING)
                         .bind(*at)
                         .bind(*id)
                         .execute(&mut **t)
                         .await
                         .context("staging due tasks")?;
+                    done.push(changed.rows_affected() == 1);
                 }
-                Ok(())
             }
         }
+        Ok(done)
     }
 
     /// Up to `most` staged tasks whose moment is by `by_ms`, taken for

@@ -117,6 +117,9 @@ pub struct Migrated {
     pub failed: Vec<(String, String)>,
     /// Why emptiness was counted in ready messages only, if it was.
     pub management_unavailable: Option<String>,
+    /// Staged tasks made pending, to be published into a new chain without
+    /// a release stage by what remains of their delay.
+    pub staged_forwarded: u64,
 }
 
 /// Moves every waiting message of the chain `from` names into `new`, then
@@ -154,12 +157,29 @@ pub async fn migrate(
     })
     .await?;
     let failed = mark_poisoned_failed(settings, new, &report).await?;
+    let staged_forwarded = forward_staged(settings, new).await?;
     Ok(Migrated {
         old,
         report,
         failed,
         management_unavailable,
+        staged_forwarded,
     })
+}
+
+/// Onto a chain without a release stage, nothing releases staged tasks from
+/// the ledger: they are made pending, and the service's forwarder publishes
+/// each by what remains of its delay.
+async fn forward_staged(settings: &OperatorSettings, new: &Cascade) -> Result<u64, OperationError> {
+    if new.release_stage() {
+        return Ok(0);
+    }
+    let Some(ledger) = open_ledger(settings).await? else {
+        return Ok(0);
+    };
+    let forwarded = ledger.forward_staged(crate::clock::now_ms()).await;
+    ledger.close().await;
+    Ok(forwarded?)
 }
 
 /// A task whose message went to the poison queue is never delivered: the

@@ -165,6 +165,17 @@ async fn a_sigkill_while_a_burst_is_staged_and_while_it_is_released_loses_nothin
     let http = reqwest::Client::new();
     let mut child = spawn_binary(&settings, port);
     wait_ready_at(&http, &base).await;
+    eventually("the business exchange is declared", async || {
+        delayline::broker::exchange_exists(
+            &delayline::broker::connect(crate::common::amqp_uri(), "probe")
+                .await
+                .unwrap(),
+            cascade.business_exchange(),
+        )
+        .await
+        .unwrap()
+    })
+    .await;
     let mut consumer = TestConsumer::bind_to(
         &mut cleanup,
         &cascade,

@@ -287,7 +287,7 @@ pub struct TaskPage<'a> {
 
 pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
     let task = view.task;
-    let changeable = matches!(task.state, TaskState::Pending | TaskState::Scheduled);
+    let changeable = task.state.is_changeable();
     let path = format!("/console/tasks/{}", urlencode(&task.id));
     page(
         &format!("Task {}", task.id),
@@ -370,6 +370,14 @@ fn timeline(
             format!("was held by release limit {limit}")
         };
         events.push((None, what));
+    }
+    if let Some(at) = task.release_at_ms {
+        let what = if task.state == TaskState::Staged {
+            "staged in the ledger: released from there at this moment"
+        } else {
+            "was staged in the ledger until this moment (part of a burst)"
+        };
+        events.push((Some(at), what.to_owned()));
     }
     if let Some(at) = task.cancelled_at_ms {
         events.push((Some(at), "cancelled".to_owned()));

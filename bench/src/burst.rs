@@ -1,0 +1,213 @@
+//! What falls due together (issue 67): N tasks due at one instant, on the
+//! default configuration (one node, SQLite, the 1 s chain held to the
+//! millisecond), admitted two ways: over the minute before it (batches
+//! spread over 50 s) and all at once (as fast as the service takes them,
+//! the instant a minute after the first). Measured from the instant: when
+//! the first and the last arrive, lateness p50 and p99, the release rate
+//! (tasks over the time from the instant to the last), against the raw
+//! publish ceiling to the business exchange measured on the same service
+//! just before; tasks the strand watch published again; early, lost and
+//! duplicated.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use delayline::testkit::{now_us, quantile};
+
+use crate::arrivals::consume;
+use crate::load::{RawTarget, raw_amqp, submit_due_from};
+use crate::sut::{ServiceUnderTest, Setup, Store};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BurstRun {
+    /// `minute` or `at-once`.
+    pub admitted: String,
+    pub tasks: usize,
+    /// From the first task's submission to the last's acceptance.
+    pub admitted_in_s: f64,
+    /// From the last acceptance to the instant.
+    pub ahead_s: f64,
+    pub first_ms: f64,
+    pub last_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Tasks over the time from the instant to the last arrival.
+    pub release_per_sec: f64,
+    /// Confirmed publishes a second to the business exchange, routed to a
+    /// consumer's classic queue, measured on the same service just before.
+    pub business_ceiling_per_sec: f64,
+    pub resent: f64,
+    pub staged: f64,
+    pub early: usize,
+    pub lost: usize,
+    pub duplicates: usize,
+}
+
+/// The instant is this long after the first submission.
+const AHEAD: Duration = Duration::from_secs(60);
+/// The minute's batches are spread over this long.
+const SPREAD: Duration = Duration::from_secs(50);
+
+pub async fn phase(
+    amqp_uri: &str,
+    channels: usize,
+    sizes: &[usize],
+    modes: &[String],
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<BurstRun>> {
+    let mut runs = Vec::new();
+    for mode in modes {
+        for &tasks in sizes {
+            progress.set_message(format!("burst: {tasks} due at once, admitted {mode}"));
+            let setup = Setup::default_with(Store::Sqlite);
+            let mut sut = ServiceUnderTest::spawn(amqp_uri, channels, &setup).await?;
+            let run = one(&mut sut, amqp_uri, channels, tasks, mode, progress).await;
+            sut.stop().await?;
+            let run = run?;
+            println!(
+                "burst: {} admitted {} in {:.1} s, {:.1} s ahead: first +{:.0} ms, last +{:.0} ms, \
+                 p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s; \
+                 resent {}, staged {}, early {}, lost {}, duplicates {}",
+                run.tasks,
+                run.admitted,
+                run.admitted_in_s,
+                run.ahead_s,
+                run.first_ms,
+                run.last_ms,
+                run.p50_ms,
+                run.p99_ms,
+                run.release_per_sec,
+                run.business_ceiling_per_sec,
+                run.resent,
+                run.staged,
+                run.early,
+                run.lost,
+                run.duplicates
+            );
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+async fn one(
+    sut: &mut ServiceUnderTest,
+    amqp_uri: &str,
+    channels: usize,
+    tasks: usize,
+    mode: &str,
+    progress: &ProgressBar,
+) -> anyhow::Result<BurstRun> {
+    let mut ceiling_arrivals = consume(sut, "ceiling", amqp_uri).await?;
+    let business = sut.cascade.business_exchange().to_owned();
+    let target = RawTarget::Exchange {
+        label: "business",
+        exchange: &business,
+        key: Some("ceiling"),
+    };
+    let ceiling = raw_amqp(
+        amqp_uri,
+        &sut.cascade,
+        target,
+        channels,
+        256,
+        Duration::from_secs(5),
+        progress,
+    )
+    .await?;
+    tokio::spawn(async move { while ceiling_arrivals.recv().await.is_some() {} });
+    let mut receiver = consume(sut, "burst", amqp_uri).await?;
+    let start_us = now_us();
+    let due_ms = (start_us / 1000) as u64 + AHEAD.as_millis() as u64;
+    let bases = std::slice::from_ref(&sut.base);
+    if mode == "minute" {
+        let slices = SPREAD.as_secs() as usize;
+        let per_slice = tasks.div_ceil(slices);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        for first in (0..tasks).step_by(per_slice) {
+            tick.tick().await;
+            submit_due_from(bases, "burst", first, per_slice.min(tasks - first), due_ms).await?;
+        }
+    } else {
+        submit_due_from(bases, "burst", 0, tasks, due_ms).await?;
+    }
+    let admitted_us = now_us();
+    let got = arrivals(&mut receiver, tasks, due_ms).await;
+    let scrape = scrape(&sut.base).await.unwrap_or_default();
+    Ok(summary(
+        mode,
+        tasks,
+        (start_us, admitted_us, due_ms),
+        &got,
+        ceiling.tasks_per_sec,
+        &scrape,
+    ))
+}
+
+/// Arrivals until `count` came, or 30 s passed without one after the instant.
+async fn arrivals(
+    receiver: &mut mpsc::UnboundedReceiver<(String, i64)>,
+    count: usize,
+    due_ms: u64,
+) -> Vec<(String, i64)> {
+    let mut got = Vec::with_capacity(count);
+    let ahead = Duration::from_millis(due_ms.saturating_sub((now_us() / 1000) as u64));
+    while got.len() < count {
+        let wait = if got.is_empty() { ahead + Duration::from_secs(30) } else { Duration::from_secs(30) };
+        match tokio::time::timeout(wait, receiver.recv()).await {
+            Ok(Some(arrival)) => got.push(arrival),
+            _ => break,
+        }
+    }
+    got
+}
+
+fn summary(
+    mode: &str,
+    tasks: usize,
+    (start_us, admitted_us, due_ms): (i64, i64, u64),
+    got: &[(String, i64)],
+    ceiling: f64,
+    scrape: &str,
+) -> BurstRun {
+    let due_us = due_ms as i64 * 1000;
+    let unique: HashSet<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+    let mut late_ms: Vec<f64> = got
+        .iter()
+        .map(|(_, at)| (at - due_us) as f64 / 1000.0)
+        .collect();
+    late_ms.sort_by(f64::total_cmp);
+    let last_ms = late_ms.last().copied().unwrap_or(f64::NAN);
+    BurstRun {
+        admitted: mode.to_owned(),
+        tasks,
+        admitted_in_s: (admitted_us - start_us) as f64 / 1e6,
+        ahead_s: (due_us - admitted_us) as f64 / 1e6,
+        first_ms: late_ms.first().copied().unwrap_or(f64::NAN),
+        last_ms,
+        p50_ms: quantile(&late_ms, 0.5),
+        p99_ms: quantile(&late_ms, 0.99),
+        release_per_sec: unique.len() as f64 / (last_ms.max(1.0) / 1000.0),
+        business_ceiling_per_sec: ceiling,
+        resent: sample(scrape, "delayline_tasks_resent_total"),
+        staged: sample(scrape, "delayline_tasks_staged_total"),
+        early: late_ms.iter().filter(|&&late| late < 0.0).count(),
+        lost: tasks - unique.len(),
+        duplicates: got.len() - unique.len(),
+    }
+}
+
+async fn scrape(base: &str) -> anyhow::Result<String> {
+    Ok(reqwest::get(format!("{base}/metrics")).await?.text().await?)
+}
+
+fn sample(scrape: &str, metric: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(metric)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
