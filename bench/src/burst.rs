@@ -157,7 +157,11 @@ async fn arrivals(
     let mut got = Vec::with_capacity(count);
     let ahead = Duration::from_millis(due_ms.saturating_sub((now_us() / 1000) as u64));
     while got.len() < count {
-        let wait = if got.is_empty() { ahead + Duration::from_secs(30) } else { Duration::from_secs(30) };
+        let wait = if got.is_empty() {
+            ahead + Duration::from_secs(30)
+        } else {
+            Duration::from_secs(30)
+        };
         match tokio::time::timeout(wait, receiver.recv()).await {
             Ok(Some(arrival)) => got.push(arrival),
             _ => break,
@@ -202,7 +206,10 @@ fn summary(
 }
 
 async fn scrape(base: &str) -> anyhow::Result<String> {
-    Ok(reqwest::get(format!("{base}/metrics")).await?.text().await?)
+    Ok(reqwest::get(format!("{base}/metrics"))
+        .await?
+        .text()
+        .await?)
 }
 
 fn sample(scrape: &str, metric: &str) -> f64 {

@@ -12,7 +12,7 @@
 //! itself: a consumer takes messages before they expire, and they go on
 //! at the time the level would have sent them.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use super::Cascade;
 
@@ -107,15 +107,47 @@ pub const MAX_WATCHED_TTL_MS: u64 = 10 * 60 * 1000;
 struct LevelProbes {
     /// When each of this replica's probes still out through the level was
     /// sent (its monotonic clock, ms: a stepped wall clock must not make a
-    /// probe look late). Oldest first: the oldest is the one judged.
-    out: BTreeSet<u64>,
+    /// probe look late). Oldest first: the oldest is the one judged. With
+    /// each, once the broker confirmed it, when that was: it entered the
+    /// level by then (a publish may wait behind a burst's releases on its
+    /// channel).
+    out: BTreeMap<u64, Option<u64>>,
     /// Since when the level is taken to be stranded.
     stranded_since_ms: Option<u64>,
+    /// What showed it.
+    stranded_by: Option<Evidence>,
     /// The latest moment a task seen at the release stage was due to leave
     /// the level (its sender's stamp, this process's clock), and when that
     /// was first seen: a level whose tasks keep coming out, each due to
     /// leave later than the last, is moving.
     passed: Option<Passed>,
+}
+
+/// What showed a level stranded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// A probe due more than the margin after its own came back first, and
+    /// no task came out of it for twice the margin.
+    Overtaken,
+    /// It let a task go that was due to leave it more than the margin after
+    /// its own probe, which stays out.
+    OutOfOrder,
+}
+
+impl Evidence {
+    /// In words, for the log.
+    pub fn says(self) -> &'static str {
+        match self {
+            Evidence::Overtaken => {
+                "a probe that fell due more than the margin after its own came back first, \
+                 and no task came out of it for twice the margin"
+            }
+            Evidence::OutOfOrder => {
+                "it let a task go that was due to leave it more than the margin after its own \
+                 probe, which it still holds"
+            }
+        }
+    }
 }
 
 /// The newest evidence that a level passes tasks.
@@ -142,7 +174,10 @@ struct Passed {
 /// probe of a quiet level overtakes it. So the tasks that reach the release
 /// stage speak too ([`LevelWatch::passed`]): a level that let one of them
 /// go, due to leave it later than any before, within twice the margin, is
-/// moving and not stranded by being overtaken; one that let a task go due
+/// moving and not stranded by being overtaken, and so is every level while
+/// the replica stages or releases a burst (a level's one worker may wait
+/// seconds for the queues it feeds, which the burst fills:
+/// [`LevelWatch::burst_seen`]); one that let a task go due
 /// to leave it more than the margin after its oldest probe, which stays
 /// out, broke its own order, and is stranded even while it moves.
 ///
@@ -166,6 +201,9 @@ pub struct LevelWatch {
     every_ms: u64,
     /// The latest due time (sent plus TTL) of a probe that came back.
     latest_due_back_ms: u64,
+    /// Until when this replica takes the cascade to be busy with a burst
+    /// (it staged or released one from the ledger just before).
+    burst_until_ms: u64,
 }
 
 impl LevelWatch {
@@ -176,6 +214,7 @@ impl LevelWatch {
             margin_ms,
             every_ms,
             latest_due_back_ms: 0,
+            burst_until_ms: 0,
         }
     }
 
@@ -198,7 +237,7 @@ impl LevelWatch {
         if probes.stranded_since_ms.is_some() {
             return false;
         }
-        match (level, probes.out.last()) {
+        match (level, probes.out.last_key_value().map(|(sent, _)| sent)) {
             (_, None) => true,
             (None, Some(_)) => false,
             (Some(level), Some(&newest)) => {
@@ -225,7 +264,18 @@ impl LevelWatch {
     /// This replica's probe went through `level` at `sent_ms`.
     pub fn sent(&mut self, level: Option<u32>, sent_ms: u64) {
         if let Some(probes) = self.probes_mut(level) {
-            probes.out.insert(sent_ms);
+            probes.out.insert(sent_ms, None);
+        }
+    }
+
+    /// The broker confirmed the probe sent through `level` at `sent_ms`,
+    /// at `confirmed_ms`.
+    pub fn confirmed(&mut self, level: Option<u32>, sent_ms: u64, confirmed_ms: u64) {
+        if let Some(entered) = self
+            .probes_mut(level)
+            .and_then(|probes| probes.out.get_mut(&sent_ms))
+        {
+            *entered = Some(confirmed_ms);
         }
     }
 
@@ -245,6 +295,14 @@ impl LevelWatch {
         if let Some(probes) = self.probes_mut(level) {
             probes.out.remove(&sent_ms);
         }
+    }
+
+    /// This replica staged a burst's tasks, or released them from the
+    /// ledger, at `now_ms`: for twice the margin, a level whose probe is
+    /// overtaken is taken to be behind the burst, not stopped (one that
+    /// breaks its own order still is).
+    pub fn burst_seen(&mut self, now_ms: u64) {
+        self.burst_until_ms = now_ms.saturating_add(self.margin_ms.saturating_mul(2));
     }
 
     /// A task seen at the release stage at `now_ms` was due to leave
@@ -268,16 +326,29 @@ impl LevelWatch {
         let (margin_ms, latest) = (self.margin_ms, self.latest_due_back_ms);
         let mut found = Vec::new();
         for (level, probes) in (0u32..).zip(&mut self.levels) {
-            let Some(&sent) = probes.out.first() else {
+            let Some((&sent, &entered)) = probes.out.first_key_value() else {
                 continue;
             };
             let late_after = (sent + cascade.level_ttl_ms(level)).saturating_add(margin_ms);
-            let moving = probes
-                .passed
-                .is_some_and(|p| now_ms.saturating_sub(p.seen_ms) <= margin_ms.saturating_mul(2));
-            let order_broken = probes.passed.is_some_and(|p| p.left_ms > late_after);
+            let moving = now_ms < self.burst_until_ms
+                || probes.passed.is_some_and(|p| {
+                    now_ms.saturating_sub(p.seen_ms) <= margin_ms.saturating_mul(2)
+                });
+            // Against when the probe surely was inside: the task entered the
+            // level after that, so it cannot leave before the probe.
+            let order_broken = entered.is_some_and(|entered_ms| {
+                let inside_late_after =
+                    (entered_ms + cascade.level_ttl_ms(level)).saturating_add(margin_ms);
+                probes.passed.is_some_and(|p| p.left_ms > inside_late_after)
+            });
             let overtaken = latest > late_after;
-            if (order_broken || (overtaken && !moving)) && probes.stranded_since_ms.is_none() {
+            let evidence = if order_broken {
+                Some(Evidence::OutOfOrder)
+            } else {
+                (overtaken && !moving).then_some(Evidence::Overtaken)
+            };
+            if evidence.is_some() && probes.stranded_since_ms.is_none() {
+                probes.stranded_by = evidence;
                 probes.stranded_since_ms = Some(now_ms);
                 found.push(level);
             }
@@ -301,6 +372,14 @@ impl LevelWatch {
         if let Some(probes) = self.levels.get_mut(level as usize) {
             *probes = LevelProbes::default();
         }
+    }
+
+    /// What showed `level` stranded, while it is taken to be.
+    pub fn evidence(&self, level: u32) -> Option<Evidence> {
+        self.levels
+            .get(level as usize)
+            .filter(|probes| probes.stranded_since_ms.is_some())
+            .and_then(|probes| probes.stranded_by)
     }
 
     /// The levels taken to be stranded, each with since when.
@@ -357,20 +436,35 @@ mod tests {
         );
         watch.passed(3, 10_600, 13_500);
         assert!(watch.newly_stranded(&cascade, 15_500).is_empty());
-        // No progress for more than twice the margin: stopped.
-        assert_eq!(watch.newly_stranded(&cascade, 15_501), vec![3]);
+        // No progress for more than twice the margin: stopped, unless the
+        // replica staged or released a burst within twice the margin.
+        watch.burst_seen(14_000);
+        assert!(watch.newly_stranded(&cascade, 15_999).is_empty());
+        assert_eq!(watch.newly_stranded(&cascade, 16_000), vec![3]);
+        assert_eq!(watch.evidence(3), Some(Evidence::Overtaken));
 
         let mut watch = LevelWatch::new(4, 1_000, 100);
         watch.sent(Some(3), 10_000);
-        // A task due to leave level 3 past the probe and the margin came
-        // out: the level kept its probe while passing newer messages.
-        watch.passed(3, 11_800, 12_000);
+        // Until the broker confirmed the probe, nothing says when it
+        // entered: its publish may wait behind others.
+        watch.passed(3, 11_801, 11_950);
+        assert!(watch.newly_stranded(&cascade, 11_950).is_empty());
+        watch.confirmed(Some(3), 10_000, 10_001);
+        // A task due to leave level 3 past the probe (inside by 10,001) and
+        // the margin came out: the level kept its probe while passing newer
+        // messages.
         assert!(
             watch.newly_stranded(&cascade, 12_000).is_empty(),
             "by 1 ms no"
         );
-        watch.passed(3, 11_801, 12_001);
-        assert_eq!(watch.newly_stranded(&cascade, 12_001), vec![3]);
+        watch.passed(3, 11_802, 12_001);
+        watch.burst_seen(12_001);
+        assert_eq!(
+            watch.newly_stranded(&cascade, 12_001),
+            vec![3],
+            "even in a burst"
+        );
+        assert_eq!(watch.evidence(3), Some(Evidence::OutOfOrder));
     }
 
     #[test]

@@ -483,6 +483,66 @@ mod tests {
         assert_eq!(counts().await, [(60000, "d".to_owned(), 3)]);
     }
 
+    /// Migration 0018 rebuilds `tasks` again, for the state `staged` and
+    /// the column `release_at_ms`: every row keeps every column it had (the
+    /// new one NULL), a state outside the nine is refused, and the
+    /// forecast's triggers count a staged task as one on its way.
+    #[tokio::test]
+    async fn migration_0018_keeps_every_row_and_counts_a_staged_task() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let run = async |sql: &str| sqlx::raw_sql(sql).execute(&pool).await;
+        let (before, after): (Vec<_>, Vec<_>) =
+            SQLITE_MIGRATIONS.iter().partition(|m| m.version < 18);
+        assert_eq!(after[0].version, 18);
+        for migration in before {
+            run(&migration.sql).await.unwrap();
+        }
+        let insert = |id: &str, state: &str| {
+            format!(
+                "INSERT INTO tasks (id, destination, routing_key, delay_ms, deliver_at_ms, \
+                 content_type, headers, payload, payload_bytes, state, created_at_ms, \
+                 next_attempt_at_ms, held_by) VALUES ('{id}', 'd', '1.d', 5, 60000, \
+                 'text/plain', '{{}}', x'01', 1, '{state}', 5, 7, 'l')"
+            )
+        };
+        for (id, state) in [("a", "waiting"), ("b", "delivered"), ("c", "scheduled")] {
+            run(&insert(id, state)).await.unwrap();
+        }
+        let every = "SELECT id || state || deliver_at_ms || quote(payload) || \
+                     next_attempt_at_ms || held_by FROM tasks ORDER BY id";
+        let rows =
+            async || -> Vec<String> { sqlx::query_scalar(every).fetch_all(&pool).await.unwrap() };
+        let counts = async || -> Vec<(i64, String, i64)> {
+            sqlx::query_as("SELECT minute_ms, destination, tasks FROM due_counts")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        };
+        let rows_before = rows().await;
+        assert_eq!(counts().await, [(60000, "d".to_owned(), 2)]);
+
+        run(&after[0].sql).await.unwrap();
+
+        assert_eq!(rows().await, rows_before);
+        assert_eq!(counts().await, [(60000, "d".to_owned(), 2)]);
+        let new_column: Vec<Option<i64>> = sqlx::query_scalar("SELECT release_at_ms FROM tasks")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(new_column, [None, None, None]);
+        assert!(run(&insert("d", "nowhere")).await.is_err());
+        run(&insert("e", "staged")).await.unwrap();
+        assert_eq!(counts().await, [(60000, "d".to_owned(), 3)]);
+        run("UPDATE tasks SET state = 'releasing' WHERE id = 'e'")
+            .await
+            .unwrap();
+        assert_eq!(counts().await, [(60000, "d".to_owned(), 3)]);
+    }
+
     /// Every connection of the pool, not only the first, gets the settings
     /// the group commit was measured with (BENCHMARKS.md, issue 16).
     #[tokio::test]

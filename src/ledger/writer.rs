@@ -495,7 +495,7 @@ mod tests {
     use super::*;
     use crate::cascade::CascadeSettings;
     use crate::ledger::StoreSettings;
-    use crate::task::Task;
+    use crate::task::{Task, TaskState};
 
     /// A SQLite ledger with the release stage, in a folder of its own
     /// (removed by the caller).
@@ -517,6 +517,101 @@ mod tests {
         let body = br#"{"destination": "d", "delay_ms": 1000}"#;
         let task = Task::parse(body, &cascade, SystemTime::now()).unwrap();
         Row::pending(&task, None, None, 0)
+    }
+
+    /// A staged task: claimed and staged in one commit, taken back only
+    /// once its moment is near, in release order, staged again when its
+    /// take's lease runs out or its publish failed, delivered once marked;
+    /// a cancel applies while it is staged; a copy found staged is no task
+    /// to stage again.
+    #[tokio::test]
+    async fn a_staged_task_is_taken_back_at_its_moment_and_a_lease_that_runs_out_stages_it_again() {
+        use crate::ledger::{Cancel, UnstageInput};
+        let (ledger, dir) = sqlite_ledger().await;
+        let rows = [row(), row(), row()];
+        for row in &rows {
+            ledger.writes.admit(row.clone()).await.unwrap();
+        }
+        let revision = u64::try_from(rows[0].revision).unwrap();
+        let due: Vec<(String, u64)> = rows.iter().map(|r| (r.id.clone(), revision)).collect();
+        let until = vec![5_000, 3_000, 4_000];
+        let findings = ledger.stage(due.clone(), until).await.unwrap();
+        assert_eq!(findings, vec![Finding::Staged; 3]);
+        let again = ledger.stage(due[..1].to_vec(), vec![5_000]).await.unwrap();
+        assert_eq!(
+            again,
+            vec![Finding::Found {
+                state: TaskState::Staged,
+                revision
+            }]
+        );
+        assert_eq!(ledger.next_staged_ms().await.unwrap(), Some(3_000));
+        let staged = ledger.get(&rows[1].id).await.unwrap().unwrap();
+        assert_eq!(
+            (staged.state, staged.release_at_ms),
+            (TaskState::Staged, Some(3_000))
+        );
+
+        let take = |by_ms, lease_until_ms| UnstageInput {
+            by_ms,
+            lease_until_ms,
+            most: 10,
+        };
+        assert!(
+            ledger
+                .unstage(take(2_999, 10_000))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let taken = ledger.unstage(take(4_000, 10_000)).await.unwrap();
+        let ids: Vec<&str> = taken.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [rows[1].id.as_str(), rows[2].id.as_str()],
+            "in release order"
+        );
+        assert!(taken.iter().all(|t| t.state == TaskState::Releasing));
+        // A cancel comes too late for a task taken, and in time for one staged.
+        let cancels = ledger
+            .cancel(&[rows[1].id.clone(), rows[0].id.clone()], None, 1)
+            .await
+            .unwrap();
+        assert!(
+            matches!(cancels[0], Cancel::Unchangeable(_)),
+            "{:?}",
+            cancels[0]
+        );
+        assert!(
+            matches!(cancels[1], Cancel::Cancelled(_)),
+            "{:?}",
+            cancels[1]
+        );
+        // The take's lease runs out: staged again, taken again at once.
+        assert_eq!(ledger.return_expired_stages(9_999).await.unwrap(), 0);
+        assert_eq!(ledger.return_expired_stages(10_001).await.unwrap(), 2);
+        let taken = ledger.unstage(take(4_000, 20_000)).await.unwrap();
+        assert_eq!(taken.len(), 2);
+        ledger.stage_again(&[rows[2].id.clone()]).await.unwrap();
+        ledger
+            .mark_delivered(vec![rows[1].id.clone()], 4_100)
+            .await
+            .unwrap();
+        let delivered = ledger.get(&rows[1].id).await.unwrap().unwrap();
+        let again = ledger.get(&rows[2].id).await.unwrap().unwrap();
+        assert_eq!(
+            (delivered.state, again.state),
+            (TaskState::Delivered, TaskState::Staged)
+        );
+        // Onto a chain without a release stage: pending, for the forwarder.
+        assert_eq!(ledger.forward_staged(5_000).await.unwrap(), 1);
+        let forwarded = ledger.get(&rows[2].id).await.unwrap().unwrap();
+        assert_eq!(
+            (forwarded.state, forwarded.release_at_ms),
+            (TaskState::Pending, None)
+        );
+        ledger.close().await;
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// A claim holds the claimed tasks a limit names in the same commit:

@@ -618,6 +618,8 @@ impl Releaser {
         if staged > 0 {
             self.metrics.tasks_staged.inc_by(staged);
             self.staged_wake.notify_one();
+            self.strands
+                .burst_seen(usize::try_from(staged).unwrap_or(usize::MAX));
         }
         settles
     }

@@ -179,6 +179,7 @@ impl StagedRelease {
         _permit: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
+        self.releaser.strands.burst_seen(tasks.len());
         let tasks = self.hold_limited(tasks).await;
         let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
         let mut outcomes = Outcomes::default();

@@ -37,11 +37,13 @@ use tracing::{info, warn};
 
 use super::Broker;
 use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
-use crate::cascade::{Cascade, LevelWatch, digit_position, levels_left};
+use crate::cascade::{Cascade, Evidence, LevelWatch, digit_position, levels_left};
 use crate::ledger::Ledger;
 use crate::message::{self, Message, Probe};
 use crate::metrics::{LevelLabel, Metrics};
 
+/// Tasks staged or released from the ledger at once that show a burst.
+const BURST_TASKS: usize = 16;
 /// How often the ledger is asked for overdue tasks that passed a stranded level.
 const RESEND_POLL: Duration = Duration::from_secs(1);
 /// How long a drain window waits after the broker refused a copy.
@@ -202,6 +204,20 @@ impl ShardStrands {
         self.shards.iter()
     }
 
+    /// This replica staged `tasks` of a burst, or released them from the
+    /// ledger: every shard's watch takes its levels to be busy with it for
+    /// a while (see [`LevelWatch::burst_seen`]). A few staged tasks (a long
+    /// round delay's) are no burst.
+    pub fn burst_seen(&self, tasks: usize) {
+        if tasks < BURST_TASKS {
+            return;
+        }
+        let now_ms = crate::clock::mono_us() / 1000;
+        for shard in self.shards.iter() {
+            shard.watch().burst_seen(now_ms);
+        }
+    }
+
     /// Tasks reached the release stage: each one this process sent (its
     /// stamp in this process's clock) tells its shard's watch which levels
     /// passed it and when they were due to (see [`LevelWatch::passed`]).
@@ -353,9 +369,12 @@ impl LevelKeeper {
                 .publish_due(probe.message(&self.cascade, now.wall_ms))
         }))
         .await;
+        let confirmed_ms = crate::clock::mono_us() / 1000;
         let mut watch = self.strands.watch();
         for (level, outcome) in wanted.into_iter().zip(sent) {
-            if !matches!(outcome, Ok(Published::Confirmed)) {
+            if matches!(outcome, Ok(Published::Confirmed)) {
+                watch.confirmed(level, sent_ms, confirmed_ms);
+            } else {
                 watch.not_sent(level, sent_ms);
             }
         }
@@ -378,17 +397,18 @@ impl LevelKeeper {
         shutdown: &CancellationToken,
     ) {
         let queue = self.cascade.level_queue(level);
+        let evidence = self.strands.watch().evidence(level);
         warn!(
             level,
             queue,
             connected_to = self.broker.status().node.unwrap_or_default(),
-            "a level stopped dead-lettering, or fell far behind: a probe that fell due more than \
-             {} ms after its own came back first (RabbitMQ's at-least-once dead-letter worker on \
-             the node leading it stopped, rabbitmq-queues quorum_status {queue} names that node, \
-             or has more expired messages than it passes on in that time; see the runbook's \"A \
-             level stranded after a node loss\"); delayline now takes its messages off and sends \
-             each on at its time, and publishes the overdue tasks that passed it again",
-            self.cascade.stranded_margin_ms()
+            margin_ms = self.cascade.stranded_margin_ms(),
+            evidence = evidence.map_or("", Evidence::says),
+            "a level stopped dead-lettering, or fell far behind (RabbitMQ's at-least-once \
+             dead-letter worker on the node leading it stopped, rabbitmq-queues quorum_status \
+             {queue} names that node; see the runbook's \"A level stranded after a node loss\"); \
+             delayline now takes its messages off and sends each on at its time, and publishes \
+             the overdue tasks that passed it again"
         );
         self.metrics
             .level_stranded
