@@ -3,16 +3,21 @@
 -- alone, in the new state 'staged', until `release_at_ms` (the moment the
 -- staging replica's clock releases it, never before `deliver_at_ms`); a
 -- ledger-driven release then takes it ('releasing', leased by
--- `next_attempt_at_ms`, `release_at_ms` kept) and delivers it. A staged task
--- counts in the forecast like any other on its way.
+-- `next_attempt_at_ms`, `release_at_ms` kept) and delivers it; another
+-- process than the one that staged it (`staged_by`) only 10 s after that
+-- moment, since its clock may be ahead. A staged task counts in the
+-- forecast like any other on its way.
 ALTER TABLE tasks DROP CONSTRAINT tasks_state_check;
 ALTER TABLE tasks ADD CONSTRAINT tasks_state_check
     CHECK (state IN ('pending', 'scheduled', 'releasing', 'waiting', 'staged', 'delivered',
                      'unroutable', 'cancelled', 'failed'));
 ALTER TABLE tasks ADD COLUMN release_at_ms BIGINT;
--- The staged release reads staged tasks in release order; lists read them
--- in due order.
+ALTER TABLE tasks ADD COLUMN staged_by TEXT;
+-- The staged release reads staged tasks in release order, and its own
+-- (`staged_by`: the process that staged them) apart; lists read them in due
+-- order.
 CREATE INDEX tasks_staged ON tasks (release_at_ms, id) WHERE state = 'staged';
+CREATE INDEX tasks_staged_by ON tasks (staged_by, release_at_ms) WHERE state = 'staged';
 CREATE INDEX tasks_staged_in_due_order ON tasks (deliver_at_ms, id) WHERE state = 'staged';
 -- Staged tasks being released, until delivered: a lease that ran out (the
 -- replica died) stages them again.

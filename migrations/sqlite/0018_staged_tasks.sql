@@ -3,8 +3,10 @@
 -- alone, in the new state 'staged', until `release_at_ms` (the moment the
 -- staging replica's clock releases it, never before `deliver_at_ms`); a
 -- ledger-driven release then takes it ('releasing', leased by
--- `next_attempt_at_ms`, `release_at_ms` kept) and delivers it. A staged task
--- counts in the forecast like any other on its way.
+-- `next_attempt_at_ms`, `release_at_ms` kept) and delivers it; another
+-- process than the one that staged it (`staged_by`) only 10 s after that
+-- moment, since its clock may be ahead. A staged task counts in the
+-- forecast like any other on its way.
 -- SQLite cannot change a CHECK constraint in place, so the table is rebuilt
 -- as in 0015 (once, at the upgrade, in time proportional to the ledger's
 -- size: about 21 s for a million tasks); rows stay as they were, and the
@@ -38,7 +40,8 @@ CREATE TABLE tasks_new (
     properties         BLOB,
     exchange           TEXT,
     held_by            TEXT,
-    release_at_ms      INTEGER
+    release_at_ms      INTEGER,
+    staged_by          TEXT
 );
 
 INSERT INTO tasks_new (id, idempotency_key, fingerprint, destination, routing_key, delay_ms,
@@ -73,9 +76,11 @@ CREATE INDEX tasks_waiting_in_due_order ON tasks (deliver_at_ms, id) WHERE state
 CREATE INDEX tasks_released_by_limiter ON tasks (next_attempt_at_ms)
     WHERE state = 'releasing' AND held_by IS NOT NULL;
 
--- The staged release reads staged tasks in release order; lists read them
--- in due order.
+-- The staged release reads staged tasks in release order, and its own
+-- (`staged_by`: the process that staged them) apart; lists read them in due
+-- order.
 CREATE INDEX tasks_staged ON tasks (release_at_ms, id) WHERE state = 'staged';
+CREATE INDEX tasks_staged_by ON tasks (staged_by, release_at_ms) WHERE state = 'staged';
 CREATE INDEX tasks_staged_in_due_order ON tasks (deliver_at_ms, id) WHERE state = 'staged';
 -- Staged tasks being released, until delivered: a lease that ran out (the
 -- replica died) stages them again.

@@ -184,8 +184,12 @@ pub(super) async fn hold_claimed(
 /// What one take of staged tasks asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnstageInput {
-    /// Tasks whose moment (epoch ms) is at or before this.
+    /// Tasks this process staged whose moment (epoch ms) is at or before this.
     pub by_ms: u64,
+    /// Tasks another process staged whose moment is at or before this.
+    pub others_by_ms: u64,
+    /// This process (its clock's name).
+    pub own: &'static str,
     /// Taken under a lease until then.
     pub lease_until_ms: u64,
     /// At most this many.
@@ -201,6 +205,7 @@ pub(super) async fn stage_claimed(
     until: &[u64],
     findings: &mut [Finding],
 ) -> Result<(), LedgerError> {
+    let staged_by = crate::clock::source();
     let mut claimed: Vec<usize> = Vec::new();
     let mut staged: Vec<(&str, i64)> = Vec::new();
     for (i, (((id, _), at_ms), finding)) in due.iter().zip(until).zip(findings.iter()).enumerate() {
@@ -212,7 +217,7 @@ pub(super) async fn stage_claimed(
     if staged.is_empty() {
         return Ok(());
     }
-    for (i, done) in claimed.into_iter().zip(tx.stage(&staged).await?) {
+    for (i, done) in claimed.into_iter().zip(tx.stage(&staged, staged_by).await?) {
         if done {
             findings[i] = Finding::Staged;
         }

@@ -108,6 +108,8 @@ row! {
     held_by: Option<String>,
     /// When a staged task is released (migration 0018).
     release_at_ms: Option<i64>,
+    /// The process that staged it (its clock's name).
+    staged_by: Option<String>,
 }
 
 /// A task as the ledger knows it.
@@ -156,6 +158,8 @@ pub struct StoredTask {
     /// When the staged release lets it go (`staged`, or `releasing` from
     /// there): its due time, or later by the staging replica's clock.
     pub release_at_ms: Option<u64>,
+    /// The process that staged it (its clock's name).
+    pub staged_by: Option<String>,
 }
 
 impl StoredTask {
@@ -278,6 +282,7 @@ impl Row {
             cancelled_at_ms: None,
             held_by: None,
             release_at_ms: None,
+            staged_by: None,
         }
     }
 
@@ -324,6 +329,7 @@ impl Row {
             exchange: self.exchange,
             held_by: self.held_by,
             release_at_ms: self.release_at_ms.map(ms),
+            staged_by: self.staged_by,
         })
     }
 }
@@ -385,6 +391,7 @@ mod tests {
             cancelled_at_ms: None,
             held_by: None,
             release_at_ms: None,
+            staged_by: None,
         }
     }
 
@@ -444,6 +451,6 @@ mod tests {
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 27);
+        assert_eq!(COLUMNS.split(", ").count(), 28);
     }
 }

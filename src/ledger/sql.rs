@@ -279,11 +279,12 @@ pub const RETURN_EXPIRED_LEASES: &str = "UPDATE tasks SET state = 'waiting', \
 pub const ANY_EXPIRED_LEASE: &str = "SELECT id FROM tasks \
      WHERE state = 'releasing' AND held_by IS NOT NULL AND next_attempt_at_ms < $1 LIMIT 1";
 
-/// A claimed task (`$2`) staged until `$1`: it waits in the ledger alone,
-/// so only while the ledger holds its whole payload (a task published by
-/// a chain without a release stage kept only a copy of its start).
+/// A claimed task (`$2`) staged until `$1` by the process `$3`: it waits
+/// in the ledger alone, so only while the ledger holds its whole payload (a
+/// task published by a chain without a release stage kept only a copy of
+/// its start).
 pub const STAGE_RELEASING: &str = "UPDATE tasks SET state = 'staged', release_at_ms = $1, \
-     next_attempt_at_ms = 0 WHERE state = 'releasing' AND id = $2 \
+     staged_by = $3, next_attempt_at_ms = 0 WHERE state = 'releasing' AND id = $2 \
      AND payload IS NOT NULL AND length(payload) = payload_bytes";
 
 /// Every staged task pending from `$1`, to be published again by what
@@ -292,18 +293,24 @@ pub const STAGE_RELEASING: &str = "UPDATE tasks SET state = 'staged', release_at
 pub const FORWARD_STAGED: &str = "UPDATE tasks SET state = 'pending', next_attempt_at_ms = $1, \
      release_at_ms = NULL WHERE state = 'staged'";
 
-/// The earliest moment a staged task is released.
+/// The earliest moment a staged task is released, of any process's.
 pub const NEXT_STAGED: &str = "SELECT MIN(release_at_ms) FROM tasks WHERE state = 'staged'";
 
-/// Takes up to `$3` staged tasks whose moment is by `$1`, in release
-/// order, leased until `$2`. The condition is repeated outside the
-/// subquery so that, on PostgreSQL, a replica that waited for another
-/// replica's take re-checks it and skips what was just taken.
+/// The earliest moment a task process `$1` staged is released.
+pub const NEXT_OWN_STAGED: &str =
+    "SELECT MIN(release_at_ms) FROM tasks WHERE state = 'staged' AND staged_by = $1";
+
+/// Takes up to `$3` staged tasks whose moment is by `$1` (staged by the
+/// process `$4`) or by `$5` (staged by another, whose clock may be
+/// ahead), in release order, leased until `$2`. The condition is repeated
+/// outside the subquery so that, on PostgreSQL, a replica that waited for
+/// another replica's take re-checks it and skips what was just taken.
 pub fn unstage() -> String {
+    let due = "release_at_ms <= $1 AND (staged_by = $4 OR release_at_ms <= $5)";
     format!(
         "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2 \
-         WHERE state = 'staged' AND release_at_ms <= $1 AND id IN ( \
-             SELECT id FROM tasks WHERE state = 'staged' AND release_at_ms <= $1 \
+         WHERE state = 'staged' AND {due} AND id IN ( \
+             SELECT id FROM tasks WHERE state = 'staged' AND {due} \
              ORDER BY release_at_ms, id LIMIT $3) \
          RETURNING {COLUMNS}"
     )

@@ -20,6 +20,7 @@
 use super::claim::{Finding, UnstageInput};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
+use super::pass::ms;
 use super::record::{StoredTask, db_ms, decode_all};
 use super::sql::{self, statement_sized_chunks};
 
@@ -42,12 +43,25 @@ impl Ledger {
         decode_all(self.writes.unstage(input).await?)
     }
 
-    /// The earliest moment (epoch ms) a staged task is released, if any.
-    pub async fn next_staged_ms(&self) -> Result<Option<u64>, LedgerError> {
-        let next: Option<i64> = on_pool!(&self.pool, p =>
+    /// The earliest moment (epoch ms) `own` (this process) may take a
+    /// staged task: its own tasks' moments, another's `others_after_ms`
+    /// later; `None` when nothing is staged.
+    pub async fn next_staged_ms(
+        &self,
+        own: &str,
+        others_after_ms: u64,
+    ) -> Result<Option<u64>, LedgerError> {
+        let any: Option<i64> = on_pool!(&self.pool, p =>
             sqlx::query_scalar(sql::NEXT_STAGED).fetch_one(p).await)
         .context("reading the next staged task's moment")?;
-        Ok(next.map(|at| u64::try_from(at).unwrap_or(0)))
+        let mine: Option<i64> = on_pool!(&self.pool, p =>
+            sqlx::query_scalar(sql::NEXT_OWN_STAGED).bind(own).fetch_one(p).await)
+        .context("reading the next staged task's moment")?;
+        let any = any.map(|at| ms(at).saturating_add(others_after_ms));
+        Ok(match (mine.map(ms), any) {
+            (Some(mine), Some(any)) => Some(mine.min(any)),
+            (mine, any) => mine.or(any),
+        })
     }
 
     /// Taken staged tasks whose publish failed: staged again, released on

@@ -427,14 +427,18 @@ impl Tx<'_> {
 
     /// Claimed tasks staged, each until its moment: per task, whether it
     /// was (the ledger holds its whole payload).
-    pub(super) async fn stage(&mut self, staged: &[(&str, i64)]) -> Result<Vec<bool>, LedgerError> {
+    pub(super) async fn stage(
+        &mut self,
+        staged: &[(&str, i64)],
+        staged_by: &str,
+    ) -> Result<Vec<bool>, LedgerError> {
         let mut done = Vec::with_capacity(staged.len());
         match self {
             Tx::Sqlite(tx) => {
                 let mut stage = || -> rusqlite::Result<()> {
                     let mut statement = tx.prepared(sql::STAGE_RELEASING)?;
                     for (id, at) in staged {
-                        done.push(statement.execute(rusqlite::params![at, id])? == 1);
+                        done.push(statement.execute(rusqlite::params![at, id, staged_by])? == 1);
                     }
                     Ok(())
                 };
@@ -445,6 +449,7 @@ impl Tx<'_> {
                     let changed = sqlx::query(sql::STAGE_RELEASING)
                         .bind(*at)
                         .bind(*id)
+                        .bind(staged_by)
                         .execute(&mut **t)
                         .await
                         .context("staging due tasks")?;
@@ -455,20 +460,23 @@ impl Tx<'_> {
         Ok(done)
     }
 
-    /// Up to `most` staged tasks whose moment is by `by_ms`, taken for
+    /// Up to `most` staged tasks whose moment is by `by_ms` (staged by
+    /// `own`) or by `others_by_ms` (staged by another process), taken for
     /// release under a lease until `lease_until_ms`, in release order.
     pub(super) async fn unstage(
         &mut self,
-        by_ms: u64,
+        (by_ms, others_by_ms): (u64, u64),
+        own: &str,
         lease_until_ms: u64,
         most: u32,
     ) -> Result<Vec<Row>, LedgerError> {
         let sql = sql::unstage();
         let (by, lease, most) = (db_ms(by_ms), db_ms(lease_until_ms), i64::from(most));
+        let others_by = db_ms(others_by_ms);
         match self {
             Tx::Sqlite(tx) => {
                 let read = || -> rusqlite::Result<Vec<Row>> {
-                    let parameters: [&dyn ToSql; 3] = [&by, &lease, &most];
+                    let parameters: [&dyn ToSql; 5] = [&by, &lease, &most, &own, &others_by];
                     let mut statement = tx.prepared(&sql)?;
                     let rows = statement.query_map(parameters.as_slice(), Row::from_sqlite)?;
                     rows.collect()
@@ -479,6 +487,8 @@ impl Tx<'_> {
                 .bind(by)
                 .bind(lease)
                 .bind(most)
+                .bind(own)
+                .bind(others_by)
                 .fetch_all(&mut **t)
                 .await
                 .context("taking staged tasks"),

@@ -441,10 +441,9 @@ impl Writer {
         }
         let mut unstaged = Vec::with_capacity(group.unstages.len());
         for (input, _) in &group.unstages {
-            unstaged.push(
-                tx.unstage(input.by_ms, input.lease_until_ms, input.most)
-                    .await?,
-            );
+            let by = (input.by_ms, input.others_by_ms);
+            let taken = tx.unstage(by, input.own, input.lease_until_ms, input.most);
+            unstaged.push(taken.await?);
         }
         tx.commit().await?;
         let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
@@ -545,15 +544,36 @@ mod tests {
                 revision
             }]
         );
-        assert_eq!(ledger.next_staged_ms().await.unwrap(), Some(3_000));
+        let own = crate::clock::source();
+        assert_eq!(
+            ledger.next_staged_ms(own, 10_000).await.unwrap(),
+            Some(3_000)
+        );
+        assert_eq!(
+            ledger.next_staged_ms("another", 10_000).await.unwrap(),
+            Some(13_000),
+            "another process's moment, 10 s later"
+        );
+        let others = UnstageInput {
+            by_ms: 12_999,
+            others_by_ms: 2_999,
+            own: "another",
+            lease_until_ms: 0,
+            most: 10,
+        };
+        assert!(ledger.unstage(others).await.unwrap().is_empty());
         let staged = ledger.get(&rows[1].id).await.unwrap().unwrap();
         assert_eq!(
             (staged.state, staged.release_at_ms),
             (TaskState::Staged, Some(3_000))
         );
 
+        // Staged by this process: taken at their moments (another's only
+        // by `others_by_ms`).
         let take = |by_ms, lease_until_ms| UnstageInput {
             by_ms,
+            others_by_ms: 0,
+            own: crate::clock::source(),
             lease_until_ms,
             most: 10,
         };

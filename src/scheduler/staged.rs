@@ -43,6 +43,13 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// [`PUBLISH_LIMIT`] is given up first (and staged again), so a lease runs
 /// out only on a replica that stopped.
 const LEASE: Duration = Duration::from_secs(10);
+/// How long after its moment a task another process staged may be taken:
+/// that process's wall clock may be behind this one's (it alone compared
+/// its moment with the stamp's bound on the sender's clock), so this
+/// replica never releases another's task early unless their hosts' clocks
+/// disagree by more than this. A replica that staged a task and died (or
+/// was restarted, a new process) leaves it this late.
+pub const OTHERS_AFTER: Duration = Duration::from_secs(10);
 const PUBLISH_LIMIT: Duration = Duration::from_secs(8);
 
 fn ms(duration: Duration) -> u64 {
@@ -123,7 +130,13 @@ impl StagedRelease {
     /// ([`CLAIM_AHEAD`] before its moment); `None` when nothing is staged
     /// (or the ledger cannot say).
     async fn wait_for_next(&self) -> Option<Duration> {
-        match self.releaser.ledger.next_staged_ms().await {
+        let own = clock::source();
+        match self
+            .releaser
+            .ledger
+            .next_staged_ms(own, ms(OTHERS_AFTER))
+            .await
+        {
             Ok(next) => {
                 let take_at_ms = next?.saturating_sub(ms(CLAIM_AHEAD));
                 let now_ms = clock::now_ms();
@@ -141,6 +154,8 @@ impl StagedRelease {
         let now_ms = clock::now_ms();
         let input = UnstageInput {
             by_ms: now_ms + ms(CLAIM_AHEAD),
+            others_by_ms: (now_ms + ms(CLAIM_AHEAD)).saturating_sub(ms(OTHERS_AFTER)),
+            own: clock::source(),
             lease_until_ms: now_ms + ms(LEASE),
             most: PAGE,
         };

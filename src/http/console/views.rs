@@ -598,6 +598,7 @@ mod tests {
             cancelled_at_ms: None,
             held_by: None,
             release_at_ms: None,
+            staged_by: None,
         }
     }
 
