@@ -6,9 +6,13 @@
 //! (`cascade.precision_ms` below the unit), a message arrives up to a unit
 //! early and waits, unacknowledged, for its time ([`super::hold`]): a
 //! cancel or a move until then still applies, and a replica that dies
-//! gives what it held back to the queue. For each group of due messages
-//! (those due within [`CLAIM_SPAN`] of one another; the groups of a window
-//! go side by side):
+//! gives what it held back to the queue. A message that arrives more than
+//! the lead and two units before its time (a burst's, given a lead:
+//! [`super::burst`]) is not held: its task is staged in the ledger in the
+//! claim's transaction and the message acknowledged, and the staged release
+//! lets it go at its moment ([`super::staged`]). For each group of due
+//! messages (those due within [`CLAIM_SPAN`] of one another; the groups of
+//! a window go side by side):
 //! 1. [`CLAIM_AHEAD`] before the first is due, the ledger is asked, in one
 //!    transaction, about all of them: a task that is neither cancelled nor
 //!    delivered, in the revision its message carries, becomes `releasing`
