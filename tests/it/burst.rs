@@ -262,3 +262,39 @@ async fn a_level_passing_a_burst_is_not_taken_for_stranded() {
     assert_eq!((stranded, drained, resent), (0.0, 0.0, 0.0));
     assert_eq!(duplicates, 0);
 }
+
+/// A staged task whose destination a release limit holds at its moment
+/// waits for the limit, as a due task the release stage claims does, and
+/// arrives once resumed, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_task_of_a_held_destination_waits_for_its_limit() {
+    let mut app = TestApp::spawn(burst_settings()).await;
+    let mut consumer = TestConsumer::bind(&mut app, "#.limited").await;
+    let (status, body) = app
+        .put(
+            "/v1/limits/limited",
+            &json!({"destinations": "limited", "paused": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let deliver_at_ms = now_ms() + 5_000;
+    let tasks = post_burst(&app.http, &app.base, "limited", 100, deliver_at_ms).await;
+    eventually("tasks of the burst are staged", async || {
+        count_in_state(&app.http, &app.base, "staged").await >= 2
+    })
+    .await;
+    eventually("every task waits for the limit after its moment", async || {
+        count_in_state(&app.http, &app.base, "waiting").await == 100
+    })
+    .await;
+    assert!(now_ms() >= deliver_at_ms);
+    assert!(consumer.next(Duration::from_millis(200)).await.is_none());
+    let (status, resumed) = app.post("/v1/limits/limited/resume", &json!({})).await;
+    assert_eq!(status, 200, "{resumed}");
+    let duplicates = consumer
+        .expect_each_never_early(ids(&tasks), Duration::from_secs(20))
+        .await;
+    assert_eq!(duplicates, 0);
+    let scrape = app.scrape().await;
+    assert!(sample(&scrape, "delayline_tasks_staged_total").unwrap_or(0.0) >= 2.0);
+}
