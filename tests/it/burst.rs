@@ -283,9 +283,10 @@ async fn a_staged_task_of_a_held_destination_waits_for_its_limit() {
         count_in_state(&app.http, &app.base, "staged").await >= 2
     })
     .await;
-    eventually("every task waits for the limit after its moment", async || {
-        count_in_state(&app.http, &app.base, "waiting").await == 100
-    })
+    eventually(
+        "every task waits for the limit after its moment",
+        async || count_in_state(&app.http, &app.base, "waiting").await == 100,
+    )
     .await;
     assert!(now_ms() >= deliver_at_ms);
     assert!(consumer.next(Duration::from_millis(200)).await.is_none());
