@@ -16,8 +16,8 @@ use delayline::config::Settings;
 use serde_json::{Value, json};
 
 use crate::common::{
-    Backend, Cleanup, TestApp, TestConsumer, eventually, free_port, sample, spawn_binary,
-    test_settings, wait_ready_at, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, eventually, free_port, sample, serve_declared,
+    spawn_binary, test_settings, wait_ready_at, with_ledger,
 };
 
 /// 8 levels of 100 ms, SQLite; a level planned to pass 10 tasks a unit
@@ -163,19 +163,7 @@ async fn a_sigkill_while_a_burst_is_staged_and_while_it_is_released_loses_nothin
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut child = spawn_binary(&settings, port);
-    wait_ready_at(&http, &base).await;
-    eventually("the business exchange is declared", async || {
-        delayline::broker::exchange_exists(
-            &delayline::broker::connect(crate::common::amqp_uri(), "probe")
-                .await
-                .unwrap(),
-            cascade.business_exchange(),
-        )
-        .await
-        .unwrap()
-    })
-    .await;
+    let mut child = serve_declared(&settings, port, &http, &base).await;
     let mut consumer = TestConsumer::bind_to(
         &mut cleanup,
         &cascade,

@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 use crate::common::{
     Backend, Cleanup, TestApp, TestConsumer, delayline_command, eventually, free_port, queue_depth,
-    run_delayline, sample, serve_command, spawn_binary, test_settings, wait_ready_at, with_ledger,
+    run_delayline, sample, serve_command, serve_declared, spawn_binary, test_settings,
+    wait_ready_at, with_ledger,
 };
 
 /// The default configuration on a chain of its own: quorum, SQLite, 100 ms
@@ -371,19 +372,7 @@ async fn after_sigkill_while_releasing_every_task_arrives_and_duplicates_only_th
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut child = spawn_binary(&settings, port);
-    wait_ready_at(&http, &base).await;
-    eventually("the business exchange is declared", async || {
-        delayline::broker::exchange_exists(
-            &delayline::broker::connect(crate::common::amqp_uri(), "probe")
-                .await
-                .unwrap(),
-            cascade.business_exchange(),
-        )
-        .await
-        .unwrap()
-    })
-    .await;
+    let mut child = serve_declared(&settings, port, &http, &base).await;
     let mut consumer = TestConsumer::bind_to(
         &mut cleanup,
         &cascade,

@@ -936,6 +936,29 @@ pub async fn cli_as(settings: &Settings, base: &str, token: &str, args: &[&str])
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// `delayline serve` on `port`, ready, its business exchange declared (so
+/// that a consumer can bind to it at once).
+pub async fn serve_declared(
+    settings: &Settings,
+    port: u16,
+    http: &reqwest::Client,
+    base: &str,
+) -> Child {
+    let cascade = settings.cascade().unwrap();
+    let child = spawn_binary(settings, port);
+    wait_ready_at(http, base).await;
+    eventually("the business exchange is declared", async || {
+        let connection = delayline::broker::connect(amqp_uri(), "probe")
+            .await
+            .unwrap();
+        delayline::broker::exchange_exists(&connection, cascade.business_exchange())
+            .await
+            .unwrap()
+    })
+    .await;
+    child
+}
+
 /// `command` with `settings` in its environment.
 fn configured(
     mut command: tokio::process::Command,
