@@ -422,7 +422,20 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
         }
         ready
     };
-    let before = waiting().await;
+    // Settled first: a message the stopped stage held comes back to the
+    // release queue a moment after its channel closes.
+    let settled = async || {
+        let mut last = waiting().await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = waiting().await;
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let before = settled().await;
 
     let dry_run = ["migrate-topology", "--from", "1", "--dry-run"];
     let (ok, output) = run_delayline(&new_settings, &dry_run).await;
@@ -437,7 +450,7 @@ async fn a_dry_run_names_what_the_new_chain_cannot_hold_and_the_ledger_keeps_the
     assert!(output.contains("  too-long  due "), "{output}");
     assert!(!output.contains("  fits  due "), "{output}");
     assert!(output.contains(&new.poison_queue()), "{output}");
-    assert_eq!(waiting().await, before, "a dry run took messages");
+    assert_eq!(settled().await, before, "a dry run took messages");
 
     let (ok, output) = run_delayline(&new_settings, &["migrate-topology", "--from", "1"]).await;
     assert!(ok, "{output}");
