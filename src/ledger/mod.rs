@@ -28,12 +28,14 @@
 //! PostgreSQL's changes into those counts; [`operations`] keeps bulk
 //! operations (the one file that writes that table) and reads their pages. The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
-//! schedules' own table is written in [`schedules`].
+//! schedules' own table is written in [`schedules`], but for the planner's
+//! steps, which [`plan`] writes in the group commit with their tasks (their
+//! statement is in [`sql`] with the group's others).
 //!
 //! This file only declares. Dependencies between the files run one way:
 //! `settings` (where the ledger is, and whether there is one) → `error`;
 //! `pool` (connections, migrations) → `settings`; [`handle`] (the
-//! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim` →
+//! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim`, `plan` →
 //! `transaction` → `sql` → `filter`, `record`, and `transaction` →
 //! `due_counts`; `tasks`, `change`, `release`, `staged` and `schedules` add
 //! methods to the handle.
@@ -55,6 +57,7 @@ mod handle;
 mod limits;
 mod operations;
 mod pass;
+mod plan;
 mod pool;
 mod record;
 mod release;
@@ -75,8 +78,9 @@ pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
 pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
 pub(crate) use pass::{PassInput, StoredLimit};
+pub(crate) use plan::Advance;
 pub(crate) use pool::{Migrated, migrate_only};
 pub(crate) use record::{Retry, StoredTask};
-pub(crate) use schedules::{Advance, ScheduleChange, StoredSchedule};
+pub(crate) use schedules::{Planned, PlannedSchedule, ScheduleChange, StoredSchedule};
 pub use settings::StoreSettings;
 pub(crate) use settings::is_unmade;

@@ -3,14 +3,20 @@
 //! Every change is one statement on one row, guarded by what the caller
 //! read (its revision, and for the planner its next occurrence too): two
 //! replicas acting on one schedule never both win, and the loser reads the
-//! row again to learn why. These are rare writes (a schedule's change, an
-//! occurrence a planner made), so they go straight to the pool rather than
-//! through the tasks' group commit.
+//! row again to learn why. A schedule's change is a rare write, so it goes
+//! straight to the pool; the planner's steps are not (50,000 schedules may
+//! fire at one instant): they go through the tasks' group commit with the
+//! occurrences' tasks, a page at a time ([`super::plan`]).
 
+use super::admit::{Admission, Judged};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
+use super::plan::{Advance, PlanWrite};
+use super::pool::Pool;
+use super::record::Row as TaskRow;
 use super::record::db_ms;
 use crate::schedule::{ScheduleContent, TimingSpec};
+use crate::task::Task;
 
 /// A schedule as the ledger holds it.
 #[derive(Clone, Debug)]
@@ -42,19 +48,6 @@ impl StoredSchedule {
     }
 }
 
-/// What a planner records after its steps of a schedule.
-#[derive(Clone, Copy, Debug)]
-pub struct Advance {
-    pub revision: u64,
-    /// The next occurrence the planner read (the guard).
-    pub from_ms: u64,
-    pub to_ms: Option<u64>,
-    /// Occurrences it made tasks, and the last of them.
-    pub made: u64,
-    pub last_made_ms: Option<u64>,
-    pub missed: u64,
-}
-
 /// A schedule's new content, timing and state, for [`Ledger::change_schedule`].
 #[derive(Clone, Debug)]
 pub struct ScheduleChange {
@@ -63,6 +56,20 @@ pub struct ScheduleChange {
     pub paused: bool,
     pub next_at_ms: Option<u64>,
 }
+
+/// One schedule of a planner's page: its steps, and its occurrences'
+/// tasks, each with the fingerprint of the body it was made from (an
+/// occurrence made again is then a replay, not a conflict).
+pub struct PlannedSchedule<'a> {
+    pub id: &'a str,
+    pub advance: Advance,
+    pub tasks: Vec<(&'a Task, String)>,
+}
+
+/// What a page's write found for one schedule: `None` if it was not as the
+/// planner read it (nothing of it written), otherwise each task's
+/// admission, in order.
+pub type Planned = Option<Vec<Admission>>;
 
 /// Schedules by state, for the metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -195,7 +202,7 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         const SQL: &str = "UPDATE schedules SET revision = revision + 1, destination = $3, \
              timing = $4, template = $5, paused = $6, next_at_ms = $7, updated_at_ms = $8, \
-             occurrences = CASE WHEN occurrences > $9 THEN occurrences - $9 ELSE 0 END \
+             planning_until_ms = NULL, occurrences = CASE WHEN occurrences > $9 THEN occurrences - $9 ELSE 0 END \
              WHERE id = $1 AND revision = $2";
         let (timing, template) = (json(&change.spec), json(&change.content));
         let changed = on_pool!(&self.pool, p => sqlx::query(SQL)
@@ -228,53 +235,133 @@ impl Ledger {
         Ok(deleted == 1)
     }
 
-    /// Active schedules whose next occurrence is at or before `before_ms`,
-    /// earliest first: one probe of `schedules_due`, however many are held.
-    pub async fn due_schedules(
+    /// Takes up to `limit` active schedules whose next occurrence is at or
+    /// before `before_ms`, earliest first, for `lease_ms` from `now_ms`:
+    /// one probe of `schedules_due`, however many are held. Those another
+    /// planner holds under an unexpired lease are passed over (on
+    /// PostgreSQL, so are rows another replica is taking this moment), so
+    /// replicas take different pages of a large instant. The page's write
+    /// ([`Ledger::plan_schedules`]) clears the lease.
+    pub async fn take_due_schedules(
         &self,
         before_ms: u64,
         limit: u32,
+        now_ms: u64,
+        lease_ms: u64,
     ) -> Result<Vec<StoredSchedule>, LedgerError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM schedules \
-             WHERE paused = 0 AND next_at_ms IS NOT NULL AND next_at_ms <= $1 \
-             ORDER BY next_at_ms LIMIT $2"
-        );
-        let rows: Vec<Row> = on_pool!(&self.pool, p => sqlx::query_as(&sql)
-            .bind(db_ms(before_ms))
-            .bind(i64::from(limit))
-            .fetch_all(p)
-            .await)
-        .context("finding due schedules")?;
-        decode_rows(rows)
+        let sql = |lock: &str| {
+            format!(
+                "UPDATE schedules SET planning_until_ms = $3 WHERE id IN (\
+                 SELECT id FROM schedules WHERE paused = 0 AND next_at_ms IS NOT NULL \
+                 AND next_at_ms <= $1 \
+                 AND (planning_until_ms IS NULL OR planning_until_ms <= $4) \
+                 ORDER BY next_at_ms LIMIT $2{lock}) RETURNING {COLUMNS}"
+            )
+        };
+        let until = db_ms(now_ms.saturating_add(lease_ms));
+        let rows: Vec<Row> = match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_as(&sql(""))
+                    .bind(db_ms(before_ms))
+                    .bind(i64::from(limit))
+                    .bind(until)
+                    .bind(db_ms(now_ms))
+                    .fetch_all(p)
+                    .await
+            }
+            Pool::Postgres(p) => {
+                sqlx::query_as(&sql(" FOR UPDATE SKIP LOCKED"))
+                    .bind(db_ms(before_ms))
+                    .bind(i64::from(limit))
+                    .bind(until)
+                    .bind(db_ms(now_ms))
+                    .fetch_all(p)
+                    .await
+            }
+        }
+        .context("taking due schedules")?;
+        let mut due = decode_rows(rows)?;
+        due.sort_by_key(|s| (s.next_at_ms, s.id.clone()));
+        Ok(due)
     }
 
-    /// Records a planner's steps, if the schedule is still as it read it
-    /// (same revision, same next occurrence, not paused); `false` otherwise.
-    pub async fn advance_schedule(
+    /// Hands back the leases of schedules a page could not plan (the
+    /// ledger refused its write): planned again at the next poll.
+    pub async fn release_schedules(&self, ids: &[&str]) -> Result<(), LedgerError> {
+        for id in ids {
+            const SQL: &str = "UPDATE schedules SET planning_until_ms = NULL WHERE id = $1";
+            on_pool!(&self.pool, p => sqlx::query(SQL).bind(*id).execute(p).await.map(drop))
+                .context("handing back a schedule's planning lease")?;
+        }
+        Ok(())
+    }
+
+    /// The instants of the next `peek` active schedules due after
+    /// `after_ms`, each with how many fall on it: one read of the index
+    /// `schedules_due`. The last instant is counted whole (the peek may
+    /// have cut it), so a crowd at one instant is seen in full.
+    pub async fn schedule_instants(
         &self,
-        id: &str,
-        step: &Advance,
+        after_ms: u64,
+        peek: u32,
+    ) -> Result<Vec<(u64, u64)>, LedgerError> {
+        const SQL: &str = "SELECT next_at_ms, COUNT(*) FROM (SELECT next_at_ms FROM schedules \
+             WHERE paused = 0 AND next_at_ms IS NOT NULL AND next_at_ms > $1 \
+             ORDER BY next_at_ms LIMIT $2) AS ahead GROUP BY next_at_ms ORDER BY next_at_ms";
+        const AT: &str = "SELECT COUNT(*) FROM schedules \
+             WHERE paused = 0 AND next_at_ms IS NOT NULL AND next_at_ms = $1";
+        let rows: Vec<(i64, i64)> = on_pool!(&self.pool, p => sqlx::query_as(SQL)
+            .bind(db_ms(after_ms))
+            .bind(i64::from(peek))
+            .fetch_all(p)
+            .await)
+        .context("reading the schedules' next instants")?;
+        let mut instants: Vec<(u64, u64)> =
+            rows.into_iter().map(|(at, n)| (ms(at), ms(n))).collect();
+        let seen: u64 = instants.iter().map(|(_, n)| n).sum();
+        if seen >= u64::from(peek)
+            && let Some((at, n)) = instants.last_mut()
+        {
+            let (whole,): (i64,) = on_pool!(&self.pool, p => sqlx::query_as(AT)
+                .bind(db_ms(*at))
+                .fetch_one(p)
+                .await)
+            .context("counting the schedules at one instant")?;
+            *n = ms(whole).max(*n);
+        }
+        Ok(instants)
+    }
+
+    /// Writes a page of planned schedules in the next group's transaction
+    /// (see the module's documentation). Their tasks are admitted `pending`,
+    /// leased to the caller until `lease_until_ms`: it publishes them, as
+    /// the request path does a batch's.
+    pub async fn plan_schedules(
+        &self,
+        page: Vec<PlannedSchedule<'_>>,
+        lease_until_ms: u64,
         now_ms: u64,
-    ) -> Result<bool, LedgerError> {
-        const SQL: &str = "UPDATE schedules SET next_at_ms = $4, \
-             last_occurrence_ms = COALESCE($5, last_occurrence_ms), \
-             occurrences = occurrences + $6, missed = missed + $7, updated_at_ms = $8 \
-             WHERE id = $1 AND revision = $2 AND next_at_ms = $3 AND paused = 0";
-        let advanced = on_pool!(&self.pool, p => sqlx::query(SQL)
-            .bind(id)
-            .bind(db_ms(step.revision))
-            .bind(db_ms(step.from_ms))
-            .bind(step.to_ms.map(db_ms))
-            .bind(step.last_made_ms.map(db_ms))
-            .bind(db_ms(step.made))
-            .bind(db_ms(step.missed))
-            .bind(db_ms(now_ms))
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()))
-        .context("advancing a schedule")?;
-        Ok(advanced == 1)
+    ) -> Result<Vec<Planned>, LedgerError> {
+        let schedules = page
+            .into_iter()
+            .map(|planned| {
+                let rows = (planned.tasks.into_iter())
+                    .map(|(task, fingerprint)| {
+                        TaskRow::pending(task, None, Some(fingerprint), lease_until_ms)
+                    })
+                    .collect();
+                (planned.id.to_owned(), planned.advance, rows)
+            })
+            .collect();
+        let judged = self.writes.plan(PlanWrite { schedules, now_ms }).await?;
+        judged
+            .into_iter()
+            .map(|found| {
+                found
+                    .map(|tasks| tasks.into_iter().map(Judged::into_admission).collect())
+                    .transpose()
+            })
+            .collect()
     }
 
     /// Schedules by state: active (with a next occurrence), paused, finished.

@@ -368,6 +368,15 @@ pub const WAITING_TASKS: &str = "SELECT \
     - (SELECT COUNT(*) FROM tasks WHERE client = $1 AND deliver_at_ms > $2 \
        AND state IN ('cancelled', 'failed'))";
 
+/// A planner's steps of a schedule, recorded if it is still as the planner
+/// read it (same revision, same next occurrence, not paused); its planning
+/// lease is handed back with them.
+pub const ADVANCE_SCHEDULE: &str = "UPDATE schedules SET next_at_ms = $4, \
+     last_occurrence_ms = COALESCE($5, last_occurrence_ms), \
+     occurrences = occurrences + $6, missed = missed + $7, updated_at_ms = $8, \
+     planning_until_ms = NULL \
+     WHERE id = $1 AND revision = $2 AND next_at_ms = $3 AND paused = 0";
+
 /// The ledger's identity, made by its migration.
 pub const IDENTITY: &str = "SELECT id FROM ledger_identity";
 

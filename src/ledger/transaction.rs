@@ -698,4 +698,32 @@ impl Tx<'_> {
         }
         Ok(false)
     }
+
+    /// Records a planner's steps of schedule `id` if it is still as the
+    /// planner read it, and hands back its planning lease; whether it was.
+    /// `values` are the statement's parameters after the id, in order.
+    pub(super) async fn advance_schedule(
+        &mut self,
+        id: &str,
+        values: [Option<i64>; 7],
+    ) -> Result<bool, LedgerError> {
+        let changed = match self {
+            Tx::Sqlite(tx) => {
+                let mut parameters: Vec<&dyn ToSql> = vec![&id];
+                parameters.extend(values.iter().map(|v| v as &dyn ToSql));
+                tx.execute(sql::ADVANCE_SCHEDULE, &parameters)
+                    .context("advancing a schedule")?
+            }
+            Tx::Postgres(t) => values
+                .iter()
+                .fold(sqlx::query(sql::ADVANCE_SCHEDULE).bind(id), |q, v| {
+                    q.bind(*v)
+                })
+                .execute(&mut **t)
+                .await
+                .map(|done| done.rows_affected())
+                .context("advancing a schedule")?,
+        };
+        Ok(changed == 1)
+    }
 }

@@ -26,6 +26,7 @@ use super::admit::{Admission, Judged, admit};
 use super::claim::{Finding, HeldFor, UnstageInput, claim, hold_claimed, stage_claimed};
 use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
+use super::plan::{PageFound, PlanWrite, plan_in};
 use super::record::db_ms;
 use super::record::{Retry, Row};
 use super::sql::statement_sized_chunks;
@@ -87,6 +88,11 @@ enum Write {
     Pass {
         input: Box<PassInput>,
         reply: Reply<Pass>,
+    },
+    /// A page of the schedules' planner.
+    Plan {
+        page: Box<PlanWrite>,
+        reply: Reply<PageFound>,
     },
 }
 
@@ -220,6 +226,14 @@ impl Handle {
     pub async fn unstage(&self, input: UnstageInput) -> Result<Vec<Row>, LedgerError> {
         self.send(|reply| Write::Unstage { input, reply }).await
     }
+
+    pub async fn plan(&self, page: PlanWrite) -> Result<PageFound, LedgerError> {
+        self.send(|reply| Write::Plan {
+            page: Box::new(page),
+            reply,
+        })
+        .await
+    }
 }
 
 /// One group, split by kind; each keeps its callers' reply channels.
@@ -233,6 +247,7 @@ struct Group {
     claims: Vec<ClaimAsked>,
     passes: Vec<(Box<PassInput>, Reply<Pass>)>,
     unstages: Vec<(UnstageInput, Reply<Vec<Row>>)>,
+    plans: Vec<(Box<PlanWrite>, Reply<PageFound>)>,
 }
 
 /// Tasks due at the release stage, each with the revision its message carries.
@@ -256,6 +271,7 @@ struct Decided {
     claims: Vec<Vec<Finding>>,
     passes: Vec<Pass>,
     unstaged: Vec<Vec<Row>>,
+    plans: Vec<PageFound>,
 }
 
 impl Group {
@@ -293,6 +309,7 @@ impl Group {
                     .push((due, held_by, staged_until, limits, reply)),
                 Write::Pass { input, reply } => group.passes.push((input, reply)),
                 Write::Unstage { input, reply } => group.unstages.push((input, reply)),
+                Write::Plan { page, reply } => group.plans.push((page, reply)),
             }
         }
         group
@@ -314,6 +331,7 @@ impl Group {
             claims,
             passes,
             unstaged,
+            plans,
         } = decided;
         let result = || match &failure {
             None => Ok(()),
@@ -340,6 +358,11 @@ impl Group {
         let mut unstaged = unstaged.into_iter();
         for (_, reply) in self.unstages {
             let answer = result().and_then(|()| unstaged.next().ok_or(LedgerError::Closed));
+            let _ = reply.send(answer);
+        }
+        let mut plans = plans.into_iter();
+        for (_, reply) in self.plans {
+            let answer = result().and_then(|()| plans.next().ok_or(LedgerError::Closed));
             let _ = reply.send(answer);
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
@@ -396,6 +419,10 @@ impl Writer {
         let mut tx = Tx::begin(&mut self.store).await?;
         let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
         let admissions = admit(&mut tx, &rows).await?;
+        let mut plans = Vec::with_capacity(group.plans.len());
+        for (page, _) in &group.plans {
+            plans.push(plan_in(&mut tx, page).await?);
+        }
         let ids: Vec<(&str, i64)> = group
             .published
             .iter()
@@ -446,7 +473,8 @@ impl Writer {
             unstaged.push(taken.await?);
         }
         tx.commit().await?;
-        let admitted = admissions.iter().filter(|a| **a == Judged::New).count();
+        let admitted = admissions.iter().filter(|a| **a == Judged::New).count()
+            + plans.iter().map(PlanWrite::admitted).sum::<usize>();
         self.pending.add(admitted as u64);
         self.pending
             .remove(published + failed_pending + claimed_pending);
@@ -455,6 +483,7 @@ impl Writer {
             claims,
             passes,
             unstaged,
+            plans,
         })
     }
 }

@@ -112,6 +112,12 @@ impl Bookkeeper {
         self.watchers.wait().await;
     }
 
+    /// Until when a task admitted at `now_ms` is the admitter's to publish
+    /// (the forwarder's after that).
+    pub fn lease_until(&self, now_ms: u64) -> u64 {
+        now_ms + self.lease_ms
+    }
+
     /// Records the task, then publishes `message` (the task's, checked to fit).
     pub async fn submit(
         &self,
@@ -158,7 +164,12 @@ impl Bookkeeper {
     /// Publishes a task the ledger holds as pending (leased to the caller),
     /// and records the outcome: scheduled once confirmed; otherwise pending
     /// for the forwarder, or for the watcher of its late confirm.
-    async fn publish_recorded(&self, task: &Task, message: Message, now_ms: u64) -> TaskState {
+    pub(super) async fn publish_recorded(
+        &self,
+        task: &Task,
+        message: Message,
+        now_ms: u64,
+    ) -> TaskState {
         match self.broker.publish_bounded(message).await {
             Ok(Published::Confirmed) => {
                 self.record_published(&task.id, task.revision).await;

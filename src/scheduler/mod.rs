@@ -34,12 +34,14 @@ pub(crate) mod hold;
 mod limit_view;
 mod limiter;
 mod limits;
+mod planner;
 mod recurring;
 mod release;
 mod settings;
 mod staged;
 mod strands;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,18 +169,8 @@ impl Scheduler {
         idempotency: Idempotency,
         now: &Reading,
     ) -> Result<Submitted, SubmitError> {
-        let led = self
-            .inner
-            .bursts
-            .as_ref()
-            .and_then(|bursts| bursts.lead(&self.inner.cascade, task, now.wall_ms));
-        let task = led.as_ref().unwrap_or(task);
-        // Built once: checked now, before anything is recorded, then published.
-        let message = crate::message::of_task_at(&task.message(), now);
-        self.inner
-            .broker
-            .check_fits(&message)
-            .map_err(SubmitError::TooLarge)?;
+        let (task, message) = self.prepare(task, now)?;
+        let task = task.as_ref();
         let submitted = match &self.inner.mode {
             Mode::Ledger(bookkeeper) => {
                 bookkeeper
@@ -203,6 +195,29 @@ impl Scheduler {
             .metrics
             .accepted(submitted.accepted.state.as_str(), submitted.replayed);
         Ok(submitted)
+    }
+
+    /// `task` as it goes into the chain (with a lead through the levels if
+    /// it is part of a burst) and its message, built once and checked now,
+    /// before anything is recorded, then published. A task the broker
+    /// could never take is refused here.
+    pub(super) fn prepare<'t>(
+        &self,
+        task: &'t Task,
+        now: &Reading,
+    ) -> Result<(Cow<'t, Task>, crate::message::Message), SubmitError> {
+        let led = self
+            .inner
+            .bursts
+            .as_ref()
+            .and_then(|bursts| bursts.lead(&self.inner.cascade, task, now.wall_ms));
+        let task = led.map_or(Cow::Borrowed(task), Cow::Owned);
+        let message = crate::message::of_task_at(&task.message(), now);
+        self.inner
+            .broker
+            .check_fits(&message)
+            .map_err(SubmitError::TooLarge)?;
+        Ok((task, message))
     }
 
     /// Whether the ledger can write (a full disk, a database refusing

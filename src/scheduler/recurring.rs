@@ -1,44 +1,21 @@
-//! Recurring schedules: their changes, and the planner that makes each
-//! occurrence a task a lead before its time.
+//! Recurring schedules: their creation, reads and changes. The planner that
+//! makes each occurrence a task a lead before its time is `planner`.
 //!
-//! Nothing about a schedule is held in memory: the ledger keeps each one's
-//! next occurrence, and the planner asks it (one index probe per poll) for
-//! those within the lead. An occurrence becomes a task like any other,
-//! through [`Scheduler::submit`], with an id every replica computes alike
-//! ([`occurrence_id`]): two replicas planning the same occurrence make one
-//! task (the second is a replay), and a replica that crashed between the
-//! task and recording its step makes the same task again. The step itself
-//! is recorded only if the schedule is as the planner read it; a planner
-//! that loses to a change (a patch, a pause, a delete) withdraws the task it
-//! made, and the change withdraws the occurrences made before it.
+//! A change is recorded only if the schedule is as the request read it (its
+//! revision), and withdraws the occurrences its old revision made that are
+//! not yet due; a planner that loses to a change writes nothing of that
+//! schedule.
 
-use futures_util::StreamExt;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::Scheduler;
-use super::answers::{ChangeError, Idempotency, SubmitError};
-use crate::clock::format_epoch_ms;
-use crate::ledger::{Advance, LedgerError, ScheduleChange, StoredSchedule};
-use crate::message::FieldValue;
-use crate::message::{OCCURRENCE_HEADER, SCHEDULE_HEADER};
-use crate::metrics::{OutcomeLabel, StateLabel};
+use super::answers::ChangeError;
+use crate::ledger::{LedgerError, ScheduleChange, StoredSchedule};
+use crate::metrics::StateLabel;
 use crate::schedule::{
-    ScheduleError, SchedulePatch, ScheduleRequest, Step, Timing, ValidSchedule, occurrence_body,
-    occurrence_id, step,
+    ScheduleError, SchedulePatch, ScheduleRequest, Timing, ValidSchedule, occurrence_id,
 };
-use crate::stop::Named;
-use crate::task::{Task, fingerprint};
 
-/// Due schedules read per query.
-const PLAN_BATCH: u32 = 256;
-/// Schedules planned at once.
-const PLAN_CONCURRENCY: usize = 16;
-/// Occurrences of one schedule submitted at once.
-const OCCURRENCES_AT_ONCE: usize = 64;
-/// Steps of one schedule per poll: its lead over its smallest interval (300
-/// by default) is far below.
-const MAX_STEPS: usize = 10_000;
 /// Attempts at a change that lost to another change of the same schedule.
 const CHANGE_ATTEMPTS: u32 = 5;
 /// The most occurrences one change withdraws (its lead over its smallest
@@ -89,15 +66,6 @@ pub struct ScheduleState {
     pub last_fell_due: Option<u64>,
 }
 
-/// What a planner's attempt at an occurrence came to.
-enum Made {
-    Task(String),
-    /// It can never be a task (its content no longer fits the chain): passed.
-    Failed,
-    /// Not now (the ledger is away or full): the step waits for the next poll.
-    Later,
-}
-
 fn now_ms() -> u64 {
     crate::clock::now_ms()
 }
@@ -124,7 +92,7 @@ fn planned_at(stored: &StoredSchedule, timing: &Timing, now_ms: u64) -> u64 {
 }
 
 impl Scheduler {
-    fn timing_of(&self, schedule: &StoredSchedule) -> Result<Timing, ScheduleError> {
+    pub(super) fn timing_of(&self, schedule: &StoredSchedule) -> Result<Timing, ScheduleError> {
         Timing::compile(&schedule.spec, self.cascade().unit_ms())
     }
 
@@ -352,198 +320,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Starts the planner (with a ledger and the release stage); it ends
-    /// with `shutdown`.
-    pub fn spawn_planner(&self, shutdown: CancellationToken) -> Option<Named> {
-        self.changeable().ok()?;
-        let planner = self.clone();
-        Some(Named::spawn("the schedules' planner", async move {
-            info!(
-                lead_ms = planner.lead_ms(),
-                "planning recurring schedules' occurrences"
-            );
-            loop {
-                planner.plan_due(&shutdown).await;
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = planner.inner.wake_planner.notified() => {}
-                    () = tokio::time::sleep(planner.inner.settings.schedule_poll) => {}
-                }
-            }
-        }))
-    }
-
-    /// The lead, within the chain's reach.
-    fn lead_ms(&self) -> u64 {
-        let lead = u64::try_from(self.inner.settings.schedule_lead.as_millis()).unwrap_or(u64::MAX);
-        lead.min(self.cascade().max_delay_ms())
-    }
-
-    /// Makes tasks of every occurrence within the lead, a page of due
-    /// schedules at a time; a stop is noticed between two schedules (those
-    /// begun are finished: each is recorded whole, or planned again).
-    pub async fn plan_due(&self, shutdown: &CancellationToken) {
-        let Ok(bookkeeper) = self.changeable() else {
-            return;
-        };
-        let now = now_ms();
-        let horizon = now.saturating_add(self.lead_ms());
-        loop {
-            let due = match bookkeeper.ledger().due_schedules(horizon, PLAN_BATCH).await {
-                Ok(due) => due,
-                Err(error) => {
-                    warn!(%error, "cannot read due schedules; trying again at the next poll");
-                    return;
-                }
-            };
-            let full = due.len() == PLAN_BATCH as usize;
-            let progressed = futures_util::stream::iter(due)
-                .take_while(|_| std::future::ready(!shutdown.is_cancelled()))
-                .map(|schedule| self.plan_one(schedule, now, horizon))
-                .buffer_unordered(PLAN_CONCURRENCY)
-                .fold(false, |any, advanced| async move { any || advanced })
-                .await;
-            if !(full && progressed) || shutdown.is_cancelled() {
-                return;
-            }
-        }
-    }
-
-    /// Steps one schedule until its next occurrence is beyond `horizon`:
-    /// the occurrences' tasks made at once (the ledger commits them in
-    /// groups), then one record of all the steps; whether it moved.
-    async fn plan_one(&self, schedule: StoredSchedule, now: u64, horizon: u64) -> bool {
-        let Ok(bookkeeper) = self.changeable() else {
-            return false;
-        };
-        let (Some(from_ms), Ok(timing)) = (schedule.next_at_ms, self.timing_of(&schedule)) else {
-            warn!(schedule = schedule.id, "a stored schedule does not compile");
-            return false;
-        };
-        let mut steps = Vec::new();
-        let mut next = Some(from_ms);
-        while let Some(at) = next.filter(|at| *at <= horizon && steps.len() < MAX_STEPS) {
-            let step = step(&timing, at, now, self.inner.started_ms);
-            steps.push(step);
-            next = step.next_at_ms;
-        }
-        // In order (the record stops at the first that must wait), a bounded
-        // number at once.
-        let creates: Vec<Option<u64>> = steps.iter().map(|step| step.create).collect();
-        let made: Vec<Option<Made>> = futures_util::stream::iter(creates)
-            .map(|create| self.make_if(&schedule, create))
-            .buffered(OCCURRENCES_AT_ONCE)
-            .collect()
-            .await;
-        let (record, tally, made_ids) = tally_steps(&schedule, from_ms, &steps, made);
-        if record.to_ms == Some(from_ms) {
-            return false;
-        }
-        match bookkeeper
-            .ledger()
-            .advance_schedule(&schedule.id, &record, now_ms())
-            .await
-        {
-            Ok(true) => {
-                self.count_occurrences(&tally);
-                true
-            }
-            Ok(false) => {
-                self.after_lost_race(&schedule, made_ids).await;
-                false
-            }
-            Err(error) => {
-                warn!(schedule = schedule.id, %error, "cannot record a schedule's steps");
-                false
-            }
-        }
-    }
-
-    fn count_occurrences(&self, tally: &[(&'static str, u64)]) {
-        for (outcome, n) in tally.iter().filter(|(_, n)| *n > 0) {
-            self.inner
-                .metrics
-                .schedule_occurrences
-                .get_or_create(&OutcomeLabel { outcome })
-                .inc_by(*n);
-        }
-    }
-
-    /// The occurrence a step creates, if it creates one.
-    async fn make_if(&self, schedule: &StoredSchedule, create: Option<u64>) -> Option<Made> {
-        Some(self.make_occurrence(schedule, create?).await)
-    }
-
-    /// The occurrence at `at` as a task: the schedule's content under the
-    /// occurrence's id, due at `at`, with headers naming both.
-    async fn make_occurrence(&self, schedule: &StoredSchedule, at: u64) -> Made {
-        let id = occurrence_id(&schedule.id, schedule.revision, at);
-        let body = occurrence_body(&schedule.content, &id, at);
-        let now = crate::clock::read();
-        let parsed = Task::parse(&body, self.cascade(), now.wall)
-            .and_then(|task| Ok((task, fingerprint(&body)?)));
-        let (mut task, fingerprint) = match parsed {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                warn!(schedule = schedule.id, occurrence = id, %error,
-                      "an occurrence cannot be a task: passed over");
-                return Made::Failed;
-            }
-        };
-        task.client = schedule.client.clone();
-        task.headers.extend([
-            (
-                SCHEDULE_HEADER.to_owned(),
-                FieldValue::Str(schedule.id.clone()),
-            ),
-            (
-                OCCURRENCE_HEADER.to_owned(),
-                FieldValue::Str(format_epoch_ms(at)),
-            ),
-        ]);
-        let idempotency = Idempotency {
-            key: None,
-            fingerprint: Some(fingerprint),
-        };
-        match self.submit(&task, idempotency, &now).await {
-            Ok(_) => Made::Task(id),
-            Err(error @ (SubmitError::TooLarge(_) | SubmitError::Conflict { .. })) => {
-                warn!(schedule = schedule.id, occurrence = id, %error,
-                      "an occurrence cannot be a task: passed over");
-                Made::Failed
-            }
-            Err(error) => {
-                warn!(schedule = schedule.id, %error,
-                      "cannot make an occurrence a task now; trying again at the next poll");
-                Made::Later
-            }
-        }
-    }
-
-    /// Another replica or a change got to the schedule first. If it was a
-    /// change (or the schedule is gone), the tasks just made belong to a
-    /// revision that no longer exists: withdrawn.
-    async fn after_lost_race(&self, planned: &StoredSchedule, task_ids: Vec<String>) {
-        if task_ids.is_empty() {
-            return;
-        }
-        let current = match self.changeable() {
-            Ok(bookkeeper) => bookkeeper.ledger().schedule(&planned.id).await,
-            Err(_) => return,
-        };
-        let superseded = match current {
-            Ok(Some(current)) => current.revision != planned.revision || current.paused,
-            Ok(None) => true,
-            Err(error) => {
-                warn!(schedule = planned.id, %error, "cannot read a schedule back");
-                return;
-            }
-        };
-        if superseded && let Err(error) = self.cancel(&task_ids, None, now_ms()).await {
-            warn!(schedule = planned.id, %error, "cannot withdraw a superseded occurrence");
-        }
-    }
-
     /// Sets the schedules gauge, before a scrape.
     pub(super) async fn refresh_schedule_metrics(&self) {
         let Ok(bookkeeper) = self.changeable() else {
@@ -566,51 +342,4 @@ impl Scheduler {
             Err(error) => warn!(%error, "cannot count schedules for /metrics"),
         }
     }
-}
-
-/// The record of `steps` up to the first whose task must wait (the rest are
-/// made again, as replays, at the next poll), the occurrences by outcome,
-/// and the ids of the tasks made.
-fn tally_steps(
-    schedule: &StoredSchedule,
-    from_ms: u64,
-    steps: &[Step],
-    made: Vec<Option<Made>>,
-) -> (Advance, [(&'static str, u64); 4], Vec<String>) {
-    let mut record = Advance {
-        revision: schedule.revision,
-        from_ms,
-        to_ms: Some(from_ms),
-        made: 0,
-        last_made_ms: None,
-        missed: 0,
-    };
-    let (mut created, mut caught_up, mut failed) = (0, 0, 0);
-    let mut ids = Vec::new();
-    for (step, made) in steps.iter().zip(made) {
-        match made {
-            Some(Made::Later) => break,
-            Some(Made::Task(id)) => {
-                record.made += 1;
-                record.last_made_ms = step.create;
-                if step.caught_up {
-                    caught_up += 1;
-                } else {
-                    created += 1;
-                }
-                ids.push(id);
-            }
-            Some(Made::Failed) => failed += 1,
-            None => {}
-        }
-        record.missed += step.missed;
-        record.to_ms = step.next_at_ms;
-    }
-    let tally = [
-        ("created", created),
-        ("caught_up", caught_up),
-        ("failed", failed),
-        ("missed", record.missed),
-    ];
-    (record, tally, ids)
 }

@@ -278,10 +278,9 @@ async fn a_staged_task_of_a_held_destination_waits_for_its_limit() {
     .await;
     // Taken a little ahead of their moment (the claim's lead), they wait
     // from then on; past the moment, still nothing is published.
-    eventually(
-        "every task waits for the limit",
-        async || count_in_state(&app.http, &app.base, "waiting").await == 100,
-    )
+    eventually("every task waits for the limit", async || {
+        count_in_state(&app.http, &app.base, "waiting").await == 100
+    })
     .await;
     let past_the_moment = Duration::from_millis((deliver_at_ms + 300).saturating_sub(now_ms()));
     tokio::time::sleep(past_the_moment).await;
