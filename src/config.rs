@@ -128,6 +128,7 @@ impl Settings {
             resend_after: Duration::from_millis(self.store.resend_after_ms),
             schedule_lead: Duration::from_millis(self.schedules.lead_ms),
             schedule_poll: Duration::from_millis(self.schedules.poll_ms),
+            schedule_plan_rate: self.schedules.plan_rate,
         }
     }
 

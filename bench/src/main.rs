@@ -14,6 +14,7 @@ mod cpu;
 mod delivery;
 mod floor;
 mod forecast;
+mod instant;
 mod ledger;
 mod load;
 mod paced;
@@ -62,8 +63,8 @@ struct Args {
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default. `shards`, `burst` and `queue-pass` run
-    /// only when named.
+    /// replicas); all by default. `shards`, `burst`, `instant` and
+    /// `queue-pass` run only when named.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -143,6 +144,9 @@ struct Args {
     /// minute before) and `at-once`.
     #[arg(long, value_delimiter = ',', default_value = "minute,at-once")]
     burst_modes: Vec<String>,
+    /// The instant phase's sizes: schedules firing at one second.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000, 50_000, 100_000])]
+    instant_sizes: Vec<usize>,
     /// The queue-pass phase's queue types, measured in this order.
     #[arg(long, value_delimiter = ',', default_value = "quorum,classic,stream")]
     pass_types: Vec<String>,
@@ -188,6 +192,8 @@ struct Results {
     shards: Vec<shards::ShardRun>,
     /// Tasks due at one instant: how long until the last arrived.
     burst: Vec<burst::BurstRun>,
+    /// Schedules firing at one instant.
+    instant: Vec<instant::InstantRun>,
     /// What a pass through a queue (publish, consume, acknowledge) costs
     /// the broker, per queue type.
     queue_pass: Vec<queue_pass::Pass>,
@@ -275,6 +281,7 @@ async fn main() -> anyhow::Result<()> {
         replicas: Vec::new(),
         shards: Vec::new(),
         burst: Vec::new(),
+        instant: Vec::new(),
         queue_pass: Vec::new(),
     };
 
@@ -647,6 +654,18 @@ async fn main() -> anyhow::Result<()> {
             args.channels,
             &args.burst_sizes,
             &args.burst_modes,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+    }
+
+    if args.phases.iter().any(|p| p == "instant") {
+        let progress = bar("instant");
+        results.instant = instant::phase(
+            &args.amqp_uri,
+            args.channels,
+            &args.instant_sizes,
             &progress,
         )
         .await?;

@@ -152,6 +152,7 @@ fn settings() -> SchedulerSettings {
         resend_after: Duration::from_secs(60),
         schedule_lead: Duration::from_secs(30),
         schedule_poll: Duration::from_secs(1),
+        schedule_plan_rate: 2_500,
     }
 }
 

@@ -6,11 +6,12 @@
 //! what it has not made by the instant comes out late. So an instant that
 //! many schedules share is planned earlier, by as long as making its
 //! occurrences (and those of every crowded instant before it) takes at
-//! [`PlanRate`], and never further ahead than the chain can hold.
+//! `schedules.plan_rate`, and never further ahead than the chain can hold.
 
-/// Occurrences the planner is counted on to make per second: what it made
-/// on two cores with SQLite, halved (see the schedules page), so that the
-/// lead it asks for is long enough when the machine is busy too.
+/// Occurrences the planner is counted on to make per second by default
+/// (`schedules.plan_rate`): about half what it made on two cores with
+/// SQLite (the schedules page), so that the lead it asks for is long enough
+/// when the machine is busy too.
 pub const PLAN_RATE_PER_S: u64 = 2_500;
 
 /// How far ahead the planner plans at `now_ms`: at least `lead_ms`, and

@@ -26,9 +26,7 @@ use super::bookkeeper::Bookkeeper;
 use crate::clock::{Reading, format_epoch_ms};
 use crate::ledger::{Admission, Advance, Planned, PlannedSchedule, StoredSchedule};
 use crate::message::{FieldValue, Message, OCCURRENCE_HEADER, SCHEDULE_HEADER};
-use crate::schedule::{
-    PLAN_RATE_PER_S, Step, Timing, occurrence_body, occurrence_id, planning_horizon, step,
-};
+use crate::schedule::{Step, Timing, occurrence_body, occurrence_id, planning_horizon, step};
 use crate::stop::Named;
 use crate::task::{Task, TaskState, fingerprint};
 
@@ -102,7 +100,8 @@ impl Scheduler {
                 Vec::new()
             }
         };
-        planning_horizon(now, lead, max, &instants, PLAN_RATE_PER_S)
+        let rate = self.inner.settings.schedule_plan_rate;
+        planning_horizon(now, lead, max, &instants, rate)
     }
 
     /// Makes tasks of every occurrence within the horizon, a page of due

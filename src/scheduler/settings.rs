@@ -18,6 +18,10 @@ pub struct ScheduleSettings {
     /// How often the planner looks for schedules whose next occurrence is
     /// within the lead: one index probe, whatever the number of schedules.
     pub poll_ms: u64,
+    /// Occurrences a second the planner is counted on to make: an instant
+    /// that many schedules share is planned that much earlier than the lead
+    /// (its count over this rate), so that all are tasks before it.
+    pub plan_rate: u64,
 }
 
 impl Default for ScheduleSettings {
@@ -25,6 +29,7 @@ impl Default for ScheduleSettings {
         Self {
             lead_ms: 30_000,
             poll_ms: 1_000,
+            plan_rate: crate::schedule::PLAN_RATE_PER_S,
         }
     }
 }
@@ -37,6 +42,9 @@ impl ScheduleSettings {
                         poll_ms: an occurrence must become a task before its time"
                     .into(),
             );
+        }
+        if self.plan_rate == 0 {
+            return Err("schedules.plan_rate must be at least 1 (occurrences a second)".into());
         }
         Ok(())
     }
@@ -59,4 +67,6 @@ pub struct SchedulerSettings {
     pub schedule_lead: Duration,
     /// How often the planner looks for due schedules.
     pub schedule_poll: Duration,
+    /// Occurrences a second the planner is counted on to make.
+    pub schedule_plan_rate: u64,
 }

@@ -831,3 +831,152 @@ async fn a_stop_while_many_schedules_are_planned_is_prompt_and_loses_nothing() {
     child.kill().await.unwrap();
     assert!(in_window.values().all(|n| *n == 3), "{in_window:?}");
 }
+
+/// `count` schedules `crowd-0…`, each firing once, at `at_ms`, created
+/// through `base` 16 at a time; the ids of their occurrences' tasks.
+async fn create_crowd(
+    http: &reqwest::Client,
+    base: &str,
+    count: usize,
+    at_ms: u64,
+) -> HashSet<String> {
+    use futures_util::StreamExt;
+    let at = delayline::clock::format_epoch_ms(at_ms);
+    // Once: the end (after the start) comes before the next.
+    let end = delayline::clock::format_epoch_ms(at_ms + 1_000);
+    let created = futures_util::stream::iter(0..count)
+        .map(|n| {
+            let body = json!({"id": format!("crowd-{n}"), "destination": "crowd.tick",
+                              "every": "60s", "start_at": at, "end_at": end});
+            let request = http.post(format!("{base}/v1/schedules")).json(&body).send();
+            async move { request.await.unwrap().status() }
+        })
+        .buffer_unordered(16)
+        .filter(|status| std::future::ready(*status == 201))
+        .count()
+        .await;
+    assert_eq!(created, count);
+    (0..count).map(|n| format!("crowd-{n}~1@{at}")).collect()
+}
+
+/// Occurrences a replica made tasks (its `/metrics`).
+async fn made_by(http: &reqwest::Client, base: &str) -> f64 {
+    let scrape = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sample(
+        &scrape,
+        "delayline_schedule_occurrences_total{outcome=\"created\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+fn now_ms() -> u64 {
+    epoch_ms(std::time::SystemTime::now())
+}
+
+/// Tasks to `crowd.tick` on their way, by the forecast of `base`.
+async fn crowd_forecast(http: &reqwest::Client, base: &str) -> u64 {
+    let answer: Value = http
+        .get(format!("{base}/v1/forecast?destination=crowd.tick"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["total"].as_u64().unwrap_or(0)
+}
+
+/// Schedules at scale (issue 71): 2,000 schedules firing at one instant,
+/// with a lead of 1 s and a planner counted on for 100 occurrences a
+/// second, are planned some 20 s ahead (the crowd's count over the rate),
+/// a page at a time. The replica is SIGKILLed once it has made the first
+/// page's tasks, and started again: the page it was writing is written
+/// whole or not at all, its lease runs out, and every occurrence is a task
+/// before the instant, delivered once, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowded_instant_is_planned_ahead_and_a_replica_killed_while_planning_it_leaves_nothing_half_made()
+ {
+    let mut settings = default_settings();
+    settings.schedules.lead_ms = 1_000;
+    settings.schedules.poll_ms = 100;
+    settings.schedules.plan_rate = 100;
+    let mut cleanup = crate::common::Cleanup::for_settings(&settings);
+    let cascade = settings.cascade().unwrap();
+    let port = crate::common::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut child = crate::common::spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&http, &base).await;
+    let mut consumer = TestConsumer::bind_to(
+        &mut cleanup,
+        &cascade,
+        cascade.business_exchange(),
+        "crowd.#",
+    )
+    .await;
+    let instant_ms = (now_ms() / 1000 + 35) * 1000;
+    let ids = create_crowd(&http, &base, 2_000, instant_ms).await;
+    eventually("the planner made a page of the crowd's tasks", async || {
+        made_by(&http, &base).await >= 1.0
+    })
+    .await;
+    child.kill().await.unwrap();
+    let mut child = crate::common::spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&http, &base).await;
+    // Every occurrence a task before the instant: the forecast counts them.
+    let mut made = 0;
+    while now_ms() + 500 < instant_ms && made < 2_000 {
+        made = crowd_forecast(&http, &base).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(made, 2_000, "tasks made by 500 ms before the instant");
+    let duplicates = consumer
+        .expect_each_never_early(ids, Duration::from_secs(60))
+        .await;
+    child.kill().await.unwrap();
+    assert_eq!(duplicates, 0);
+}
+
+/// Replicas sharing a PostgreSQL ledger share a crowded instant's planning
+/// (issue 71): each takes its own pages of the 3,000 schedules firing at
+/// one instant (the lease, taken past rows another is taking), together
+/// they make each occurrence once, all before the instant, each delivered
+/// once, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_postgresql_share_a_crowded_instant() {
+    let mut settings = with_ledger(test_settings(10, 100, QueueType::Quorum), Backend::Postgres);
+    settings.schedules.lead_ms = 1_000;
+    settings.schedules.poll_ms = 100;
+    settings.schedules.plan_rate = 300;
+    let mut first = TestApp::spawn(settings.clone()).await;
+    let second = TestApp::start_sharing(settings).await;
+    second.wait_ready().await;
+    let mut consumer = TestConsumer::bind(&mut first, "crowd.#").await;
+    let instant_ms = (now_ms() / 1000 + 30) * 1000;
+    let ids = create_crowd(&first.http, &first.base, 3_000, instant_ms).await;
+    let mut made = 0;
+    while now_ms() + 500 < instant_ms && made < 3_000 {
+        made = crowd_forecast(&first.http, &first.base).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(made, 3_000, "tasks made by 500 ms before the instant");
+    let by_first = made_by(&first.http, &first.base).await;
+    let by_second = made_by(&second.http, &second.base).await;
+    println!("the crowd's occurrences made: {by_first} by one replica, {by_second} by the other");
+    assert_eq!(by_first + by_second, 3_000.0);
+    assert!(
+        by_first > 0.0 && by_second > 0.0,
+        "{by_first} and {by_second}"
+    );
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(60))
+        .await;
+    second.stop().await.unwrap();
+}

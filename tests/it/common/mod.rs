@@ -1026,6 +1026,10 @@ fn configured(
             "DELAYLINE__SCHEDULES__POLL_MS",
             settings.schedules.poll_ms.to_string(),
         )
+        .env(
+            "DELAYLINE__SCHEDULES__PLAN_RATE",
+            settings.schedules.plan_rate.to_string(),
+        )
         .env("DELAYLINE__STORE__URL", settings.store.url.expose())
         .env("DELAYLINE__STORE__DATA_DIR", &settings.store.data_dir)
         .env(
