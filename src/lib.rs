@@ -60,8 +60,10 @@
 //!   and publishes again what the release stage never saw: a minute late,
 //!   or the stranded margin late within `cascade`'s `loss` window after a
 //!   failover);
-//!   cancels tasks; plans recurring schedules (`recurring`: each occurrence
-//!   a task a lead before its time, changes withdrawing what was made);
+//!   cancels tasks; keeps recurring schedules (`recurring`: changes
+//!   withdrawing what was made) and plans them (`planner`: each occurrence
+//!   a task a lead before its time, a page of schedules at a time, the lead
+//!   following the load by `schedule`'s `lead`);
 //!   gives the tasks of a burst leads through the levels (`burst`, by
 //!   `cascade`'s `spread`);
 //!   runs the release stage, which holds a due task to its millisecond
@@ -89,10 +91,12 @@
 //!   statement on tasks is in `ledger/sql.rs`, and nowhere else; `mod.rs`
 //!   only declares. One operation in one place: the writer task's group
 //!   commit (`writer`), a group's transaction per backend (`transaction`),
-//!   its steps `admit` and `claim`, cancel and move (`change`), what the
+//!   its steps `admit`, `claim` and the planner's pages (`plan`), cancel
+//!   and move (`change`), what the
 //!   release stage records (`release`), staged tasks (`staged`), reads and sweeps (`tasks`),
 //!   recurring schedules (`schedules`, each change guarded by the revision
-//!   read, the one file that writes the schedules table). Whether there is
+//!   read, the one file that writes the schedules table but for the
+//!   planner's steps, written with their tasks in the group commit). Whether there is
 //!   a ledger at all is decided once, by `ledger::StoreSettings`. Its rows
 //!   stay inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a
@@ -108,7 +112,8 @@
 //!   it, validated (its content by a task's rules); when it fires (a cron
 //!   expression in an IANA zone, by `croner` and `jiff` with the zone
 //!   database compiled in, or a fixed interval); each occurrence's task id
-//!   and body; what the planner does with missed occurrences.
+//!   and body; what the planner does with missed occurrences; how far ahead
+//!   it plans an instant many schedules share (`lead`).
 //! - [`limit`]: release limits, pure. A limit as a client states it
 //!   (destinations by pattern, a rate with a burst, a pause, a bound on a
 //!   consumer queue's depth), validated; its token bucket; why it holds;

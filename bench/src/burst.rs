@@ -149,7 +149,7 @@ async fn one(
 }
 
 /// Arrivals until `count` came, or 30 s passed without one after the instant.
-async fn arrivals(
+pub(crate) async fn arrivals(
     receiver: &mut mpsc::UnboundedReceiver<(String, i64)>,
     count: usize,
     due_ms: u64,
@@ -205,7 +205,7 @@ fn summary(
     }
 }
 
-async fn scrape(base: &str) -> anyhow::Result<String> {
+pub(crate) async fn scrape(base: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(format!("{base}/metrics"))
         .await?
         .text()

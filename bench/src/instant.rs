@@ -5,8 +5,8 @@
 //! Measured from the instant: when the planner had made every occurrence a
 //! task (the `created` occurrences counted by `/metrics`, polled every
 //! 100 ms), when the first and the last occurrence arrived, lateness p50
-//! and p99; the service's CPU while planning, per schedule (above its idle
-//! rate); early, missing and duplicated.
+//! and p99; the service's CPU while planning, per schedule; early, missing
+//! and duplicated.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -20,17 +20,20 @@ use delayline::clock::format_epoch_ms;
 use delayline::testkit::{now_us, quantile};
 
 use crate::arrivals::consume;
+use crate::burst::{arrivals, scrape};
 use crate::sut::{ServiceUnderTest, Setup, Store};
 
 /// Concurrent requests while creating the schedules.
 const CREATING: usize = 64;
 /// Schedules created a second, at least, when the instant is chosen (the
 /// schedules phase measured 1,626).
-const CREATE_RATE: u64 = 1_000;
+const CREATE_RATE: u64 = 1_200;
 /// The planner's lead (`schedules.lead_ms`, 30 s by default) and a margin.
-const LEAD_AND_MARGIN_S: u64 = 40;
-/// Occurrences a second the instant leaves time for beyond the lead.
-const PLAN_RATE: u64 = 1_000;
+const LEAD_AND_MARGIN_S: u64 = 35;
+/// Occurrences a second the planner is counted on (`schedules.plan_rate`,
+/// 2,500 by default): the instant leaves the planner that long beyond the
+/// lead after the last schedule is created.
+const PLAN_RATE: u64 = 2_500;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct InstantRun {
@@ -45,8 +48,8 @@ pub struct InstantRun {
     pub last_ms: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
-    /// Service CPU (user + system) from the creation's end to the last
-    /// occurrence made a task, above the idle rate, per schedule.
+    /// Service CPU (user + system) from the first occurrence made a task to
+    /// the last (polled every 100 ms), per occurrence made meanwhile.
     pub planning_cpu_us_per_schedule: f64,
     pub early: usize,
     pub missing: usize,
@@ -106,22 +109,16 @@ async fn one(
     create(sut, schedules, instant_ms, progress).await?;
     let created_per_sec = n as f64 / started.elapsed().as_secs_f64();
     let created_ms = (now_us() / 1000) as u64;
-    if created_ms + 35_000 > instant_ms {
+    if created_ms + 30_000 + 1000 * n / PLAN_RATE > instant_ms {
         bail!("creating the schedules overran: the instant is too near to measure");
     }
-    let idle_cpu_per_ms = idle_cpu_per_ms(sut).await;
-    let cpu_before = sut.cpu_ms().unwrap_or(f64::NAN);
-    let since = Instant::now();
-    let (planned_ms, planned_at) = watch_planner(&sut.base, n, instant_ms).await;
-    let planning_ms = planned_at.duration_since(since).as_secs_f64() * 1000.0;
-    let cpu_ms =
-        sut.cpu_ms().unwrap_or(f64::NAN) - cpu_before - idle_cpu_per_ms * planning_ms.max(0.0);
+    let planned = watch_planner(sut, n, instant_ms).await;
     let got = arrivals(&mut receiver, schedules, instant_ms).await;
     Ok(summary(
         schedules,
         (created_per_sec, created_ms, instant_ms),
-        planned_ms,
-        cpu_ms * 1000.0 / n as f64,
+        planned.at_ms,
+        planned.cpu_us_per_schedule,
         &got,
     ))
 }
@@ -162,34 +159,42 @@ async fn create(
     Ok(())
 }
 
-/// The service's CPU a millisecond over 2 s with nothing due, scraped as
-/// often as [`watch_planner`] scrapes it.
-async fn idle_cpu_per_ms(sut: &ServiceUnderTest) -> f64 {
-    let before = sut.cpu_ms().unwrap_or(f64::NAN);
-    for _ in 0..20 {
-        let _ = scrape(&sut.base).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (sut.cpu_ms().unwrap_or(f64::NAN) - before) / 2000.0
+/// When the planner made the last occurrence a task, and its CPU a
+/// schedule.
+struct Planned {
+    /// From the instant (negative: before it).
+    at_ms: f64,
+    /// The service's CPU from the poll that first saw an occurrence made
+    /// to the one that saw the last, over the occurrences made between.
+    cpu_us_per_schedule: f64,
 }
 
-/// Polls the occurrences made tasks until all `count` are: when that was,
-/// from the instant, and as an `Instant`.
-async fn watch_planner(base: &str, count: u64, instant_ms: u64) -> (f64, Instant) {
+/// Polls the occurrences made tasks every 100 ms until all `count` are.
+async fn watch_planner(sut: &ServiceUnderTest, count: u64, instant_ms: u64) -> Planned {
     let deadline = Instant::now()
         + Duration::from_millis(instant_ms.saturating_sub((now_us() / 1000) as u64) + 120_000);
+    let mut first: Option<(f64, f64)> = None;
+    let mut last = (0.0, f64::NAN);
     while Instant::now() < deadline {
-        let made = scrape(base)
+        let made = scrape(&sut.base)
             .await
             .map(|text| created_occurrences(&text))
             .unwrap_or(0.0);
+        last = (made, sut.cpu_ms().unwrap_or(f64::NAN));
+        if made > 0.0 && first.is_none() {
+            first = Some(last);
+        }
         if made >= count as f64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let at = Instant::now();
-    ((now_us() / 1000) as f64 - instant_ms as f64, at)
+    let at_ms = (now_us() / 1000) as f64 - instant_ms as f64;
+    let (made_then, cpu_then) = first.unwrap_or(last);
+    Planned {
+        at_ms,
+        cpu_us_per_schedule: (last.1 - cpu_then) * 1000.0 / (last.0 - made_then).max(1.0),
+    }
 }
 
 fn created_occurrences(scrape: &str) -> f64 {
@@ -199,28 +204,6 @@ fn created_occurrences(scrape: &str) -> f64 {
         .filter(|line| line.contains("outcome=\"created\""))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-/// Arrivals until `count` came, or 30 s passed without one after the instant.
-async fn arrivals(
-    receiver: &mut tokio::sync::mpsc::UnboundedReceiver<(String, i64)>,
-    count: usize,
-    instant_ms: u64,
-) -> Vec<(String, i64)> {
-    let mut got = Vec::with_capacity(count);
-    let ahead = Duration::from_millis(instant_ms.saturating_sub((now_us() / 1000) as u64));
-    while got.len() < count {
-        let wait = if got.is_empty() {
-            ahead + Duration::from_secs(30)
-        } else {
-            Duration::from_secs(30)
-        };
-        match tokio::time::timeout(wait, receiver.recv()).await {
-            Ok(Some(arrival)) => got.push(arrival),
-            _ => break,
-        }
-    }
-    got
 }
 
 fn summary(
@@ -251,11 +234,4 @@ fn summary(
         missing: schedules.saturating_sub(unique.len()),
         duplicates: got.len() - unique.len(),
     }
-}
-
-async fn scrape(base: &str) -> anyhow::Result<String> {
-    Ok(reqwest::get(format!("{base}/metrics"))
-        .await?
-        .text()
-        .await?)
 }

@@ -202,7 +202,8 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         const SQL: &str = "UPDATE schedules SET revision = revision + 1, destination = $3, \
              timing = $4, template = $5, paused = $6, next_at_ms = $7, updated_at_ms = $8, \
-             planning_until_ms = NULL, occurrences = CASE WHEN occurrences > $9 THEN occurrences - $9 ELSE 0 END \
+             planning_until_ms = NULL, \
+             occurrences = CASE WHEN occurrences > $9 THEN occurrences - $9 ELSE 0 END \
              WHERE id = $1 AND revision = $2";
         let (timing, template) = (json(&change.spec), json(&change.content));
         let changed = on_pool!(&self.pool, p => sqlx::query(SQL)
@@ -249,6 +250,20 @@ impl Ledger {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<Vec<StoredSchedule>, LedgerError> {
+        const DUE: &str = "SELECT id FROM schedules WHERE paused = 0 AND next_at_ms IS NOT NULL \
+             AND next_at_ms <= $1 AND (planning_until_ms IS NULL OR planning_until_ms <= $2)";
+        // Read first: most polls find none, and a write would take the lock
+        // the group writer commits with.
+        let any: Option<(String,)> =
+            on_pool!(&self.pool, p => sqlx::query_as(&format!("{DUE} LIMIT 1"))
+            .bind(db_ms(before_ms))
+            .bind(db_ms(now_ms))
+            .fetch_optional(p)
+            .await)
+            .context("looking for due schedules")?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let sql = |lock: &str| {
             format!(
                 "UPDATE schedules SET planning_until_ms = $3 WHERE id IN (\
@@ -259,26 +274,18 @@ impl Ledger {
             )
         };
         let until = db_ms(now_ms.saturating_add(lease_ms));
-        let rows: Vec<Row> = match &self.pool {
-            Pool::Sqlite(p) => {
-                sqlx::query_as(&sql(""))
-                    .bind(db_ms(before_ms))
-                    .bind(i64::from(limit))
-                    .bind(until)
-                    .bind(db_ms(now_ms))
-                    .fetch_all(p)
-                    .await
-            }
-            Pool::Postgres(p) => {
-                sqlx::query_as(&sql(" FOR UPDATE SKIP LOCKED"))
-                    .bind(db_ms(before_ms))
-                    .bind(i64::from(limit))
-                    .bind(until)
-                    .bind(db_ms(now_ms))
-                    .fetch_all(p)
-                    .await
-            }
-        }
+        // SQLite has one writer at a time: nothing to pass over.
+        let sql = match &self.pool {
+            Pool::Sqlite(_) => sql(""),
+            Pool::Postgres(_) => sql(" FOR UPDATE SKIP LOCKED"),
+        };
+        let rows: Vec<Row> = on_pool!(&self.pool, p => sqlx::query_as(&sql)
+            .bind(db_ms(before_ms))
+            .bind(i64::from(limit))
+            .bind(until)
+            .bind(db_ms(now_ms))
+            .fetch_all(p)
+            .await)
         .context("taking due schedules")?;
         let mut due = decode_rows(rows)?;
         due.sort_by_key(|s| (s.next_at_ms, s.id.clone()));
@@ -297,22 +304,25 @@ impl Ledger {
     }
 
     /// The instants of the next `peek` active schedules due after
-    /// `after_ms`, each with how many fall on it: one read of the index
-    /// `schedules_due`. The last instant is counted whole (the peek may
-    /// have cut it), so a crowd at one instant is seen in full.
+    /// `after_ms` and at most at `until_ms`, each with how many fall on it:
+    /// one read of the index `schedules_due`. The last instant is counted
+    /// whole (the peek may have cut it), so a crowd at one instant is seen
+    /// in full.
     pub async fn schedule_instants(
         &self,
-        after_ms: u64,
+        (after_ms, until_ms): (u64, u64),
         peek: u32,
     ) -> Result<Vec<(u64, u64)>, LedgerError> {
         const SQL: &str = "SELECT next_at_ms, COUNT(*) FROM (SELECT next_at_ms FROM schedules \
              WHERE paused = 0 AND next_at_ms IS NOT NULL AND next_at_ms > $1 \
+             AND next_at_ms <= $3 \
              ORDER BY next_at_ms LIMIT $2) AS ahead GROUP BY next_at_ms ORDER BY next_at_ms";
         const AT: &str = "SELECT COUNT(*) FROM schedules \
              WHERE paused = 0 AND next_at_ms IS NOT NULL AND next_at_ms = $1";
         let rows: Vec<(i64, i64)> = on_pool!(&self.pool, p => sqlx::query_as(SQL)
             .bind(db_ms(after_ms))
             .bind(i64::from(peek))
+            .bind(db_ms(until_ms))
             .fetch_all(p)
             .await)
         .context("reading the schedules' next instants")?;

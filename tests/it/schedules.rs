@@ -912,8 +912,7 @@ async fn a_crowded_instant_is_planned_ahead_and_a_replica_killed_while_planning_
     let port = crate::common::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut child = crate::common::spawn_binary(&settings, port);
-    crate::common::wait_connected_at(&http, &base).await;
+    let mut child = crate::common::serve_declared(&settings, port, &http, &base).await;
     let mut consumer = TestConsumer::bind_to(
         &mut cleanup,
         &cascade,
@@ -928,8 +927,7 @@ async fn a_crowded_instant_is_planned_ahead_and_a_replica_killed_while_planning_
     })
     .await;
     child.kill().await.unwrap();
-    let mut child = crate::common::spawn_binary(&settings, port);
-    crate::common::wait_connected_at(&http, &base).await;
+    let mut child = crate::common::serve_declared(&settings, port, &http, &base).await;
     // Every occurrence a task before the instant: the forecast counts them.
     let mut made = 0;
     while now_ms() + 500 < instant_ms && made < 2_000 {
