@@ -117,6 +117,10 @@ struct Args {
     /// Schedules the schedules phase holds (default 100,000; 10,000 with --quick).
     #[arg(long)]
     schedules_held: Option<u64>,
+    /// The schedules phase's held schedules each due once a day at a minute
+    /// of its own, not once a year.
+    #[arg(long)]
+    schedules_spread: bool,
     /// The limits phase's steps (paced, ledger, ceiling, beside, outage);
     /// all by default.
     #[arg(long, value_delimiter = ',')]
@@ -802,7 +806,7 @@ async fn main() -> anyhow::Result<()> {
         let measured = schedules::phase(
             &args.amqp_uri,
             args.channels,
-            held,
+            (held, args.schedules_spread),
             Duration::from_secs(idle),
             ticks,
             &progress,

@@ -70,10 +70,14 @@ fn idle(sut: &ServiceUnderTest, schedules: u64, seconds: Duration) -> Idle {
 }
 
 /// `count` schedules due once a year (1 January, 00:00, in one of several
-/// zones): held, never due while the bench runs.
+/// zones): held, never due while the bench runs. With `spread`, each is due
+/// once a day at a minute of its own instead (the day's 1,440 minutes in
+/// turn), so that some fall within every few minutes past the planner's
+/// lead, as a real deployment's do.
 async fn create_held(
     sut: &ServiceUnderTest,
     count: u64,
+    spread: bool,
     progress: &ProgressBar,
 ) -> anyhow::Result<f64> {
     const ZONES: [&str; 4] = [
@@ -92,9 +96,14 @@ async fn create_held(
         .map(|n| {
             let (client, url) = (client.clone(), url.clone());
             async move {
+                let cron = if spread {
+                    format!("{} {} * * *", n % 60, (n / 60) % 24)
+                } else {
+                    "0 0 1 1 *".to_owned()
+                };
                 let body = serde_json::json!({
                     "id": format!("held-{n}"), "destination": "bench.held",
-                    "cron": "0 0 1 1 *", "timezone": ZONES[n as usize % ZONES.len()],
+                    "cron": cron, "timezone": ZONES[n as usize % ZONES.len()],
                     "payload": {"n": n}});
                 let response = client.post(&url).json(&body).send().await.ok()?;
                 (response.status() == 201).then_some(())
@@ -238,7 +247,7 @@ fn summarise(path: &str, mut late: Vec<f64>, early: usize, tasks: usize) -> Late
 pub async fn phase(
     amqp_uri: &str,
     channels: usize,
-    held: u64,
+    (held, spread): (u64, bool),
     idle_seconds: Duration,
     tick_seconds: u64,
     progress: &ProgressBar,
@@ -247,7 +256,7 @@ pub async fn phase(
         ServiceUnderTest::spawn_default(amqp_uri, channels, &Store::Sqlite, false).await?;
     progress.set_message("schedules: idle, none held");
     let mut idles = vec![idle(&sut, 0, idle_seconds)];
-    let created_per_sec = create_held(&sut, held, progress).await?;
+    let created_per_sec = create_held(&sut, held, spread, progress).await?;
     // Let the writes settle (WAL checkpoint, allocator) before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
     progress.set_message(format!("schedules: idle, {held} held"));
