@@ -70,3 +70,33 @@ pub struct SchedulerSettings {
     /// Occurrences a second the planner is counted on to make.
     pub schedule_plan_rate: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_each_bad_value_names_its_setting() {
+        assert_eq!(ScheduleSettings::default().validate(), Ok(()));
+        let no_rate = ScheduleSettings {
+            plan_rate: 0,
+            ..ScheduleSettings::default()
+        };
+        assert!(
+            no_rate
+                .validate()
+                .unwrap_err()
+                .contains("schedules.plan_rate")
+        );
+        let lead_below_poll = ScheduleSettings {
+            lead_ms: 500,
+            ..ScheduleSettings::default()
+        };
+        assert!(
+            lead_below_poll
+                .validate()
+                .unwrap_err()
+                .contains("schedules.lead_ms")
+        );
+    }
+}
