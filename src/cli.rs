@@ -477,7 +477,11 @@ async fn provision_chain(
     dry_run: bool,
     check: bool,
 ) -> anyhow::Result<ExitCode> {
-    let plan = plan_with(cascade, &settings.ingresses(cascade)?);
+    let plan = plan_with(
+        cascade,
+        &settings.ingresses(cascade)?,
+        settings.retries(cascade)?.as_ref(),
+    );
     if dry_run {
         out!("{}", describe_plan(&plan));
         return Ok(ExitCode::SUCCESS);
@@ -510,7 +514,11 @@ async fn deprovision_chain(
     queues: &[String],
     asked: deprovision::Asked,
 ) -> anyhow::Result<()> {
-    let plan = plan_with(cascade, &settings.ingresses(cascade)?);
+    let plan = plan_with(
+        cascade,
+        &settings.ingresses(cascade)?,
+        settings.retries(cascade)?.as_ref(),
+    );
     let operator = settings.operator(cascade);
     let now_ms = crate::clock::now_ms();
     let done = deprovision::deprovision(&operator, cascade, &plan, queues, asked, now_ms).await?;

@@ -21,7 +21,7 @@ use crate::auth::AuthSettings;
 use crate::broker::AmqpSettings;
 use crate::cascade::{Cascade, CascadeSettings, SettingsError};
 use crate::http::{ConsoleSettings, HttpSettings};
-use crate::ingress::{Ingress, IngressError, IngressSettings};
+use crate::ingress::{Ingress, IngressError, IngressSettings, Retries, RetryError, RetrySettings};
 use crate::ledger::StoreSettings;
 use crate::metrics::MetricsSettings;
 use crate::operations::OperatorSettings;
@@ -29,7 +29,7 @@ use crate::scheduler::{ScheduleSettings, SchedulerSettings};
 use crate::stop::StopSettings;
 use crate::telemetry::LogSettings;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub amqp: AmqpSettings,
@@ -45,6 +45,10 @@ pub struct Settings {
     /// AMQP ingresses (`[[ingress]]`): exchanges producers publish delayed
     /// messages to with the plugin's `x-delay` header.
     pub ingress: Vec<IngressSettings>,
+    /// Retry policies (`[[retry]]`): queues whose dead-lettered messages
+    /// delayline brings back later, with backoff, and parks after their
+    /// last attempt.
+    pub retry: Vec<RetrySettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +61,8 @@ pub enum ConfigError {
     Invalid(String),
     #[error("configuration: {0}")]
     Ingress(#[from] IngressError),
+    #[error("configuration: {0}")]
+    Retry(#[from] RetryError),
 }
 
 pub const ENV_PREFIX: &str = "DELAYLINE";
@@ -83,6 +89,7 @@ impl Settings {
         settings.check()?;
         let cascade = settings.cascade()?;
         settings.ingresses(&cascade)?;
+        settings.retries(&cascade)?;
         Ok((settings, cascade))
     }
 
@@ -156,6 +163,21 @@ impl Settings {
             ingresses.push(ingress);
         }
         Ok(ingresses)
+    }
+
+    /// The retry policies `[[retry]]` describes, validated for `cascade`;
+    /// `None` when there are none. A retry is a task delivered by the
+    /// release stage to the queue it failed in (so: a ledger, and the stage).
+    pub fn retries(&self, cascade: &Cascade) -> Result<Option<Retries>, ConfigError> {
+        if !self.retry.is_empty() && !cascade.release_stage() {
+            return Err(ConfigError::Invalid(
+                "[[retry]] needs the release stage (a ledger, and cascade.release_stage not \
+                 false): it keeps every retry and parked message, and delivers each retry back \
+                 to the queue it failed in"
+                    .into(),
+            ));
+        }
+        Ok(Retries::new(&self.retry, cascade)?)
     }
 
     /// The cascade `[cascade]` describes, validated; the release stage, when

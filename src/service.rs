@@ -23,7 +23,7 @@ use crate::cascade::Cascade;
 use crate::cascade::TopologyPlan;
 use crate::config::Settings;
 use crate::http::{AppState, MetricsRoute, metrics_router, router};
-use crate::ingress::{Ingress, IngressRunner, plan_with};
+use crate::ingress::{Ingress, IngressRunner, Retries, RetryRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
 use crate::scheduler::{Broker, Scheduler};
@@ -113,6 +113,7 @@ struct Components {
     metrics: Arc<Metrics>,
     ledger: Option<Ledger>,
     ingresses: Vec<Ingress>,
+    retries: Option<Arc<Retries>>,
 }
 
 impl Components {
@@ -147,6 +148,7 @@ impl Components {
             };
         let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
         let ingresses = settings.ingresses(&cascade)?;
+        let retries = settings.retries(&cascade)?.map(Arc::new);
         let metrics = Arc::new(Metrics::new());
         let ledger = ledger::open(
             &settings.store,
@@ -167,13 +169,14 @@ impl Components {
             metrics,
             ledger,
             ingresses,
+            retries,
         })
     }
 
     /// What the broker supervisor declares: the chain, with the ingresses'
     /// objects, claimed for the ledger when there is one.
     fn plan(&self) -> TopologyPlan {
-        let plan = plan_with(&self.cascade, &self.ingresses);
+        let plan = plan_with(&self.cascade, &self.ingresses, self.retries.as_deref());
         match &self.ledger {
             Some(ledger) => plan.owned_by(ledger.identity()),
             None => plan,
@@ -225,7 +228,8 @@ impl Components {
             .map(|config| (config, settings.http.tls.clone()));
         running.spawn_watches(shutdown, self.auth.clone(), tls);
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
-            .with_operator(settings.operator(&self.cascade));
+            .with_operator(settings.operator(&self.cascade))
+            .with_retries(self.retries.clone());
         let limits = settings.http.connection_limits();
         let metrics_route = match &self.metrics_listener {
             Some(_) => MetricsRoute::Elsewhere,
@@ -313,8 +317,8 @@ impl Running {
         self.spawn("the SIGHUP reloader", reloader);
     }
 
-    /// One consumer per AMQP ingress, stopped with the listeners: no new task
-    /// is taken in while the service drains.
+    /// One consumer per AMQP ingress, and the retry intake's, stopped with
+    /// the listeners: no new task is taken in while the service drains.
     fn spawn_ingresses(
         &mut self,
         ingresses: Vec<Ingress>,
@@ -331,6 +335,16 @@ impl Running {
                 metrics: components.metrics.clone(),
             };
             self.spawn("an AMQP ingress", runner.run(self.stop_serving.clone()));
+        }
+        if let Some(retries) = &components.retries {
+            let runner = RetryRunner {
+                retries: retries.clone(),
+                cascade: components.cascade.clone(),
+                scheduler: scheduler.clone(),
+                broker: broker.clone(),
+                metrics: components.metrics.clone(),
+            };
+            self.spawn("the retry intake", runner.run(self.stop_serving.clone()));
         }
     }
 

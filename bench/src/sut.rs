@@ -396,7 +396,7 @@ impl ServiceUnderTest {
                 .await;
         }
         let ingresses: Vec<Ingress> = self.ingress.iter().cloned().collect();
-        teardown(&connection, &plan_with(&self.cascade, &ingresses)).await?;
+        teardown(&connection, &plan_with(&self.cascade, &ingresses, None)).await?;
         crate::load::close(&connection).await;
         match &self.store {
             Store::None => {}

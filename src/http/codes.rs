@@ -23,6 +23,7 @@ pub enum ErrorCode {
     ScheduleNotFound,
     LimitNotFound,
     OperationNotFound,
+    ParkedNotFound,
     NotFound,
     MethodNotAllowed,
     BodyTimeout,
@@ -70,7 +71,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 58] = [
+    pub const ALL: [ErrorCode; 59] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -85,6 +86,7 @@ impl ErrorCode {
         ErrorCode::ScheduleNotFound,
         ErrorCode::LimitNotFound,
         ErrorCode::OperationNotFound,
+        ErrorCode::ParkedNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTimeout,
@@ -148,6 +150,7 @@ impl ErrorCode {
             ErrorCode::ScheduleNotFound => "schedule_not_found",
             ErrorCode::LimitNotFound => "limit_not_found",
             ErrorCode::OperationNotFound => "operation_not_found",
+            ErrorCode::ParkedNotFound => "parked_not_found",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::BodyTimeout => "body_timeout",
@@ -211,6 +214,7 @@ impl ErrorCode {
             | ErrorCode::ScheduleNotFound
             | ErrorCode::LimitNotFound
             | ErrorCode::OperationNotFound
+            | ErrorCode::ParkedNotFound
             | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -300,6 +304,9 @@ impl ErrorCode {
             }
             ErrorCode::LimitNotFound => {
                 "`/v1/limits/{name}`: never set, deleted, or a limit whose destinations are not all the client's"
+            }
+            ErrorCode::ParkedNotFound => {
+                "`/v1/parked/{id}`: never parked, or replayed or discarded since"
             }
             ErrorCode::OperationNotFound => {
                 "`GET /v1/operations/{id}`: never started, or another client's operation"

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use tracing::error;
 
+use crate::ingress::ParkedError;
 use crate::operations::OperationError;
 use crate::schedule::ScheduleError;
 use crate::scheduler::LedgerError;
@@ -273,5 +274,20 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+impl From<ParkedError> for ApiError {
+    fn from(error: ParkedError) -> Self {
+        match error {
+            ParkedError::LedgerDisabled => {
+                ApiError::new(ErrorCode::LedgerDisabled, error.to_string())
+            }
+            ParkedError::Ledger(error) => error.into(),
+            ParkedError::Submit(error) => error.into(),
+            ParkedError::Unreplayable { .. } => {
+                ApiError::new(ErrorCode::InvalidDestination, error.to_string())
+            }
+        }
     }
 }

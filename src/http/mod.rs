@@ -24,6 +24,7 @@ mod inspect;
 pub mod limits;
 pub mod openapi;
 mod release_limits;
+mod retries;
 mod router;
 mod schedules;
 mod scrape;

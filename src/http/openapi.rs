@@ -63,6 +63,12 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::release_limits::resume_limit,
         super::topology::topology,
         super::unroutable::requeue_route,
+        super::retries::retries,
+        super::retries::list,
+        super::retries::one,
+        super::retries::replay,
+        super::retries::discard,
+        super::retries::bulk,
         super::health::healthz,
         super::health::readyz,
         super::scrape::metrics,
@@ -72,6 +78,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         (name = "tasks", description = "Scheduling, inspecting, cancelling and moving tasks"),
         (name = "schedules", description = "Recurring schedules: each occurrence becomes a task"),
         (name = "limits", description = "Release limits: pace, pause or hold due tasks by destination"),
+        (name = "retries", description = "Retry policies, and the messages they parked after their last attempt"),
         (name = "operations", description = "Probes, topology and metrics"),
     )
 )]

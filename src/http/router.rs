@@ -13,7 +13,7 @@ use super::settings::HttpSettings;
 use super::state::AppState;
 use super::{
     auth, bulk, changes, console, fallback, forecast, health, inspect, openapi, release_limits,
-    schedules, scrape, tasks, topology, unroutable,
+    retries, schedules, scrape, tasks, topology, unroutable,
 };
 
 /// Where `GET /metrics` is served.
@@ -43,7 +43,8 @@ pub fn router(
         .merge(forecast::router())
         .merge(bulk::router())
         .merge(topology::router())
-        .merge(unroutable::router());
+        .merge(unroutable::router())
+        .merge(retries::router());
     if metrics_route == MetricsRoute::WithApi {
         gated = gated.merge(scrape::router());
     }

@@ -8,6 +8,7 @@ use super::console::sessions::Sessions;
 use super::limits;
 use super::settings::HttpSettings;
 use crate::auth::Authenticator;
+use crate::ingress::Retries;
 use crate::metrics::Metrics;
 use crate::operations::OperatorSettings;
 use crate::scheduler::Scheduler;
@@ -30,6 +31,8 @@ pub struct AppState {
     pub(super) https: bool,
     /// For operations that take a connection of their own (a requeue).
     pub(super) operator: Option<Arc<OperatorSettings>>,
+    /// The retry policies, when there are any.
+    pub(super) retries: Option<Arc<Retries>>,
 }
 
 impl AppState {
@@ -56,7 +59,14 @@ impl AppState {
             console_sessions: Arc::default(),
             https: http.tls.enabled(),
             operator: None,
+            retries: None,
         }
+    }
+
+    /// The retry policies `GET /v1/retries` shows.
+    pub fn with_retries(mut self, retries: Option<Arc<Retries>>) -> Self {
+        self.retries = retries;
+        self
     }
 
     /// The settings operations (a requeue) act with.

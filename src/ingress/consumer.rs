@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
+use futures_util::future::{BoxFuture, join_all};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -45,39 +45,18 @@ impl IngressRunner {
             queue = self.ingress.queue,
             "taking delayed messages in over AMQP"
         );
-        let limits = ConsumeLimits {
-            window: INGRESS_WINDOW,
-            windows: INGRESS_WINDOWS,
-        };
-        let windows = self
-            .broker
-            .consume(self.ingress.queue.clone(), limits, shutdown.clone());
-        windows
-            .into_stream()
-            .for_each_concurrent(usize::from(INGRESS_WINDOWS), |window| async {
-                let now = crate::clock::read();
-                let settles =
-                    join_all(window.messages.iter().map(|m| self.take_one(m, &now))).await;
-                let retried = settles.iter().filter(|s| **s == Settle::Requeue).count();
-                window.settle(settles);
-                if retried > 0 {
-                    warn!(
-                        ingress = self.ingress.exchange,
-                        messages = retried,
-                        "delayed messages could not be taken in now (the ledger or the broker \
-                         is away, or the ledger is full): back to the ingress queue, taken again"
-                    );
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    }
-                }
-            })
-            .await;
+        take_windows(
+            self.broker.as_ref(),
+            self.ingress.queue.clone(),
+            &self.ingress.exchange,
+            shutdown,
+            &self,
+        )
+        .await;
     }
 
     /// One message: its task committed, or it refused; else back to the queue.
-    async fn take_one(&self, message: &Inbound, now: &Reading) -> Settle {
+    async fn take(&self, message: &Inbound, now: &Reading) -> Settle {
         let taken = take(
             &self.ingress,
             &self.cascade,
@@ -120,40 +99,27 @@ impl IngressRunner {
         }
     }
 
-    /// To the refused queue, as it came (its `expiration` and `user_id` set
-    /// aside in headers), with the reason; acknowledged once the broker has
-    /// the copy. A copy whose headers leave no room for the reason (a
-    /// message refused as too large) keeps its body and properties but not
-    /// its headers, and says so.
     async fn refuse(&self, message: &Inbound, refusal: &Refusal) -> Settle {
-        let properties = message::set_aside(&message.properties);
-        let reason = refusal.to_string();
-        let key = message.routing_key.as_str();
-        let mut copy = Message {
-            exchange: String::new(),
-            routing_key: self.ingress.refused_queue.clone(),
-            payload: message.payload.clone(),
-            properties: message::refused(&properties, key, (refusal.code(), &reason), false),
-        };
-        if self.broker.check_fits(&copy).is_err() {
-            copy.properties = message::refused(&properties, key, (refusal.code(), &reason), true);
+        let refused = refuse_to(
+            self.broker.as_ref(),
+            &self.ingress.refused_queue,
+            message,
+            (refusal.code(), &refusal.to_string()),
+        )
+        .await;
+        if refused == Settle::Ack {
+            warn!(
+                ingress = self.ingress.exchange,
+                queue = self.ingress.refused_queue,
+                message_id = message::message_id(&message.properties),
+                routing_key = message.routing_key,
+                code = refusal.code(),
+                reason = %refusal,
+                "refused a delayed message"
+            );
+            self.count(refusal.code());
         }
-        match self.broker.publish_bounded(copy).await {
-            Ok(Published::Confirmed) => {
-                warn!(
-                    ingress = self.ingress.exchange,
-                    queue = self.ingress.refused_queue,
-                    message_id = message::message_id(&message.properties),
-                    routing_key = message.routing_key,
-                    code = refusal.code(),
-                    reason = %refusal,
-                    "refused a delayed message"
-                );
-                self.count(refusal.code());
-                Settle::Ack
-            }
-            Ok(Published::Late(_)) | Err(_) => Settle::Requeue,
-        }
+        refused
     }
 
     fn count(&self, outcome: &'static str) {
@@ -164,5 +130,87 @@ impl IngressRunner {
                 outcome,
             })
             .inc();
+    }
+}
+
+/// What an intake does with each message it consumes.
+pub(super) trait TakeOne: Sync {
+    fn take_one<'a>(&'a self, message: &'a Inbound, now: &'a Reading) -> BoxFuture<'a, Settle>;
+}
+
+impl TakeOne for IngressRunner {
+    fn take_one<'a>(&'a self, message: &'a Inbound, now: &'a Reading) -> BoxFuture<'a, Settle> {
+        Box::pin(self.take(message, now))
+    }
+}
+
+/// Takes `queue`'s messages in windows until `shutdown`, each settled as
+/// `take` says; after a window some of whose messages went back to the
+/// queue, pauses (the ledger or the broker is away: not hammered). `name`
+/// names the intake in logs.
+pub(super) async fn take_windows(
+    broker: &dyn Broker,
+    queue: String,
+    name: &str,
+    shutdown: CancellationToken,
+    intake: &dyn TakeOne,
+) {
+    let limits = ConsumeLimits {
+        window: INGRESS_WINDOW,
+        windows: INGRESS_WINDOWS,
+    };
+    let windows = broker.consume(queue, limits, shutdown.clone());
+    windows
+        .into_stream()
+        .for_each_concurrent(usize::from(INGRESS_WINDOWS), |window| {
+            let shutdown = shutdown.clone();
+            async move {
+                let now = crate::clock::read();
+                let settles =
+                    join_all(window.messages.iter().map(|m| intake.take_one(m, &now))).await;
+                let retried = settles.iter().filter(|s| **s == Settle::Requeue).count();
+                window.settle(settles);
+                if retried > 0 {
+                    warn!(
+                        intake = name,
+                        messages = retried,
+                        "messages could not be taken in now (the ledger or the broker is away, \
+                         or the ledger is full): back to their queue, taken again"
+                    );
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+/// To `queue` (by the default exchange), as it came (its `expiration` and
+/// `user_id` set aside in headers), with `code` and `reason`; acknowledged
+/// once the broker has the copy. A copy whose headers leave no room for the
+/// reason (a message refused as too large) keeps its body and properties
+/// but not its headers, and says so.
+pub(super) async fn refuse_to(
+    broker: &dyn Broker,
+    queue: &str,
+    message: &Inbound,
+    (code, reason): (&str, &str),
+) -> Settle {
+    let properties = message::set_aside(&message.properties);
+    let key = message.routing_key.as_str();
+    let mut copy = Message {
+        exchange: String::new(),
+        routing_key: queue.to_owned(),
+        payload: message.payload.clone(),
+        properties: message::refused(&properties, key, (code, reason), false),
+    };
+    if broker.check_fits(&copy).is_err() {
+        copy.properties = message::refused(&properties, key, (code, reason), true);
+    }
+    match broker.publish_bounded(copy).await {
+        Ok(Published::Confirmed) => Settle::Ack,
+        Ok(Published::Late(_)) | Err(_) => Settle::Requeue,
     }
 }

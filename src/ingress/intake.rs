@@ -127,6 +127,45 @@ pub fn take(
     })
 }
 
+/// The task of a message a retry policy brings back to `queue` (by the
+/// default exchange) after `delay_ms`, waiting with `carried` (see
+/// [`message::for_retry`]); `id` is the attempt's own (a replay's is
+/// derived from what it replays, so that doing it again is one task).
+pub(super) fn retry_task(
+    cascade: &Cascade,
+    id: String,
+    queue: &str,
+    delay_ms: u64,
+    (payload, carried): (&[u8], BasicProperties),
+    now: SystemTime,
+) -> Result<Task, Refusal> {
+    let accepted_at_ms = cascade.delay_start_ms(now);
+    let destination = destination_of(queue, cascade);
+    let route = cascade
+        .route(Duration::from_millis(delay_ms), destination)
+        .map_err(|error| Refusal::DelayTooLong(error.to_string()))?;
+    let route = cascade.in_task_shard(route, &id);
+    Ok(Task {
+        client_id: false,
+        id,
+        destination: destination.to_owned(),
+        deliver_at_ms: accepted_at_ms + route.delay_ms,
+        accepted_at_ms,
+        route,
+        payload: payload.to_vec(),
+        content_type: carried
+            .content_type()
+            .as_ref()
+            .map_or("application/octet-stream", |t| t.as_str())
+            .to_owned(),
+        headers: header_copy(&carried),
+        revision: 1,
+        client: None,
+        exchange: Some(String::new()),
+        carried: Some(carried),
+    })
+}
+
 /// The routing key when it can be a destination (listed and filtered by),
 /// otherwise [`KEYLESS_DESTINATION`].
 fn destination_of<'k>(routing_key: &'k str, cascade: &Cascade) -> &'k str {

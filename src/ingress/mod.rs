@@ -13,11 +13,25 @@
 //!
 //! It needs the ledger and the release stage (checked with the settings):
 //! the routing key and the exchange of a message are restored by the stage.
+//!
+//! Retries are an intake too: a consumer's queue dead-letters to the retry
+//! exchange ([`retry`]: the policies, their broker objects and verdicts,
+//! pure); [`retrying`] takes each message in and schedules it back to the
+//! queue it died in after the policy's backoff (a task, by the default
+//! exchange), or parks it in the ledger after its last attempt; [`parked`]
+//! replays or discards parked messages. The message's side (where it died,
+//! its attempt, what comes back) is `message`'s `retry`.
 
 mod intake;
+mod parked;
+mod retry;
+mod retrying;
 mod settings;
 pub(crate) use settings::IngressError;
 pub use settings::{Ingress, IngressSettings, plan_with};
 mod consumer;
 
 pub(crate) use consumer::IngressRunner;
+pub(crate) use parked::{PARKED_PAGE, Parked, ParkedAction, ParkedError, Unparked};
+pub use retry::{Retries, RetryError, RetryPolicy, RetrySettings};
+pub(crate) use retrying::RetryRunner;

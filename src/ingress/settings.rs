@@ -164,11 +164,19 @@ impl Ingress {
     }
 }
 
-/// The plan of `cascade` with every ingress's objects.
-pub fn plan_with(cascade: &Cascade, ingresses: &[Ingress]) -> TopologyPlan {
+/// The plan of `cascade` with every ingress's objects, and the retry
+/// policies' when there are any.
+pub fn plan_with(
+    cascade: &Cascade,
+    ingresses: &[Ingress],
+    retries: Option<&super::Retries>,
+) -> TopologyPlan {
     let mut plan = cascade.plan();
     for ingress in ingresses {
         ingress.plan_into(cascade, &mut plan);
+    }
+    if let Some(retries) = retries {
+        retries.plan_into(cascade, &mut plan);
     }
     plan
 }
@@ -204,7 +212,7 @@ mod tests {
         let ingress = settings(Some("orders"), "headers")
             .validate(&chain)
             .unwrap();
-        let plan = plan_with(&chain, std::slice::from_ref(&ingress));
+        let plan = plan_with(&chain, std::slice::from_ref(&ingress), None);
         let orders = plan.exchanges.iter().find(|e| e.name == "orders").unwrap();
         assert_eq!(orders.kind, ExchangeKind::Headers);
         assert_eq!(

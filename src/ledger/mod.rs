@@ -26,7 +26,9 @@
 //! [`forecast`] reads what falls due per minute (counted by triggers, and
 //! on SQLite by the writer for its own changes: [`due_counts`]) and folds
 //! PostgreSQL's changes into those counts; [`operations`] keeps bulk
-//! operations (the one file that writes that table) and reads their pages. The text of every statement on tasks
+//! operations (the one file that writes that table) and reads their pages;
+//! [`parked`] keeps the messages retry policies gave up on (the one file
+//! that writes the parked table). The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
 //! schedules' own table is written in [`schedules`], but for the planner's
 //! steps, which [`plan`] writes in the group commit with their tasks (their
@@ -37,7 +39,7 @@
 //! `pool` (connections, migrations) → `settings`; [`handle`] (the
 //! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim`, `plan` →
 //! `transaction` → `sql` → `filter`, `record`, and `transaction` →
-//! `due_counts`; `tasks`, `change`, `release`, `staged` and `schedules` add
+//! `due_counts`; `tasks`, `change`, `release`, `staged`, `schedules` and `parked` add
 //! methods to the handle.
 
 // The two macros every file below uses: first, so that they are in scope.
@@ -56,6 +58,7 @@ mod forecast;
 mod handle;
 mod limits;
 mod operations;
+mod parked;
 mod pass;
 mod plan;
 mod pool;
@@ -77,6 +80,7 @@ pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
 pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
+pub(crate) use parked::{ParkedFilter, ParkedMessage, ParkedQueue};
 pub(crate) use pass::{PassInput, StoredLimit};
 pub(crate) use plan::Advance;
 pub(crate) use pool::{Migrated, migrate_only};

@@ -55,6 +55,17 @@ pub const PLUGIN_DELAY_HEADER: &str = "x-delay";
 /// A due time, delayline's addition to the plugin's contract.
 pub const PLUGIN_DELIVER_AT_HEADER: &str = "x-deliver-at";
 
+/// On a message a retry policy brings back to its queue: which attempt
+/// this delivery is (2 for the first retry). A message without it is on
+/// its first attempt.
+pub const ATTEMPT_HEADER: &str = "x-delayline-attempt";
+/// While a retried message waits: the `message_id` it had (empty when it
+/// had none); restored on delivery, and removed.
+pub const ORIGINAL_ID_HEADER: &str = "x-delayline-message-id";
+/// RabbitMQ's dead-letter history: a table per queue and reason, the most
+/// recent first. A retry intake reads the queue and reason of the first.
+pub const DEATH_HEADER: &str = "x-death";
+
 /// An occurrence of a recurring schedule: the schedule's id.
 pub const SCHEDULE_HEADER: &str = "x-delayline-schedule";
 /// An occurrence of a recurring schedule: its time (RFC 3339, UTC).
@@ -116,6 +127,8 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower == PROBE_HEADER
         || lower == SCHEDULE_HEADER
         || lower == OCCURRENCE_HEADER
+        || lower == ATTEMPT_HEADER
+        || lower == ORIGINAL_ID_HEADER
         || is_dead_letter_header(name)
         || ROUTING_HEADERS.contains(&name)
 }

@@ -22,14 +22,16 @@ mod plugin;
 mod probe;
 mod publish;
 mod read;
+mod retry;
 mod stamp;
 #[cfg(test)]
 mod tests;
 mod value;
 
 pub use headers::{
-    DELIVER_AT_HEADER, OCCURRENCE_HEADER, POISON_REASON_HEADER, REFUSAL_CODE_HEADER,
-    REFUSAL_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER, SCHEDULE_HEADER,
+    ATTEMPT_HEADER, DELIVER_AT_HEADER, OCCURRENCE_HEADER, POISON_REASON_HEADER,
+    REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER,
+    SCHEDULE_HEADER,
 };
 #[cfg(test)]
 pub(crate) use headers::{
@@ -38,16 +40,18 @@ pub(crate) use headers::{
 pub(crate) use headers::{PLUGIN_DELAY_HEADER, is_reserved_header};
 pub(crate) use plugin::{BadDelay, Due, due};
 pub(crate) use probe::{Probe, drained};
+#[cfg(test)]
+pub(crate) use publish::properties_of;
+pub(crate) use publish::republished;
 pub(crate) use publish::{
     Message, as_published, of_task_at, poisoned, refused, released, restamped, set_aside, taken_in,
 };
 pub use publish::{TaskMessage, of_task};
 #[cfg(test)]
-pub(crate) use publish::{properties_of, republished};
-#[cfg(test)]
 pub(crate) use read::TaskStamp;
 pub(crate) use read::{
     decode_properties, deliver_at_ms, delivered_to, encode_properties, identity, message_id,
 };
+pub(crate) use retry::{Death, attempt, for_replay, for_retry, last_death};
 pub(crate) use stamp::Stamp;
 pub use value::FieldValue;

@@ -185,6 +185,13 @@ pub fn set_aside(properties: &BasicProperties) -> BasicProperties {
 /// Every property but `expiration` and `user_id` (lapin can set a property,
 /// not unset one).
 pub(super) fn without_expiration_or_user(p: &BasicProperties) -> BasicProperties {
+    let id = p.message_id().as_ref().map(|id| id.as_str().to_owned());
+    rebuilt(p, id.as_deref())
+}
+
+/// Every property but `expiration` and `user_id`, with `message_id` (none
+/// when `None`).
+fn rebuilt(p: &BasicProperties, message_id: Option<&str>) -> BasicProperties {
     let mut kept = BasicProperties::default();
     if let Some(v) = p.content_type() {
         kept = kept.with_content_type(v.clone());
@@ -207,8 +214,8 @@ pub(super) fn without_expiration_or_user(p: &BasicProperties) -> BasicProperties
     if let Some(v) = p.reply_to() {
         kept = kept.with_reply_to(v.clone());
     }
-    if let Some(v) = p.message_id() {
-        kept = kept.with_message_id(v.clone());
+    if let Some(id) = message_id {
+        kept = kept.with_message_id(id.into());
     }
     if let Some(v) = p.timestamp() {
         kept = kept.with_timestamp(*v);
@@ -240,12 +247,23 @@ pub fn released(
     let exchange = text_header(properties, DELIVER_TO_HEADER);
     let key = text_header(properties, DELIVERY_KEY_HEADER);
     let expiration = text_header(properties, EXPIRATION_HEADER);
+    let original_id = text_header(properties, ORIGINAL_ID_HEADER);
     // The exchange stays named: a message parked in the unroutable queue
     // goes back there (`requeue-unroutable`).
     let mut kept = without_headers(
         properties,
-        &[DELIVERY_KEY_HEADER, EXPIRATION_HEADER, HOLD_HEADER],
+        &[
+            DELIVERY_KEY_HEADER,
+            EXPIRATION_HEADER,
+            HOLD_HEADER,
+            ORIGINAL_ID_HEADER,
+        ],
     );
+    // A retried message comes back with the id it left with (or none): its
+    // task had an id of its own, one per attempt.
+    if let Some(original) = original_id {
+        kept = rebuilt(&kept, Some(original.as_str()).filter(|id| !id.is_empty()));
+    }
     if let Some(expiration) = expiration {
         kept = kept.with_expiration(expiration.as_str().into());
     }

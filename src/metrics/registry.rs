@@ -79,6 +79,17 @@ pub struct IngressLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabel {
+    /// The consumer's queue (one a retry policy covers; empty for a
+    /// message no policy covers).
+    pub queue: String,
+    /// `scheduled` (back to its queue later), `redelivered` (released to
+    /// its queue), `parked`, `replayed`, `discarded`, or `refused` (no
+    /// policy covers its queue, or it was not dead-lettered).
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     /// The release limit's name.
     pub limit: String,
@@ -141,6 +152,7 @@ pub struct Metrics {
     pub client_throttled: Family<ClientCodeLabel, Counter>,
     pub client_accepted: Family<ClientLabel, Counter>,
     pub ingress_messages: Family<IngressLabel, Counter>,
+    pub retry_messages: Family<RetryLabel, Counter>,
     pub client_scheduled: Family<ClientLabel, Gauge>,
     pub connections_refused: Counter,
     pub request_deadline_exceeded: Counter,
@@ -487,6 +499,13 @@ impl Metrics {
              or the reason it was refused)",
             ingress_messages.clone(),
         );
+        let retry_messages = Family::<RetryLabel, Counter>::default();
+        registry.register(
+            "retry_messages",
+            "Messages of the retry policies, by queue and outcome (scheduled, redelivered, \
+             parked, replayed, discarded, refused)",
+            retry_messages.clone(),
+        );
         let client_scheduled = Family::<ClientLabel, Gauge>::default();
         registry.register(
             "client_scheduled_tasks",
@@ -528,6 +547,7 @@ impl Metrics {
             client_throttled,
             client_accepted,
             ingress_messages,
+            retry_messages,
             client_scheduled,
             registry,
             tasks_accepted,
@@ -675,6 +695,18 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+impl Metrics {
+    /// One message of a retry policy's, by queue and outcome.
+    pub fn retried(&self, queue: &str, outcome: &'static str, messages: u64) {
+        self.retry_messages
+            .get_or_create(&RetryLabel {
+                queue: queue.to_owned(),
+                outcome,
+            })
+            .inc_by(messages);
     }
 }
 

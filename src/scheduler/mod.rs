@@ -64,8 +64,8 @@ pub(crate) use settings::{ScheduleSettings, SchedulerSettings};
 // it speaks the scheduler's words and imports nothing below it.
 pub(crate) use crate::broker::PublishError;
 pub(crate) use crate::ledger::{
-    Cancel, ChangeKey, Cursor, LedgerError, Reschedule, StoredOperation, StoredSchedule,
-    StoredTask, TaskFilter,
+    Cancel, ChangeKey, Cursor, LedgerError, ParkedFilter, ParkedMessage, ParkedQueue, Reschedule,
+    StoredOperation, StoredSchedule, StoredTask, TaskFilter,
 };
 
 use crate::broker::Published;

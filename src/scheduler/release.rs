@@ -883,7 +883,14 @@ impl Releaser {
                 debug!(exchange = message.exchange, reason, "returned: parked");
                 self.park(message).await
             }
-            outcome => outcome.map(|()| Released::Delivered),
+            outcome => {
+                outcome?;
+                // The default exchange: a retry back to the queue it failed in.
+                if message.exchange.is_empty() {
+                    self.metrics.retried(&message.routing_key, "redelivered", 1);
+                }
+                Ok(Released::Delivered)
+            }
         }
     }
 
@@ -903,7 +910,12 @@ impl Releaser {
     /// The business exchange exists (the stage declared it); another is
     /// asked about, and remembered for a while once seen.
     async fn exchange_exists(&self, exchange: &str) -> Result<bool, PublishError> {
-        if exchange == self.cascade.business_exchange() || self.exchanges.recently(exchange) {
+        // The default exchange always exists (and may not be declared, even
+        // passively): a retry goes back to its queue by it.
+        if exchange.is_empty()
+            || exchange == self.cascade.business_exchange()
+            || self.exchanges.recently(exchange)
+        {
             return Ok(true);
         }
         let exists = self.broker.exchange_exists(exchange).await?;

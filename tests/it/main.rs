@@ -28,6 +28,7 @@ mod precision;
 mod provision;
 mod release;
 mod release_limits;
+mod retries;
 mod schedules;
 mod security;
 mod shards;

@@ -374,7 +374,7 @@ async fn check_lists_every_difference_and_other_versions_and_changes_nothing() {
         .extend([ingress.queue.clone(), ingress.refused_queue.clone()]);
     cleanup.exchanges.push(ingress.exchange.clone());
     let connection = connect(amqp_uri(), "delayline test").await.unwrap();
-    let plan = plan_with(&v1, std::slice::from_ref(&ingress));
+    let plan = plan_with(&v1, std::slice::from_ref(&ingress), None);
     provision(&connection, &plan).await.unwrap();
 
     let report = check(&connection, &v1, &plan).await.unwrap();

@@ -243,7 +243,8 @@ impl Cleanup {
         let cascade = settings.cascade().expect("valid test settings");
         let mut cleanup = Self::for_cascade(&cascade);
         let ingresses = settings.ingresses(&cascade).expect("valid test ingresses");
-        cleanup.plan = delayline::ingress::plan_with(&cascade, &ingresses);
+        let retries = settings.retries(&cascade).expect("valid test retries");
+        cleanup.plan = delayline::ingress::plan_with(&cascade, &ingresses, retries.as_ref());
         cleanup.ledger_of = Some(settings.clone());
         cleanup.uris = settings.amqp.uris();
         cleanup

@@ -1,0 +1,339 @@
+//! `GET /v1/retries` (the retry policies) and `/v1/parked` (what they gave
+//! up on: listed per queue, newest first, replayed or discarded one at a
+//! time or by filter). Parked messages are every queue's, so all of it
+//! needs the `admin` permission.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+
+use super::auth::require;
+use super::error::{ApiError, ErrorCode};
+use super::extract::JsonBody;
+use super::state::AppState;
+use crate::auth::{Caller, Permission};
+use crate::clock::{Reading, format_epoch_ms};
+use crate::ingress::{Parked, ParkedAction, RetryPolicy, Unparked};
+use crate::scheduler::{ParkedFilter, ParkedMessage, ParkedQueue};
+use crate::task::{TaskError, deserialize_whole, require_object};
+
+/// The retry policies and the broker objects they share.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RetriesView {
+    pub policies: Vec<RetryPolicy>,
+    /// The exchange a consumer's queue names as its `x-dead-letter-exchange`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<String>,
+    /// The quorum queue delayline takes dead-lettered messages from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Where a message no policy covers goes, with the reason in headers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_queue: Option<String>,
+    /// The header a retried delivery carries: which attempt it is.
+    pub attempt_header: &'static str,
+}
+
+#[utoipa::path(get, summary = "The retry policies", path = "/v1/retries", tag = "retries",
+    description = "Which queues each policy covers, its backoff (`initial_ms`, `multiplier`, `max_delay_ms`, \
+        `jitter`), `max_attempts` and `park_to`, and the exchange a covered queue dead-letters to. Needs `admin`.",
+    responses((status = 200, description = "the policies (none configured: an empty list)", body = RetriesView)))]
+pub async fn retries(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<RetriesView>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let retries = state.retries.as_deref();
+    Ok(Json(RetriesView {
+        policies: retries.map(|r| r.policies.clone()).unwrap_or_default(),
+        exchange: retries.map(|r| r.exchange.clone()),
+        queue: retries.map(|r| r.queue.clone()),
+        refused_queue: retries.map(|r| r.refused_queue.clone()),
+        attempt_header: crate::message::ATTEMPT_HEADER,
+    }))
+}
+
+/// A parked message, as the API shows it.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ParkedView {
+    pub id: String,
+    /// The queue it failed in, and comes back to when replayed.
+    pub queue: String,
+    pub policy: String,
+    /// Why its last attempt ended: `rejected`, `expired`, `delivery_limit`, `maxlen`.
+    pub reason: String,
+    pub attempts: u32,
+    pub parked_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// The body as text (bytes that are not UTF-8 shown as U+FFFD).
+    pub body: String,
+    pub body_bytes: usize,
+}
+
+impl From<&ParkedMessage> for ParkedView {
+    fn from(parked: &ParkedMessage) -> Self {
+        let text = |v: &Option<lapin::types::ShortString>| v.as_ref().map(|s| s.to_string());
+        ParkedView {
+            id: parked.id.clone(),
+            queue: parked.queue.clone(),
+            policy: parked.policy.clone(),
+            reason: parked.reason.clone(),
+            attempts: parked.attempts,
+            parked_at: format_epoch_ms(parked.parked_at_ms),
+            message_id: parked.message_id.clone(),
+            correlation_id: text(parked.properties.correlation_id()),
+            content_type: text(parked.properties.content_type()),
+            body: String::from_utf8_lossy(&parked.payload).into_owned(),
+            body_bytes: parked.payload.len(),
+        }
+    }
+}
+
+/// `GET /v1/parked`'s answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ParkedList {
+    /// Every queue with parked messages: how many, and the newest's time.
+    pub queues: Vec<ParkedQueueView>,
+    /// Newest first.
+    pub parked: Vec<ParkedView>,
+    /// Pass as `before` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ParkedQueueView {
+    pub queue: String,
+    pub parked: u64,
+    pub newest_at: String,
+}
+
+impl From<ParkedQueue> for ParkedQueueView {
+    fn from(queue: ParkedQueue) -> Self {
+        ParkedQueueView {
+            queue: queue.queue,
+            parked: queue.parked,
+            newest_at: format_epoch_ms(queue.newest_at_ms),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ParkedQuery {
+    /// Only this queue's.
+    queue: Option<String>,
+    /// Only those whose last attempt ended so (`rejected`, `expired`, …).
+    reason: Option<String>,
+    /// At most this many (1 to 500, 50 by default).
+    limit: Option<u32>,
+    /// A previous page's `next`.
+    before: Option<String>,
+}
+
+const DEFAULT_PAGE: u32 = 50;
+
+fn parse_cursor(text: &str) -> Result<(u64, &str), ApiError> {
+    text.split_once(':')
+        .and_then(|(ms, id)| Some((ms.parse().ok()?, id)))
+        .ok_or_else(|| ApiError::new(ErrorCode::InvalidQuery, "before: not a page's `next`"))
+}
+
+#[utoipa::path(get, summary = "Parked messages", path = "/v1/parked", tag = "retries",
+    description = "Messages a retry policy gave up on after `max_attempts`: the count per queue, and the messages \
+        themselves newest first. Needs `admin`.",
+    params(ParkedQuery),
+    responses((status = 200, description = "per queue, and a page of messages", body = ParkedList)))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(query): Query<ParkedQuery>,
+) -> Result<Json<ParkedList>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=crate::ingress::PARKED_PAGE).contains(&limit) {
+        return Err(ApiError::new(ErrorCode::InvalidQuery, "limit: 1 to 500"));
+    }
+    let ledger = state.scheduler.own_ledger().ok_or_else(no_ledger)?;
+    let filter = ParkedFilter {
+        queue: query.queue,
+        reason: query.reason,
+    };
+    let before = query.before.as_deref().map(parse_cursor).transpose()?;
+    let page = ledger.parked(&filter, before, limit).await?;
+    let next = (page.len() == limit as usize)
+        .then(|| page.last().map(|p| format!("{}:{}", p.parked_at_ms, p.id)))
+        .flatten();
+    let queues = ledger.parked_per_queue().await?;
+    Ok(Json(ParkedList {
+        queues: queues.into_iter().map(Into::into).collect(),
+        parked: page.iter().map(Into::into).collect(),
+        next,
+    }))
+}
+
+fn no_ledger() -> ApiError {
+    ApiError::new(
+        ErrorCode::LedgerDisabled,
+        "this service has no ledger: nothing is parked",
+    )
+}
+
+#[utoipa::path(get, summary = "A parked message", path = "/v1/parked/{id}", tag = "retries",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "the message", body = ParkedView),
+        (status = 404, description = "`parked_not_found`")))]
+pub async fn one(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ParkedView>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let ledger = state.scheduler.own_ledger().ok_or_else(no_ledger)?;
+    match ledger.parked_message(&id).await? {
+        Some(parked) => Ok(Json((&parked).into())),
+        None => Err(not_found(&id)),
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::ParkedNotFound,
+        format!("no parked message {id:?} (never parked, or replayed or discarded since)"),
+    )
+}
+
+/// `action` on parked message `id`, through the service's scheduler.
+pub(super) async fn act_on_one(
+    state: &AppState,
+    id: &str,
+    action: ParkedAction,
+    now: &Reading,
+) -> Result<Unparked, ApiError> {
+    let parked = Parked {
+        scheduler: &state.scheduler,
+        cascade: state.scheduler.cascade(),
+        metrics: &state.metrics,
+    };
+    parked
+        .one(id, action, now)
+        .await?
+        .ok_or_else(|| not_found(id))
+}
+
+#[utoipa::path(post, summary = "Replay a parked message", path = "/v1/parked/{id}/replay", tag = "retries",
+    description = "Back to the queue it failed in, now, on its first attempt again (a task: release limits hold it). \
+        Needs `admin`.",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "what was done", body = Unparked),
+        (status = 404, description = "`parked_not_found`")))]
+pub async fn replay(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Unparked>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let now = crate::clock::read();
+    Ok(Json(
+        act_on_one(&state, &id, ParkedAction::Replay, &now).await?,
+    ))
+}
+
+#[utoipa::path(delete, summary = "Discard a parked message", path = "/v1/parked/{id}", tag = "retries",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "what was done", body = Unparked),
+        (status = 404, description = "`parked_not_found`")))]
+pub async fn discard(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Unparked>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let now = crate::clock::read();
+    Ok(Json(
+        act_on_one(&state, &id, ParkedAction::Discard, &now).await?,
+    ))
+}
+
+/// `POST /v1/parked/bulk`'s body.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"filter": {"queue": "orders"}, "action": "replay"}))]
+pub struct ParkedBulk {
+    #[serde(default)]
+    pub filter: ParkedBulkFilter,
+    /// `replay` or `discard`.
+    pub action: String,
+}
+
+/// Which parked messages: of `queue` (every queue when absent), whose last
+/// attempt ended for `reason` (any when absent).
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParkedBulkFilter {
+    #[serde(default)]
+    pub queue: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Replays or discards by filter; the console's buttons act through it.
+pub(super) async fn act_on_filter(
+    state: &AppState,
+    filter: ParkedFilter,
+    action: ParkedAction,
+    now: &Reading,
+) -> Result<Unparked, ApiError> {
+    let parked = Parked {
+        scheduler: &state.scheduler,
+        cascade: state.scheduler.cascade(),
+        metrics: &state.metrics,
+    };
+    Ok(parked.all(&filter, action, now).await?)
+}
+
+#[utoipa::path(post, summary = "Replay or discard parked messages by filter", path = "/v1/parked/bulk", tag = "retries",
+    description = "Every parked message the filter matches, a page of 500 at a time, newest first; counted as bulk \
+        operations count (`matched` = `changed` + `unchanged`, the latter gone before the action reached them). \
+        An error stops it: what was done stays done, and the same request again does the rest. Needs `admin`.",
+    request_body = ParkedBulk,
+    responses((status = 200, description = "what was done", body = Unparked)))]
+pub async fn bulk(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Unparked>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    require_object(&body, "", "a bulk action: {\"filter\": …, \"action\": …}")?;
+    let request: ParkedBulk = deserialize_whole(&body)
+        .map_err(|e| ApiError::from(TaskError::from_shape(&e, "", "a parked bulk action")))?;
+    let action = ParkedAction::parse(&request.action).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "/action: must be \"replay\" or \"discard\", got {:?}",
+                request.action
+            ),
+        )
+    })?;
+    let filter = ParkedFilter {
+        queue: request.filter.queue,
+        reason: request.filter.reason,
+    };
+    let now = crate::clock::read();
+    Ok(Json(act_on_filter(&state, filter, action, &now).await?))
+}
+
+pub fn router() -> axum::Router<AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/v1/retries", get(retries))
+        .route("/v1/parked", get(list))
+        .route("/v1/parked/bulk", post(bulk))
+        .route("/v1/parked/{id}", get(one).delete(discard))
+        .route("/v1/parked/{id}/replay", post(replay))
+}

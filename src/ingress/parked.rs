@@ -1,0 +1,186 @@
+//! Parked messages replayed or discarded: one, or every one a filter
+//! matches, a page at a time.
+//!
+//! A replay makes a task of the message, due now, back to the queue it
+//! failed in on its first attempt again (the release stage delivers it, so
+//! release limits hold it as any task), and deletes the row once the task
+//! is committed. The task's id is derived from the parked message's, with
+//! its id as the fingerprint: a replay interrupted between the two and done
+//! again is the same task, not a second copy.
+
+use futures_util::future::join_all;
+use serde::Serialize;
+
+use super::intake::retry_task;
+use crate::cascade::Cascade;
+use crate::clock::Reading;
+use crate::ledger::{LedgerError, ParkedFilter, ParkedMessage};
+use crate::message;
+use crate::metrics::Metrics;
+use crate::scheduler::{Idempotency, Scheduler, SubmitError};
+
+/// Parked messages read (and replayed or discarded) per page.
+pub const PARKED_PAGE: u32 = 500;
+
+/// Replay (back to its queue, now) or discard (deleted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParkedAction {
+    Replay,
+    Discard,
+}
+
+impl ParkedAction {
+    pub fn parse(text: &str) -> Option<ParkedAction> {
+        match text {
+            "replay" => Some(ParkedAction::Replay),
+            "discard" => Some(ParkedAction::Discard),
+            _ => None,
+        }
+    }
+
+    fn outcome(self) -> &'static str {
+        match self {
+            ParkedAction::Replay => "replayed",
+            ParkedAction::Discard => "discarded",
+        }
+    }
+}
+
+/// What an action on parked messages did, counted as bulk operations count:
+/// every message matched is `changed` (replayed or discarded) or
+/// `unchanged` (gone before the action reached it: another replica's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Unparked {
+    pub matched: u64,
+    pub changed: u64,
+    pub unchanged: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParkedError {
+    #[error("this service has no ledger: nothing is parked")]
+    LedgerDisabled,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+    /// Its queue cannot be a task's destination any more (the chain
+    /// changed since): it stays parked.
+    #[error("parked message {id} cannot be replayed: {reason}")]
+    Unreplayable { id: String, reason: String },
+}
+
+/// Parked messages acted on through the service's scheduler and ledger.
+pub struct Parked<'a> {
+    pub scheduler: &'a Scheduler,
+    pub cascade: &'a Cascade,
+    pub metrics: &'a Metrics,
+}
+
+impl Parked<'_> {
+    /// `action` on the parked message `id`; `None` when there is none.
+    pub async fn one(
+        &self,
+        id: &str,
+        action: ParkedAction,
+        now: &Reading,
+    ) -> Result<Option<Unparked>, ParkedError> {
+        let ledger = self
+            .scheduler
+            .own_ledger()
+            .ok_or(ParkedError::LedgerDisabled)?;
+        let Some(parked) = ledger.parked_message(id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.page(vec![parked], action, now).await?))
+    }
+
+    /// `action` on every parked message `filter` matches, newest first, a
+    /// page at a time. An error stops it: what was done stays done, and the
+    /// same call again does the rest.
+    pub async fn all(
+        &self,
+        filter: &ParkedFilter,
+        action: ParkedAction,
+        now: &Reading,
+    ) -> Result<Unparked, ParkedError> {
+        let ledger = self
+            .scheduler
+            .own_ledger()
+            .ok_or(ParkedError::LedgerDisabled)?;
+        let mut done = Unparked::default();
+        let mut cursor: Option<(u64, String)> = None;
+        loop {
+            let before = cursor.as_ref().map(|(at, id)| (*at, id.as_str()));
+            let page = ledger.parked(filter, before, PARKED_PAGE).await?;
+            let Some(last) = page.last() else {
+                return Ok(done);
+            };
+            cursor = Some((last.parked_at_ms, last.id.clone()));
+            let full = page.len() == PARKED_PAGE as usize;
+            let counted = self.page(page, action, now).await?;
+            done.matched += counted.matched;
+            done.changed += counted.changed;
+            done.unchanged += counted.unchanged;
+            if !full {
+                return Ok(done);
+            }
+        }
+    }
+
+    async fn page(
+        &self,
+        page: Vec<ParkedMessage>,
+        action: ParkedAction,
+        now: &Reading,
+    ) -> Result<Unparked, ParkedError> {
+        let ledger = self
+            .scheduler
+            .own_ledger()
+            .ok_or(ParkedError::LedgerDisabled)?;
+        if action == ParkedAction::Replay {
+            let replays = page.iter().map(|parked| self.replay(parked, now));
+            for replayed in join_all(replays).await {
+                replayed?;
+            }
+        }
+        let ids: Vec<String> = page.iter().map(|p| p.id.clone()).collect();
+        let changed = ledger.unpark(&ids).await?;
+        let mut per_queue: std::collections::BTreeMap<&str, u64> = Default::default();
+        for parked in &page {
+            *per_queue.entry(parked.queue.as_str()).or_default() += 1;
+        }
+        for (queue, messages) in per_queue {
+            self.metrics.retried(queue, action.outcome(), messages);
+        }
+        let matched = page.len() as u64;
+        Ok(Unparked {
+            matched,
+            changed,
+            unchanged: matched.saturating_sub(changed),
+        })
+    }
+
+    /// A task of `parked`, due now, committed.
+    async fn replay(&self, parked: &ParkedMessage, now: &Reading) -> Result<(), ParkedError> {
+        let carried = message::for_replay(&parked.properties, &parked.queue);
+        let task = retry_task(
+            self.cascade,
+            format!("replay-{}", parked.id),
+            &parked.queue,
+            0,
+            (&parked.payload, carried),
+            now.wall,
+        )
+        .map_err(|refusal| ParkedError::Unreplayable {
+            id: parked.id.clone(),
+            reason: refusal.to_string(),
+        })?;
+        let idempotency = Idempotency {
+            key: None,
+            fingerprint: Some(parked.id.clone()),
+        };
+        self.scheduler.submit(&task, idempotency, now).await?;
+        Ok(())
+    }
+}

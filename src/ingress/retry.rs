@@ -1,0 +1,457 @@
+//! Retry policies (`[[retry]]`), validated, with the broker objects they
+//! need, and what a policy decides for a message a consumer gave up on:
+//! back to its queue after a backoff, or parked. Pure: the jitter's draw
+//! is an argument.
+//!
+//! A consumer's queue names [`Retries::exchange`] as its
+//! `x-dead-letter-exchange`; what it rejects (`requeue=false`), what
+//! expires in it, and what a quorum queue dead-letters at its
+//! `x-delivery-limit` comes to [`Retries::queue`]. The queue it died in
+//! (`x-death`) chooses the policy; the attempt header says how many
+//! deliveries failed. Attempt `n` failed (`n` < `max_attempts`) comes back
+//! as attempt `n + 1` after `min(initial × multiplier^(n-1), max_delay)`,
+//! lengthened by up to `jitter` of itself (never shortened: a backoff is a
+//! least wait); attempt `max_attempts` failed is parked.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cascade::{Arguments, MAX_NAME_BYTES, TopologyPlan};
+use crate::cascade::{BindingSpec, BindingTarget, Cascade, ExchangeKind, ExchangeSpec};
+
+/// One `[[retry]]` section, as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// How the policy is named in the API, the console and metrics.
+    pub name: String,
+    /// The queues it covers, by name: each dead-letters to the retry
+    /// exchange. A queue is in one policy at most.
+    pub queues: Vec<String>,
+    /// The wait before the first retry (`1s`, `500ms`).
+    #[serde(default = "default_initial")]
+    pub initial: String,
+    /// Each retry waits this many times the one before (at least 1).
+    #[serde(default = "default_multiplier")]
+    pub multiplier: f64,
+    /// The longest wait, before jitter (at least `initial`).
+    #[serde(default = "default_max_delay")]
+    pub max_delay: String,
+    /// A wait is lengthened by a random fraction of itself up to this
+    /// (0 to 1), so that messages that failed together come back spread.
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+    /// Deliveries in all, the first included; the one that fails last is
+    /// parked.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// A queue of the user's a parked message is also published to (by
+    /// the default exchange); parked messages are in the ledger either way.
+    #[serde(default)]
+    pub park_to: Option<String>,
+}
+
+fn default_initial() -> String {
+    "1s".into()
+}
+fn default_multiplier() -> f64 {
+    2.0
+}
+fn default_max_delay() -> String {
+    "5m".into()
+}
+fn default_jitter() -> f64 {
+    0.1
+}
+fn default_max_attempts() -> u32 {
+    5
+}
+
+/// A retry configuration refused at start, naming the setting.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("[[retry]] {policy:?}: {setting}: {reason}")]
+pub struct RetryError {
+    pub policy: String,
+    pub setting: &'static str,
+    pub reason: String,
+}
+
+/// A policy, validated: what `GET /v1/retries` shows.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct RetryPolicy {
+    pub name: String,
+    pub queues: Vec<String>,
+    pub initial_ms: u64,
+    pub multiplier: f64,
+    pub max_delay_ms: u64,
+    pub jitter: f64,
+    pub max_attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub park_to: Option<String>,
+}
+
+/// Every policy, and the broker objects they share.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Retries {
+    pub policies: Vec<RetryPolicy>,
+    /// The exchange a consumer's queue dead-letters to (fanout).
+    pub exchange: String,
+    /// The quorum queue delayline takes dead-lettered messages from.
+    pub queue: String,
+    /// Where a message no policy covers goes, with the reason in headers.
+    pub refused_queue: String,
+}
+
+/// What becomes of a message whose attempt failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Back to its queue as `attempt`, after `delay_ms`.
+    Retry { attempt: u32, delay_ms: u64 },
+    /// Parked after `attempts` deliveries.
+    Park { attempts: u32 },
+}
+
+impl RetrySettings {
+    fn validate(self, cascade: &Cascade) -> Result<RetryPolicy, RetryError> {
+        let refuse = |setting: &'static str, reason: String| RetryError {
+            policy: self.name.clone(),
+            setting,
+            reason,
+        };
+        if self.name.is_empty() || self.name.len() > MAX_NAME_BYTES {
+            return Err(refuse(
+                "name",
+                format!("must be 1 to {MAX_NAME_BYTES} bytes"),
+            ));
+        }
+        if self.queues.is_empty() {
+            return Err(refuse("queues", "names no queue".into()));
+        }
+        for queue in self.queues.iter().chain(&self.park_to) {
+            check_queue(queue).map_err(|reason| refuse("queues", reason))?;
+        }
+        let duration = |setting: &'static str, text: &str| {
+            humantime::parse_duration(text)
+                .map_err(|e| refuse(setting, format!("{text:?} is not a duration: {e}")))
+                .and_then(|d| match u64::try_from(d.as_millis()) {
+                    Ok(ms) if ms > 0 => Ok(ms),
+                    _ => Err(refuse(setting, format!("{text:?} must be at least 1ms"))),
+                })
+        };
+        let initial_ms = duration("initial", &self.initial)?;
+        let max_delay_ms = duration("max_delay", &self.max_delay)?;
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            return Err(refuse(
+                "multiplier",
+                format!("{} is below 1", self.multiplier),
+            ));
+        }
+        if max_delay_ms < initial_ms {
+            return Err(refuse(
+                "max_delay",
+                format!("{} is below initial ({})", self.max_delay, self.initial),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(refuse(
+                "jitter",
+                format!("{} is not in 0 to 1", self.jitter),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(refuse("max_attempts", "must be at least 1".into()));
+        }
+        let longest = lengthened(max_delay_ms, self.jitter, 1.0);
+        if longest > cascade.max_delay_ms() {
+            return Err(refuse(
+                "max_delay",
+                format!(
+                    "with jitter a wait may be {longest} ms, beyond the chain's longest delay \
+                     ({} ms)",
+                    cascade.max_delay_ms()
+                ),
+            ));
+        }
+        Ok(RetryPolicy {
+            name: self.name,
+            queues: self.queues,
+            initial_ms,
+            multiplier: self.multiplier,
+            max_delay_ms,
+            jitter: self.jitter,
+            max_attempts: self.max_attempts,
+            park_to: self.park_to,
+        })
+    }
+}
+
+fn check_queue(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(format!("{name:?} must be 1 to {MAX_NAME_BYTES} bytes"));
+    }
+    if name.starts_with("amq.") {
+        return Err(format!(
+            "{name:?}: names starting with \"amq.\" are the broker's"
+        ));
+    }
+    Ok(())
+}
+
+/// `ms` lengthened by `jitter × draw` of itself, rounded up.
+fn lengthened(ms: u64, jitter: f64, draw: f64) -> u64 {
+    let extra = (ms as f64 * jitter * draw.clamp(0.0, 1.0)).ceil();
+    ms.saturating_add(extra as u64)
+}
+
+impl RetryPolicy {
+    /// The wait after attempt `failed` (1 for the first delivery), with a
+    /// jitter `draw` in [0, 1]: never below the backoff, never above
+    /// `max_delay` lengthened by `jitter`.
+    pub fn backoff_ms(&self, failed: u32, draw: f64) -> u64 {
+        let exponent = i32::try_from(failed.saturating_sub(1)).unwrap_or(i32::MAX);
+        let grown = self.initial_ms as f64 * self.multiplier.powi(exponent);
+        let base = if grown.is_finite() && grown < self.max_delay_ms as f64 {
+            (grown.ceil() as u64).max(self.initial_ms)
+        } else {
+            self.max_delay_ms
+        };
+        lengthened(base, self.jitter, draw)
+    }
+
+    /// What becomes of a message whose attempt `failed` failed.
+    pub fn verdict(&self, failed: u32, draw: f64) -> Verdict {
+        if failed >= self.max_attempts {
+            return Verdict::Park { attempts: failed };
+        }
+        Verdict::Retry {
+            attempt: failed + 1,
+            delay_ms: self.backoff_ms(failed, draw),
+        }
+    }
+}
+
+impl Retries {
+    /// The policies `sections` describe for `cascade`; `None` when there
+    /// are none (nothing is declared or consumed then).
+    pub fn new(
+        sections: &[RetrySettings],
+        cascade: &Cascade,
+    ) -> Result<Option<Retries>, RetryError> {
+        if sections.is_empty() {
+            return Ok(None);
+        }
+        let mut policies: Vec<RetryPolicy> = Vec::with_capacity(sections.len());
+        for section in sections {
+            let policy = section.clone().validate(cascade)?;
+            let twice = |setting, reason| RetryError {
+                policy: policy.name.clone(),
+                setting,
+                reason,
+            };
+            if policies.iter().any(|p| p.name == policy.name) {
+                return Err(twice(
+                    "name",
+                    "two [[retry]] sections have this name".into(),
+                ));
+            }
+            for queue in &policy.queues {
+                if let Some(other) = policies.iter().find(|p| p.queues.contains(queue)) {
+                    return Err(twice(
+                        "queues",
+                        format!("queue {queue:?} is in policy {:?} too", other.name),
+                    ));
+                }
+            }
+            policies.push(policy);
+        }
+        let exchange = format!("{}.retry", cascade.prefix());
+        Ok(Some(Retries {
+            policies,
+            queue: format!("{exchange}.intake"),
+            refused_queue: format!("{exchange}.refused"),
+            exchange,
+        }))
+    }
+
+    /// The policy covering `queue`.
+    pub fn policy_for(&self, queue: &str) -> Option<&RetryPolicy> {
+        self.policies
+            .iter()
+            .find(|p| p.queues.iter().any(|q| q == queue))
+    }
+
+    /// Adds the retry exchange (fanout: every dead-lettered message reaches
+    /// the intake, whatever its key), the intake queue (quorum, as the
+    /// chain's own) and the refused queue to `plan`.
+    pub fn plan_into(&self, cascade: &Cascade, plan: &mut TopologyPlan) {
+        plan.exchanges.push(ExchangeSpec {
+            name: self.exchange.clone(),
+            kind: ExchangeKind::Fanout,
+            arguments: Arguments::new(),
+        });
+        plan.queues.push(cascade.plain_queue(self.queue.clone()));
+        plan.queues
+            .push(cascade.plain_queue(self.refused_queue.clone()));
+        plan.bindings.push(BindingSpec {
+            source: self.exchange.clone(),
+            target: BindingTarget::Queue(self.queue.clone()),
+            routing_key: String::new(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cascade::CascadeSettings;
+
+    fn chain() -> Cascade {
+        CascadeSettings {
+            levels: 20,
+            unit_ms: 10,
+            release_stage: Some(true),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    fn section(name: &str, queues: &[&str]) -> RetrySettings {
+        RetrySettings {
+            name: name.into(),
+            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+            initial: "1s".into(),
+            multiplier: 2.0,
+            max_delay: "1m".into(),
+            jitter: 0.2,
+            max_attempts: 4,
+            park_to: None,
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        section("orders", &["orders"]).validate(&chain()).unwrap()
+    }
+
+    #[test]
+    fn a_failing_message_comes_back_after_1_2_4_seconds_then_is_parked() {
+        let policy = policy();
+        let waits: Vec<Verdict> = (1..=4).map(|failed| policy.verdict(failed, 0.0)).collect();
+        assert_eq!(
+            waits,
+            [
+                Verdict::Retry {
+                    attempt: 2,
+                    delay_ms: 1000
+                },
+                Verdict::Retry {
+                    attempt: 3,
+                    delay_ms: 2000
+                },
+                Verdict::Retry {
+                    attempt: 4,
+                    delay_ms: 4000
+                },
+                Verdict::Park { attempts: 4 },
+            ]
+        );
+        assert_eq!(policy.backoff_ms(1, 1.0), 1200);
+        assert_eq!(policy.backoff_ms(30, 0.0), 60_000);
+    }
+
+    #[test]
+    fn bad_policies_are_refused_naming_the_setting() {
+        let chain = chain();
+        let bad = |change: fn(&mut RetrySettings)| {
+            let mut settings = section("p", &["orders"]);
+            change(&mut settings);
+            settings.validate(&chain).unwrap_err()
+        };
+        assert_eq!(bad(|s| s.queues.clear()).setting, "queues");
+        assert_eq!(bad(|s| s.multiplier = 0.5).setting, "multiplier");
+        assert_eq!(bad(|s| s.multiplier = f64::NAN).setting, "multiplier");
+        assert_eq!(bad(|s| s.max_delay = "500ms".into()).setting, "max_delay");
+        assert_eq!(bad(|s| s.max_delay = "100days".into()).setting, "max_delay");
+        assert_eq!(bad(|s| s.jitter = 1.5).setting, "jitter");
+        assert_eq!(bad(|s| s.max_attempts = 0).setting, "max_attempts");
+        assert_eq!(bad(|s| s.initial = "soon".into()).setting, "initial");
+        assert_eq!(bad(|s| s.queues = vec!["amq.x".into()]).setting, "queues");
+        let twice = Retries::new(
+            &[section("a", &["orders", "x"]), section("b", &["orders"])],
+            &chain,
+        )
+        .unwrap_err();
+        assert_eq!(twice.setting, "queues");
+        assert!(
+            twice.to_string().contains("\"orders\" is in policy \"a\""),
+            "{twice}"
+        );
+        assert_eq!(Retries::new(&[], &chain), Ok(None));
+    }
+
+    #[test]
+    fn the_policies_declare_an_exchange_an_intake_and_a_refused_queue() {
+        let chain = chain();
+        let retries = Retries::new(&[section("a", &["orders"])], &chain)
+            .unwrap()
+            .unwrap();
+        let mut plan = chain.plan();
+        retries.plan_into(&chain, &mut plan);
+        assert!(plan.exchanges.iter().any(|e| e.name == "delayline.retry"));
+        assert!(
+            plan.queues
+                .iter()
+                .any(|q| q.name == "delayline.retry.intake")
+        );
+        assert!(
+            plan.queues
+                .iter()
+                .any(|q| q.name == "delayline.retry.refused")
+        );
+        assert_eq!(retries.policy_for("orders").unwrap().name, "a");
+        assert!(retries.policy_for("billing").is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn a_wait_is_never_below_its_backoff_nor_above_the_jittered_cap(
+            initial in 1u64..10_000,
+            factor in 1u64..100,
+            multiplier in 1.0f64..5.0,
+            jitter in 0.0f64..=1.0,
+            max_attempts in 1u32..40,
+            failed in 1u32..60,
+            draw in 0.0f64..=1.0,
+        ) {
+            let policy = RetryPolicy {
+                name: "p".into(),
+                queues: vec!["q".into()],
+                initial_ms: initial,
+                multiplier,
+                max_delay_ms: initial * factor,
+                jitter,
+                max_attempts,
+                park_to: None,
+            };
+            let wait = policy.backoff_ms(failed, draw);
+            let plain = policy.backoff_ms(failed, 0.0);
+            prop_assert!(wait >= plain);
+            prop_assert!(plain >= initial && plain <= policy.max_delay_ms);
+            prop_assert!(wait <= lengthened(policy.max_delay_ms, jitter, 1.0));
+            // Each retry waits at least as long as the one before.
+            prop_assert!(policy.backoff_ms(failed + 1, 0.0) >= plain);
+            match policy.verdict(failed, draw) {
+                Verdict::Retry { attempt, delay_ms } => {
+                    prop_assert!(failed < max_attempts);
+                    prop_assert_eq!(attempt, failed + 1);
+                    prop_assert_eq!(delay_ms, wait);
+                }
+                Verdict::Park { attempts } => {
+                    prop_assert!(failed >= max_attempts);
+                    prop_assert_eq!(attempts, failed);
+                }
+            }
+        }
+    }
+}

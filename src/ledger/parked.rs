@@ -1,0 +1,202 @@
+//! Parked messages as the ledger stores them (the `parked` table, written
+//! only here): what a retry policy gave up on after its last attempt, kept
+//! until an operator replays or discards it.
+//!
+//! Parking is the rare path (a message that failed every attempt), so each
+//! is one statement straight to the pool, as a schedule's change; a replay
+//! deletes the row only once its task is committed (see the scheduler's
+//! `parked`), so that a crash between the two replays it again as the same
+//! task rather than losing it.
+
+use lapin::BasicProperties;
+
+use super::error::{LedgerError, QueryContext};
+use super::handle::Ledger;
+use super::record::db_ms;
+use super::sql::statement_sized_chunks;
+use crate::message;
+
+/// A parked message.
+#[derive(Clone, Debug)]
+pub struct ParkedMessage {
+    pub id: String,
+    /// The queue it failed in, and comes back to when replayed.
+    pub queue: String,
+    pub policy: String,
+    /// Why its last attempt ended (`x-death`'s reason: `rejected`,
+    /// `expired`, `delivery_limit`, `maxlen`).
+    pub reason: String,
+    pub attempts: u32,
+    /// Its own `message_id`, when it had one.
+    pub message_id: Option<String>,
+    pub payload: Vec<u8>,
+    pub properties: BasicProperties,
+    pub parked_at_ms: u64,
+}
+
+/// Which parked messages: of one queue (or every queue), with one reason
+/// (or any).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParkedFilter {
+    pub queue: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// A queue's parked messages: how many, and the newest's time.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ParkedQueue {
+    pub queue: String,
+    pub parked: u64,
+    pub newest_at_ms: u64,
+}
+
+const COLUMNS: &str =
+    "id, queue, policy, reason, attempts, message_id, payload, properties, parked_at_ms";
+
+const INSERT_PARKED: &str = "INSERT INTO parked (id, queue, policy, reason, attempts, \
+     message_id, payload, properties, parked_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING";
+
+const PARKED_PER_QUEUE: &str = "SELECT queue, COUNT(*), MAX(parked_at_ms) FROM parked \
+     GROUP BY queue ORDER BY queue";
+
+/// Newest first, after the cursor `($3, $4)` (a page's last); `$1`, `$2`
+/// filter when not NULL.
+fn select_page() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM parked \
+         WHERE ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR reason = $2) \
+         AND (parked_at_ms < $3 OR (parked_at_ms = $3 AND id < $4)) \
+         ORDER BY parked_at_ms DESC, id DESC LIMIT $5"
+    )
+}
+
+fn delete_parked(count: usize) -> String {
+    let list = (1..=count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("DELETE FROM parked WHERE id IN ({list})")
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: String,
+    queue: String,
+    policy: String,
+    reason: String,
+    attempts: i64,
+    message_id: Option<String>,
+    payload: Vec<u8>,
+    properties: Vec<u8>,
+    parked_at_ms: i64,
+}
+
+impl Row {
+    fn decode(self) -> Result<ParkedMessage, LedgerError> {
+        let properties =
+            message::decode_properties(&self.properties).ok_or_else(|| LedgerError::Corrupt {
+                id: self.id.clone(),
+                reason: "parked message's properties do not decode".into(),
+            })?;
+        Ok(ParkedMessage {
+            id: self.id,
+            queue: self.queue,
+            policy: self.policy,
+            reason: self.reason,
+            attempts: u32::try_from(self.attempts).unwrap_or(0),
+            message_id: self.message_id,
+            payload: self.payload,
+            properties,
+            parked_at_ms: u64::try_from(self.parked_at_ms).unwrap_or(0),
+        })
+    }
+}
+
+impl Ledger {
+    /// Records a parked message (once: the same id again changes nothing).
+    pub async fn park(&self, parked: &ParkedMessage) -> Result<(), LedgerError> {
+        let properties = message::encode_properties(&parked.properties);
+        on_pool!(&self.pool, p => sqlx::query(INSERT_PARKED)
+            .bind(&parked.id)
+            .bind(&parked.queue)
+            .bind(&parked.policy)
+            .bind(&parked.reason)
+            .bind(i64::from(parked.attempts))
+            .bind(&parked.message_id)
+            .bind(&parked.payload)
+            .bind(&properties)
+            .bind(db_ms(parked.parked_at_ms))
+            .execute(p)
+            .await
+            .map(|_| ()))
+        .context("parking a message")
+    }
+
+    /// Up to `limit` parked messages `filter` matches, newest first, older
+    /// than `before` (a page's last: its time and id) when given.
+    pub async fn parked(
+        &self,
+        filter: &ParkedFilter,
+        before: Option<(u64, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, LedgerError> {
+        let sql = select_page();
+        let (at_ms, id) = match before {
+            Some((at_ms, id)) => (db_ms(at_ms), id.to_owned()),
+            // Past every id at the newest instant.
+            None => (i64::MAX, "\u{10FFFF}".to_owned()),
+        };
+        let rows: Vec<Row> = on_pool!(&self.pool, p => sqlx::query_as(&sql)
+            .bind(&filter.queue)
+            .bind(&filter.reason)
+            .bind(at_ms)
+            .bind(&id)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await)
+        .context("reading parked messages")?;
+        rows.into_iter().map(Row::decode).collect()
+    }
+
+    /// One parked message.
+    pub async fn parked_message(&self, id: &str) -> Result<Option<ParkedMessage>, LedgerError> {
+        let sql = format!("SELECT {COLUMNS} FROM parked WHERE id = $1");
+        let row: Option<Row> =
+            on_pool!(&self.pool, p => sqlx::query_as(&sql).bind(id).fetch_optional(p).await)
+                .context("reading a parked message")?;
+        row.map(Row::decode).transpose()
+    }
+
+    /// Each queue with parked messages: how many, and the newest's time.
+    pub async fn parked_per_queue(&self) -> Result<Vec<ParkedQueue>, LedgerError> {
+        let rows: Vec<(String, i64, i64)> = on_pool!(&self.pool, p =>
+            sqlx::query_as(PARKED_PER_QUEUE).fetch_all(p).await)
+        .context("counting parked messages")?;
+        Ok(rows
+            .into_iter()
+            .map(|(queue, parked, newest)| ParkedQueue {
+                queue,
+                parked: u64::try_from(parked).unwrap_or(0),
+                newest_at_ms: u64::try_from(newest).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Deletes parked messages (replayed, or discarded); how many were there.
+    pub async fn unpark(&self, ids: &[String]) -> Result<u64, LedgerError> {
+        let mut deleted = 0;
+        for chunk in statement_sized_chunks(ids) {
+            let sql = delete_parked(chunk.len());
+            deleted += on_pool!(&self.pool, p => {
+                let mut query = sqlx::query(&sql);
+                for id in chunk {
+                    query = query.bind(id);
+                }
+                query.execute(p).await.map(|done| done.rows_affected())
+            })
+            .context("deleting parked messages")?;
+        }
+        Ok(deleted)
+    }
+}

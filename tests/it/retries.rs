@@ -1,0 +1,450 @@
+//! Retries with backoff: a consumer's queue names delayline's retry
+//! exchange as its `x-dead-letter-exchange`; what it rejects, what expires
+//! in it and what a quorum queue dead-letters at its delivery limit comes
+//! back to it after the policy's backoff (never early), then is parked, and
+//! replayed or discarded over the API. On the default configuration
+//! (SQLite ledger, release stage, quorum chain), on either broker.
+
+use std::time::{Duration, SystemTime};
+
+use delayline::broker::connect;
+use delayline::cascade::QueueType;
+use delayline::clock::epoch_ms;
+use delayline::config::Settings;
+use delayline::ingress::RetrySettings;
+use delayline::message::{ATTEMPT_HEADER, REFUSAL_CODE_HEADER};
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+
+use crate::common::python::tool;
+use crate::common::{
+    Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
+};
+
+/// The lateness a redelivery may have here (two cores, the broker beside).
+const LATE_ALLOWED_MS: u64 = 4_000;
+
+/// A policy over `queues`: 200 ms, then 400, 800, at most 2 s, 20% jitter,
+/// four deliveries in all.
+fn policy(queues: &[&str]) -> RetrySettings {
+    RetrySettings {
+        name: "work".into(),
+        queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+        initial: "200ms".into(),
+        multiplier: 2.0,
+        max_delay: "2s".into(),
+        jitter: 0.2,
+        max_attempts: 4,
+        park_to: None,
+    }
+}
+
+/// Default settings (a 10 ms chain of 8 levels) with `policies`, each
+/// queue named under the test's prefix.
+fn settings_with(policies: Vec<RetrySettings>) -> Settings {
+    let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
+    let prefix = settings.cascade.prefix.clone();
+    settings.retry = policies
+        .into_iter()
+        .map(|mut policy| {
+            policy.queues = policy
+                .queues
+                .iter()
+                .map(|q| format!("{prefix}.{q}"))
+                .collect();
+            policy.park_to = policy.park_to.map(|q| format!("{prefix}.{q}"));
+            policy
+        })
+        .collect();
+    settings
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+/// The one argument a consumer's queue adds, and the others it has.
+fn dead_letters_to(app: &TestApp, extra: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut arguments = FieldTable::default();
+    let exchange = format!("{}.retry", app.cascade.prefix());
+    arguments.insert("x-dead-letter-exchange".into(), text(&exchange));
+    for (name, value) in extra {
+        arguments.insert((*name).into(), value.clone());
+    }
+    arguments
+}
+
+/// A consumer's queue of the test's own (deleted with its other objects).
+async fn declare_queue(app: &mut TestApp, name: &str, arguments: FieldTable) -> String {
+    let queue = format!("{}.{name}", app.cascade.prefix());
+    app.cleanup.queues.push(queue.clone());
+    let connection = connect(amqp_uri(), "retry test queue").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), options, arguments)
+        .await
+        .unwrap();
+    let _ = connection.close(200, "declared".into()).await;
+    queue
+}
+
+/// Publishes to `queue` by the default exchange, confirmed.
+async fn publish(queue: &str, body: &[u8], properties: BasicProperties) {
+    let connection = connect(amqp_uri(), "retry test producer").await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let confirmation = channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirmation.is_ack(), "{confirmation:?}");
+    let _ = connection.close(200, "published".into()).await;
+}
+
+/// A lapin consumer that settles each delivery as the test says.
+struct Worker {
+    _connection: Connection,
+    _channel: Channel,
+    consumer: lapin::Consumer,
+}
+
+impl Worker {
+    async fn on(queue: &str) -> Worker {
+        let connection = connect(amqp_uri(), "retry test worker").await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                "worker".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        Worker {
+            _connection: connection,
+            _channel: channel,
+            consumer,
+        }
+    }
+
+    async fn next(&mut self, timeout: Duration) -> Option<(u64, Delivery)> {
+        let delivery = tokio::time::timeout(timeout, self.consumer.next())
+            .await
+            .ok()??;
+        Some((epoch_ms(SystemTime::now()), delivery.unwrap()))
+    }
+}
+
+fn attempt_of(delivery: &Delivery) -> Option<i64> {
+    match delivery
+        .properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(ATTEMPT_HEADER)?
+    {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        other => panic!("attempt header {other:?}"),
+    }
+}
+
+/// The guide's consumer (docs/retries.md): rejects a message while its
+/// attempt is at most `failures`, then acks it; prints each delivery.
+pub const PIKA_CONSUMER: &str = r#"
+import json, sys, time
+import pika
+
+uri, queue, retry_exchange, failures = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+connection = pika.BlockingConnection(pika.URLParameters(uri))
+channel = connection.channel()
+# The one argument: what this queue rejects goes to delayline's retry exchange.
+channel.queue_declare(queue, durable=True, arguments={
+    "x-queue-type": "quorum", "x-dead-letter-exchange": retry_exchange})
+channel.basic_qos(prefetch_count=1)
+for method, properties, body in channel.consume(queue):
+    attempt = (properties.headers or {}).get("x-delayline-attempt", 1)
+    print(json.dumps({"at_ms": int(time.time() * 1000), "attempt": attempt,
+                      "message_id": properties.message_id,
+                      "correlation_id": properties.correlation_id,
+                      "content_type": properties.content_type,
+                      "tenant": (properties.headers or {}).get("tenant"),
+                      "body": body.decode()}), flush=True)
+    if attempt <= failures:
+        channel.basic_reject(method.delivery_tag, requeue=False)  # try again later
+    else:
+        channel.basic_ack(method.delivery_tag)
+        break
+connection.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pika_consumer_rejecting_three_times_gets_it_back_after_each_backoff_then_acks() {
+    let mut app = TestApp::spawn(settings_with(vec![policy(&["orders"])])).await;
+    let arguments = dead_letters_to(&app, &[("x-queue-type", text("quorum"))]);
+    let queue = declare_queue(&mut app, "orders", arguments).await;
+    let exchange = format!("{}.retry", app.cascade.prefix());
+    let mut consumer = tokio::process::Command::new(tool("python"))
+        .args(["-c", PIKA_CONSUMER, amqp_uri(), &queue, &exchange, "3"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert("tenant".into(), text("acme"));
+    let properties = BasicProperties::default()
+        .with_message_id("order-42".into())
+        .with_correlation_id("corr-9".into())
+        .with_content_type("application/json".into())
+        .with_headers(headers);
+    publish(&queue, br#"{"order":42}"#, properties).await;
+
+    let mut lines = tokio::io::BufReader::new(consumer.stdout.take().unwrap()).lines();
+    let mut seen: Vec<Value> = Vec::new();
+    while seen.len() < 4 {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the consumer got every attempt")
+            .unwrap()
+            .expect("the consumer printed every attempt");
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    assert!(consumer.wait().await.unwrap().success());
+    let attempts: Vec<i64> = seen
+        .iter()
+        .map(|s| s["attempt"].as_i64().unwrap())
+        .collect();
+    assert_eq!(attempts, [1, 2, 3, 4]);
+    for (n, backoff_ms) in [(1, 200u64), (2, 400), (3, 800)] {
+        let gap = seen[n]["at_ms"].as_u64().unwrap() - seen[n - 1]["at_ms"].as_u64().unwrap();
+        assert!(
+            gap >= backoff_ms,
+            "attempt {} came back early: {gap} ms",
+            n + 1
+        );
+        assert!(
+            gap <= backoff_ms * 12 / 10 + LATE_ALLOWED_MS,
+            "attempt {}: {gap} ms",
+            n + 1
+        );
+    }
+    // What came back is what left, every time.
+    for delivery in &seen {
+        assert_eq!(delivery["message_id"], "order-42");
+        assert_eq!(delivery["correlation_id"], "corr-9");
+        assert_eq!(delivery["content_type"], "application/json");
+        assert_eq!(delivery["tenant"], "acme");
+        assert_eq!(delivery["body"], r#"{"order":42}"#);
+    }
+    let (_, parked) = app.get("/v1/parked").await;
+    assert_eq!(parked["parked"], json!([]));
+    let scrape = app.scrape().await;
+    let series = |outcome: &str| {
+        format!("delayline_retry_messages_total{{queue=\"{queue}\",outcome=\"{outcome}\"}}")
+    };
+    assert_eq!(sample(&scrape, &series("scheduled")), Some(3.0));
+    assert_eq!(sample(&scrape, &series("redelivered")), Some(3.0));
+}
+
+/// Rejects every delivery of the next `count` messages; their arrivals.
+async fn reject_all(worker: &mut Worker, count: usize) -> Vec<(u64, Delivery)> {
+    let mut seen = Vec::new();
+    while seen.len() < count {
+        let (at, delivery) = worker
+            .next(Duration::from_secs(20))
+            .await
+            .expect("a delivery");
+        delivery
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .unwrap();
+        seen.push((at, delivery));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_failing_every_attempt_is_parked_then_replayed_and_acked_on_a_classic_queue() {
+    let mut app = TestApp::spawn(settings_with(vec![policy(&["billing"])])).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let queue = declare_queue(&mut app, "billing", arguments).await;
+    let mut worker = Worker::on(&queue).await;
+    publish(
+        &queue,
+        b"invoice",
+        BasicProperties::default().with_message_id("inv-1".into()),
+    )
+    .await;
+    let seen = reject_all(&mut worker, 4).await;
+    let attempts: Vec<Option<i64>> = seen.iter().map(|(_, d)| attempt_of(d)).collect();
+    assert_eq!(attempts, [None, Some(2), Some(3), Some(4)]);
+
+    let mut parked = json!(null);
+    eventually("the message is parked", async || {
+        parked = app.get(&format!("/v1/parked?queue={queue}")).await.1;
+        parked["parked"].as_array().is_some_and(|p| p.len() == 1)
+    })
+    .await;
+    let message = &parked["parked"][0];
+    assert_eq!(message["attempts"], 4);
+    assert_eq!(message["reason"], "rejected");
+    assert_eq!(message["policy"], "work");
+    assert_eq!(message["message_id"], "inv-1");
+    assert_eq!(message["body"], "invoice");
+    assert_eq!(parked["queues"][0]["queue"], queue);
+    assert_eq!(parked["queues"][0]["parked"], 1);
+    // Nothing more comes: parked is not retried.
+    assert!(worker.next(Duration::from_millis(1_500)).await.is_none());
+
+    let id = message["id"].as_str().unwrap();
+    let (status, done) = app
+        .post(&format!("/v1/parked/{id}/replay"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done, json!({"matched": 1, "changed": 1, "unchanged": 0}));
+    let (_, delivery) = worker
+        .next(Duration::from_secs(10))
+        .await
+        .expect("replayed");
+    assert_eq!(delivery.data, b"invoice");
+    assert_eq!(attempt_of(&delivery), Some(1));
+    assert_eq!(
+        delivery.properties.message_id().as_ref().unwrap().as_str(),
+        "inv-1"
+    );
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+    let (status, _) = app.get(&format!("/v1/parked/{id}")).await;
+    assert_eq!(status, 404);
+    let (status, again) = app
+        .post(&format!("/v1/parked/{id}/replay"), &json!({}))
+        .await;
+    assert_eq!(
+        (status, again["error"]["code"].as_str()),
+        (404, Some("parked_not_found"))
+    );
+    assert!(
+        worker.next(Duration::from_millis(1_000)).await.is_none(),
+        "acked: gone"
+    );
+    let scrape = app.scrape().await;
+    let series = |outcome: &str| {
+        format!("delayline_retry_messages_total{{queue=\"{queue}\",outcome=\"{outcome}\"}}")
+    };
+    assert_eq!(sample(&scrape, &series("parked")), Some(1.0));
+    assert_eq!(sample(&scrape, &series("replayed")), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_delivery_limit_and_expiry_come_back_and_park_with_their_reason() {
+    let policies = vec![RetrySettings {
+        max_attempts: 2,
+        ..policy(&["limited", "expiring"])
+    }];
+    let mut app = TestApp::spawn(settings_with(policies)).await;
+    let quorum = dead_letters_to(
+        &app,
+        &[
+            ("x-queue-type", text("quorum")),
+            ("x-delivery-limit", AMQPValue::LongInt(1)),
+        ],
+    );
+    let limited = declare_queue(&mut app, "limited", quorum).await;
+    let expiring_arguments = dead_letters_to(&app, &[("x-message-ttl", AMQPValue::LongInt(100))]);
+    let expiring = declare_queue(&mut app, "expiring", expiring_arguments).await;
+    publish(&limited, b"flaky", BasicProperties::default()).await;
+    publish(&expiring, b"stale", BasicProperties::default()).await;
+
+    // Requeued until the queue's delivery limit (1) dead-letters it: twice
+    // for each of its two attempts.
+    let mut worker = Worker::on(&limited).await;
+    for _ in 0..4 {
+        let (_, delivery) = worker
+            .next(Duration::from_secs(20))
+            .await
+            .expect("delivered");
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        delivery.nack(requeue).await.unwrap();
+    }
+    let mut parked = json!(null);
+    eventually("both are parked", async || {
+        parked = app.get("/v1/parked").await.1;
+        parked["parked"].as_array().is_some_and(|p| p.len() == 2)
+    })
+    .await;
+    let reason_of = |queue: &str| {
+        let list = parked["parked"].as_array().unwrap();
+        let found = list.iter().find(|p| p["queue"] == queue).unwrap();
+        (
+            found["reason"].as_str().unwrap().to_owned(),
+            found["attempts"].as_u64(),
+        )
+    };
+    assert_eq!(reason_of(&limited), ("delivery_limit".to_owned(), Some(2)));
+    assert_eq!(reason_of(&expiring), ("expired".to_owned(), Some(2)));
+    // Discarded by filter: the expired one only.
+    let discard = json!({"filter": {"reason": "expired"}, "action": "discard"});
+    let (status, done) = app.post("/v1/parked/bulk", &discard).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done, json!({"matched": 1, "changed": 1, "unchanged": 0}));
+    let (_, left) = app.get("/v1/parked").await;
+    assert_eq!(left["parked"].as_array().unwrap().len(), 1);
+    assert_eq!(left["parked"][0]["queue"], limited);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_no_policy_covers_goes_to_the_refused_queue_and_is_never_looped() {
+    let mut app = TestApp::spawn(settings_with(vec![policy(&["covered"])])).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let stray = declare_queue(&mut app, "stray", arguments).await;
+    let refused_queue = format!("{}.retry.refused", app.cascade.prefix());
+    let mut refused = TestConsumer::existing(&refused_queue).await;
+    let mut worker = Worker::on(&stray).await;
+    publish(&stray, b"nobody's", BasicProperties::default()).await;
+    reject_all(&mut worker, 1).await;
+    let copy = refused
+        .next(Duration::from_secs(10))
+        .await
+        .expect("refused");
+    assert_eq!(copy.body, b"nobody's");
+    let code = copy.header(REFUSAL_CODE_HEADER).cloned();
+    assert_eq!(code, Some(text("no_retry_policy")));
+    assert!(
+        worker.next(Duration::from_millis(1_500)).await.is_none(),
+        "not looped"
+    );
+    let (status, policies) = app.get("/v1/retries").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        policies["exchange"],
+        format!("{}.retry", app.cascade.prefix())
+    );
+    assert_eq!(policies["policies"][0]["initial_ms"], 200);
+    assert_eq!(policies["policies"][0]["max_attempts"], 4);
+    assert_eq!(policies["attempt_header"], ATTEMPT_HEADER);
+}
