@@ -53,7 +53,11 @@
 //!   contract: an ingress's settings and broker objects, a message turned
 //!   into a task or refused (`intake`, pure; the plugin's delay headers are
 //!   read in [`message`]), and the consumer that takes messages in through
-//!   the scheduler, acknowledging each once its task is committed.
+//!   the scheduler, acknowledging each once its task is committed; and
+//!   retries: the policies (`retry`, pure), the intake that schedules a
+//!   dead-lettered message back to the queue it failed in after its
+//!   backoff or parks it in the ledger (`retrying`), and replaying or
+//!   discarding parked messages (`parked`).
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes,

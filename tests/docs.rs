@@ -201,7 +201,9 @@ fn the_configuration_reference_is_the_example_files_keys_and_defaults() {
             .map(|key| key.trim_matches(['|', ' ', '`']))
         {
             assert!(
-                key == "[[ingress]]" || settings.iter().any(|(known, _)| known == key),
+                key == "[[ingress]]"
+                    || key == "[[retry]]"
+                    || settings.iter().any(|(known, _)| known == key),
                 "docs/configuration.md documents `{key}`, which the example file has not"
             );
         }

@@ -14,7 +14,9 @@
 
 mod assets;
 mod pages;
+mod parked;
 pub(super) mod sessions;
 mod views;
 
 pub use pages::router;
+pub use parked::parked_router;

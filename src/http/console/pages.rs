@@ -24,21 +24,21 @@ const COOKIE: &str = "delayline_console";
 const PAGE: u32 = 50;
 
 /// Who is signed in, and the token their forms must carry.
-struct Session {
-    caller: Caller,
+pub(super) struct Session {
+    pub(super) caller: Caller,
     signed_in: bool,
-    csrf: String,
+    pub(super) csrf: String,
 }
 
 impl Session {
     /// The form token pages carry (in the sign-out form), when signed in.
-    fn page_token(&self) -> Option<&str> {
+    pub(super) fn page_token(&self) -> Option<&str> {
         self.signed_in.then_some(self.csrf.as_str())
     }
 }
 
 /// Why a console request is turned away.
-enum Refusal {
+pub(super) enum Refusal {
     /// No session (or a token no longer known): the sign-in page.
     SignIn,
     /// A form without the session's token, or from another site.
@@ -111,7 +111,7 @@ fn check_form(session: &Session, headers: &HeaderMap, csrf: &str) -> Result<(), 
 
 /// The session of a page that needs `permission`: the sign-in page
 /// without one, the API's `403 forbidden` answer without the permission.
-fn page_session(
+pub(super) fn page_session(
     state: &AppState,
     headers: &HeaderMap,
     permission: Permission,
@@ -124,7 +124,7 @@ fn page_session(
 
 /// The session of a form that changes something: from this site, with its
 /// token, and a caller with `permission`.
-fn form_session(
+pub(super) fn form_session(
     state: &AppState,
     headers: &HeaderMap,
     csrf: &str,
@@ -137,7 +137,7 @@ fn form_session(
     Ok(session)
 }
 
-fn html(markup: Markup) -> Response {
+pub(super) fn html(markup: Markup) -> Response {
     (
         [(header::CACHE_CONTROL, "no-store")],
         axum::response::Html(markup.into_string()),
@@ -146,7 +146,7 @@ fn html(markup: Markup) -> Response {
 }
 
 /// The API's refusal as a page: its status, code and message.
-fn refused(error: ApiError) -> Response {
+pub(super) fn refused(error: ApiError) -> Response {
     let body = error.body();
     let title = error.status.canonical_reason().unwrap_or("Refused");
     let page = super::views::refusal(title, &body.code, &body.message);
@@ -554,14 +554,14 @@ async fn operation_page(
 }
 
 #[derive(Deserialize, Default)]
-struct Notice {
+pub(super) struct Notice {
     done: Option<String>,
     error: Option<String>,
 }
 
 impl Notice {
     /// (succeeded, text) of what the last action answered.
-    fn into_notice(self) -> Option<(bool, String)> {
+    pub(super) fn into_notice(self) -> Option<(bool, String)> {
         match (self.done, self.error) {
             (_, Some(error)) => Some((false, error)),
             (Some(done), None) => Some((true, done)),
@@ -571,7 +571,7 @@ impl Notice {
 }
 
 /// `error=` with what the API would have answered.
-fn error_query(error: &ApiError) -> String {
+pub(super) fn error_query(error: &ApiError) -> String {
     let body = error.body();
     format!(
         "error={}",

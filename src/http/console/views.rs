@@ -30,6 +30,7 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
                         a href="/console/schedules" { "Schedules" }
                         a href="/console/limits" { "Limits" }
                         a href="/console/problems" { "Problems" }
+                        a href="/console/parked" { "Parked" }
                         @if let Some(csrf) = signed_in {
                             form.inline method="post" action="/console/logout" {
                                 input type="hidden" name="csrf" value=(csrf);
@@ -531,7 +532,7 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
 }
 
 /// What the last action answered, as the API answered it.
-fn notice(notice: &Option<(bool, String)>) -> Markup {
+pub(super) fn notice(notice: &Option<(bool, String)>) -> Markup {
     html! {
         @if let Some((ok, text)) = notice {
             p class=(if *ok { "notice" } else { "error" }) role="status" { (text) }
