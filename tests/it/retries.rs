@@ -26,7 +26,8 @@ use tokio::io::AsyncBufReadExt;
 
 use crate::common::python::tool;
 use crate::common::{
-    Backend, TestApp, TestConsumer, amqp_uri, eventually, sample, test_settings, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, amqp_uri, eventually, free_port, sample,
+    test_settings, wait_connected_at, with_ledger,
 };
 
 /// The lateness a redelivery may have here (two cores, the broker beside).
@@ -73,8 +74,12 @@ fn text(value: &str) -> AMQPValue {
 
 /// The one argument a consumer's queue adds, and the others it has.
 fn dead_letters_to(app: &TestApp, extra: &[(&str, AMQPValue)]) -> FieldTable {
+    dead_letters_under(app.cascade.prefix(), extra)
+}
+
+fn dead_letters_under(prefix: &str, extra: &[(&str, AMQPValue)]) -> FieldTable {
     let mut arguments = FieldTable::default();
-    let exchange = format!("{}.retry", app.cascade.prefix());
+    let exchange = format!("{prefix}.retry");
     arguments.insert("x-dead-letter-exchange".into(), text(&exchange));
     for (name, value) in extra {
         arguments.insert((*name).into(), value.clone());
@@ -85,7 +90,12 @@ fn dead_letters_to(app: &TestApp, extra: &[(&str, AMQPValue)]) -> FieldTable {
 /// A consumer's queue of the test's own (deleted with its other objects).
 async fn declare_queue(app: &mut TestApp, name: &str, arguments: FieldTable) -> String {
     let queue = format!("{}.{name}", app.cascade.prefix());
-    app.cleanup.queues.push(queue.clone());
+    declare_named(&mut app.cleanup, &queue, arguments).await;
+    queue
+}
+
+async fn declare_named(cleanup: &mut Cleanup, queue: &str, arguments: FieldTable) {
+    cleanup.queues.push(queue.to_owned());
     let connection = connect(amqp_uri(), "retry test queue").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     let options = QueueDeclareOptions {
@@ -93,11 +103,10 @@ async fn declare_queue(app: &mut TestApp, name: &str, arguments: FieldTable) -> 
         ..Default::default()
     };
     channel
-        .queue_declare(queue.as_str().into(), options, arguments)
+        .queue_declare(queue.into(), options, arguments)
         .await
         .unwrap();
     let _ = connection.close(200, "declared".into()).await;
-    queue
 }
 
 /// Publishes to `queue` by the default exchange, confirmed.
@@ -534,4 +543,156 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
             .1
             .contains("Nothing is parked.")
     );
+}
+
+/// `settings`' retry policies as the file a service reads (`[[retry]]` is
+/// read from a file only), under `target/`.
+fn retry_config_file(settings: &Settings) -> std::path::PathBuf {
+    let mut text = String::new();
+    for policy in &settings.retry {
+        let queues: Vec<String> = policy.queues.iter().map(|q| format!("{q:?}")).collect();
+        text.push_str(&format!(
+            "[[retry]]\nname = {:?}\nqueues = [{}]\ninitial = {:?}\nmultiplier = {}\n\
+             max_delay = {:?}\njitter = {}\nmax_attempts = {}\n\n",
+            policy.name,
+            queues.join(", "),
+            policy.initial,
+            policy.multiplier,
+            policy.max_delay,
+            policy.jitter,
+            policy.max_attempts
+        ));
+    }
+    let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-configs");
+    std::fs::create_dir_all(&folder).unwrap();
+    let path = folder.join(format!("{}.toml", settings.cascade.prefix));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The binary, with `settings` and their retry policies, on `port`.
+async fn serve(settings: &Settings, config: &std::path::Path, port: u16) -> tokio::process::Child {
+    let mut command = crate::common::serve_command(settings, port);
+    command.env("DELAYLINE_CONFIG", config);
+    let child = command.spawn().unwrap();
+    wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_while_taking_retries_in_and_while_messages_are_parked_loses_nothing() {
+    let settings = settings_with(vec![
+        RetrySettings {
+            name: "killed".into(),
+            ..policy(&["killed"])
+        },
+        RetrySettings {
+            name: "parks".into(),
+            max_attempts: 1,
+            ..policy(&["parks"])
+        },
+    ]);
+    let prefix = settings.cascade.prefix.clone();
+    let mut cleanup = Cleanup::for_settings(&settings);
+    let config = retry_config_file(&settings);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = serve(&settings, &config, port).await;
+    let (killed, parks) = (format!("{prefix}.killed"), format!("{prefix}.parks"));
+    for queue in [&killed, &parks] {
+        declare_named(&mut cleanup, queue, dead_letters_under(&prefix, &[])).await;
+    }
+
+    // Killed while hundreds of rejected messages are being taken in.
+    const SENT: usize = 300;
+    for n in 0..SENT {
+        let properties = BasicProperties::default().with_message_id(format!("k-{n}").into());
+        publish(&killed, b"k", properties).await;
+    }
+    let mut worker = Worker::on(&killed).await;
+    reject_all(&mut worker, SENT).await;
+    child.kill().await.unwrap();
+    let mut child = serve(&settings, &config, port).await;
+    let mut back: std::collections::HashMap<String, u32> = Default::default();
+    while back.len() < SENT {
+        let (_, delivery) = worker
+            .next(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("{} never came back", SENT - back.len()));
+        assert!(attempt_of(&delivery) >= Some(2), "a retry");
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        *back.entry(id).or_default() += 1;
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    while let Some((_, delivery)) = worker.next(Duration::from_secs(2)).await {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        *back.entry(id).or_default() += 1;
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    // At least once; a second copy only for what was taken in, not yet
+    // acknowledged, when the process died.
+    assert!(back.values().all(|copies| *copies <= 2), "{back:?}");
+
+    // Parked, then killed: still parked after the restart, and replayed.
+    let mut parking = Worker::on(&parks).await;
+    for n in 0..5 {
+        let properties = BasicProperties::default().with_message_id(format!("p-{n}").into());
+        publish(&parks, b"p", properties).await;
+    }
+    reject_all(&mut parking, 5).await;
+    let http = reqwest::Client::new();
+    let parked_count = async || -> u64 {
+        let list: Value = http
+            .get(format!("{base}/v1/parked"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["parked"].as_u64().unwrap())
+            .sum()
+    };
+    eventually("five are parked", async || parked_count().await == 5).await;
+    child.kill().await.unwrap();
+    let mut child = serve(&settings, &config, port).await;
+    assert_eq!(parked_count().await, 5);
+    let replay = json!({"filter": {"queue": parks}, "action": "replay"});
+    let done: Value = http
+        .post(format!("{base}/v1/parked/bulk"))
+        .json(&replay)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done, json!({"matched": 5, "changed": 5, "unchanged": 0}));
+    for _ in 0..5 {
+        let (_, delivery) = parking
+            .next(Duration::from_secs(10))
+            .await
+            .expect("replayed");
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert!(
+        parking.next(Duration::from_millis(1_000)).await.is_none(),
+        "once each"
+    );
+    child.kill().await.unwrap();
+    let _ = std::fs::remove_file(config);
 }
