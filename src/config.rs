@@ -329,6 +329,38 @@ mod tests {
         std::fs::remove_file(file.0).unwrap();
     }
 
+    #[test]
+    fn a_bad_retry_policy_is_refused_at_load_naming_the_setting() {
+        let mut file = tempfile();
+        writeln!(
+            file.1,
+            "[[retry]]\nname = \"orders\"\nqueues = [\"orders\"]\ninitial = \"10s\"\n\
+             max_delay = \"1s\""
+        )
+        .unwrap();
+        let error = Settings::load(Some(&file.0)).unwrap_err().to_string();
+        assert!(error.contains("[[retry]] \"orders\": max_delay"), "{error}");
+        let (mut settings, _) = Settings::load(None).unwrap();
+        settings.retry = vec![crate::ingress::RetrySettings {
+            name: "p".into(),
+            queues: vec!["q".into()],
+            initial: "1s".into(),
+            multiplier: 2.0,
+            max_delay: "1m".into(),
+            jitter: 0.1,
+            max_attempts: 3,
+            park_to: None,
+        }];
+        settings.store.url = "none".to_owned().into();
+        let cascade = settings.cascade().unwrap();
+        let error = settings.retries(&cascade).unwrap_err().to_string();
+        assert!(
+            error.contains("[[retry]] needs the release stage"),
+            "{error}"
+        );
+        std::fs::remove_file(file.0).unwrap();
+    }
+
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {
         let path = std::env::temp_dir().join(format!("delayline-{}.toml", uuid::Uuid::new_v4()));
         let file = std::fs::File::create(&path).unwrap();

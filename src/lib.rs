@@ -100,7 +100,9 @@
 //!   release stage records (`release`), staged tasks (`staged`), reads and sweeps (`tasks`),
 //!   recurring schedules (`schedules`, each change guarded by the revision
 //!   read, the one file that writes the schedules table but for the
-//!   planner's steps, written with their tasks in the group commit). Whether there is
+//!   planner's steps, written with their tasks in the group commit), the
+//!   messages retry policies parked (`parked`, the one file that writes
+//!   that table). Whether there is
 //!   a ledger at all is decided once, by `ledger::StoreSettings`. Its rows
 //!   stay inside; it hands out [`ledger::StoredTask`].
 //! - [`broker`]: an adapter to RabbitMQ. Connecting (to the first of a

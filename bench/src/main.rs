@@ -23,6 +23,7 @@ mod queue_pass;
 mod rabbitmqctl;
 mod record_cost;
 mod replicas;
+mod retries;
 mod routing;
 mod schedules;
 mod shards;
@@ -63,8 +64,8 @@ struct Args {
     channels: usize,
     /// Only these phases (ingest, routing, precision, hold, drain, overload,
     /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default. `shards`, `burst`, `instant` and
-    /// `queue-pass` run only when named.
+    /// replicas); all by default. `shards`, `burst`, `instant`, `retries`
+    /// and `queue-pass` run only when named.
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
@@ -151,6 +152,9 @@ struct Args {
     /// The instant phase's sizes: schedules firing at one second.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000, 50_000, 100_000])]
     instant_sizes: Vec<usize>,
+    /// The retries phase's sizes: messages a consumer rejects at once.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000])]
+    retries_sizes: Vec<usize>,
     /// The queue-pass phase's queue types, measured in this order.
     #[arg(long, value_delimiter = ',', default_value = "quorum,classic,stream")]
     pass_types: Vec<String>,
@@ -198,6 +202,8 @@ struct Results {
     burst: Vec<burst::BurstRun>,
     /// Schedules firing at one instant.
     instant: Vec<instant::InstantRun>,
+    /// Messages rejected at once: the retry intake, and the retries' spread.
+    retries: Vec<retries::RetriesRun>,
     /// What a pass through a queue (publish, consume, acknowledge) costs
     /// the broker, per queue type.
     queue_pass: Vec<queue_pass::Pass>,
@@ -286,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
         shards: Vec::new(),
         burst: Vec::new(),
         instant: Vec::new(),
+        retries: Vec::new(),
         queue_pass: Vec::new(),
     };
 
@@ -670,6 +677,18 @@ async fn main() -> anyhow::Result<()> {
             &args.amqp_uri,
             args.channels,
             &args.instant_sizes,
+            &progress,
+        )
+        .await?;
+        progress.finish_and_clear();
+    }
+
+    if args.phases.iter().any(|p| p == "retries") {
+        let progress = bar("retries");
+        results.retries = retries::phase(
+            &args.amqp_uri,
+            args.channels,
+            &args.retries_sizes,
             &progress,
         )
         .await?;

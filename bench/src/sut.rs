@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use delayline::broker::{connect, teardown};
 use delayline::cascade::{Cascade, CascadeSettings, QueueType};
-use delayline::ingress::{Ingress, IngressSettings, plan_with};
+use delayline::ingress::{Ingress, IngressSettings, Retries, RetrySettings, plan_with};
 use lapin::options::QueueDeleteOptions;
 use tokio::process::{Child, Command};
 
@@ -50,7 +50,16 @@ pub struct ServiceUnderTest {
     /// With the release stage: an AMQP ingress delivering to the business
     /// exchange, for plugin-style producers.
     pub ingress: Option<Ingress>,
+    /// With the release stage: one retry policy, over [`RETRIED_QUEUE`]
+    /// under the chain's prefix (the retries phase's).
+    pub retries: Option<Retries>,
 }
+
+/// The retries phase's queue (under the chain's prefix), and its policy's
+/// first wait and jitter.
+pub const RETRIED_QUEUE: &str = "retried";
+pub const RETRY_INITIAL_S: u64 = 5;
+pub const RETRY_JITTER: f64 = 0.2;
 
 fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
     let status = std::process::Command::new("psql")
@@ -166,13 +175,35 @@ impl ServiceUnderTest {
                 };
                 std::fs::create_dir_all(&data_dir)?;
                 let config = data_dir.join("ingress.toml");
+                let retried = format!("{}.{RETRIED_QUEUE}", cascade.prefix());
                 std::fs::write(
                     &config,
-                    format!("[[ingress]]\nexchange = {:?}\n", settings.exchange),
+                    format!(
+                        "[[ingress]]\nexchange = {:?}\n\n[[retry]]\nname = \"bench\"\n\
+                         queues = [{retried:?}]\ninitial = \"{RETRY_INITIAL_S}s\"\n\
+                         jitter = {RETRY_JITTER}\nmax_attempts = 3\n",
+                        settings.exchange
+                    ),
                 )?;
                 command.env("DELAYLINE_CONFIG", config);
                 Some(settings.validate(&cascade)?)
             }
+            false => None,
+        };
+        let retries = match release_stage {
+            true => Retries::new(
+                &[RetrySettings {
+                    name: "bench".into(),
+                    queues: vec![format!("{}.{RETRIED_QUEUE}", cascade.prefix())],
+                    initial: format!("{RETRY_INITIAL_S}s"),
+                    multiplier: 2.0,
+                    max_delay: "5m".into(),
+                    jitter: RETRY_JITTER,
+                    max_attempts: 3,
+                    park_to: None,
+                }],
+                &cascade,
+            )?,
             false => None,
         };
         if let Some(token) = &token {
@@ -237,6 +268,7 @@ impl ServiceUnderTest {
             store_name,
             token,
             ingress,
+            retries,
         };
         sut.wait_connected().await?;
         Ok(sut)
@@ -396,7 +428,8 @@ impl ServiceUnderTest {
                 .await;
         }
         let ingresses: Vec<Ingress> = self.ingress.iter().cloned().collect();
-        teardown(&connection, &plan_with(&self.cascade, &ingresses, None)).await?;
+        let plan = plan_with(&self.cascade, &ingresses, self.retries.as_ref());
+        teardown(&connection, &plan).await?;
         crate::load::close(&connection).await;
         match &self.store {
             Store::None => {}

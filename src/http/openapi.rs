@@ -168,6 +168,16 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
         // `?destination=` that is not one.
         statuses.push(422);
     }
+    if path.starts_with("/v1/parked") {
+        // `ledger_disabled`; a replay: `idempotency_conflict`,
+        // `invalid_destination` (a queue the chain cannot route any more).
+        statuses.push(501);
+        if method == "get" {
+            statuses.push(400);
+        } else {
+            statuses.extend([409, 413, 422]);
+        }
+    }
     if path.contains("{id}") {
         statuses.push(404);
     }
@@ -239,6 +249,11 @@ mod tests {
             "/v1/tasks/bulk",
             "/v1/operations/{id}",
             "/v1/topology",
+            "/v1/retries",
+            "/v1/parked",
+            "/v1/parked/{id}",
+            "/v1/parked/{id}/replay",
+            "/v1/parked/bulk",
             "/healthz",
             "/readyz",
             "/metrics",

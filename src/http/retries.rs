@@ -4,6 +4,7 @@
 //! needs the `admin` permission.
 
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
 
@@ -151,9 +152,10 @@ fn parse_cursor(text: &str) -> Result<(u64, &str), ApiError> {
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-    Query(query): Query<ParkedQuery>,
+    query: Result<Query<ParkedQuery>, QueryRejection>,
 ) -> Result<Json<ParkedList>, ApiError> {
     require(&caller, Permission::Admin)?;
+    let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.body_text()))?;
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=crate::ingress::PARKED_PAGE).contains(&limit) {
         return Err(ApiError::new(ErrorCode::InvalidQuery, "limit: 1 to 500"));
@@ -207,6 +209,15 @@ fn not_found(id: &str) -> ApiError {
     )
 }
 
+/// Parked messages, acted on through the service's scheduler.
+fn parked(state: &AppState) -> Parked<'_> {
+    Parked {
+        scheduler: &state.scheduler,
+        cascade: state.scheduler.cascade(),
+        metrics: &state.metrics,
+    }
+}
+
 /// `action` on parked message `id`, through the service's scheduler.
 pub(super) async fn act_on_one(
     state: &AppState,
@@ -214,12 +225,7 @@ pub(super) async fn act_on_one(
     action: ParkedAction,
     now: &Reading,
 ) -> Result<Unparked, ApiError> {
-    let parked = Parked {
-        scheduler: &state.scheduler,
-        cascade: state.scheduler.cascade(),
-        metrics: &state.metrics,
-    };
-    parked
+    parked(state)
         .one(id, action, now)
         .await?
         .ok_or_else(|| not_found(id))
@@ -288,12 +294,7 @@ pub(super) async fn act_on_filter(
     action: ParkedAction,
     now: &Reading,
 ) -> Result<Unparked, ApiError> {
-    let parked = Parked {
-        scheduler: &state.scheduler,
-        cascade: state.scheduler.cascade(),
-        metrics: &state.metrics,
-    };
-    Ok(parked.all(&filter, action, now).await?)
+    Ok(parked(state).all(&filter, action, now).await?)
 }
 
 #[utoipa::path(post, summary = "Replay or discard parked messages by filter", path = "/v1/parked/bulk", tag = "retries",

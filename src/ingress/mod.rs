@@ -23,6 +23,7 @@
 //! its attempt, what comes back) is `message`'s `retry`.
 
 mod intake;
+mod names;
 mod parked;
 mod retry;
 mod retrying;

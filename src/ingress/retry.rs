@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::names::check_name;
 use crate::cascade::{Arguments, MAX_NAME_BYTES, TopologyPlan};
 use crate::cascade::{BindingSpec, BindingTarget, Cascade, ExchangeKind, ExchangeSpec};
 
@@ -127,7 +128,7 @@ impl RetrySettings {
             return Err(refuse("queues", "names no queue".into()));
         }
         for queue in self.queues.iter().chain(&self.park_to) {
-            check_queue(queue).map_err(|reason| refuse("queues", reason))?;
+            check_name(queue).map_err(|reason| refuse("queues", reason))?;
         }
         let duration = |setting: &'static str, text: &str| {
             humantime::parse_duration(text)
@@ -182,18 +183,6 @@ impl RetrySettings {
             park_to: self.park_to,
         })
     }
-}
-
-fn check_queue(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(format!("{name:?} must be 1 to {MAX_NAME_BYTES} bytes"));
-    }
-    if name.starts_with("amq.") {
-        return Err(format!(
-            "{name:?}: names starting with \"amq.\" are the broker's"
-        ));
-    }
-    Ok(())
 }
 
 /// `ms` lengthened by `jitter × draw` of itself, rounded up.

@@ -3,10 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::names::check_name;
 use crate::auth::DestinationPattern;
 use crate::cascade::{
     ArgValue, Arguments, BindingSpec, BindingTarget, Cascade, ExchangeKind, ExchangeSpec,
-    MAX_NAME_BYTES, TopologyPlan,
+    TopologyPlan,
 };
 
 /// One `[[ingress]]` section.
@@ -110,18 +111,6 @@ impl IngressSettings {
             refused_queue,
         })
     }
-}
-
-fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(format!("{name:?} must be 1 to {MAX_NAME_BYTES} bytes"));
-    }
-    if name.starts_with("amq.") {
-        return Err(format!(
-            "{name:?}: names starting with \"amq.\" are the broker's"
-        ));
-    }
-    Ok(())
 }
 
 impl Ingress {

@@ -51,7 +51,11 @@ fn policy(queues: &[&str]) -> RetrySettings {
 /// Default settings (a 10 ms chain of 8 levels) with `policies`, each
 /// queue named under the test's prefix.
 fn settings_with(policies: Vec<RetrySettings>) -> Settings {
-    let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
+    settings_on(Backend::Sqlite, policies)
+}
+
+fn settings_on(backend: Backend, policies: Vec<RetrySettings>) -> Settings {
+    let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), backend);
     let prefix = settings.cascade.prefix.clone();
     settings.retry = policies
         .into_iter()
@@ -279,7 +283,16 @@ async fn reject_all(worker: &mut Worker, count: usize) -> Vec<(u64, Delivery)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_failing_every_attempt_is_parked_then_replayed_and_acked_on_a_classic_queue() {
-    let mut app = TestApp::spawn(settings_with(vec![policy(&["billing"])])).await;
+    park_then_replay(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_messages_are_kept_and_replayed_by_a_postgresql_ledger_too() {
+    park_then_replay(Backend::Postgres).await;
+}
+
+async fn park_then_replay(backend: Backend) {
+    let mut app = TestApp::spawn(settings_on(backend, vec![policy(&["billing"])])).await;
     let arguments = dead_letters_to(&app, &[]);
     let queue = declare_queue(&mut app, "billing", arguments).await;
     let mut worker = Worker::on(&queue).await;
