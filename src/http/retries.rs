@@ -125,6 +125,7 @@ impl From<ParkedQueue> for ParkedQueueView {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ParkedQuery {
     /// Only this queue's.
     queue: Option<String>,

@@ -419,6 +419,10 @@ async fn a_quorum_delivery_limit_and_expiry_come_back_and_park_with_their_reason
     let (_, left) = app.get("/v1/parked").await;
     assert_eq!(left["parked"].as_array().unwrap().len(), 1);
     assert_eq!(left["parked"][0]["queue"], limited);
+    let scrape = app.scrape().await;
+    let discarded =
+        format!("delayline_retry_messages_total{{queue=\"{expiring}\",outcome=\"discarded\"}}");
+    assert_eq!(sample(&scrape, &discarded), Some(1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,6 +446,8 @@ async fn a_queue_no_policy_covers_goes_to_the_refused_queue_and_is_never_looped(
         worker.next(Duration::from_millis(1_500)).await.is_none(),
         "not looped"
     );
+    let refused_count = "delayline_retry_messages_total{queue=\"\",outcome=\"refused\"}";
+    assert_eq!(sample(&app.scrape().await, refused_count), Some(1.0));
     let (status, policies) = app.get("/v1/retries").await;
     assert_eq!(status, 200);
     assert_eq!(
@@ -708,4 +714,32 @@ async fn a_sigkill_while_taking_retries_in_and_while_messages_are_parked_loses_n
     );
     child.kill().await.unwrap();
     let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policys_park_to_queue_gets_a_copy_of_what_is_parked_with_why() {
+    let mut app = TestApp::spawn(settings_with(vec![RetrySettings {
+        max_attempts: 1,
+        park_to: Some("dead".into()),
+        ..policy(&["fragile"])
+    }]))
+    .await;
+    let dead = declare_queue(&mut app, "dead", FieldTable::default()).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let fragile = declare_queue(&mut app, "fragile", arguments).await;
+    let mut copies = TestConsumer::existing(&dead).await;
+    let mut worker = Worker::on(&fragile).await;
+    let properties = BasicProperties::default().with_message_id("once".into());
+    publish(&fragile, b"broken", properties).await;
+    reject_all(&mut worker, 1).await;
+    let copy = copies.next(Duration::from_secs(10)).await.expect("a copy");
+    assert_eq!(copy.body, b"broken");
+    assert_eq!(copy.message_id(), "once");
+    assert_eq!(
+        copy.header(REFUSAL_CODE_HEADER).cloned(),
+        Some(text("parked"))
+    );
+    // And in the ledger, replayable.
+    let (_, parked) = app.get(&format!("/v1/parked?queue={fragile}")).await;
+    assert_eq!(parked["parked"][0]["message_id"], "once");
 }
