@@ -330,7 +330,7 @@ pub(super) struct InFlight(Arc<std::sync::Mutex<HashSet<(String, u64)>>>);
 impl InFlight {
     /// Enters each identity not in flight yet; the guard says which were
     /// entered, and takes them out again when dropped.
-    fn enter(&self, identities: &[Option<(String, u64)>]) -> Entered<'_> {
+    pub(super) fn enter(&self, identities: &[Option<(String, u64)>]) -> Entered<'_> {
         let mut set = self
             .0
             .lock()
@@ -348,7 +348,7 @@ impl InFlight {
 }
 
 /// A window's identities while it is released (see [`InFlight::enter`]).
-struct Entered<'a> {
+pub(super) struct Entered<'a> {
     in_flight: &'a InFlight,
     identities: Vec<Option<(String, u64)>>,
     /// Per identity: entered by this window (or none to enter).
@@ -357,7 +357,7 @@ struct Entered<'a> {
 
 impl Entered<'_> {
     /// Per identity of the window: whether this window entered it.
-    fn entered(&self) -> &[bool] {
+    pub(super) fn entered(&self) -> &[bool] {
         &self.new
     }
 }

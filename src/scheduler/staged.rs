@@ -196,6 +196,21 @@ impl StagedRelease {
     ) {
         self.releaser.strands.burst_seen(tasks.len());
         let tasks = self.hold_limited(tasks).await;
+        // In flight, as the cascade's windows are, until recorded: a copy of
+        // one of these that comes down the cascade meanwhile (a resend after
+        // a crash) waits to be judged a duplicate instead of being claimed
+        // from `releasing` and delivered too. One a window is releasing now
+        // is left to it (taken, under the lease: staged again if it fails).
+        let identities: Vec<Option<(String, u64)>> = tasks
+            .iter()
+            .map(|task| Some((task.id.clone(), task.revision)))
+            .collect();
+        let releasing = self.releaser.in_flight.enter(&identities);
+        let tasks: Vec<StoredTask> = tasks
+            .into_iter()
+            .zip(releasing.entered())
+            .filter_map(|(task, ours)| ours.then_some(task))
+            .collect();
         let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
         let mut outcomes = Outcomes::default();
         for (task, outcome) in tasks.iter().zip(published) {
@@ -217,6 +232,7 @@ impl StagedRelease {
             }
         }
         self.record(outcomes).await;
+        drop(releasing);
     }
 
     /// The tasks of a take no release limit holds now; the others wait for
