@@ -520,3 +520,88 @@ proptest! {
         }
     }
 }
+
+/// What a retry intake reads of `x-delayline-attempt`, said another way: a
+/// whole number the header holds as an integer (or as text), from 1 to
+/// `u32::MAX`; the first attempt otherwise.
+fn attempt_oracle(value: &AMQPValue) -> u32 {
+    let whole: Option<i64> = match value {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some((*v).into()),
+        AMQPValue::LongUInt(v) => Some((*v).into()),
+        AMQPValue::ShortInt(v) => Some((*v).into()),
+        AMQPValue::ShortUInt(v) => Some((*v).into()),
+        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+            .ok()
+            .and_then(|t| t.parse().ok()),
+        _ => None,
+    };
+    whole
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
+/// An `x-death` header of any shape: an array of tables whose `queue` and
+/// `reason` are of any type (or missing), or not an array at all.
+fn death_header() -> impl Strategy<Value = AMQPValue> {
+    let field = prop_oneof![
+        "[ -~]{0,12}".prop_map(|t| Some(AMQPValue::LongString(t.as_str().into()))),
+        "[a-z]{0,8}".prop_map(|t| Some(AMQPValue::ShortString(t.as_str().into()))),
+        delay_header().prop_map(Some),
+        Just(None),
+    ];
+    let entry = (field.clone(), field).prop_map(|(queue, reason)| {
+        let mut table = lapin::types::FieldTable::default();
+        for (name, value) in [("queue", queue), ("reason", reason)] {
+            if let Some(value) = value {
+                table.insert(name.into(), value);
+            }
+        }
+        AMQPValue::FieldTable(table)
+    });
+    prop_oneof![
+        prop::collection::vec(prop_oneof![entry, delay_header()], 0..4)
+            .prop_map(|entries| AMQPValue::FieldArray(entries.into())),
+        delay_header(),
+    ]
+}
+
+proptest! {
+    /// Where a dead-lettered message died and which attempt it was, read
+    /// from headers of any shape: never a panic; the queue only when the
+    /// newest entry is a table naming one as text; the attempt as the
+    /// oracle says; and what comes back always carries the next attempt.
+    #[test]
+    fn a_dead_lettered_messages_headers_read_as_the_oracle_says(
+        death in death_header(),
+        attempt in delay_header(),
+    ) {
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert("x-death".into(), death.clone());
+        headers.insert("x-delayline-attempt".into(), attempt.clone());
+        let properties = lapin::BasicProperties::default().with_headers(headers);
+        let expected_queue = match &death {
+            AMQPValue::FieldArray(entries) => match entries.as_slice().first() {
+                Some(AMQPValue::FieldTable(table)) => match table.inner().get("queue") {
+                    Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes()).ok().map(str::to_owned),
+                    Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+                    _ => None,
+                },
+                _ => None,
+            },
+            _ => None,
+        }
+        .filter(|queue| !queue.is_empty());
+        let read = crate::message::last_death(&properties).map(|d| d.queue);
+        prop_assert_eq!(read, expected_queue);
+        let failed = crate::message::attempt(&properties);
+        prop_assert_eq!(failed, attempt_oracle(&attempt), "{:?}", attempt);
+        let next = failed.saturating_add(1);
+        let back = crate::message::for_retry(&properties, "q", next);
+        prop_assert_eq!(crate::message::attempt(&back), next);
+        let kept = back.headers().clone().unwrap_or_default();
+        prop_assert!(!kept.inner().contains_key("x-death"));
+    }
+}
