@@ -138,7 +138,6 @@ async fn one(
     publish_all(&channel, "", &queue, messages, None).await?;
 
     let meter = Meter::start(broker_pid(), sut.pid());
-    let started = Instant::now();
     let consumer = tokio::spawn(reject_then_ack(channel.clone(), queue, messages));
     let scheduled =
         wait_for_count(sut, "delayline_retry_messages_total", "scheduled", messages).await?;
@@ -147,7 +146,6 @@ async fn one(
     let seen = consumer.await??;
     let (ingress_per_sec, ingress_cpu) = ingress_burst(sut, &channel, messages).await?;
     crate::load::close(&connection).await;
-    let _ = started;
     Ok(summary(
         messages,
         seen,

@@ -68,7 +68,7 @@ fn amqp_user() -> String {
 }
 
 /// Publishes as a lapin user publishes to the plugin's exchange: confirmed.
-async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProperties) {
+pub(crate) async fn publish(exchange: &str, key: &str, body: &[u8], properties: BasicProperties) {
     let connection = connect(amqp_uri(), "plugin producer").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
     channel

@@ -16,8 +16,7 @@ use delayline::message::{ATTEMPT_HEADER, REFUSAL_CODE_HEADER};
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicRejectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
@@ -115,31 +114,12 @@ async fn declare_named(cleanup: &mut Cleanup, queue: &str, arguments: FieldTable
 
 /// Publishes to `queue` by the default exchange, confirmed.
 async fn publish(queue: &str, body: &[u8], properties: BasicProperties) {
-    let connection = connect(amqp_uri(), "retry test producer").await.unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let confirmation = channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            body,
-            properties,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    assert!(confirmation.is_ack(), "{confirmation:?}");
-    let _ = connection.close(200, "published".into()).await;
+    crate::ingress::publish("", queue, body, properties).await;
 }
 
 /// A lapin consumer that settles each delivery as the test says.
 struct Worker {
-    _connection: Connection,
+    connection: Connection,
     _channel: Channel,
     consumer: lapin::Consumer,
 }
@@ -158,7 +138,7 @@ impl Worker {
             .await
             .unwrap();
         Worker {
-            _connection: connection,
+            connection,
             _channel: channel,
             consumer,
         }
@@ -166,7 +146,7 @@ impl Worker {
 
     /// Gone with what it holds unacknowledged, as a crashed consumer.
     async fn die(self) {
-        let _ = self._connection.close(200, "crashed".into()).await;
+        let _ = self.connection.close(200, "crashed".into()).await;
     }
 
     async fn next(&mut self, timeout: Duration) -> Option<(u64, Delivery)> {
@@ -598,6 +578,18 @@ async fn serve(settings: &Settings, config: &std::path::Path, port: u16) -> toki
     child
 }
 
+/// Counts a delivery by its message id, and acknowledges it.
+async fn count_and_ack(counts: &mut std::collections::HashMap<String, u32>, delivery: Delivery) {
+    let id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .unwrap()
+        .to_string();
+    *counts.entry(id).or_default() += 1;
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_while_taking_retries_in_and_while_messages_are_parked_loses_nothing() {
     let settings = settings_with(vec![
@@ -639,24 +631,10 @@ async fn a_sigkill_while_taking_retries_in_and_while_messages_are_parked_loses_n
             .await
             .unwrap_or_else(|| panic!("{} never came back", SENT - back.len()));
         assert!(attempt_of(&delivery) >= Some(2), "a retry");
-        let id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .to_string();
-        *back.entry(id).or_default() += 1;
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        count_and_ack(&mut back, delivery).await;
     }
     while let Some((_, delivery)) = worker.next(Duration::from_secs(2)).await {
-        let id = delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .to_string();
-        *back.entry(id).or_default() += 1;
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        count_and_ack(&mut back, delivery).await;
     }
     // At least once; a second copy only for what was taken in, not yet
     // acknowledged, when the process died.
