@@ -26,7 +26,7 @@
 //! claims and holds, not beside them.
 //! A limit's queue depth is read every [`DEPTH_EVERY`] by each replica.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -34,10 +34,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::ledger_releases::{LedgerReleases, PutBack};
 use super::limit_view::LimitsView;
 use super::release::{Released, Releaser};
 use crate::clock;
-use crate::ledger::{Ledger, PassInput, StoredTask};
+use crate::ledger::{PassInput, StoredTask};
 use crate::limit::{Depth, waiting_per_limit};
 use crate::metrics::LimitLabel;
 
@@ -56,25 +57,6 @@ const PASS_MOST: usize = 1000;
 /// up first, so a lease runs out only on a replica that stopped.
 const LEASE: Duration = Duration::from_secs(30);
 const PUBLISH_LIMIT: Duration = Duration::from_secs(20);
-
-/// Marks the published tasks delivered (at their confirms' times) and puts
-/// those whose publish failed back to wait, side by side, so that the
-/// writer commits them in one group.
-async fn record(ledger: Ledger, delivered: BTreeMap<u64, Vec<String>>, again: Vec<String>) {
-    let marks = delivered
-        .into_iter()
-        .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
-    for marked in join_all(marks).await {
-        if let Err(error) = marked {
-            warn!(%error, "released tasks not marked delivered in the ledger");
-        }
-    }
-    if !again.is_empty()
-        && let Err(error) = ledger.wait_again(&again).await
-    {
-        warn!(%error, "tasks whose release failed wait again when their lease runs out");
-    }
-}
 
 /// Waits for a recording to end (what it did not write, the leases return).
 async fn finish(recording: Option<JoinHandle<()>>) {
@@ -262,22 +244,21 @@ impl Limiter {
             Some((outcome, clock::now_ms()))
         }))
         .await;
-        let mut delivered: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        let mut again = Vec::new();
+        let mut releases = LedgerReleases::default();
         for (stored, outcome) in released.iter().zip(outcomes) {
             match outcome {
                 Some((Ok(outcome), at_ms)) => {
                     self.observe(stored, outcome, at_ms);
-                    delivered.entry(at_ms).or_default().push(stored.id.clone());
+                    releases.delivered(stored.id.clone(), at_ms);
                 }
                 Some((Err(error), _)) => {
                     warn!(task_id = stored.id, %error, "a waiting task could not be released; it waits again");
-                    again.push(stored.id.clone());
+                    releases.again(stored.id.clone());
                 }
                 None => {}
             }
         }
-        record(self.releaser.ledger.clone(), delivered, again)
+        releases.record(self.releaser.ledger.clone(), PutBack::Wait)
     }
 
     fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {

@@ -31,6 +31,7 @@ mod burst;
 mod due_counts;
 mod forecast;
 pub(crate) mod hold;
+mod ledger_releases;
 mod limit_view;
 mod limiter;
 mod limits;

@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::ledger_releases::{LedgerReleases, PutBack};
 use super::release::{CLAIM_AHEAD, Released, Releaser};
 use crate::broker::PublishError;
 use crate::clock;
@@ -70,13 +71,6 @@ enum Publish {
     Stopped,
     /// Its row can never be published (it stays taken, its lease runs out).
     Never,
-}
-
-/// What became of one take's tasks.
-#[derive(Default)]
-struct Outcomes {
-    delivered: BTreeMap<u64, Vec<String>>,
-    again: Vec<String>,
 }
 
 impl StagedRelease {
@@ -212,26 +206,24 @@ impl StagedRelease {
             .filter_map(|(task, ours)| ours.then_some(task))
             .collect();
         let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
-        let mut outcomes = Outcomes::default();
+        let mut releases = LedgerReleases::default();
         for (task, outcome) in tasks.iter().zip(published) {
             match outcome {
                 Publish::Done(Ok(released), at_ms) => {
                     self.observe(task, released, at_ms);
-                    outcomes
-                        .delivered
-                        .entry(at_ms)
-                        .or_default()
-                        .push(task.id.clone());
+                    releases.delivered(task.id.clone(), at_ms);
                 }
                 Publish::Done(Err(error), _) => {
                     warn!(task_id = task.id, %error, "a staged task could not be released; it is staged again");
-                    outcomes.again.push(task.id.clone());
+                    releases.again(task.id.clone());
                 }
-                Publish::Stopped => outcomes.again.push(task.id.clone()),
+                Publish::Stopped => releases.again(task.id.clone()),
                 Publish::Never => {}
             }
         }
-        self.record(outcomes).await;
+        releases
+            .record(self.releaser.ledger.clone(), PutBack::Stage)
+            .await;
         drop(releasing);
     }
 
@@ -294,25 +286,5 @@ impl StagedRelease {
             metrics.tasks_delivered.inc();
         }
         metrics.staged_released.inc();
-    }
-
-    /// Marks the published tasks delivered (at their confirms' times) and
-    /// stages again those not published, side by side.
-    async fn record(&self, outcomes: Outcomes) {
-        let ledger = &self.releaser.ledger;
-        let marks = outcomes
-            .delivered
-            .into_iter()
-            .map(|(at_ms, ids)| ledger.mark_delivered(ids, at_ms));
-        for marked in join_all(marks).await {
-            if let Err(error) = marked {
-                warn!(%error, "released staged tasks not marked delivered in the ledger");
-            }
-        }
-        if !outcomes.again.is_empty()
-            && let Err(error) = ledger.stage_again(&outcomes.again).await
-        {
-            warn!(%error, "staged tasks not published are staged again when their lease runs out");
-        }
     }
 }
