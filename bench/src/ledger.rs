@@ -55,18 +55,28 @@ pub struct LedgerRun {
     pub database_bytes: u64,
 }
 
+/// How the phase's ledgers differ from the service's schema.
+pub struct Schema<'a> {
+    /// Indexes (or `trigger:NAME`) dropped first, to measure what each
+    /// costs a task (the service needs every one of them).
+    pub dropped: &'a [String],
+    /// Statements run then: another index shape tried on the same writes.
+    pub sql: Option<&'a str>,
+    /// What the runs are called with `sql`.
+    pub label: Option<&'a str>,
+}
+
 /// The phase: `tasks` tasks at 16 and at 256 callers, a tenth of them at
-/// one, each run in a fresh ledger of its own, without the indexes in
-/// `dropped`.
+/// one, each run in a fresh ledger of its own, of `schema`.
 pub async fn phase(
     tasks: usize,
-    dropped: &[String],
+    schema: &Schema<'_>,
     same_delay: bool,
 ) -> anyhow::Result<Vec<LedgerRun>> {
-    let mut label = if dropped.is_empty() {
-        "sqlite".to_owned()
-    } else {
-        format!("sqlite -{}", dropped.join(" -"))
+    let mut label = match (schema.label, schema.dropped.is_empty()) {
+        (Some(label), _) => format!("sqlite {label}"),
+        (None, true) => "sqlite".to_owned(),
+        (None, false) => format!("sqlite -{}", schema.dropped.join(" -")),
     };
     if same_delay {
         label.push_str(" same-delay");
@@ -79,7 +89,7 @@ pub async fn phase(
         ));
         std::fs::create_dir_all(&dir)?;
         let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
-        let run = default_ledger(&label, &dir, tasks, concurrency, dropped, same_delay).await;
+        let run = default_ledger(&label, &dir, tasks, concurrency, schema, same_delay).await;
         let _ = std::fs::remove_dir_all(&dir);
         runs.push(run?);
     }
@@ -123,15 +133,13 @@ pub fn print(runs: &[LedgerRun]) {
     }
 }
 
-/// Runs `tasks` tasks through a fresh SQLite ledger in `dir`, without the
-/// indexes named in `dropped` (to measure what each costs; the service
-/// needs them all).
+/// Runs `tasks` tasks through a fresh SQLite ledger in `dir` of `schema`.
 async fn default_ledger(
     label: &str,
     dir: &Path,
     tasks: usize,
     concurrency: usize,
-    dropped: &[String],
+    schema: &Schema<'_>,
     same_delay: bool,
 ) -> anyhow::Result<LedgerRun> {
     let path = dir.join("ledger.db");
@@ -143,17 +151,21 @@ async fn default_ledger(
     let ledger = delayline::ledger::open(&settings, true, histogram)
         .await?
         .context("the ledger is on")?;
-    if !dropped.is_empty() {
-        // Before the writer's first statement: it prepares against this schema.
-        let connection = rusqlite::Connection::open(&path)?;
-        for name in dropped {
-            let statement = match name.strip_prefix("trigger:") {
-                Some(trigger) => format!("DROP TRIGGER {trigger}"),
-                None => format!("DROP INDEX {name}"),
-            };
-            connection.execute_batch(&statement)?;
-        }
+    // Before the writer's first statement: it prepares against this schema.
+    let connection = rusqlite::Connection::open(&path)?;
+    for name in schema.dropped {
+        let statement = match name.strip_prefix("trigger:") {
+            Some(trigger) => format!("DROP TRIGGER {trigger}"),
+            None => format!("DROP INDEX {name}"),
+        };
+        connection.execute_batch(&statement)?;
     }
+    if let Some(sql) = schema.sql {
+        connection
+            .execute_batch(sql)
+            .context("the phase's --ledger-sql")?;
+    }
+    drop(connection);
     // Built before measuring: parsing is the HTTP layer's cost, not the ledger's.
     let cascade = CascadeSettings::default().validate()?;
     let now = SystemTime::now();

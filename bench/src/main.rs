@@ -101,6 +101,14 @@ struct Args {
     /// drops a trigger instead.
     #[arg(long, value_delimiter = ',')]
     ledger_drop_index: Vec<String>,
+    /// The ledger phase runs these statements after dropping indexes (and
+    /// names the runs with `--ledger-label`): to try another index shape
+    /// for the writes the phase makes, before building it into the service.
+    #[arg(long)]
+    ledger_sql: Option<String>,
+    /// The ledger phase's label for runs with `--ledger-sql`.
+    #[arg(long)]
+    ledger_label: Option<String>,
     /// The ledger phase gives every task the same delay (due times that grow
     /// with time, appended to the due-order indexes) instead of spreading
     /// them over an hour.
@@ -579,8 +587,12 @@ async fn main() -> anyhow::Result<()> {
         let tasks = args
             .ledger_tasks
             .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-        results.ledger =
-            ledger::phase(tasks, &args.ledger_drop_index, args.ledger_same_delay).await?;
+        let schema = ledger::Schema {
+            dropped: &args.ledger_drop_index,
+            sql: args.ledger_sql.as_deref(),
+            label: args.ledger_label.as_deref(),
+        };
+        results.ledger = ledger::phase(tasks, &schema, args.ledger_same_delay).await?;
     }
 
     if run("limits") {
