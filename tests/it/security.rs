@@ -367,6 +367,9 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     settings.amqp.uri = format!("amqps://guest:guest@localhost:{tls_port}/%2f").into();
     settings.amqp.tls.ca_file = ca.ca_file();
     settings.metrics.management_url = "none".into();
+    // A new node's first TLS handshakes on a loaded machine may outlast the
+    // default 3 s; each attempt cut short would start over.
+    settings.amqp.connect_timeout_ms = 15_000;
     let app = TestApp::spawn(settings).await;
     let cascade = app.cascade.clone();
     let mut consumer = TestConsumer::on_node(
@@ -413,6 +416,7 @@ async fn tasks_travel_over_amqps_never_early_and_a_wrong_ca_is_not_ready() {
     settings.amqp.tls.cert_file = identity.cert_file.clone();
     settings.amqp.tls.key_file = identity.key_file.clone();
     settings.metrics.management_url = "none".into();
+    settings.amqp.connect_timeout_ms = 15_000;
     let app = TestApp::spawn(settings).await;
     let cascade = app.cascade.clone();
     let mut consumer = TestConsumer::on_node(

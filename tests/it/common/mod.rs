@@ -1055,19 +1055,21 @@ pub async fn run_delayline(settings: &Settings, args: &[&str]) -> (bool, String)
 /// before RabbitMQ is connected (tasks would wait as pending); a test that
 /// expects tasks to be published at once waits for this instead.
 pub async fn wait_connected_at(http: &reqwest::Client, base: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = String::from("no answer");
     loop {
-        if let Ok(r) = http.get(format!("{base}/readyz")).send().await
-            && r.status() == 200
-            && r.json::<Value>()
-                .await
-                .is_ok_and(|b| b["broker"] == "connected")
-        {
-            return;
+        if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
+            let status = r.status();
+            let body = r.json::<Value>().await.unwrap_or_default();
+            if status == 200 && body["broker"] == "connected" {
+                return;
+            }
+            last = format!("{status} {body}");
         }
+        // What readiness said last tells a slow broker from a refusal.
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{base} never became ready and connected"
+            "{base} never became ready and connected; /readyz said last: {last}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
