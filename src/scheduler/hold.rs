@@ -17,8 +17,15 @@
 //! rates may differ a little: a sample's bound grows by [`DRIFT_PPM`] per
 //! unit of its age, and samples older than [`WINDOW_US`] are forgotten. A
 //! message's own sample bounds it alone: it is never held longer than its
-//! stamp says remains after the TTLs ([`Stamp::own_hold_us`]). A message
-//! stamped by this process's own clock is released at its due time exactly.
+//! stamp says remains after the TTLs ([`Stamp::own_hold_us`]), plus what
+//! fast TTLs may have cut short.
+//!
+//! The broker's TTLs are not exact either: an Erlang node correcting its
+//! clock after the host's clock stepped runs up to 1 % fast until it has
+//! caught up ([`TTL_FAST_PPM`]), and expires messages that much early. A
+//! sample therefore allows the levels' time to have been that much shorter.
+//! A message stamped by this process's own clock needs no sample: it is
+//! released at its due time exactly, however early the broker let it go.
 
 use std::collections::HashMap;
 
@@ -31,6 +38,10 @@ const SLOT_US: u64 = 1_000_000;
 /// The most two monotonic clocks' rates are taken to differ by, in parts
 /// per million: what a sample's bound grows by as it ages.
 pub const DRIFT_PPM: u64 = 100;
+/// How much faster than real time a broker's TTLs may run, in parts per
+/// million: Erlang's time correction (no time warp mode) adjusts its clock's
+/// rate by up to 1 %.
+pub const TTL_FAST_PPM: u64 = 10_000;
 /// Past this many senders, the ones heard from least recently are forgotten.
 const MAX_SOURCES: usize = 1024;
 
@@ -46,14 +57,16 @@ impl Offsets {
     /// stamped `stamp` that arrived at `arrived_us`: never before it is due
     /// by the sender's clock, at most its own hold after it arrived.
     pub fn release_at(&mut self, stamp: &Stamp, arrived_us: u64, own: &str) -> u64 {
+        if stamp.source == own {
+            // The same clock: its due time is exact. No later than its whole
+            // delay after it arrived, since it was sent before it arrived.
+            return stamp.due_us.max(arrived_us);
+        }
         let own_hold = stamp.own_hold_us();
         let latest = arrived_us
             .saturating_add(own_hold)
-            .saturating_add(drift_over(own_hold));
-        if stamp.source == own {
-            // The same clock: its due time is exact.
-            return stamp.due_us.clamp(arrived_us, latest);
-        }
+            .saturating_add(drift_over(own_hold))
+            .saturating_add(ttl_fast_by(stamp.least_us));
         self.observe(stamp, arrived_us);
         // Aged to the latest it may be released: the clocks drift meanwhile.
         let bound = self
@@ -131,10 +144,17 @@ fn drift_over(us: u64) -> u64 {
     us.div_ceil(1_000_000 / DRIFT_PPM)
 }
 
+/// The most TTLs adding up to `least_us` may have expired early.
+fn ttl_fast_by(least_us: u64) -> u64 {
+    least_us.div_ceil(1_000_000 / TTL_FAST_PPM)
+}
+
 /// Arrival, less the earliest the message could have arrived by its
-/// sender's clock: at least the offset of the sender's clock behind this one.
+/// sender's clock (its TTLs run as fast as a broker's may): at least the
+/// offset of the sender's clock behind this one.
 fn sample(stamp: &Stamp, arrived_us: u64) -> i128 {
-    i128::from(arrived_us) - i128::from(stamp.sent_us) - i128::from(stamp.least_us)
+    let earliest = stamp.least_us.saturating_sub(ttl_fast_by(stamp.least_us));
+    i128::from(arrived_us) - i128::from(stamp.sent_us) - i128::from(earliest)
 }
 
 #[cfg(test)]
@@ -157,9 +177,10 @@ mod tests {
         let mut offsets = Offsets::default();
         // Sent at 1 s by its clock, due 2.3 s later, two seconds in the
         // levels; it arrives at 50 s by ours, 5 ms after the TTLs let it.
+        // What fast TTLs may have cut (1 % of two seconds) is added.
         let first = stamp("a", 1_000_000, 3_300_000, 2_000_000);
         let released = offsets.release_at(&first, 50_005_000, "me");
-        assert!((50_305_000..=50_305_100).contains(&released), "{released}");
+        assert!((50_325_000..=50_325_100).contains(&released), "{released}");
     }
 
     #[test]
@@ -183,6 +204,9 @@ mod tests {
         assert_eq!(offsets.release_at(&own, 1_200_000, "me"), 1_500_000);
         // Late already: at once.
         assert_eq!(offsets.release_at(&own, 1_600_000, "me"), 1_600_000);
+        // A broker whose TTLs ran fast let it out before the levels' time:
+        // still at its due time, not its stamp's hold after arriving.
+        assert_eq!(offsets.release_at(&own, 700_000, "me"), 1_500_000);
         assert_eq!(offsets.senders(), 0);
     }
 
@@ -236,18 +260,22 @@ mod tests {
             }
         }
         /// Whatever the offset of the two clocks (and a rate within the
-        /// drift allowed), however late each message, none is released
-        /// before it is due by the sender's clock, none is held past its
-        /// own hold, and a message after one that came through without
-        /// transit is released within a millisecond of its due time.
+        /// drift allowed), however late each message and however fast the
+        /// broker's TTLs (within what is allowed), none is released before
+        /// it is due by the sender's clock, none is held past its own hold
+        /// and what fast TTLs cut, and a message after one that came through
+        /// without transit is released within a millisecond of its due time.
         #[test]
         fn never_early_whatever_the_clocks_say(
             offset in -1_000_000_000_000i64..1_000_000_000_000,
             drift_ppm in -(DRIFT_PPM as i64)..=DRIFT_PPM as i64,
+            fast_ppm in prop_oneof![Just(0u64), 0u64..=TTL_FAST_PPM],
             mut messages in proptest::collection::vec(message(), 1..40),
         ) {
+            // What the levels really took: their TTLs, run `fast_ppm` fast.
+            let levels = |least: u64| least - least * fast_ppm / 1_000_000;
             // Taken in the order they arrive, as the stage takes them.
-            messages.sort_by_key(|(sent, ahead, least, transit)| sent + least.min(ahead) + transit);
+            messages.sort_by_key(|(sent, ahead, least, transit)| sent + levels(*least.min(ahead)) + transit);
             // The sender's clock reads true time; ours reads it shifted
             // by `offset` and running `drift_ppm` fast or slow.
             let ours = |t: u64| -> i128 {
@@ -258,7 +286,7 @@ mod tests {
             let mut quick_since: Option<u64> = None;
             for (sent, ahead, least, transit) in messages {
                 let least = least.min(ahead);
-                let arrived = sent + least + transit;
+                let arrived = sent + levels(least) + transit;
                 let due = sent + ahead;
                 let s = stamp("sender", sent, due, least);
                 let arrived_ours = u64::try_from(base + ours(arrived)).unwrap();
@@ -268,7 +296,8 @@ mod tests {
                 prop_assert!(i128::from(released_ours) + 1 >= due_ours,
                     "released {released_ours}, due {due_ours}");
                 prop_assert!(released_ours >= arrived_ours);
-                prop_assert!(released_ours <= arrived_ours + s.own_hold_us() + drift_over(s.own_hold_us()));
+                prop_assert!(released_ours <= arrived_ours + s.own_hold_us()
+                    + drift_over(s.own_hold_us()) + ttl_fast_by(least));
                 if transit == 0 && least == 0 {
                     quick_since.get_or_insert(arrived);
                 }
@@ -280,6 +309,23 @@ mod tests {
                     prop_assert!(late <= 1_000, "{late} µs late after a quick sample");
                 }
             }
+        }
+
+        /// A message of this process's own clock is released exactly at its
+        /// due time, or on arrival when late, however early the broker let
+        /// it out.
+        #[test]
+        fn a_message_of_the_own_clock_is_never_early_whatever_the_broker(
+            sent in 0u64..1_000_000_000,
+            ahead in 0u64..100_000_000,
+            least in 0u64..100_000_000,
+            arrived_after in 0u64..200_000_000,
+        ) {
+            let least = least.min(ahead);
+            let due = sent + ahead;
+            let arrived = sent + arrived_after;
+            let released = Offsets::default().release_at(&stamp("me", sent, due, least), arrived, "me");
+            prop_assert_eq!(released, due.max(arrived));
         }
     }
 }

@@ -233,6 +233,74 @@ async fn a_held_task_can_still_be_cancelled_or_moved() {
     .await;
 }
 
+/// A broker whose TTLs run fast lets tasks out of the levels early: an
+/// Erlang node correcting its clock after its host's clock stepped runs up
+/// to 1 % fast for as long as the step takes to absorb. Here a policy cuts
+/// every level's TTL to 20 ms, so each task reaches the release stage
+/// nearly all its levels' time early: the stage still releases every task
+/// of its own at its time, held (a little early) or staged (far early).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_the_broker_lets_out_of_the_levels_early_are_released_never_early() {
+    let mut app = TestApp::spawn(holding(6, 100, Backend::Sqlite)).await;
+    let key = app.cascade.binding_key("fast");
+    let mut consumer = TestConsumer::bind(&mut app, &key).await;
+    let policy = format!("{}-fast-ttl", app.cascade.prefix());
+    let levels: Vec<String> = (0..6)
+        .map(|level| app.cascade.level_queue(level).replace('.', "\\."))
+        .collect();
+    let pattern = format!("^({})$", levels.join("|"));
+    let _cleared = PolicyCleared(policy.clone());
+    crate::common::rabbitmqctl(&[
+        "set_policy",
+        &policy,
+        &pattern,
+        r#"{"message-ttl":20}"#,
+        "--apply-to",
+        "queues",
+    ]);
+    eventually("the policy applies to every level", async || {
+        let output = crate::common::rabbitmqctl_command()
+            .args(["-q", "list_queues", "name", "policy"])
+            .output()
+            .unwrap();
+        let listed = String::from_utf8_lossy(&output.stdout).into_owned();
+        (0..6).all(|level| {
+            let queue = app.cascade.level_queue(level);
+            listed
+                .lines()
+                .any(|line| line == format!("{queue}\t{policy}"))
+        })
+    })
+    .await;
+    let mut ids = HashSet::new();
+    for delay_ms in [150, 250, 450, 800, 1500, 2600, 3900] {
+        for _ in 0..3 {
+            let accepted = post(&base(&app), "fast", delay_ms).await;
+            ids.insert(accepted["id"].as_str().unwrap().to_owned());
+        }
+    }
+    let lateness = receive_all(&mut consumer, &ids).await;
+    println!("lateness (ms) with TTLs cut short: {lateness:?}");
+    let scrape = app.scrape().await;
+    let staged = sample(&scrape, "delayline_tasks_staged_total").unwrap_or(0.0);
+    assert!(
+        staged > 0.0,
+        "no task reached the stage far early: {scrape}"
+    );
+}
+
+/// Clears a test's policy however the test ends: the machine's broker
+/// outlives it.
+struct PolicyCleared(String);
+
+impl Drop for PolicyCleared {
+    fn drop(&mut self) {
+        let _ = crate::common::rabbitmqctl_command()
+            .args(["-q", "clear_policy", &self.0])
+            .status();
+    }
+}
+
 /// Two replicas share a chain and a PostgreSQL ledger; the second one's
 /// clocks run 400 ms ahead (libfaketime). Tasks accepted by the first fall
 /// due at both: the second releases its share, and none is early, though
