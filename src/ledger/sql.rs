@@ -422,14 +422,6 @@ pub const PRUNE_TASKS: &str = "DELETE FROM tasks WHERE id IN ( \
 pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
      SELECT idempotency_key FROM task_changes WHERE created_at_ms < $1 LIMIT $2)";
 
-/// The statement `Ledger::list` runs for `filter`, its parameters in the
-/// order the filter's fields are declared.
-///
-/// A rare state is written as a literal (it is one of a fixed set), which a
-/// partial index can be matched against, and the destination as an
-/// expression, so that the planner reads the state's few tasks rather than
-/// every task of the destination. The pending tasks' index is in attempt
-/// order: they are sorted (there are at most `store.max_pending`).
 /// A bulk operation's next page: tasks after the cursor `($1, $2)` and due
 /// before `$3`, in due order, at most `$4`; to destination `$5` only (read
 /// through the destination index) with `one_destination`, of client `$5`
@@ -472,6 +464,14 @@ pub fn count_changeable(state: bool, owned: bool) -> String {
     )
 }
 
+/// The statement `Ledger::list` runs for `filter`, its parameters in the
+/// order the filter's fields are declared.
+///
+/// A rare state is written as a literal (it is one of a fixed set), which a
+/// partial index can be matched against, and the destination as an
+/// expression, so that the planner reads the state's few tasks rather than
+/// every task of the destination. The pending tasks' index is in attempt
+/// order: they are sorted (there are at most `store.max_pending`).
 pub fn list_sql(filter: &TaskFilter) -> String {
     let rare = filter.state.filter(|state| is_rare(*state));
     let mut conditions = Vec::new();

@@ -17,15 +17,25 @@ column `deliver_at_ms / BUCKET_MS` (each index ends in the rowid, which
 grows with admission: inserts land at the end of their bucket's run).
 Each read runs as the service's statement does today, and rewritten for the
 bucketed shape (the same rows, in the same order); the best of 7 runs each.
-Python's SQLite (3.40) here, not the service's bundled one.
+Python's SQLite (3.40) here, not the service's bundled one, unless it is
+run on the service's own (record 48: `LD_LIBRARY_PATH` to a `libsqlite3.so.0`
+built from the `libsqlite3-sys` amalgamation the service bundles, 3.46).
+
+ANALYZE=1 in the environment runs ANALYZE on both ledgers (record 47 did);
+without it they have no statistics, as the service's ledger has none.
+CLIENTS=N gives the tasks N clients in turn (an API with tokens), and adds
+the reads by client.
 """
 import os
+import re
 import shutil
 import sqlite3
 import sys
 import time
 
 HOUR = 3_600_000
+ANALYZE = os.environ.get("ANALYZE") == "1"
+CLIENTS = int(os.environ.get("CLIENTS", "0"))
 BASE = 1_800_000_000_000  # a due-time origin, in ms
 
 
@@ -53,17 +63,19 @@ def build(path, migrations, n):
             "scheduled",
             BASE - HOUR + k,
             0,
+            "client-%d" % (k % CLIENTS) if CLIENTS else None,
         )
         for k in range(n)
     )
     db.executemany(
         "INSERT INTO tasks (id, destination, routing_key, delay_ms, deliver_at_ms, "
         "content_type, headers, payload, payload_bytes, state, created_at_ms, "
-        "next_attempt_at_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        "next_attempt_at_ms, client) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
     db.commit()
-    db.execute("ANALYZE")
+    if ANALYZE:
+        db.execute("ANALYZE")
     db.commit()
     db.close()
 
@@ -73,7 +85,6 @@ SLIM = """
     DROP INDEX tasks_by_destination;
     CREATE INDEX tasks_by_deliver_at ON tasks (deliver_at_ms, client);
     CREATE INDEX tasks_by_destination ON tasks (destination, deliver_at_ms);
-    ANALYZE;
 """
 
 
@@ -81,7 +92,7 @@ def bucketed(src, dst, bucket_ms):
     shutil.copy(src, dst)
     db = sqlite3.connect(dst)
     if bucket_ms == "slim":
-        db.executescript(SLIM)
+        db.executescript(SLIM + ("ANALYZE;" if ANALYZE else ""))
         db.commit()
         db.close()
         return
@@ -93,8 +104,7 @@ def bucketed(src, dst, bucket_ms):
         DROP INDEX tasks_by_destination;
         CREATE INDEX tasks_by_due_bucket ON tasks (due_bucket);
         CREATE INDEX tasks_by_destination ON tasks (destination, due_bucket);
-        ANALYZE;
-        """
+        """ + ("ANALYZE;" if ANALYZE else "")
     )
     db.commit()
     db.close()
@@ -103,7 +113,7 @@ def bucketed(src, dst, bucket_ms):
 def reads(n, bucket_ms):
     """(name, today's statement, the bucketed one, parameters)."""
     if bucket_ms == "slim":
-        return [(name, old, old, params) for name, old, _, params in reads(n, 60_000)]
+        return [(name, old, old, params) for name, old, _, params in reads(n, 60_000)] + more_reads()
     mid = BASE + 4 * HOUR  # the middle of the four hours
     b = bucket_ms
     cols = "*"
@@ -171,6 +181,49 @@ def reads(n, bucket_ms):
     ]
 
 
+def more_reads():
+    """Reads added for record 48, as the service's statements are (slim only)."""
+    mid = BASE + 4 * HOUR
+    listed = [
+        ("list by state scheduled, first page",
+         "SELECT * FROM tasks WHERE state = :s ORDER BY deliver_at_ms, id LIMIT 101",
+         {"s": "scheduled"}),
+        ("list by state scheduled, a deep page",
+         "SELECT * FROM tasks WHERE state = :s AND (deliver_at_ms > :at OR (deliver_at_ms = :at AND id > :id)) "
+         "ORDER BY deliver_at_ms, id LIMIT 101",
+         {"s": "scheduled", "at": mid, "id": ""}),
+        ("waiting tasks of a destination (limiter, own index)",
+         "SELECT id, deliver_at_ms FROM tasks WHERE state = 'waiting' AND destination = :d "
+         "AND deliver_at_ms <= :at ORDER BY deliver_at_ms, id LIMIT 100",
+         {"d": "bench.backlog.t3", "at": mid}),
+    ]
+    if CLIENTS:
+        listed += [
+            ("a client's list, first page",
+             "SELECT * FROM tasks WHERE client = :c ORDER BY deliver_at_ms, id LIMIT 101",
+             {"c": "client-1"}),
+            ("a client's list, a deep page",
+             "SELECT * FROM tasks WHERE client = :c AND (deliver_at_ms > :at OR (deliver_at_ms = :at AND id > :id)) "
+             "ORDER BY deliver_at_ms, id LIMIT 101",
+             {"c": "client-1", "at": mid, "id": ""}),
+            ("a client's quota: waiting tasks after the middle",
+             "SELECT (SELECT COUNT(*) FROM tasks WHERE client = :c AND deliver_at_ms > :at) "
+             "- (SELECT COUNT(*) FROM tasks WHERE client = :c AND deliver_at_ms > :at "
+             "AND state IN ('cancelled', 'failed'))",
+             {"c": "client-1", "at": mid}),
+            ("a client's bulk page of 1,000",
+             "SELECT id, destination, state, deliver_at_ms FROM tasks "
+             "WHERE (deliver_at_ms, id) > (:at, :id) AND deliver_at_ms < :end AND client = :c "
+             "ORDER BY deliver_at_ms, id LIMIT 1000",
+             {"c": "client-1", "at": mid, "id": "", "end": BASE + 7 * HOUR}),
+        ]
+    return [(name, sql, sql, params) for name, sql, params in listed]
+
+
+def bound_limits(sql):
+    return re.sub(r"LIMIT (\d+)", r"LIMIT :limit\1", sql)
+
+
 def best(db, sql, params, runs=7):
     times = []
     rows = None
@@ -203,6 +256,9 @@ def main():
         print(f"{n} tasks, bucket {bucket_ms} ms ({n * bucket_ms // (4 * HOUR)} tasks a bucket)")
     print(f"{'read':<52} {'today ms':>9} {'shape ms':>9} {'ratio':>6}")
     for name, old, new, params in reads(n, bucket_ms):
+        # The service binds every limit; SQLite plans a literal one otherwise.
+        old, new = bound_limits(old), bound_limits(new)
+        params = dict(params, **{f"limit{k}": k for k in (1, 100, 101, 1000)})
         t_old, r_old = best(a, old, params)
         t_new, r_new = best(z, new, params)
         same = "" if [tuple(r[:5]) if isinstance(r, tuple) else r for r in r_old] == \
