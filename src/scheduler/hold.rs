@@ -55,7 +55,8 @@ pub struct Offsets {
 impl Offsets {
     /// When, in this replica's clock (`own` names it), to release a message
     /// stamped `stamp` that arrived at `arrived_us`: never before it is due
-    /// by the sender's clock, at most its own hold after it arrived.
+    /// by the sender's clock; at most its own hold (and what fast TTLs cut)
+    /// after it arrived, or, from this replica's own clock, at its due time.
     pub fn release_at(&mut self, stamp: &Stamp, arrived_us: u64, own: &str) -> u64 {
         if stamp.source == own {
             // The same clock: its due time is exact. No later than its whole
