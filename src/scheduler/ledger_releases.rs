@@ -1,8 +1,8 @@
 //! What became of the tasks the ledger itself released (a limiter's pass
 //! over waiting tasks, a staged release's take): each marked delivered at
-//! its confirm's time, or put back to be taken again. One home for both, so
-//! that their writes are issued side by side and the writer commits them
-//! in one group.
+//! its confirm's time, or put back to be taken again. One home for both:
+//! the delivered marks (one a confirm time) are issued side by side, so the
+//! writer commits them in one group, and what failed is put back after.
 
 use std::collections::BTreeMap;
 
