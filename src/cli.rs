@@ -88,13 +88,25 @@ pub enum Command {
         /// Delete; without it nothing is touched.
         #[arg(long)]
         yes: bool,
-        /// Delete even while the chain holds tasks or parked messages (the
-        /// ledger's tasks are cancelled first).
+        /// Delete even while the chain holds tasks, or messages in its other
+        /// queues (the ledger's tasks are cancelled first).
         #[arg(long)]
         drop_tasks: bool,
+        /// Delete a named queue even while it holds messages (they are lost).
+        #[arg(long)]
+        drop_messages: bool,
+        /// Delete a named queue even while consumers read it.
+        #[arg(long)]
+        drop_consumers: bool,
+        /// Delete the retry exchange and intake even while [[retry]]
+        /// policies are configured: until they are declared again, RabbitMQ
+        /// drops what the covered queues reject.
+        #[arg(long)]
+        drop_retries: bool,
         /// A queue of your own to delete too (a consumer's queue bound to
         /// the business exchange); repeatable. No other queue of yours is
-        /// touched.
+        /// touched, and a named one that holds messages or has consumers
+        /// only with --drop-messages or --drop-consumers.
         #[arg(long = "queue", value_name = "NAME")]
         queues: Vec<String>,
     },
@@ -438,11 +450,17 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Deprovision {
             yes,
             drop_tasks,
+            drop_messages,
+            drop_consumers,
+            drop_retries,
             queues,
         } => {
             let asked = deprovision::Asked {
                 delete: yes,
                 drop_tasks,
+                drop_messages,
+                drop_consumers,
+                drop_retries,
             };
             deprovision_chain(&settings, &cascade, &queues, asked).await?
         }
@@ -514,16 +532,78 @@ async fn deprovision_chain(
     queues: &[String],
     asked: deprovision::Asked,
 ) -> anyhow::Result<()> {
-    let plan = plan_with(
-        cascade,
-        &settings.ingresses(cascade)?,
-        settings.retries(cascade)?.as_ref(),
-    );
+    let retries = settings.retries(cascade)?;
+    let plan = plan_with(cascade, &settings.ingresses(cascade)?, retries.as_ref());
     let operator = settings.operator(cascade);
     let now_ms = crate::clock::now_ms();
-    let done = deprovision::deprovision(&operator, cascade, &plan, queues, asked, now_ms).await?;
+    let done = deprovision::deprovision(
+        &operator,
+        cascade,
+        &plan,
+        retries.as_ref(),
+        queues,
+        asked,
+        now_ms,
+    )
+    .await?;
     out!("{}", describe_deprovision(&done, cascade));
+    let ran = command_as_run();
+    if let Some(refused) = &done.refused {
+        anyhow::bail!("nothing deleted: {}", refusal_hint(refused, &ran));
+    }
+    if !done.deleted && done.chain.iter().chain(&done.named).any(|o| o.exists) {
+        out!("{}", deletion_hint(&done, &ran));
+    }
     Ok(())
+}
+
+/// The command line this process was started with, as an operator would
+/// type it again (`delayline` for the program, each word quoted for a shell).
+fn command_as_run() -> Vec<String> {
+    let words = std::env::args_os().skip(1);
+    let words = words.map(|word| word.to_string_lossy().into_owned());
+    std::iter::once("delayline".to_owned())
+        .chain(words)
+        .collect()
+}
+
+/// `ran` with `flags` added (those it does not have yet), quoted for a shell.
+fn with_flags(ran: &[String], flags: &[&str]) -> String {
+    let mut words: Vec<&str> = ran.iter().map(String::as_str).collect();
+    words.extend(flags.iter().filter(|flag| !ran.iter().any(|w| w == *flag)));
+    shlex::try_join(words.iter().copied()).unwrap_or_else(|_| words.join(" "))
+}
+
+/// Why a deletion was refused, and the command that accepts the loss.
+fn refusal_hint(refused: &deprovision::Blocker, ran: &[String]) -> String {
+    match refused.flag() {
+        Some(flag) => format!(
+            "{refused}.\nTo delete anyway, accepting that loss: {}",
+            with_flags(ran, &["--yes", flag])
+        ),
+        None => format!("{refused}"),
+    }
+}
+
+/// After a look: the command that deletes what is present, and what each
+/// flag it needs would lose.
+fn deletion_hint(done: &Deprovisioned, ran: &[String]) -> String {
+    let mut text = String::from("nothing deleted.\n");
+    for blocker in &done.blockers {
+        text += &format!("  {blocker}\n");
+    }
+    if done.blockers.iter().any(|b| b.flag().is_none()) {
+        return text;
+    }
+    let mut flags = vec!["--yes"];
+    flags.extend(done.flags_needed());
+    let present = done.chain.iter().chain(&done.named).filter(|o| o.exists);
+    text += &format!(
+        "`{}` deletes the {} above\n",
+        with_flags(ran, &flags),
+        count(present.count() as u64, "object present", "objects present")
+    );
+    text
 }
 
 /// `delayline requeue-unroutable`.
@@ -734,13 +814,14 @@ fn describe_deprovision(done: &Deprovisioned, cascade: &Cascade) -> String {
         cascade.prefix(),
         cascade.version()
     );
-    for object in done.chain.iter().chain(&done.named) {
-        let what = match (object.exists, object.kind) {
-            (false, _) => "absent".to_owned(),
-            (true, ObjectKind::Queue) => count(object.messages, "message", "messages"),
-            (true, ObjectKind::Exchange) => String::new(),
-        };
-        text += &format!("  {:<8} {}  {what}\n", object.kind.as_str(), object.name);
+    for object in &done.chain {
+        text += &describe_object(object);
+    }
+    if !done.named.is_empty() {
+        text += "queues named with --queue:\n";
+        for object in &done.named {
+            text += &describe_object(object);
+        }
     }
     let counted_by = match done.by_ledger {
         true => "by the ledger",
@@ -749,7 +830,7 @@ fn describe_deprovision(done: &Deprovisioned, cascade: &Cascade) -> String {
     text += &format!(
         "it holds {} ({counted_by}) and {} in its other queues\n",
         count(done.tasks, "task on its way", "tasks on their way"),
-        count(done.parked, "parked message", "parked messages")
+        count(done.held, "message", "messages")
     );
     let present = done.chain.iter().chain(&done.named).filter(|o| o.exists);
     let present = present.count() as u64;
@@ -757,14 +838,6 @@ fn describe_deprovision(done: &Deprovisioned, cascade: &Cascade) -> String {
         return text + "nothing of it is on the broker\n";
     }
     if !done.deleted {
-        let flags = match done.holds_work() {
-            true => "--yes --drop-tasks",
-            false => "--yes",
-        };
-        text += &format!(
-            "nothing deleted: `delayline deprovision {flags}` deletes the {} above\n",
-            count(present, "object present", "objects present")
-        );
         return text;
     }
     text += &format!("deleted {}", count(present, "object", "objects"));
@@ -775,6 +848,20 @@ fn describe_deprovision(done: &Deprovisioned, cascade: &Cascade) -> String {
         );
     }
     text + "\n"
+}
+
+/// One object of a deprovision listing: a queue with its messages and consumers.
+fn describe_object(object: &crate::broker::Standing) -> String {
+    let what = match (object.exists, object.kind) {
+        (false, _) => "absent".to_owned(),
+        (true, ObjectKind::Queue) => format!(
+            "{}, {}",
+            count(object.messages, "message", "messages"),
+            count(object.consumers, "consumer", "consumers")
+        ),
+        (true, ObjectKind::Exchange) => String::new(),
+    };
+    format!("  {:<8} {}  {what}\n", object.kind.as_str(), object.name)
 }
 
 fn describe_requeue(done: &Requeued, cascade: &Cascade) -> String {

@@ -75,7 +75,10 @@ impl Settings {
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Settings::default())?);
         if let Some(file) = file {
-            builder = builder.add_source(config::File::from(file).required(true));
+            // TOML whatever the name ends in (`delayline.conf`, a mounted
+            // secret's key): the format is not guessed from the name.
+            let file = config::File::from(file).format(config::FileFormat::Toml);
+            builder = builder.add_source(file.required(true));
         }
         let settings: Settings = builder
             .add_source(
@@ -359,6 +362,22 @@ mod tests {
             "{error}"
         );
         std::fs::remove_file(file.0).unwrap();
+    }
+
+    /// A file named as a mounted secret's key or `delayline.conf` is read
+    /// as TOML: the name does not choose the format.
+    #[test]
+    fn a_file_whose_name_does_not_end_in_toml_is_read_as_toml() {
+        for name in ["delayline.conf", "config"] {
+            let dir = std::env::temp_dir().join(format!("delayline-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir(&dir).unwrap();
+            let path = dir.join(name);
+            std::fs::write(&path, "[cascade]\nlevels = 9\nunit_ms = 10\n").unwrap();
+            let loaded = Settings::load(Some(&path));
+            std::fs::remove_dir_all(&dir).unwrap();
+            let (_, cascade) = loaded.unwrap();
+            assert_eq!(cascade.levels(), 9, "{name}");
+        }
     }
 
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {

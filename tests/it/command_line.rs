@@ -4,6 +4,9 @@
 use std::process::Stdio;
 
 use delayline::cascade::QueueType;
+use lapin::BasicProperties;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
 
 use crate::common::{
     Backend, TestApp, TestConsumer, amqp_uri, delayline_command, run_delayline, test_settings,
@@ -47,19 +50,27 @@ async fn a_command_whose_reader_has_gone_ends_quietly() {
 
 /// `delayline deprovision` says what it would delete and deletes nothing;
 /// with `--yes` it refuses while a delayline consumes the chain, then while
-/// the chain holds a task (saying how many, and the flag); with
-/// `--drop-tasks` it deletes the chain of the configured prefix and
-/// version, cancels the task in the ledger, and deletes a user's queue only
-/// when named. On the broker the suite runs against (3.10 and 4.3 in CI).
+/// the chain holds a task (saying how many, and the flag); a named queue of
+/// the user's that holds messages, or that a consumer reads, is refused
+/// (saying how many) until the flag named for that loss is given; every
+/// hint is the command as it was run (its `--config` and `--queue`s), with
+/// only the flags added. With every flag it deletes the chain of the
+/// configured prefix and version, cancels the task in the ledger, and
+/// deletes the user's queues that were named, no other. On the broker the
+/// suite runs against (3.10 and 4.3 in CI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deprovision_deletes_the_chain_only_when_told_and_never_loses_work_unasked() {
     let mut settings = with_ledger(test_settings(8, 100, QueueType::Quorum), Backend::Sqlite);
     settings.cascade.business_exchange = None;
     let cascade = settings.cascade().unwrap();
     let mut app = TestApp::spawn(settings.clone()).await;
-    // Two queues of the user's, bound to the business exchange.
-    let _first = TestConsumer::bind(&mut app, "#").await;
-    let named = app.cleanup.queues.last().unwrap().clone();
+    // Three queues of the user's: one read by a consumer, one holding three
+    // persistent messages (both named below), and one never named.
+    let _reader = TestConsumer::bind(&mut app, "#").await;
+    let consumed = app.cleanup.queues.last().unwrap().clone();
+    let full = format!("{}.user.full", cascade.prefix());
+    app.cleanup.queues.push(full.clone());
+    declare_with_messages(&full, 3).await;
     let _second = TestConsumer::bind(&mut app, "#").await;
     let kept = app.cleanup.queues.last().unwrap().clone();
     let task = serde_json::json!({"destination": "billing.invoice", "delay": "20s"});
@@ -70,7 +81,13 @@ async fn deprovision_deletes_the_chain_only_when_told_and_never_loses_work_unask
     assert!(!ok && running.contains("is being consumed"), "{running}");
     let _topology = app.stop_keeping_topology().await;
 
-    let (ok, looked) = run_delayline(&settings, &["deprovision"]).await;
+    // The configuration file's name need not end in .toml.
+    let config = std::env::temp_dir().join(format!("{}.conf", cascade.prefix()));
+    std::fs::write(&config, "# defaults; the environment says the rest\n").unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let named = ["--queue", &full, "--queue", &consumed];
+    let look = [&["--config", &config, "deprovision"][..], &named].concat();
+    let (ok, looked) = run_delayline(&settings, &look).await;
     assert!(ok, "{looked}");
     for name in [
         cascade.level_queue(7),
@@ -84,11 +101,20 @@ async fn deprovision_deletes_the_chain_only_when_told_and_never_loses_work_unask
         "{looked}"
     );
     assert!(
-        looked.contains("deprovision --yes --drop-tasks"),
+        looked.contains(&format!("{full}  3 messages, 0 consumers")),
         "{looked}"
     );
     assert!(
-        !looked.contains(&named),
+        looked.contains(&format!("{consumed}  0 messages, 1 consumer")),
+        "{looked}"
+    );
+    let whole = format!(
+        "delayline --config {config} deprovision --queue {full} --queue {consumed} --yes \
+         --drop-tasks --drop-messages --drop-consumers`"
+    );
+    assert!(looked.contains(&whole), "{whole} in {looked}");
+    assert!(
+        !looked.contains(&kept),
         "an unnamed queue of the user's: {looked}"
     );
     assert!(
@@ -99,20 +125,50 @@ async fn deprovision_deletes_the_chain_only_when_told_and_never_loses_work_unask
     let (ok, refused) = run_delayline(&settings, &["deprovision", "--yes"]).await;
     assert!(!ok, "{refused}");
     assert!(refused.contains("tasks on their way: 1"), "{refused}");
-    assert!(refused.contains("--drop-tasks"), "{refused}");
+    assert!(
+        refused.contains("delayline deprovision --yes --drop-tasks\n"),
+        "{refused}"
+    );
     assert!(
         queue_exists(&cascade.release_queue()).await,
         "a refusal deleted"
     );
 
-    let args = ["deprovision", "--yes", "--drop-tasks", "--queue", &named];
+    let args = [&["deprovision", "--yes", "--drop-tasks"][..], &named].concat();
+    let (ok, refused) = run_delayline(&settings, &args).await;
+    assert!(!ok, "{refused}");
+    assert!(
+        refused.contains(&format!("queue {full} holds 3 messages")),
+        "{refused}"
+    );
+    let again = format!(
+        "delayline deprovision --yes --drop-tasks --queue {full} --queue {consumed} --drop-messages\n"
+    );
+    assert!(refused.contains(&again), "{again} in {refused}");
+    let args = [&args[..], &["--drop-messages"]].concat();
+    let (ok, refused) = run_delayline(&settings, &args).await;
+    assert!(!ok, "{refused}");
+    assert!(
+        refused.contains(&format!("queue {consumed} has 1 consumers")),
+        "{refused}"
+    );
+    for queue in [cascade.release_queue(), full.clone(), consumed.clone()] {
+        assert!(queue_exists(&queue).await, "a refusal deleted {queue}");
+    }
+
+    let args = [&args[..], &["--drop-consumers"]].concat();
     let (ok, deleted) = run_delayline(&settings, &args).await;
     assert!(ok, "{deleted}");
     assert!(
         deleted.contains("1 task cancelled in the ledger"),
         "{deleted}"
     );
-    for queue in [cascade.level_queue(7), cascade.release_queue(), named] {
+    for queue in [
+        cascade.level_queue(7),
+        cascade.release_queue(),
+        full,
+        consumed,
+    ] {
         assert!(!queue_exists(&queue).await, "{queue} is still there");
     }
     assert!(queue_exists(&kept).await, "a queue of the user's not named");
@@ -120,6 +176,28 @@ async fn deprovision_deletes_the_chain_only_when_told_and_never_loses_work_unask
     assert!(ok, "{after}");
     assert!(after.contains("0 tasks on their way"), "{after}");
     assert!(after.contains("nothing of it is on the broker"), "{after}");
+    let _ = std::fs::remove_file(&config);
+}
+
+/// A durable queue of the user's holding `messages` persistent messages.
+async fn declare_with_messages(queue: &str, messages: usize) {
+    let connection = delayline::broker::connect(amqp_uri(), "deprovision test")
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    let _ = connection.close(200, "declared".into()).await;
+    let persistent = BasicProperties::default().with_delivery_mode(2);
+    for _ in 0..messages {
+        crate::ingress::publish("", queue, b"kept", persistent.clone()).await;
+    }
 }
 
 /// Whether a queue of that name is declared on the suite's broker.
