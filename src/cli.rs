@@ -1,6 +1,8 @@
 //! The command line: `serve`, `provision [--dry-run | --check]`,
 //! `migrate-topology --from`, `requeue-unroutable`, `migrate`, `probe`, `route`,
-//! `token create`.
+//! `token create`, `deprovision`, `retries check`, and the commands that act
+//! through a running service's API (`schedules`, `limits`, `forecast`,
+//! `bulk`, `retries list`, `parked`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -190,6 +192,31 @@ pub enum Command {
         #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Retry policies: `list` them through the running service's API
+    /// (`admin` permission); `check` a queue's wiring to the retry exchange
+    /// on the broker.
+    Retries {
+        #[command(subcommand)]
+        action: RetriesCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token (`admin` permission).
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Parked messages (what a retry policy gave up on), through the
+    /// running service's API (`admin` permission).
+    Parked {
+        #[command(subcommand)]
+        action: ParkedCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token (`admin` permission).
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Show how a task would be routed.
     Route {
         /// Delay such as 90s, 1h30m or 250ms.
@@ -215,6 +242,51 @@ pub enum ScheduleCommand {
         /// The schedule's id (as `schedules list` shows it).
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RetriesCommand {
+    /// Every policy: its queues, backoff and attempts (see `GET /v1/retries`).
+    List,
+    /// Whether each queue is wired to the retry exchange, as the broker
+    /// shows it: the exchange exists and is delayline's, the intake exists,
+    /// a policy covers the queue, and its argument or policy names the
+    /// exchange (the last two need the broker's management API). Exits 1
+    /// when a link is broken. Acts on the broker, not through the service.
+    Check {
+        /// A queue to check (repeatable); default every queue of every policy.
+        #[arg(long = "queue", value_name = "NAME")]
+        queues: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ParkedCommand {
+    /// The count per queue, and the newest parked messages.
+    List {
+        /// Only this queue's messages.
+        #[arg(long)]
+        queue: Option<String>,
+        /// How many messages (1 to 500).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Send one parked message (by id), or every one of a queue, back to
+    /// its queue now, on its first attempt again.
+    Replay(ParkedTarget),
+    /// Discard one parked message (by id), or every one of a queue.
+    Discard(ParkedTarget),
+}
+
+/// One parked message, or a queue's all.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct ParkedTarget {
+    /// The parked message's id (as `parked list` shows it).
+    pub id: Option<String>,
+    /// Every parked message of this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -481,6 +553,22 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         Command::Schedules { action, url, token } => {
             out!("{}", schedules(&settings, action, url, token).await?);
         }
+        Command::Retries {
+            action: RetriesCommand::Check { queues },
+            ..
+        } => return check_retry_wiring(&settings, &cascade, &queues).await,
+        Command::Retries {
+            action: RetriesCommand::List,
+            url,
+            token,
+        } => {
+            let remote = crate::remote::Remote::new(&settings, url, token)?;
+            out!("{}", remote.list_retries().await?);
+        }
+        Command::Parked { action, url, token } => {
+            let remote = crate::remote::Remote::new(&settings, url, token)?;
+            out!("{}", parked(&remote, action).await?);
+        }
         Command::Route { delay, destination } => {
             out!("{}", describe_route(&cascade, delay, &destination)?)
         }
@@ -604,6 +692,51 @@ fn deletion_hint(done: &Deprovisioned, ran: &[String]) -> String {
         count(present.count() as u64, "object present", "objects present")
     );
     text
+}
+
+/// `delayline retries check [--queue …]`: each queue's wiring, a finding
+/// a line; exit 1 when a link is broken.
+async fn check_retry_wiring(
+    settings: &Settings,
+    cascade: &Cascade,
+    queues: &[String],
+) -> anyhow::Result<ExitCode> {
+    let Some(retries) = settings.retries(cascade)? else {
+        anyhow::bail!(
+            "no [[retry]] policy is configured: the retry exchange is declared only with one \
+             (give the service's --config)"
+        );
+    };
+    let operator = settings.operator(cascade);
+    let checked = crate::operations::wiring::check(&operator, &retries, queues).await?;
+    let mut broken = false;
+    for (queue, findings) in &checked {
+        outln!("{queue}:");
+        for finding in findings {
+            broken |= finding.is_problem();
+            outln!("  {finding}");
+        }
+    }
+    Ok(if broken {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `delayline parked …`, through the running service's API.
+async fn parked(remote: &crate::remote::Remote, action: ParkedCommand) -> anyhow::Result<String> {
+    Ok(match action {
+        ParkedCommand::List { queue, limit } => remote.list_parked(queue.as_deref(), limit).await?,
+        ParkedCommand::Replay(target) => {
+            let (id, queue) = (target.id.as_deref(), target.queue.as_deref());
+            remote.act_on_parked("replay", id, queue).await?
+        }
+        ParkedCommand::Discard(target) => {
+            let (id, queue) = (target.id.as_deref(), target.queue.as_deref());
+            remote.act_on_parked("discard", id, queue).await?
+        }
+    })
 }
 
 /// `delayline requeue-unroutable`.

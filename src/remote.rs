@@ -1,6 +1,7 @@
-//! `delayline schedules …` and `delayline limits …`: the command line's
-//! view of recurring schedules and release limits, through a running
-//! service's own API.
+//! `delayline schedules …`, `limits …`, `forecast`, `bulk …`, `retries
+//! list` and `parked …`: the command line's view of recurring schedules,
+//! release limits, the forecast, bulk changes, retry policies and parked
+//! messages, through a running service's own API.
 //!
 //! Going through the API rather than the ledger means one code path for a
 //! change (a pause withdraws the occurrences already made, and wakes the
@@ -275,4 +276,117 @@ fn row(schedule: &Value) -> String {
         schedule["occurrences"],
         schedule["missed"],
     )
+}
+
+impl Remote {
+    /// `GET /v1/retries` as a table: a policy a line, then the broker objects.
+    pub async fn list_retries(&self) -> Result<String, RemoteError> {
+        let retries = self.call(reqwest::Method::GET, "/v1/retries").await?;
+        let mut table = String::from(
+            "policy\tqueues\tinitial ms\tmultiplier\tmax delay ms\tjitter\tattempts\tpark to\n",
+        );
+        for policy in retries["policies"].as_array().into_iter().flatten() {
+            let queues: Vec<&str> = (policy["queues"].as_array().into_iter().flatten())
+                .filter_map(Value::as_str)
+                .collect();
+            table += &format!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                policy["name"].as_str().unwrap_or("?"),
+                queues.join(","),
+                policy["initial_ms"],
+                policy["multiplier"],
+                policy["max_delay_ms"],
+                policy["jitter"],
+                policy["max_attempts"],
+                policy["park_to"].as_str().unwrap_or("-"),
+            );
+        }
+        if let Some(exchange) = retries["exchange"].as_str() {
+            table += &format!(
+                "a covered queue dead-letters to {exchange}; delayline takes them from {}; \
+                 what no policy covers goes to {}\n",
+                retries["queue"].as_str().unwrap_or("?"),
+                retries["refused_queue"].as_str().unwrap_or("?"),
+            );
+        }
+        Ok(table)
+    }
+
+    /// `GET /v1/parked` as two tables: the count per queue, then the
+    /// newest messages (of `queue`, when given), up to `limit`.
+    pub async fn list_parked(
+        &self,
+        queue: Option<&str>,
+        limit: u32,
+    ) -> Result<String, RemoteError> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(queue.map(|q| ("queue", q.to_owned())));
+        let query = reqwest::Url::parse_with_params("http://parked/", &query)
+            .ok()
+            .and_then(|url| url.query().map(str::to_owned))
+            .unwrap_or_default();
+        let parked = self
+            .call(reqwest::Method::GET, &format!("/v1/parked?{query}"))
+            .await?;
+        let mut text = String::from("queue\tparked\tnewest\n");
+        for queue in parked["queues"].as_array().into_iter().flatten() {
+            text += &format!(
+                "{}\t{}\t{}\n",
+                queue["queue"].as_str().unwrap_or("?"),
+                queue["parked"],
+                queue["newest_at"].as_str().unwrap_or("?"),
+            );
+        }
+        text += "\nid\tqueue\tpolicy\treason\tattempts\tparked at\tmessage id\n";
+        for message in parked["parked"].as_array().into_iter().flatten() {
+            text += &format!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+                message["id"].as_str().unwrap_or("?"),
+                message["queue"].as_str().unwrap_or("?"),
+                message["policy"].as_str().unwrap_or("?"),
+                message["reason"].as_str().unwrap_or("?"),
+                message["attempts"],
+                message["parked_at"].as_str().unwrap_or("?"),
+                message["message_id"].as_str().unwrap_or("-"),
+            );
+        }
+        if parked["next"].is_string() {
+            text += "(more: --limit up to 500, or the API's `before` cursor)\n";
+        }
+        Ok(text)
+    }
+
+    /// Replays (`"replay"`) or discards (`"discard"`) one parked message,
+    /// by `id`, or every one of `queue`; the counts.
+    pub async fn act_on_parked(
+        &self,
+        action: &str,
+        id: Option<&str>,
+        queue: Option<&str>,
+    ) -> Result<String, RemoteError> {
+        let done = match id {
+            Some(id) if action == "replay" => {
+                let path = format!("/v1/parked/{id}/replay");
+                self.call(reqwest::Method::POST, &path).await?
+            }
+            Some(id) => {
+                let path = format!("/v1/parked/{id}");
+                self.call(reqwest::Method::DELETE, &path).await?
+            }
+            None => {
+                let body = serde_json::json!({"filter": {"queue": queue}, "action": action});
+                self.send(reqwest::Method::POST, "/v1/parked/bulk", Some(&body))
+                    .await?
+            }
+        };
+        let verb = if action == "replay" {
+            "replayed"
+        } else {
+            "discarded"
+        };
+        Ok(format!(
+            "{verb} {} of {} matched ({} gone before the action reached them)\n",
+            done["changed"], done["matched"], done["unchanged"]
+        ))
+    }
 }

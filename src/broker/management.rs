@@ -132,37 +132,123 @@ impl ManagementApi {
 
     /// The queues of the vhost whose whole name matches `pattern` (a regular expression).
     pub async fn queues(&self, pattern: &str) -> Result<Vec<QueueCounts>, ManagementError> {
-        let mut url = reqwest::Url::parse(&self.base)
-            .map_err(|_| ManagementError::InvalidUrl(self.base.clone()))?;
-        url.path_segments_mut()
-            .map_err(|()| ManagementError::InvalidUrl(self.base.clone()))?
-            .extend(["api", "queues", &self.vhost]);
-        url.query_pairs_mut()
-            .append_pair("page", "1")
-            .append_pair("page_size", &PAGE_SIZE.to_string())
-            .append_pair("name", pattern)
-            .append_pair("use_regex", "true")
-            .append_pair(
+        let query = [
+            ("page", "1"),
+            ("page_size", &PAGE_SIZE.to_string()),
+            ("name", pattern),
+            ("use_regex", "true"),
+            (
                 "columns",
                 "name,messages,messages_ready,messages_unacknowledged,leader,node",
-            );
+            ),
+        ];
+        let page: Option<Page> = self.get(&["queues", &self.vhost], &query).await?;
+        Ok(page.map(|page| page.items).unwrap_or_default())
+    }
+
+    /// What sends `queue`'s dead letters where: its arguments and the
+    /// policy the broker applies to it; `None` when there is no such queue.
+    pub async fn queue_wiring(&self, queue: &str) -> Result<Option<QueueWiring>, ManagementError> {
+        self.get(&["queues", &self.vhost, queue], &[]).await
+    }
+
+    /// An exchange's type, and the queues it is bound to; `None` when
+    /// there is no such exchange.
+    pub async fn exchange(&self, name: &str) -> Result<Option<ExchangeView>, ManagementError> {
+        let Some(found): Option<ExchangeType> =
+            self.get(&["exchanges", &self.vhost, name], &[]).await?
+        else {
+            return Ok(None);
+        };
+        let path = ["exchanges", &self.vhost, name, "bindings", "source"];
+        let bindings: Option<Vec<Binding>> = self.get(&path, &[]).await?;
+        let bound_queues = bindings.unwrap_or_default().into_iter();
+        let bound_queues = bound_queues.filter(|b| b.destination_type == "queue");
+        Ok(Some(ExchangeView {
+            kind: found.kind,
+            bound_queues: bound_queues.map(|b| b.destination).collect(),
+        }))
+    }
+
+    /// GETs `/api/<path>` (each segment encoded) with `query`: `None` for a 404.
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<Option<T>, ManagementError> {
+        let invalid = || ManagementError::InvalidUrl(self.base.clone());
+        let mut url = reqwest::Url::parse(&self.base).map_err(|_| invalid())?;
+        url.path_segments_mut()
+            .map_err(|()| invalid())?
+            .push("api")
+            .extend(path);
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
         let failed = |source| ManagementError::Request {
             url: self.base.clone(),
             source,
         };
-        let page: Page = self
+        let response = self
             .client
             .get(url)
             .basic_auth(&self.user, Some(&self.password))
             .send()
             .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(failed)?
-            .json()
-            .await
             .map_err(failed)?;
-        Ok(page.items)
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = response.error_for_status().map_err(failed)?;
+        Ok(Some(response.json().await.map_err(failed)?))
     }
+}
+
+/// A queue's dead-letter settings, as the management API shows them.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct QueueWiring {
+    /// Its `x-` arguments, as declared (an object; an empty list for none
+    /// on some versions, as the policy's definition).
+    #[serde(default)]
+    pub arguments: serde_json::Value,
+    /// The user policy applied to it, by name.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// What the applied policies (user and operator) set, merged.
+    #[serde(default)]
+    pub effective_policy_definition: Option<serde_json::Value>,
+}
+
+impl QueueWiring {
+    /// The exchange its `x-dead-letter-exchange` argument names.
+    pub fn argument_dead_letter_exchange(&self) -> Option<&str> {
+        self.arguments.get("x-dead-letter-exchange")?.as_str()
+    }
+
+    /// The exchange the policy applied to it names as its dead-letter exchange.
+    pub fn policy_dead_letter_exchange(&self) -> Option<&str> {
+        let definition = self.effective_policy_definition.as_ref()?;
+        definition.get("dead-letter-exchange")?.as_str()
+    }
+}
+
+/// An exchange's type and the queues bound to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExchangeView {
+    pub kind: String,
+    pub bound_queues: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct ExchangeType {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct Binding {
+    destination: String,
+    destination_type: String,
 }
 
 fn decode(text: &str) -> String {

@@ -19,7 +19,8 @@
 //! pure); [`retrying`] takes each message in and schedules it back to the
 //! queue it died in after the policy's backoff (a task, by the default
 //! exchange), or parks it in the ledger after its last attempt; [`parked`]
-//! replays or discards parked messages. The message's side (where it died,
+//! replays or discards parked messages; [`wiring`] judges whether a
+//! queue is wired to the retry exchange (pure). The message's side (where it died,
 //! its attempt, what comes back) is `message`'s `retry`.
 
 mod intake;
@@ -28,6 +29,7 @@ mod parked;
 mod retry;
 mod retrying;
 mod settings;
+pub mod wiring;
 pub(crate) use settings::IngressError;
 pub use settings::{Ingress, IngressSettings, plan_with};
 mod consumer;

@@ -133,7 +133,8 @@ impl RetrySettings {
         let duration = |setting: &'static str, text: &str| {
             humantime::parse_duration(text)
                 .map_err(|e| refuse(setting, format!("{text:?} is not a duration: {e}")))
-                .and_then(|d| match u64::try_from(d.as_millis()) {
+                // A fraction of a millisecond rounds up: a wait is a least wait.
+                .and_then(|d| match u64::try_from(d.as_nanos().div_ceil(1_000_000)) {
                     Ok(ms) if ms > 0 => Ok(ms),
                     _ => Err(refuse(setting, format!("{text:?} must be at least 1ms"))),
                 })
@@ -364,6 +365,11 @@ mod tests {
         assert_eq!(bad(|s| s.max_delay = "100days".into()).setting, "max_delay");
         assert_eq!(bad(|s| s.jitter = 1.5).setting, "jitter");
         assert_eq!(bad(|s| s.max_attempts = 0).setting, "max_attempts");
+        let mut fractional = section("fractional", &["q"]);
+        fractional.initial = "1500us".into();
+        fractional.max_delay = "2ms".into();
+        let taken = Retries::new(&[fractional], &chain).unwrap().unwrap();
+        assert_eq!(taken.policies[0].initial_ms, 2, "rounded up");
         assert_eq!(bad(|s| s.initial = "soon".into()).setting, "initial");
         assert_eq!(bad(|s| s.queues = vec!["amq.x".into()]).setting, "queues");
         let twice = Retries::new(

@@ -90,6 +90,12 @@ pub struct RetryLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    /// A consumer's queue.
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
     /// The release limit's name.
     pub limit: String,
@@ -153,6 +159,8 @@ pub struct Metrics {
     pub client_accepted: Family<ClientLabel, Counter>,
     pub ingress_messages: Family<IngressLabel, Counter>,
     pub retry_messages: Family<RetryLabel, Counter>,
+    /// Messages parked in the ledger now, by the queue they failed in.
+    pub parked_messages: Family<QueueLabel, Gauge>,
     pub client_scheduled: Family<ClientLabel, Gauge>,
     pub connections_refused: Counter,
     pub request_deadline_exceeded: Counter,
@@ -506,6 +514,13 @@ impl Metrics {
              parked, replayed, discarded, refused)",
             retry_messages.clone(),
         );
+        let parked_messages = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "parked_messages",
+            "Messages the retry policies parked after their last attempt, in the ledger now (until \
+             replayed or discarded), by the queue they failed in",
+            parked_messages.clone(),
+        );
         let client_scheduled = Family::<ClientLabel, Gauge>::default();
         registry.register(
             "client_scheduled_tasks",
@@ -548,6 +563,7 @@ impl Metrics {
             client_accepted,
             ingress_messages,
             retry_messages,
+            parked_messages,
             client_scheduled,
             registry,
             tasks_accepted,
@@ -699,6 +715,17 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// The parked messages of each queue, as the ledger counts them now;
+    /// a queue with none is no longer listed.
+    pub fn set_parked(&self, per_queue: impl IntoIterator<Item = (String, u64)>) {
+        self.parked_messages.clear();
+        for (queue, parked) in per_queue {
+            self.parked_messages
+                .get_or_create(&QueueLabel { queue })
+                .set(i64::try_from(parked).unwrap_or(i64::MAX));
+        }
+    }
+
     /// One message of a retry policy's, by queue and outcome.
     pub fn retried(&self, queue: &str, outcome: &'static str, messages: u64) {
         self.retry_messages

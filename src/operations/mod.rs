@@ -1,6 +1,7 @@
 //! The operator's commands as an application layer: provisioning and
 //! checking the chain, migrating it, requeueing what was unroutable,
-//! deleting it (`deprovision`), creating client tokens. Each coordinates the ledger and the broker and
+//! deleting it (`deprovision`), checking a queue's wiring to the retries
+//! (`wiring`), creating client tokens. Each coordinates the ledger and the broker and
 //! returns what it did; `cli` parses arguments, calls one and prints.
 //!
 //! Decisions about a task live here, above the broker adapter: which copies
@@ -13,6 +14,7 @@ pub mod provision;
 mod settings;
 pub mod token;
 pub mod unroutable;
+pub mod wiring;
 pub use settings::OperatorSettings;
 mod run;
 

@@ -1,8 +1,10 @@
-//! The upkeep of the ledger's per-minute counts of what falls due. On
-//! PostgreSQL the counts' changes are appended by the transactions that
-//! change tasks and folded in here, every [`FOLD_EVERY`] (a forecast reads
-//! the unfolded ones too, so folding late only makes it a little slower);
-//! the due-soon gauges are read every [`GAUGES_EVERY`].
+//! The upkeep of the ledger's per-minute counts of what falls due, and of
+//! the gauges read from the ledger. On PostgreSQL the counts' changes are
+//! appended by the transactions that change tasks and folded in here, every
+//! [`FOLD_EVERY`] (a forecast reads the unfolded ones too, so folding late
+//! only makes it a little slower); the due-soon and parked gauges are read
+//! every [`GAUGES_EVERY`], from the ledger every replica shares, so that
+//! each replica's scrape says what the ledger holds, not what it did.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,10 @@ pub(super) async fn keep_counts(
             _ = gauges.tick() => {
                 if let Err(error) = set_due_soon(&ledger, &metrics, crate::clock::now_ms()).await {
                     warn!(%error, "reading what falls due failed");
+                }
+                match ledger.parked_per_queue().await {
+                    Ok(queues) => metrics.set_parked(queues.into_iter().map(|q| (q.queue, q.parked))),
+                    Err(error) => warn!(%error, "counting parked messages failed"),
                 }
             }
         }

@@ -291,7 +291,7 @@ async fn tasks_the_broker_lets_out_of_the_levels_early_are_released_never_early(
 
 /// Clears a test's policy however the test ends: the machine's broker
 /// outlives it.
-struct PolicyCleared(String);
+pub(crate) struct PolicyCleared(pub(crate) String);
 
 impl Drop for PolicyCleared {
     fn drop(&mut self) {

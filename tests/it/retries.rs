@@ -302,13 +302,37 @@ async fn park_then_replay(backend: Backend) {
     assert_eq!(parked["queues"][0]["parked"], 1);
     // Nothing more comes: parked is not retried.
     assert!(worker.next(Duration::from_millis(1_500)).await.is_none());
+    // How many are parked now is a gauge, read from the ledger.
+    let gauge = format!("delayline_parked_messages{{queue=\"{queue}\"}}");
+    eventually("the parked gauge counts it", async || {
+        sample(&app.scrape().await, &gauge) == Some(1.0)
+    })
+    .await;
 
+    // The command line lists it and replays it, through the API.
     let id = message["id"].as_str().unwrap();
-    let (status, done) = app
-        .post(&format!("/v1/parked/{id}/replay"), &json!({}))
-        .await;
-    assert_eq!(status, 200, "{done}");
-    assert_eq!(done, json!({"matched": 1, "changed": 1, "unchanged": 0}));
+    let parked_cli = async |args: &[&str]| {
+        let args = [args, &["--url", &app.base]].concat();
+        let (ok, said) = crate::common::run_delayline(&app.settings, &args).await;
+        assert!(ok, "{args:?}: {said}");
+        said
+    };
+    let listed = parked_cli(&["parked", "list", "--queue", &queue]).await;
+    assert!(listed.contains(&format!("{queue}\t1\t")), "{listed}");
+    assert!(
+        listed.contains(&format!("{id}\t{queue}\twork\trejected\t4\t")),
+        "{listed}"
+    );
+    let policies = parked_cli(&["retries", "list"]).await;
+    assert!(
+        policies.contains(&format!("work\t{queue}\t200\t")),
+        "{policies}"
+    );
+    let done = parked_cli(&["parked", "replay", id]).await;
+    assert_eq!(
+        done,
+        "replayed 1 of 1 matched (0 gone before the action reached them)\n"
+    );
     let (_, delivery) = worker
         .next(Duration::from_secs(10))
         .await
@@ -339,6 +363,10 @@ async fn park_then_replay(backend: Backend) {
     };
     assert_eq!(sample(&scrape, &series("parked")), Some(1.0));
     assert_eq!(sample(&scrape, &series("replayed")), Some(1.0));
+    eventually("the parked gauge no longer lists the queue", async || {
+        sample(&app.scrape().await, &gauge).is_none()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,4 +748,142 @@ async fn a_policys_park_to_queue_gets_a_copy_of_what_is_parked_with_why() {
     // And in the ledger, replayable.
     let (_, parked) = app.get(&format!("/v1/parked?queue={fragile}")).await;
     assert_eq!(parked["parked"][0]["message_id"], "once");
+}
+
+/// `delayline retries check` finds each broken link between a queue and the
+/// retries: before delayline ever started, the retry exchange is missing
+/// (RabbitMQ would drop every rejected message); once it runs, a queue
+/// wired by its argument or by a RabbitMQ policy passes, a queue that names
+/// nothing (seen where the management API is, said as not seen where it is
+/// not) and a queue no policy covers are problems, exit 1. And
+/// `deprovision` keeps the retry exchange and intake while policies are
+/// configured, unless `--drop-retries`. On both brokers (3.10 here has no
+/// management API, 4.3 has).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wiring_check_finds_each_broken_link_and_deprovision_keeps_the_retry_exchange() {
+    let settings = settings_with(vec![policy(&["by-argument", "by-policy", "unwired"])]);
+    let config = retry_config_file(&settings);
+    let config = config.to_str().unwrap().to_owned();
+    let prefix = settings.cascade.prefix.clone();
+    let exchange = format!("{prefix}.retry");
+    let check = |queues: &[&str]| {
+        let mut args = vec!["--config", config.as_str(), "retries", "check"];
+        for queue in queues {
+            args.extend(["--queue", queue]);
+        }
+        args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>()
+    };
+    let run = async |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::common::run_delayline(&settings, &args).await
+    };
+
+    let (ok, before) = run(check(&[])).await;
+    assert!(!ok, "{before}");
+    let missing = format!("PROBLEM  exchange {exchange} does not exist: RabbitMQ drops");
+    assert!(before.contains(&missing), "{before}");
+
+    let mut app = TestApp::spawn(settings.clone()).await;
+    let wired = dead_letters_to(&app, &[]);
+    let by_argument = declare_queue(&mut app, "by-argument", wired).await;
+    let by_policy = declare_queue(&mut app, "by-policy", FieldTable::default()).await;
+    let unwired = declare_queue(&mut app, "unwired", FieldTable::default()).await;
+    let policy_name = format!("{prefix}-retry-wiring");
+    let _cleared = crate::precision::PolicyCleared(policy_name.clone());
+    let definition = format!(r#"{{"dead-letter-exchange":"{exchange}"}}"#);
+    let pattern = format!("^{}$", by_policy.replace('.', "\\."));
+    crate::common::rabbitmqctl(&[
+        "set_policy",
+        &policy_name,
+        &pattern,
+        &definition,
+        "--apply-to",
+        "queues",
+    ]);
+
+    let (ok, checked) = run(check(&[])).await;
+    println!("{checked}");
+    assert!(
+        checked.contains(&format!("ok       exchange {exchange} exists")),
+        "{checked}"
+    );
+    assert!(
+        checked.contains(&format!(
+            "ok       the intake queue {exchange}.intake exists"
+        )),
+        "{checked}"
+    );
+    let seen = !checked.contains("unknown  ");
+    if std::env::var("DLTEST_MANAGEMENT_URL").is_ok() {
+        assert!(seen, "the management API is there: {checked}");
+    }
+    if seen {
+        assert!(!ok, "{checked}");
+        let fanout = format!("fanout, bound to the intake {exchange}.intake");
+        assert!(checked.contains(&fanout), "{checked}");
+        let by_arg =
+            format!("ok       {by_argument}'s x-dead-letter-exchange argument names {exchange}");
+        assert!(checked.contains(&by_arg), "{checked}");
+        eventually("the policy names the exchange", async || {
+            let (_, checked) = run(check(&[&by_policy])).await;
+            checked.contains(&format!(
+                "ok       policy {policy_name} applied to {by_policy} names {exchange}"
+            ))
+        })
+        .await;
+        assert!(
+            checked.contains(&format!("PROBLEM  nothing names {exchange} for {unwired}")),
+            "{checked}"
+        );
+    } else {
+        assert!(ok, "what was not seen is no problem: {checked}");
+        assert!(
+            checked.contains(&format!(
+                "unknown  {unwired}'s arguments and policy not seen"
+            )),
+            "{checked}"
+        );
+    }
+    let stray = format!("{prefix}.stray");
+    let (ok, uncovered) = run(check(&[&stray])).await;
+    assert!(!ok, "{uncovered}");
+    assert!(
+        uncovered.contains(&format!("PROBLEM  no [[retry]] policy covers {stray}")),
+        "{uncovered}"
+    );
+    assert!(
+        uncovered.contains(&format!("PROBLEM  queue {stray} does not exist")),
+        "{uncovered}"
+    );
+
+    let _topology = app.stop_keeping_topology().await;
+    let deprovision = |more: &[&str]| {
+        let mut args = vec!["--config", config.as_str(), "deprovision", "--yes"];
+        args.extend(more);
+        args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>()
+    };
+    let (ok, refused) = run(deprovision(&[])).await;
+    assert!(!ok, "{refused}");
+    assert!(
+        refused.contains("1 [[retry]] policies are configured"),
+        "{refused}"
+    );
+    let whole = format!("delayline --config {config} deprovision --yes --drop-retries");
+    assert!(refused.contains(&whole), "{whole} in {refused}");
+    assert!(
+        exchange_exists(&exchange).await,
+        "a refusal deleted the retry exchange"
+    );
+    let (ok, deleted) = run(deprovision(&["--drop-retries"])).await;
+    assert!(ok, "{deleted}");
+    assert!(!exchange_exists(&exchange).await, "{deleted}");
+}
+
+async fn exchange_exists(name: &str) -> bool {
+    let connection = connect(amqp_uri(), "retry wiring test").await.unwrap();
+    let exists = delayline::broker::exchange_exists(&connection, name)
+        .await
+        .unwrap();
+    let _ = connection.close(200, "looked".into()).await;
+    exists
 }

@@ -1,0 +1,85 @@
+//! `delayline retries check`: whether each queue a retry policy covers (or
+//! that the operator names) is wired to the retry exchange, as the broker
+//! shows it. AMQP tells whether the objects exist; the management API, where
+//! the broker has it, tells an exchange's type and bindings and a queue's
+//! arguments and policy. What could not be seen is said, not passed.
+
+use super::run::on_broker;
+use super::{OperationError, OperatorSettings};
+use crate::broker::{ManagementApi, exchange_exists, queue_state};
+use crate::ingress::Retries;
+use crate::ingress::wiring::{DeadLetter, Finding, Observed, judge};
+
+/// Each queue's wiring, judged: `queues`, or every queue of every policy.
+pub async fn check(
+    settings: &OperatorSettings,
+    retries: &Retries,
+    queues: &[String],
+) -> Result<Vec<(String, Vec<Finding>)>, OperationError> {
+    let queues: Vec<String> = match queues.is_empty() {
+        true => retries
+            .policies
+            .iter()
+            .flat_map(|p| p.queues.clone())
+            .collect(),
+        false => queues.to_vec(),
+    };
+    let seen = on_broker(&settings.amqp, "delayline retries check", async |c| {
+        let exchange = exchange_exists(c, &retries.exchange).await?;
+        let intake = queue_state(c, &retries.queue).await?.is_some();
+        let mut each = Vec::new();
+        for queue in &queues {
+            each.push(queue_state(c, queue).await?.is_some());
+        }
+        Ok((exchange, intake, each))
+    })
+    .await?;
+    let (exchange_exists, intake_exists, queues_exist) = seen;
+    let api = management(settings);
+    let mut checked = Vec::new();
+    for (queue, queue_exists) in queues.into_iter().zip(queues_exist) {
+        let mut observed = Observed {
+            exchange_exists,
+            intake_exists,
+            queue_exists,
+            ..Observed::default()
+        };
+        match &api {
+            Ok(api) => see_through(api, retries, &queue, &mut observed).await,
+            Err(why) => observed.unseen = Some(why.clone()),
+        }
+        let findings = judge(retries, &queue, &observed);
+        checked.push((queue, findings));
+    }
+    Ok(checked)
+}
+
+/// The management API of the first broker address, or why there is none.
+fn management(settings: &OperatorSettings) -> Result<ManagementApi, String> {
+    let uri = settings.amqp.uris().first().cloned().unwrap_or_default();
+    ManagementApi::new(&uri, settings.management_url.expose())
+        .map_err(|error| error.to_string())?
+        .ok_or_else(|| "metrics.management_url is \"none\"".to_owned())
+}
+
+/// Fills in what the management API shows of the exchange and the queue;
+/// a failure leaves them unseen, with the reason.
+async fn see_through(api: &ManagementApi, retries: &Retries, queue: &str, observed: &mut Observed) {
+    let seen = async {
+        let exchange = api.exchange(&retries.exchange).await?;
+        let wiring = api.queue_wiring(queue).await?;
+        Ok::<_, crate::broker::ManagementError>((exchange, wiring))
+    };
+    match seen.await {
+        Ok((exchange, wiring)) => {
+            observed.exchange = exchange.map(|e| (e.kind, e.bound_queues));
+            observed.dead_letter = wiring.map(|w| DeadLetter {
+                argument: w.argument_dead_letter_exchange().map(str::to_owned),
+                policy: w
+                    .policy_dead_letter_exchange()
+                    .map(|named| (w.policy.clone(), named.to_owned())),
+            });
+        }
+        Err(error) => observed.unseen = Some(format!("the management API: {error}")),
+    }
+}
