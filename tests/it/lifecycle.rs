@@ -296,17 +296,22 @@ async fn the_readme_quick_start_runs_as_written() {
     crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
         .await;
 
-    // Only the names the test must not share, and the port, are substituted.
-    let queue = format!("{}.invoices", settings.cascade.prefix);
+    // The names follow the prefix step 1 exports, and the port its bind:
+    // only the broker's address is substituted.
+    let prefix = settings.cascade.prefix.clone();
+    let bind = format!("127.0.0.1:{port}");
+    let step_one = readme_block("## Quick start", "sh", 0);
+    assert!(
+        step_one.contains("export DELAYLINE__CASCADE__PREFIX=")
+            && step_one.contains("export DELAYLINE__HTTP__BIND="),
+        "step 1 gives an instance names of its own: {step_one}"
+    );
+    let queue = format!("{prefix}.invoices");
     cleanup.queues.push(queue.clone());
     let consumer = readme_block("## Quick start", "python", 0)
-        .replace("\"invoices\"", &format!("{queue:?}"))
-        .replace(
-            "delayline.business",
-            settings.cascade().unwrap().business_exchange(),
-        )
         .replace("amqp://guest:guest@127.0.0.1:5672/%2f", amqp_uri());
     let mut python = tokio::process::Command::new(crate::common::python::tool("python"))
+        .env("DELAYLINE__CASCADE__PREFIX", &prefix)
         .arg("-c")
         .arg(&consumer)
         .stdout(Stdio::piped())
@@ -338,9 +343,9 @@ async fn the_readme_quick_start_runs_as_written() {
     crate::common::wait_connected_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}"))
         .await;
 
-    let curl = readme_block("## Quick start", "sh", 1)
-        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let curl = readme_block("## Quick start", "sh", 1);
     let posted = tokio::process::Command::new("sh")
+        .env("DELAYLINE__HTTP__BIND", &bind)
         .arg("-c")
         .arg(&curl)
         .output()
@@ -397,9 +402,9 @@ async fn the_readme_quick_start_runs_as_written() {
     .await;
 
     // Step 4: moved, then cancelled, as written.
-    let change = readme_block("## Quick start", "sh", 2)
-        .replace("localhost:8080", &format!("127.0.0.1:{port}"));
+    let change = readme_block("## Quick start", "sh", 2);
     let changed = tokio::process::Command::new("sh")
+        .env("DELAYLINE__HTTP__BIND", &bind)
         .arg("-c")
         .arg(&change)
         .output()
@@ -424,8 +429,12 @@ async fn the_readme_quick_start_runs_as_written() {
     let _ = child.wait_with_output().await;
 
     // Step 6: the service stopped, what it declared goes, with the queue named.
-    let clean_up = readme_block("## Quick start", "sh", 4).replace("invoices", &queue);
+    let clean_up = readme_block("## Quick start", "sh", 4);
     let said = run_as_written(&clean_up, &settings).await;
+    assert!(
+        said.contains(&format!("{queue}  0 messages, 0 consumers")),
+        "{said}"
+    );
     assert!(said.contains("deleted "), "{said}");
     for gone in [queue, settings.cascade().unwrap().release_queue()] {
         assert!(
