@@ -126,12 +126,14 @@ pub enum Command {
         path: String,
     },
     /// Make a running delayline read its clients file and certificate again
-    /// (SIGHUP), for images that have no `kill`: in a container its process
-    /// is PID 1, the default.
+    /// (SIGHUP), for images that have no `kill`. Only a `delayline serve`
+    /// is signalled: by default the one running here (in its container, or
+    /// on this host); refused when there is none or there are several.
+    /// Each replica also reads them again by itself when they change.
     Reload {
-        /// The process to signal.
-        #[arg(long, default_value_t = 1)]
-        pid: i32,
+        /// The process to signal (refused unless it is `delayline serve`).
+        #[arg(long)]
+        pid: Option<i32>,
     },
     /// Print the API's OpenAPI 3.1 description (as served at /openapi.json).
     Openapi,
@@ -538,42 +540,44 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         }
         Command::RequeueUnroutable => requeue(&settings, &cascade).await?,
         Command::Probe { path } => return probe(&settings, &path).await,
-        Command::Limits { action, url, token } => {
-            out!("{}", limits(&settings, action, url, token).await?);
-        }
-        Command::Forecast { window, url, token } => {
-            let remote = crate::remote::Remote::new(&settings, url, token)?;
-            out!("{}", remote.forecast(&forecast_query(&window)).await?);
-        }
-        Command::Bulk { action, url, token } => {
-            let remote = crate::remote::Remote::new(&settings, url, token)?;
-            let (body, key) = bulk_request(action);
-            out!("{}", remote.bulk(&body, key.as_deref()).await?);
-        }
-        Command::Schedules { action, url, token } => {
-            out!("{}", schedules(&settings, action, url, token).await?);
-        }
         Command::Retries {
             action: RetriesCommand::Check { queues },
             ..
         } => return check_retry_wiring(&settings, &cascade, &queues).await,
-        Command::Retries {
-            action: RetriesCommand::List,
-            url,
-            token,
-        } => {
-            let remote = crate::remote::Remote::new(&settings, url, token)?;
-            out!("{}", remote.list_retries().await?);
-        }
-        Command::Parked { action, url, token } => {
-            let remote = crate::remote::Remote::new(&settings, url, token)?;
-            out!("{}", parked(&remote, action).await?);
-        }
+        through_the_api @ (Command::Limits { .. }
+        | Command::Forecast { .. }
+        | Command::Bulk { .. }
+        | Command::Schedules { .. }
+        | Command::Retries { .. }
+        | Command::Parked { .. }) => out!("{}", through_api(&settings, through_the_api).await?),
         Command::Route { delay, destination } => {
             out!("{}", describe_route(&cascade, delay, &destination)?)
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A command that acts through the running service's API: what it answered.
+async fn through_api(settings: &Settings, command: Command) -> anyhow::Result<String> {
+    let remote = |url, token| crate::remote::Remote::new(settings, url, token);
+    Ok(match command {
+        Command::Limits { action, url, token } => limits(settings, action, url, token).await?,
+        Command::Forecast { window, url, token } => {
+            remote(url, token)?
+                .forecast(&forecast_query(&window))
+                .await?
+        }
+        Command::Bulk { action, url, token } => {
+            let (body, key) = bulk_request(action);
+            remote(url, token)?.bulk(&body, key.as_deref()).await?
+        }
+        Command::Schedules { action, url, token } => {
+            schedules(settings, action, url, token).await?
+        }
+        Command::Retries { url, token, .. } => remote(url, token)?.list_retries().await?,
+        Command::Parked { action, url, token } => parked(&remote(url, token)?, action).await?,
+        _ => anyhow::bail!("not a command of the service's API"),
+    })
 }
 
 /// `delayline provision [--dry-run | --check]`.
@@ -791,13 +795,10 @@ fn create_token(new: NewToken) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends SIGHUP to `pid`, for images that have no `kill`.
-fn reload(pid: i32) -> anyhow::Result<()> {
-    let process = rustix::process::Pid::from_raw(pid)
-        .ok_or_else(|| anyhow::anyhow!("--pid {pid} is not a process id"))?;
-    rustix::process::kill_process(process, rustix::process::Signal::HUP)
-        .map_err(|error| anyhow::anyhow!("sending SIGHUP to process {pid}: {error}"))?;
-    outln!("sent SIGHUP to process {pid}: it reads its clients and certificate again");
+/// Sends SIGHUP to a running `delayline serve`, for images that have no `kill`.
+fn reload(pid: Option<i32>) -> anyhow::Result<()> {
+    let pid = crate::operations::reload::reload(pid)?;
+    outln!("sent SIGHUP to delayline (process {pid}): it reads its clients and certificate again");
     Ok(())
 }
 

@@ -15,14 +15,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::auth::{AuthError, Authenticator};
 use crate::broker::{BrokerError, BrokerTls, Publisher, PublisherOptions};
 use crate::cascade::Cascade;
 use crate::cascade::TopologyPlan;
 use crate::config::Settings;
-use crate::http::{AppState, MetricsRoute, metrics_router, router};
+use crate::http::{AppState, MetricsRoute, Reloader, metrics_router, router};
 use crate::ingress::{Ingress, IngressRunner, Retries, RetryRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
@@ -222,11 +222,13 @@ impl Components {
         running.spawn_pollers(settings, publisher, &self, &scheduler);
         let ingresses = std::mem::take(&mut self.ingresses);
         running.spawn_ingresses(ingresses, &broker, &self, &scheduler);
-        let tls = self
-            .tls
-            .clone()
-            .map(|config| (config, settings.http.tls.clone()));
-        running.spawn_watches(shutdown, self.auth.clone(), tls);
+        let reloader = Reloader {
+            auth: self.auth.clone(),
+            tls: (self.tls.clone()).map(|config| (config, settings.http.tls.clone())),
+            check_every: (settings.http.reload_check_ms > 0)
+                .then(|| Duration::from_millis(settings.http.reload_check_ms)),
+        };
+        running.spawn_watches(shutdown, reloader);
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
             .with_operator(settings.operator(&self.cascade))
             .with_retries(self.retries.clone());
@@ -299,12 +301,11 @@ impl Running {
     }
 
     /// The watch that stops the listeners on `shutdown`, and the one that
-    /// reloads clients and the certificate on SIGHUP.
+    /// reloads clients and the certificate on SIGHUP and when their files change.
     fn spawn_watches(
         &mut self,
         shutdown: impl Future<Output = ()> + Send + 'static,
-        auth: Arc<Authenticator>,
-        tls: Option<(RustlsConfig, crate::http::HttpTlsSettings)>,
+        reloader: Reloader,
     ) {
         let watch = stop_serving_on(
             shutdown,
@@ -313,8 +314,8 @@ impl Running {
             self.background_shutdown.clone(),
         );
         self.spawn("the signal watch", watch);
-        let reloader = reload_on_hangup(auth, tls, self.background_shutdown.clone());
-        self.spawn("the SIGHUP reloader", reloader);
+        let reloader = reloader.run(self.background_shutdown.clone());
+        self.spawn("the reloader", reloader);
     }
 
     /// One consumer per AMQP ingress, and the retry intake's, stopped with
@@ -560,52 +561,6 @@ fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {
             "the API is OPEN on a network address (auth.mode = \"open\"): anyone who can reach \
              it may publish to any destination"
         );
-    }
-}
-
-/// On SIGHUP, reads the clients and the API's certificate again. What fails
-/// to read is logged and the old one kept: a reload never stops the service.
-async fn reload_on_hangup(
-    auth: Arc<Authenticator>,
-    tls: Option<(RustlsConfig, crate::http::HttpTlsSettings)>,
-    shutdown: CancellationToken,
-) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            warn!("cannot listen for SIGHUP: clients and certificates reload only on restart");
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                received = hangups.recv() => if received.is_none() { return },
-            }
-            match auth.reload() {
-                Ok(clients) => info!(clients, "SIGHUP: clients reloaded"),
-                Err(error) => {
-                    error!(%error, "SIGHUP: clients NOT reloaded; the previous ones stay")
-                }
-            }
-            if let Some((config, files)) = &tls {
-                match https_config(&files.cert_file, &files.key_file) {
-                    Ok(reloaded) => {
-                        config.reload_from_config(reloaded);
-                        info!(cert_file = %files.cert_file, "SIGHUP: certificate reloaded")
-                    }
-                    Err(error) => error!(
-                        %error,
-                        "SIGHUP: certificate NOT reloaded; the previous one stays"
-                    ),
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = (auth, tls);
-        shutdown.cancelled().await;
     }
 }
 

@@ -598,6 +598,11 @@ impl Authenticator {
         self.clients.load_full()
     }
 
+    /// The clients file a reload reads, if any.
+    pub fn clients_file(&self) -> Option<&std::path::Path> {
+        self.file.as_deref()
+    }
+
     /// Reads the inline clients and the clients file again and swaps them in
     /// whole; on any error the clients in use stay as they were. Returns how
     /// many clients are now configured.

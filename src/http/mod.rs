@@ -24,6 +24,7 @@ mod inspect;
 pub mod limits;
 pub mod openapi;
 mod release_limits;
+mod reload;
 mod retries;
 mod router;
 mod schedules;
@@ -39,6 +40,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+pub use reload::Reloader;
 pub use router::{MetricsRoute, metrics_router, router};
 pub use settings::{ConsoleSettings, HttpSettings, HttpTlsSettings};
 pub use state::AppState;

@@ -34,6 +34,11 @@ pub struct HttpSettings {
     pub max_tasks_in_flight: usize,
     /// HTTPS instead of HTTP when both files are set.
     pub tls: HttpTlsSettings,
+    /// How often the clients file and the certificate files are checked;
+    /// changed contents are read again as on SIGHUP, so that a replaced
+    /// file (a Kubernetes Secret swapped in place) reaches every replica by
+    /// itself. 0: only on SIGHUP.
+    pub reload_check_ms: u64,
 }
 
 /// The API's certificate; both files are read again on SIGHUP, so a renewed
@@ -65,6 +70,7 @@ impl Default for HttpSettings {
             max_connections: 1024,
             max_tasks_in_flight: 4096,
             tls: HttpTlsSettings::default(),
+            reload_check_ms: 2_000,
         }
     }
 }
@@ -96,6 +102,9 @@ impl HttpSettings {
     pub fn validate(&self) -> Result<(), String> {
         if self.batch_limit == 0 {
             return Err("http.batch_limit must be at least 1".into());
+        }
+        if (1..100).contains(&self.reload_check_ms) {
+            return Err("http.reload_check_ms must be 0 (off) or at least 100".into());
         }
         let tls = &self.tls;
         if tls.enabled() && (tls.cert_file.is_empty() || tls.key_file.is_empty()) {

@@ -11,6 +11,7 @@
 pub mod deprovision;
 pub mod migrate;
 pub mod provision;
+pub mod reload;
 mod settings;
 pub mod token;
 pub mod unroutable;

@@ -209,3 +209,50 @@ async fn queue_exists(name: &str) -> bool {
     let _ = connection.close(200, "checked".into()).await;
     state.unwrap().is_some()
 }
+
+/// `delayline reload` signals only a `delayline serve`: another process
+/// named by `--pid` is refused and keeps running, a serving delayline is
+/// signalled (it logs the reload and goes on serving).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_signals_only_a_serving_delayline() {
+    let settings = test_settings(8, 100, QueueType::Quorum);
+    let mut other = tokio::process::Command::new("sleep")
+        .arg("30")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = other.id().unwrap().to_string();
+    let (ok, refused) = run_delayline(&settings, &["reload", "--pid", &pid]).await;
+    assert!(!ok, "{refused}");
+    assert!(
+        refused.contains("`sleep 30`, not `delayline serve`"),
+        "{refused}"
+    );
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "the other process was signalled"
+    );
+    let _ = other.kill().await;
+
+    let port = crate::common::free_port();
+    let mut service = crate::common::serve_command(&settings, port)
+        .env("DELAYLINE__HTTP__RELOAD_CHECK_MS", "0")
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    crate::common::wait_ready_at(&reqwest::Client::new(), &base).await;
+    let pid = service.id().unwrap().to_string();
+    let (ok, sent) = run_delayline(&settings, &["reload", "--pid", &pid]).await;
+    assert!(ok, "{sent}");
+    assert!(
+        sent.contains(&format!("sent SIGHUP to delayline (process {pid})")),
+        "{sent}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        service.try_wait().unwrap().is_none(),
+        "the service stopped on SIGHUP"
+    );
+    crate::common::terminate(&service);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), service.wait()).await;
+}

@@ -148,11 +148,17 @@ struct Documented {
     /// (a copy) and whose token is printed.
     token_create: Vec<String>,
     /// How the file is read again: SIGHUP from outside (`docker compose kill
-    /// -s HUP`, `systemctl reload`), or `delayline ARGS --pid <pid>`.
-    reload: Option<Vec<String>>,
+    /// -s HUP`, `systemctl reload`), or by the service itself once the file
+    /// changed (nothing sent).
+    reload: Reload,
     /// A shell command that posts a task with `$TOKEN`, to `localhost:8080`;
     /// `None`: a plain POST with the token.
     request: Option<String>,
+}
+
+enum Reload {
+    Signal,
+    ByItself,
 }
 
 /// The words of the shell command in `text` that starts with `start`, up to
@@ -194,15 +200,9 @@ async fn follow_documented_steps(
     );
     let token = String::from_utf8_lossy(&created.stdout).trim().to_owned();
     assert!(token.starts_with("dlt_"), "{what}: printed {token:?}");
-    let pid = service.id().unwrap().to_string();
     match &documented.reload {
-        None => crate::common::hang_up(service),
-        Some(args) => {
-            let mut args = args.clone();
-            args.extend(["--pid".to_owned(), pid]);
-            let reloaded = command(&args).output().await.unwrap();
-            assert!(reloaded.status.success(), "{what}: {reloaded:?}");
-        }
+        Reload::Signal => crate::common::hang_up(service),
+        Reload::ByItself => {}
     }
     let request = documented.request.clone().unwrap_or_else(|| {
         "curl -s -X POST localhost:8080/v1/tasks -H \"Authorization: Bearer $TOKEN\" \
@@ -609,7 +609,7 @@ fn compose_documented_steps() -> Documented {
         .replace("\\ ", " ");
     Documented {
         token_create,
-        reload: None,
+        reload: Reload::Signal,
         request: Some(format!("curl {curl}")),
     }
 }
@@ -903,7 +903,8 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
     );
     // The Secret's documented reload, for an image without `kill`.
     let secret_text = read("deploy/k8s/secret.yaml");
-    assert!(secret_text.contains("kubectl exec deploy/delayline -- delayline reload"));
+    assert!(secret_text.contains("each replica reads it again by"));
+    assert!(secret_text.contains("`kubectl exec <pod> -- delayline reload`"));
     let documented = Documented {
         token_create: ["token", "create", "--name", "ops", "--destination", "#"]
             .into_iter()
@@ -915,7 +916,7 @@ async fn kubernetes_manifests_probe_health_and_take_the_uri_from_the_secret() {
             ])
             .map(str::to_owned)
             .collect(),
-        reload: Some(vec!["reload".to_owned()]),
+        reload: Reload::ByItself,
         request: None,
     };
     runs_as_deployed(

@@ -124,6 +124,9 @@ async fn tokens_https_and_reloads_without_a_restart_and_no_secret_in_the_logs() 
         .env("DELAYLINE__AUTH__CLIENTS_FILE", &clients_file)
         .env("DELAYLINE__HTTP__TLS__CERT_FILE", &leaf.cert_file)
         .env("DELAYLINE__HTTP__TLS__KEY_FILE", &leaf.key_file)
+        // SIGHUP alone reloads here ("not before the reload"); the files
+        // watched are the replicas test's.
+        .env("DELAYLINE__HTTP__RELOAD_CHECK_MS", "0")
         .env(
             "DELAYLINE__LOG__FILTER",
             "debug,lapin=off,hyper=off,h2=off,rustls=off",
@@ -662,4 +665,94 @@ async fn metrics_on_their_own_listener_are_open_and_bounded_while_the_api_needs_
     assert!(read.is_ok(), "the listener kept a slow client for 10 s");
     assert!(answer.is_empty());
     assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
+/// Two replicas read one clients file, mounted as Kubernetes mounts a
+/// Secret (the file a symbolic link through `..data`, swapped in by
+/// renaming a new `..data` over the old one). The file is changed once, no
+/// signal is sent to anyone: both refuse the revoked token within a bound
+/// (the default `http.reload_check_ms`, 2 s, and a margin), and both still
+/// take the client that stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_is_refused_by_every_replica_once_the_mounted_file_changes() {
+    let settings = test_settings(8, 100, QueueType::Quorum);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let mount = std::env::temp_dir().join(format!("{}-secret", settings.cascade.prefix));
+    let first = mount.join("..2026_12_04_first");
+    std::fs::create_dir_all(&first).unwrap();
+    let first_file = first.join("clients.toml").display().to_string();
+    let args = |name| {
+        [
+            "--name",
+            name,
+            "--destination",
+            "#",
+            "--permission",
+            "submit",
+        ]
+    };
+    let kept = create_token(&settings, &first_file, &args("kept")).await;
+    let revoked = create_token(&settings, &first_file, &args("revoked")).await;
+    std::os::unix::fs::symlink("..2026_12_04_first", mount.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/clients.toml", mount.join("clients.toml")).unwrap();
+
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let port = free_port();
+        let mut command = serve_command(&settings, port);
+        command.env("DELAYLINE__AUTH__CLIENTS_FILE", mount.join("clients.toml"));
+        let child = command.spawn().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_connected_at(&reqwest::Client::new(), &base).await;
+        replicas.push((child, base));
+    }
+    let http = reqwest::Client::new();
+    let task = json!({"destination": "d", "delay": "1s"});
+    for (_, base) in &replicas {
+        for token in [&kept, &revoked] {
+            assert_eq!(post(&http, base, Some(token), &task).await.0, 202);
+        }
+    }
+
+    // The Secret changes: a new folder without the revoked client, then
+    // `..data` renamed over, as the kubelet does.
+    let text = std::fs::read_to_string(&first_file).unwrap();
+    let without = text
+        .split("[[clients]]")
+        .filter(|entry| !entry.contains("\"revoked\""))
+        .collect::<Vec<_>>()
+        .join("[[clients]]");
+    let second = mount.join("..2026_12_04_second");
+    std::fs::create_dir_all(&second).unwrap();
+    std::fs::write(second.join("clients.toml"), without).unwrap();
+    std::os::unix::fs::symlink("..2026_12_04_second", mount.join("..data_tmp")).unwrap();
+    let changed = Instant::now();
+    std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+
+    for (_, base) in &replicas {
+        loop {
+            let status = post(&http, base, Some(&revoked), &task).await.0;
+            if status == 401 {
+                break;
+            }
+            assert_eq!(status, 202);
+            assert!(
+                changed.elapsed() < Duration::from_secs(10),
+                "{base} still takes the revoked token"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(post(&http, base, Some(&kept), &task).await.0, 202);
+    }
+    println!(
+        "both replicas refused the revoked token {:?} after the change",
+        changed.elapsed()
+    );
+    for (child, _) in &replicas {
+        terminate(child);
+    }
+    for (mut child, _) in replicas {
+        let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    }
+    let _ = std::fs::remove_dir_all(&mount);
 }
