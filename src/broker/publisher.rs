@@ -437,8 +437,15 @@ impl Publisher {
         let index = lane.channel(turn, session.channels.len());
         let channel = session.channel(index, &self.shared.plan).await?;
         let latency = self.shared.options.confirm_latency.clone();
-        self.bounded(tokio::spawn(publish_confirmed(channel, message, latency)))
-            .await
+        let mut publish = Box::pin(publish_confirmed(channel, message, latency));
+        // lapin queues a publish's frames (and numbers its confirm) on its
+        // first poll: polled here, before it is spawned, messages leave in
+        // the order their callers got here (the limiter releases in due
+        // order); a spawned task's first poll comes in no promised order.
+        if let std::task::Poll::Ready(outcome) = futures_util::poll!(publish.as_mut()) {
+            return outcome.map(|()| Published::Confirmed);
+        }
+        self.bounded(tokio::spawn(publish)).await
     }
 
     /// The publish's outcome within the confirm timeout, or a late confirm.

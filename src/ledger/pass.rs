@@ -195,6 +195,9 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
         let rows = tx.release_waiting(chunk, input.lease_until_ms).await?;
         released.extend(decode_all(rows)?);
     }
+    // An UPDATE's RETURNING rows come in no promised order: the pass hands
+    // them on in due order (ties by id), the order they are published in.
+    released.sort_by(|a, b| (a.deliver_at_ms, &a.id).cmp(&(b.deliver_at_ms, &b.id)));
     let destinations: Vec<&str> = released.iter().map(|t| t.destination.as_str()).collect();
     // Drained: nothing waits any more, due by this clock or not.
     let mut drained = Vec::new();
