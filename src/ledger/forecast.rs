@@ -9,7 +9,7 @@ use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::pool::Pool;
 use super::record::db_ms;
-use crate::forecast::MinuteCount;
+use crate::forecast::{MinuteCount, chosen};
 
 /// The counts and the changes not yet folded in, in `[$1, $2)`.
 const DUE: &str = "(SELECT minute_ms, destination, tasks FROM due_counts \
@@ -37,68 +37,122 @@ const FOLD: &str = "WITH folded AS (DELETE FROM due_changes \
 /// back; it costs one row until then).
 const FORGET_EMPTY: &str = "DELETE FROM due_counts WHERE minute_ms < $1 AND tasks = 0";
 
+/// PostgreSQL's snapshot for the whole transaction (its default gives each
+/// statement its own); SQLite's read transaction has one already.
+const ONE_SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+
+/// `SUM` per minute of the destinations named `$3…` (of `names`, or of all).
+fn per_minute_statement(names: Option<usize>) -> String {
+    let named = names.map_or(String::new(), |count| {
+        let places: Vec<String> = (3..3 + count).map(|i| format!("${i}")).collect();
+        format!(" WHERE destination IN ({})", places.join(", "))
+    });
+    format!("SELECT minute_ms, CAST(SUM(tasks) AS BIGINT) FROM {DUE}{named} GROUP BY minute_ms")
+}
+
+/// Reads, on the transaction `$tx`, which destinations fall due in the
+/// window, then the counts per minute of those `$counted` accepts, named
+/// [`NAMED_AT_ONCE`] at a time (all of them, unnamed, when it accepts every one).
+macro_rules! counted_per_minute {
+    ($tx:ident, $from_ms:expr, $to_ms:expr, $counted:expr) => {{
+        let destinations: Vec<String> =
+            sqlx::query_scalar(&format!("SELECT DISTINCT destination FROM {DUE}"))
+                .bind(db_ms($from_ms))
+                .bind(db_ms($to_ms))
+                .fetch_all(&mut *$tx)
+                .await
+                .context("reading which destinations fall due")?;
+        let groups: Vec<Option<Vec<String>>> = match chosen(destinations, $counted) {
+            None => vec![None],
+            Some(named) => named
+                .chunks(NAMED_AT_ONCE)
+                .map(|c| Some(c.to_vec()))
+                .collect(),
+        };
+        let mut rows: Vec<(i64, i64)> = Vec::new();
+        for group in groups {
+            let statement = per_minute_statement(group.as_ref().map(Vec::len));
+            let mut query = sqlx::query_as(&statement)
+                .bind(db_ms($from_ms))
+                .bind(db_ms($to_ms));
+            for name in group.iter().flatten() {
+                query = query.bind(name);
+            }
+            let found: Vec<(i64, i64)> = query
+                .fetch_all(&mut *$tx)
+                .await
+                .context("reading what falls due")?;
+            rows.extend(found);
+        }
+        rows
+    }};
+}
+
+fn minute_counts(rows: Vec<(i64, i64)>) -> Vec<MinuteCount> {
+    rows.into_iter()
+        .map(|(minute_ms, tasks)| MinuteCount {
+            minute_ms: u64::try_from(minute_ms).unwrap_or(0),
+            tasks,
+        })
+        .collect()
+}
+
 impl Ledger {
-    /// The destinations with tasks on their way due in `[from_ms, to_ms)`.
-    pub async fn due_destinations(
+    /// Tasks on their way (pending, scheduled, releasing, waiting, staged) due in
+    /// each minute of `[from_ms, to_ms)` of the destinations `counted`
+    /// accepts, summed in the database. Which destinations fall due and
+    /// their counts are read in one snapshot: read apart, a destination the
+    /// filter never saw, admitted between the two reads, was counted with
+    /// the others when every one seen was accepted.
+    pub async fn due_per_minute_of(
         &self,
         from_ms: u64,
         to_ms: u64,
-    ) -> Result<Vec<String>, LedgerError> {
-        let statement = format!("SELECT DISTINCT destination FROM {DUE}");
-        on_pool!(&self.pool, p => sqlx::query_scalar(&statement)
-            .bind(db_ms(from_ms))
-            .bind(db_ms(to_ms))
-            .fetch_all(p)
-            .await)
-        .context("reading which destinations fall due")
+        counted: impl Fn(&str) -> bool,
+    ) -> Result<Vec<MinuteCount>, LedgerError> {
+        let rows = match &self.pool {
+            Pool::Sqlite(pool) => {
+                let mut tx = pool.begin().await.context("starting a transaction")?;
+                let rows = counted_per_minute!(tx, from_ms, to_ms, &counted);
+                tx.commit().await.context("ending the read")?;
+                rows
+            }
+            Pool::Postgres(pool) => {
+                let mut tx = pool.begin().await.context("starting a transaction")?;
+                sqlx::query(ONE_SNAPSHOT)
+                    .execute(&mut *tx)
+                    .await
+                    .context("reading in one snapshot")?;
+                let rows = counted_per_minute!(tx, from_ms, to_ms, &counted);
+                tx.commit().await.context("ending the read")?;
+                rows
+            }
+        };
+        Ok(minute_counts(rows))
     }
 
-    /// Tasks on their way (pending, scheduled, releasing, waiting, staged) due in
-    /// each minute of `[from_ms, to_ms)`, summed in the database over every
-    /// destination or over `only` (a minute may come once per statement:
-    /// at most [`NAMED_AT_ONCE`] destinations are named in one).
+    /// Tasks on their way due in each minute of `[from_ms, to_ms)`, every
+    /// destination's, summed in the database in one statement.
     pub async fn due_per_minute(
         &self,
         from_ms: u64,
         to_ms: u64,
-        only: Option<&[String]>,
     ) -> Result<Vec<MinuteCount>, LedgerError> {
-        let groups: Vec<Option<&[String]>> = match only {
-            None => vec![None],
-            Some(named) => named.chunks(NAMED_AT_ONCE).map(Some).collect(),
-        };
-        let mut counts = Vec::new();
-        for group in groups {
-            let named = group.map_or(String::new(), |names| {
-                let places: Vec<String> = (3..3 + names.len()).map(|i| format!("${i}")).collect();
-                format!(" WHERE destination IN ({})", places.join(", "))
-            });
-            let statement = format!(
-                "SELECT minute_ms, CAST(SUM(tasks) AS BIGINT) FROM {DUE}{named} GROUP BY minute_ms"
-            );
-            let rows: Vec<(i64, i64)> = on_pool!(&self.pool, p => {
-                let mut query = sqlx::query_as(&statement)
-                    .bind(db_ms(from_ms))
-                    .bind(db_ms(to_ms));
-                for name in group.into_iter().flatten() {
-                    query = query.bind(name);
-                }
-                query.fetch_all(p).await
-            })
-            .context("reading what falls due")?;
-            counts.extend(rows.into_iter().map(|(minute_ms, tasks)| MinuteCount {
-                minute_ms: u64::try_from(minute_ms).unwrap_or(0),
-                tasks,
-            }));
-        }
-        Ok(counts)
+        let statement = per_minute_statement(None);
+        let rows: Vec<(i64, i64)> = on_pool!(&self.pool, p => sqlx::query_as(&statement)
+            .bind(db_ms(from_ms))
+            .bind(db_ms(to_ms))
+            .fetch_all(p)
+            .await)
+        .context("reading what falls due")?;
+        Ok(minute_counts(rows))
     }
 
     /// Every task on its way (pending, scheduled, releasing, waiting, staged),
     /// whenever it falls due: what the chain and the ledger still have to
     /// deliver. Read off the forecast's counts, not the tasks.
     pub async fn tasks_on_their_way(&self) -> Result<u64, LedgerError> {
-        let minutes = self.due_per_minute(0, u64::MAX, None).await?;
+        let minutes = self.due_per_minute(0, u64::MAX).await?;
         let tasks: i64 = minutes.iter().map(|minute| minute.tasks).sum();
         Ok(u64::try_from(tasks).unwrap_or(0))
     }

@@ -62,9 +62,7 @@ async fn set_due_soon(
     };
     let counts = tally(
         &hour,
-        ledger
-            .due_per_minute(hour.from_ms, hour.to_ms, None)
-            .await?,
+        ledger.due_per_minute(hour.from_ms, hour.to_ms).await?,
     );
     let first = counts.buckets.first().copied().unwrap_or(0);
     metrics
