@@ -308,3 +308,28 @@ fn the_deploy_files_grace_periods_exceed_the_stops_bound() {
         assert!(seconds * 1000 >= bound_ms + 3_000, "{file}: {seconds} s");
     }
 }
+
+/// The plugin migration says, at the step that deletes the plugin's
+/// exchange, that deleting it discards what it holds, that producers move
+/// first and the longest `x-delay` still held is waited out (and how to see
+/// it), and to migrate before upgrading to RabbitMQ 4.3.
+#[test]
+fn the_plugin_migration_warns_before_the_exchange_is_deleted() {
+    let page = std::fs::read_to_string(root().join("docs/plugin.md")).unwrap();
+    let (before, _) = page
+        .split_once("curl -fsS -u guest:guest -X DELETE")
+        .expect("the delete step");
+    let step = before
+        .rsplit_once("2. **Delete the plugin's exchange**")
+        .expect("step 2")
+        .1;
+    for said in [
+        "discards every message it still holds",
+        "Move the producers first",
+        "Wait out the longest `x-delay` still held",
+        "messages_delayed",
+    ] {
+        assert!(step.contains(said), "step 2 before the delete: {said:?}");
+    }
+    assert!(page.contains("Migrate before you upgrade RabbitMQ to 4.3"));
+}

@@ -839,7 +839,9 @@ async fn the_plugin_pages_delete_command_deletes_the_exchange() {
         )
         .await
         .unwrap();
-    let command = doc_block(PLUGIN_PAGE, PLUGIN_SECTION, "sh", 0)
+    // Block 0 reads the plugin's `messages_delayed`, which only the plugin's
+    // exchange has; block 1 deletes.
+    let command = doc_block(PLUGIN_PAGE, PLUGIN_SECTION, "sh", 1)
         .replace("guest:guest", credentials)
         .replace("localhost:15672", address)
         .replace("my-exchange", &exchange);
