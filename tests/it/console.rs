@@ -168,7 +168,7 @@ async fn the_console_finds_cancels_and_reschedules_with_the_apis_permissions() {
     let (status, overview) = ops.get("/console").await;
     assert_eq!(status, 200);
     assert!(
-        overview.contains("Tasks held per level") && overview.contains("Ready"),
+        overview.contains("Messages held per level") && overview.contains("Ready"),
         "{overview}"
     );
     let (status, levels) = ops.get("/console/levels").await;

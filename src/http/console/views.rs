@@ -133,7 +133,10 @@ pub fn overview(data: &Overview, signed_in: Option<&str>) -> Markup {
                 p { small { "Tasks on their way (not delivered, cancelled or failed), every replica's, per bucket; hover a bar for its count. "
                     a href="/v1/forecast" { "GET /v1/forecast" } " answers the same for any window." } }
             }
-            h2 #levels-heading { "Tasks held per level" }
+            h2 #levels-heading { "Messages held per level" }
+            p { small { "Messages in each level's queue, every shard's, as last read from the broker: \
+                copies of tasks on their way, and also the copies a move or a cancel left behind (the release \
+                stage drops them) and delayline's own level probes, so they may outnumber the tasks counted above." } }
             table aria-labelledby="levels-heading" {
                 thead { tr { th { "level" } th { "messages" } th.wide { "" } } }
                 tbody {
