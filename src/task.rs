@@ -73,8 +73,8 @@ pub(crate) struct TaskRequest<'a> {
     id: Option<String>,
     /// The exchange it is delivered to; the business exchange when absent.
     /// Needs the release stage. With tokens, the client's `exchanges` must
-    /// name it. One that does not exist when the task is due parks the task
-    /// in the unroutable queue (state `unroutable`).
+    /// name it. One that does not exist when the task is due sends the task
+    /// to the unroutable queue (state `unroutable`).
     #[schema(example = "orders", min_length = 1, max_length = 255)]
     exchange: Option<String>,
 }

@@ -41,7 +41,7 @@ pub fn digit_pattern(levels: u32, level: u32, digit: bool) -> String {
     pattern
 }
 
-/// Where `migrate-topology` parks messages it cannot reschedule.
+/// Where `migrate-topology` puts the messages it cannot reschedule.
 pub fn poison_queue_name(prefix: &str, version: u32) -> String {
     format!("{prefix}.v{version}.poison")
 }

@@ -88,9 +88,9 @@ const EXCHANGE_SEEN_FOR: Duration = Duration::from_secs(30);
 pub(super) enum Released {
     /// At the exchange it is delivered to.
     Delivered,
-    /// Its exchange does not exist: parked in the chain's unroutable queue,
+    /// Its exchange does not exist: kept in the chain's unroutable queue,
     /// whose notice marks the task `unroutable`.
-    Parked,
+    Unroutable,
 }
 
 /// What the release stage does with one due message.
@@ -775,7 +775,7 @@ impl Releaser {
             }
             match outcome {
                 // Its notice marks it unroutable; not delivered.
-                Some((Ok(Released::Parked), _)) => settles.push(Settle::Ack),
+                Some((Ok(Released::Unroutable), _)) => settles.push(Settle::Ack),
                 Some((Ok(Released::Delivered), at_ms)) => {
                     self.observe_delivery(message, *verdict, at_ms);
                     if *verdict == Verdict::Deliver
@@ -864,10 +864,11 @@ impl Releaser {
                 queue = self.cascade.unroutable_queue(),
                 "a due task's exchange does not exist: it waits in the unroutable queue"
             );
-            return self.park(message).await;
+            return self.to_unroutable(message).await;
         }
-        // The business exchange parks what it cannot route itself (its
-        // alternate exchange): no copy is kept for it on the hot path.
+        // The business exchange sends what it cannot route to the unroutable
+        // queue itself (its alternate exchange): no copy is kept for it on
+        // the hot path.
         if message.exchange == self.cascade.business_exchange() {
             self.publish_confirmed(message).await?;
             return Ok(Released::Delivered);
@@ -877,11 +878,14 @@ impl Releaser {
         let published = self.broker.publish_due_alone(message.clone()).await;
         match confirmed(published).await {
             // An exchange of the user's without an alternate exchange: the
-            // broker returned the message (mandatory). Parked as the business
-            // exchange's alternate exchange would park it.
+            // broker returned the message (mandatory). To the unroutable
+            // queue, as the business exchange's alternate exchange sends it.
             Err(PublishError::Returned(reason)) => {
-                debug!(exchange = message.exchange, reason, "returned: parked");
-                self.park(message).await
+                debug!(
+                    exchange = message.exchange,
+                    reason, "returned: to the unroutable queue"
+                );
+                self.to_unroutable(message).await
             }
             outcome => {
                 outcome?;
@@ -896,10 +900,10 @@ impl Releaser {
 
     /// To the chain's unroutable exchange, whose queues keep it (and tell
     /// the ledger it is unroutable).
-    async fn park(&self, mut message: message::Message) -> Result<Released, PublishError> {
+    async fn to_unroutable(&self, mut message: message::Message) -> Result<Released, PublishError> {
         message.exchange = self.cascade.unroutable_exchange();
         self.publish_confirmed(message).await?;
-        Ok(Released::Parked)
+        Ok(Released::Unroutable)
     }
 
     /// Published and confirmed; a late confirm is awaited up to its limit.

@@ -822,12 +822,12 @@ async fn problems(
         (Err(error), _) | (_, Err(error)) => return refused(error.into()),
     };
     let scrape = state.metrics.encode().unwrap_or_default();
-    let parked = sample(&scrape, "delayline_unroutable_queue_messages")
+    let unroutable_messages = sample(&scrape, "delayline_unroutable_queue_messages")
         .map_or("unknown".to_owned(), |n| n.to_string());
     let view = super::views::Problems {
         failed: &failed,
         unroutable: &unroutable,
-        parked,
+        unroutable_messages,
         stranded: stranded_levels(&state, &scrape),
         may_requeue: session.caller.may(Permission::Admin),
         csrf: &session.csrf,

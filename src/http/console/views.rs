@@ -482,7 +482,7 @@ pub struct Problems<'a> {
     pub failed: &'a [StoredTask],
     pub unroutable: &'a [StoredTask],
     /// The unroutable queue's depth, as the metrics last read it.
-    pub parked: String,
+    pub unroutable_messages: String,
     /// Levels found stranded and drained by this replica: (level, queue,
     /// messages sent on).
     pub stranded: Vec<(u32, String, u64)>,
@@ -519,7 +519,7 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
                 }
             }
             h2 { "Unroutable" }
-            p { "Messages in the unroutable queue: " (view.parked) ". Once their destinations are bound, "
+            p { "Messages in the unroutable queue: " (view.unroutable_messages) ". Once their destinations are bound, "
                 "requeueing sends them back to the business exchange (as "
                 code { "delayline requeue-unroutable" } " does)." }
             @if view.may_requeue {
