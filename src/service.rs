@@ -156,9 +156,20 @@ impl Components {
             metrics.ledger_commit_group.clone(),
         )
         .await?;
+        // Before this process takes a lease of its own.
+        let ended = match &ledger {
+            Some(ledger) => ledger.end_leases_of_a_stopped_process().await?,
+            None => None,
+        };
         log_chain(&cascade, ledger.as_ref());
         // After the chain line, which starts every log.
         log_access(&auth, &address);
+        if let Some(tasks) = ended.filter(|ended| *ended > 0) {
+            info!(
+                tasks,
+                "took over the leases a stopped delayline left: its tasks go on now"
+            );
+        }
         Ok(Components {
             address,
             auth,

@@ -327,6 +327,11 @@ pub fn stage_again(ids: usize) -> String {
     )
 }
 
+/// Pending tasks leased before `$1` (by a process that stopped: see
+/// `Ledger::end_leases_of_a_stopped_process`): due for the forwarder now.
+pub const END_PENDING_LEASES: &str = "UPDATE tasks SET next_attempt_at_ms = 0 \
+     WHERE state = 'pending' AND next_attempt_at_ms > 0 AND next_attempt_at_ms < $1";
+
 /// Tasks the staged release took whose lease ran out before `$1` (the
 /// replica died before marking them delivered): staged again.
 pub const RETURN_EXPIRED_STAGES: &str = "UPDATE tasks SET state = 'staged', \

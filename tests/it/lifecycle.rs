@@ -124,6 +124,74 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
     let _ = admin.close(200, "done".into()).await;
 }
 
+/// A SIGKILL while tasks were being published leaves them pending under a
+/// lease (`amqp.confirm_timeout_ms` + 2 s) that no live process holds. The
+/// next start takes the leases over at once: each task arrives within the
+/// restart and 2 s of it, never early, not after the lease (set here a
+/// minute ahead, as a slow confirm would leave it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease() {
+    let user = TestUser::create();
+    user.revoke();
+    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = user.uri().into();
+    let cascade = settings.cascade().unwrap();
+    let mut cleanup = Cleanup::for_settings(&settings);
+    let admin = connect(amqp_uri(), "delayline test provision")
+        .await
+        .unwrap();
+    provision(&admin, &cascade.plan()).await.unwrap();
+    let exchange = cascade.business_exchange().to_owned();
+    let key = cascade.binding_key("leased");
+    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
+
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut child = spawn_binary(&settings, port);
+    wait_ready_at(&http, &base).await;
+    let mut accepted = HashSet::new();
+    for n in 0..10 {
+        let body: Value = http
+            .post(format!("{base}/v1/tasks"))
+            .json(&json!({"destination": "leased", "delay_ms": n * 100}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["state"], "pending", "{body}");
+        accepted.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    child.kill().await.unwrap();
+    // Each as a publish cut off before its confirm leaves it: leased.
+    let ledger = std::path::Path::new(&settings.store.data_dir).join("delayline.db");
+    let leased = rusqlite::Connection::open(&ledger)
+        .unwrap()
+        .execute(
+            "UPDATE tasks SET next_attempt_at_ms = ?1 WHERE state = 'pending'",
+            [delayline::clock::now_ms() as i64 + 60_000],
+        )
+        .unwrap();
+    assert_eq!(leased, 10);
+
+    user.grant();
+    let _child = spawn_binary(&settings, port);
+    crate::common::wait_connected_at(&http, &base).await;
+    let back = std::time::Instant::now();
+    consumer
+        .expect_each_once_never_early(accepted, Duration::from_secs(20))
+        .await;
+    let after = back.elapsed();
+    // 2 s, and a margin for a loaded machine.
+    assert!(
+        after < Duration::from_secs(5),
+        "the last leased task arrived {after:?} after the service was back"
+    );
+    let _ = admin.close(200, "done".into()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
     let mut settings = with_ledger(test_settings(3, 10, QueueType::Classic), Backend::Sqlite);
