@@ -6,7 +6,9 @@
 //! release limits hold it as any task), and deletes the row once the task
 //! is committed. The task's id is derived from the parked message's, with
 //! its id as the fingerprint: a replay interrupted between the two and done
-//! again is the same task, not a second copy.
+//! again finds the same task, makes no second one and counts the message
+//! `unchanged` (replayed before). The task's own delivery is at least once,
+//! as every task's: a crash during its release can deliver it twice.
 
 use futures_util::future::join_all;
 use serde::Serialize;
@@ -138,16 +140,27 @@ impl Parked<'_> {
             .scheduler
             .own_ledger()
             .ok_or(ParkedError::LedgerDisabled)?;
-        if action == ParkedAction::Replay {
-            let replays = page.iter().map(|parked| self.replay(parked, now));
-            for replayed in join_all(replays).await {
-                replayed?;
+        // Which of the page this call changes: for a replay, the messages
+        // whose task it made (one found made by an interrupted call before
+        // is not replayed, nor counted, again); for a discard, every row.
+        let mine: Vec<bool> = match action {
+            ParkedAction::Replay => {
+                let replays = page.iter().map(|parked| self.replay(parked, now));
+                join_all(replays)
+                    .await
+                    .into_iter()
+                    .collect::<Result<_, _>>()?
             }
-        }
+            ParkedAction::Discard => vec![true; page.len()],
+        };
         let ids: Vec<String> = page.iter().map(|p| p.id.clone()).collect();
-        let changed = ledger.unpark(&ids).await?;
+        let deleted = ledger.unpark(&ids).await?;
+        let changed = match action {
+            ParkedAction::Replay => mine.iter().filter(|m| **m).count() as u64,
+            ParkedAction::Discard => deleted,
+        };
         let mut per_queue: std::collections::BTreeMap<&str, u64> = Default::default();
-        for parked in &page {
+        for (parked, _) in page.iter().zip(&mine).filter(|(_, mine)| **mine) {
             *per_queue.entry(parked.queue.as_str()).or_default() += 1;
         }
         for (queue, messages) in per_queue {
@@ -161,8 +174,9 @@ impl Parked<'_> {
         })
     }
 
-    /// A task of `parked`, due now, committed.
-    async fn replay(&self, parked: &ParkedMessage, now: &Reading) -> Result<(), ParkedError> {
+    /// A task of `parked`, due now, committed; whether this call made it
+    /// (`false`: an earlier, interrupted replay did).
+    async fn replay(&self, parked: &ParkedMessage, now: &Reading) -> Result<bool, ParkedError> {
         let carried = message::for_replay(&parked.properties, &parked.queue);
         let task = retry_task(
             self.cascade,
@@ -180,7 +194,7 @@ impl Parked<'_> {
             key: None,
             fingerprint: Some(parked.id.clone()),
         };
-        self.scheduler.submit(&task, idempotency, now).await?;
-        Ok(())
+        let submitted = self.scheduler.submit(&task, idempotency, now).await?;
+        Ok(!submitted.replayed)
     }
 }

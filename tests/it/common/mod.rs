@@ -154,6 +154,24 @@ pub fn with_ledger(mut settings: Settings, backend: Backend) -> Settings {
     settings
 }
 
+/// Runs `sql` on the ledger `settings` name (made by [`with_ledger`]), as
+/// a test that puts a row back the way a crash would have left it.
+pub fn ledger_sql(settings: &Settings, backend: Backend, sql: &str) {
+    match backend {
+        Backend::Sqlite => {
+            let file = std::path::Path::new(&settings.store.data_dir).join("delayline.db");
+            rusqlite::Connection::open(file)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap();
+        }
+        Backend::Postgres => {
+            let schema = settings.cascade.prefix.replace('-', "_");
+            psql(&format!("SET search_path TO {schema}; {sql}"));
+        }
+    }
+}
+
 pub fn psql(sql: &str) {
     let output = Command::new("psql")
         .args([POSTGRES_URL, "-q", "-v", "ON_ERROR_STOP=1", "-c", sql])
