@@ -301,6 +301,17 @@ impl Remote {
                 policy["park_to"].as_str().unwrap_or("-"),
             );
         }
+        let renamed: Vec<(&String, &Value)> = (retries["destinations"].as_object().into_iter())
+            .flatten()
+            .filter(|(queue, destination)| destination.as_str() != Some(queue.as_str()))
+            .collect();
+        if !renamed.is_empty() {
+            table +=
+                "\nqueue\tits retries' destination (a queue name that cannot be one, escaped)\n";
+            for (queue, destination) in renamed {
+                table += &format!("{queue}\t{}\n", destination.as_str().unwrap_or("?"));
+            }
+        }
         if let Some(exchange) = retries["exchange"].as_str() {
             table += &format!(
                 "a covered queue dead-letters to {exchange}; delayline takes them from {}; \

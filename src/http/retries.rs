@@ -33,6 +33,11 @@ pub struct RetriesView {
     pub refused_queue: Option<String>,
     /// The header a retried delivery carries: which attempt it is.
     pub attempt_header: &'static str,
+    /// Each covered queue's destination: what its retries are listed,
+    /// filtered, limited and forecast by (the queue's own name, or an
+    /// escaped form of it, starting with `_`, for one that cannot be a
+    /// destination).
+    pub destinations: std::collections::BTreeMap<String, String>,
 }
 
 #[utoipa::path(get, summary = "The retry policies", path = "/v1/retries", tag = "retries",
@@ -45,7 +50,21 @@ pub async fn retries(
 ) -> Result<Json<RetriesView>, ApiError> {
     require(&caller, Permission::Admin)?;
     let retries = state.retries.as_deref();
+    let max_bytes = state.scheduler.cascade().max_destination_bytes();
+    let queues = retries
+        .into_iter()
+        .flat_map(|r| &r.policies)
+        .flat_map(|p| &p.queues);
+    let destinations = queues
+        .map(|queue| {
+            (
+                queue.clone(),
+                crate::ingress::retry_destination(queue, max_bytes),
+            )
+        })
+        .collect();
     Ok(Json(RetriesView {
+        destinations,
         policies: retries.map(|r| r.policies.clone()).unwrap_or_default(),
         exchange: retries.map(|r| r.exchange.clone()),
         queue: retries.map(|r| r.queue.clone()),

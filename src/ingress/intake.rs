@@ -7,6 +7,7 @@ use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use sha2::{Digest, Sha256};
 
+use super::names::retry_destination;
 use super::settings::Ingress;
 use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError, validate_destination};
 use crate::message::FieldValue;
@@ -140,15 +141,15 @@ pub(super) fn retry_task(
     now: SystemTime,
 ) -> Result<Task, Refusal> {
     let accepted_at_ms = cascade.delay_start_ms(now);
-    let destination = destination_of(queue, cascade);
+    let destination = retry_destination(queue, cascade.max_destination_bytes());
     let route = cascade
-        .route(Duration::from_millis(delay_ms), destination)
+        .route(Duration::from_millis(delay_ms), &destination)
         .map_err(|error| Refusal::DelayTooLong(error.to_string()))?;
     let route = cascade.in_task_shard(route, &id);
     Ok(Task {
         client_id: false,
         id,
-        destination: destination.to_owned(),
+        destination,
         deliver_at_ms: accepted_at_ms + route.delay_ms,
         accepted_at_ms,
         route,

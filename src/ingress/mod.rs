@@ -25,6 +25,7 @@
 
 mod intake;
 mod names;
+pub use names::retry_destination;
 mod parked;
 mod retry;
 mod retrying;

@@ -919,3 +919,60 @@ async fn exchange_exists(name: &str) -> bool {
     let _ = connection.close(200, "looked".into()).await;
     exists
 }
+
+/// Queues whose names cannot be destinations (a colon, a space, a slash,
+/// non-ASCII, 250 bytes) are retried as any other, each under a
+/// destination of its own (`GET /v1/retries` says which): its retries are
+/// found by `GET /v1/tasks?destination=`, apart from every other queue's,
+/// not all under one `_`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_whose_names_cannot_be_destinations_are_retried_each_under_its_own() {
+    let prefix_bytes = "dltest-000000000000.".len();
+    let long = "l".repeat(250 - prefix_bytes);
+    let suffixes = [
+        "colon:q",
+        "a space",
+        "a/slash",
+        "commandes-été",
+        long.as_str(),
+    ];
+    let mut app = TestApp::spawn(settings_with(vec![policy(&suffixes)])).await;
+    let mut queues = Vec::new();
+    for suffix in suffixes {
+        let arguments = dead_letters_to(&app, &[]);
+        queues.push(declare_queue(&mut app, suffix, arguments).await);
+    }
+    assert_eq!(queues[4].len(), 250);
+    let (status, retries) = app.get("/v1/retries").await;
+    assert_eq!(status, 200, "{retries}");
+    let mut destinations = std::collections::HashSet::new();
+    for queue in &queues {
+        let destination = retries["destinations"][queue.as_str()].as_str().unwrap();
+        assert!(
+            destination.starts_with('_') && destination != "_",
+            "{destination}"
+        );
+        assert!(
+            destinations.insert(destination.to_owned()),
+            "shared: {destination}"
+        );
+    }
+    for queue in &queues {
+        let mut worker = Worker::on(queue).await;
+        publish(queue, b"work", BasicProperties::default()).await;
+        reject_all(&mut worker, 1).await;
+        let (_, back) = worker
+            .next(Duration::from_secs(20))
+            .await
+            .expect("retried to its own queue");
+        assert_eq!(attempt_of(&back), Some(2), "{queue}");
+        back.ack(BasicAckOptions::default()).await.unwrap();
+        let destination = retries["destinations"][queue.as_str()].as_str().unwrap();
+        let path = format!("/v1/tasks?destination={destination}");
+        let (status, listed) = app.get(&path).await;
+        assert_eq!(status, 200, "{listed}");
+        let tasks = listed["tasks"].as_array().unwrap();
+        assert_eq!(tasks.len(), 1, "{queue}: {listed}");
+        assert_eq!(tasks[0]["destination"], destination);
+    }
+}
