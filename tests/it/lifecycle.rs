@@ -78,9 +78,19 @@ async fn sigterm_finishes_in_flight_publishes_and_every_accepted_task_arrives() 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_sigkill_the_next_start_forwards_every_pending_task() {
-    // The service's user may not touch the broker: every task stays pending.
+/// A service on the SQLite ledger whose broker user may not touch the
+/// broker (every task it takes stays pending until `user.grant()`), and a
+/// consumer of `destination`'s tasks (bound after the cleanup, so that it
+/// goes first).
+struct CutOff {
+    user: TestUser,
+    settings: delayline::config::Settings,
+    consumer: TestConsumer,
+    _cleanup: Cleanup,
+    admin: lapin::Connection,
+}
+
+async fn cut_off(destination: &str) -> CutOff {
     let user = TestUser::create();
     user.revoke();
     let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
@@ -93,8 +103,26 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
         .unwrap();
     provision(&admin, &cascade.plan()).await.unwrap();
     let exchange = cascade.business_exchange().to_owned();
-    let key = cascade.binding_key("crash");
-    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
+    let key = cascade.binding_key(destination);
+    let consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
+    CutOff {
+        user,
+        settings,
+        consumer,
+        _cleanup: cleanup,
+        admin,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_the_next_start_forwards_every_pending_task() {
+    let CutOff {
+        user,
+        settings,
+        _cleanup,
+        mut consumer,
+        admin,
+    } = cut_off("crash").await;
 
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -131,19 +159,13 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
 /// minute ahead, as a slow confirm would leave it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease() {
-    let user = TestUser::create();
-    user.revoke();
-    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
-    settings.amqp.uri = user.uri().into();
-    let cascade = settings.cascade().unwrap();
-    let mut cleanup = Cleanup::for_settings(&settings);
-    let admin = connect(amqp_uri(), "delayline test provision")
-        .await
-        .unwrap();
-    provision(&admin, &cascade.plan()).await.unwrap();
-    let exchange = cascade.business_exchange().to_owned();
-    let key = cascade.binding_key("leased");
-    let mut consumer = TestConsumer::bind_to(&mut cleanup, &cascade, &exchange, &key).await;
+    let CutOff {
+        user,
+        settings,
+        _cleanup,
+        mut consumer,
+        admin,
+    } = cut_off("leased").await;
 
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
