@@ -35,7 +35,9 @@
 //!   falls due, per bucket), `bulk` (cancel or move by filter, and the
 //!   operations that do it), the web
 //!   `console` (server-rendered, signed in by cookie, same permissions),
-//!   topology, health, the metrics scrape; the gate in front of all but the
+//!   topology, health, the metrics scrape; the clients and certificate
+//!   read again on SIGHUP and when their files change (`reload`); the gate
+//!   in front of all but the
 //!   probes (401/403/429); the JSON extractor; the error shape, every code
 //!   one variant of `http::codes::ErrorCode` with its status and the
 //!   API reference's words; the OpenAPI description, generated from the handlers'
@@ -46,7 +48,8 @@
 //!   error) it names through the scheduler, which hands those types on.
 //! - [`operations`]: the operator's commands as an application layer
 //!   (provision and check, migrate-topology, requeue-unroutable,
-//!   deprovision, token create), each coordinating ledger and broker with
+//!   deprovision, a queue's wiring to the retries, reload, token create),
+//!   each coordinating ledger and broker with
 //!   the settings `config` hands it. Where migrate decides what to do with a task (its
 //!   revision, whether it is still wanted): `operations::migrate`.
 //! - [`ingress`]: AMQP ingresses speaking the `x-delayed-message` plugin's
@@ -57,7 +60,9 @@
 //!   retries: the policies (`retry`, pure), the intake that schedules a
 //!   dead-lettered message back to the queue it failed in after its
 //!   backoff or parks it in the ledger (`retrying`), and replaying or
-//!   discarding parked messages (`parked`).
+//!   discarding parked messages (`parked`); whether a queue is wired to
+//!   the retry exchange, judged from what the broker shows (`wiring`,
+//!   pure).
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes,
@@ -139,7 +144,7 @@
 //!   revision, due time, destination, hold stamp), and which of the
 //!   broker's headers a republished message leaves behind.
 //! - [`auth`]: who may do what. Clients (from the configuration and a
-//!   clients file reloaded on SIGHUP), tokens known only by their SHA-256,
+//!   clients file read again on SIGHUP or a change), tokens known only by their SHA-256,
 //!   destination topic patterns, permissions, rate limits and quotas. No
 //!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`telemetry`], [`probe`]: logs, and the health check that containers
