@@ -156,9 +156,11 @@ impl Components {
             metrics.ledger_commit_group.clone(),
         )
         .await?;
-        // Before this process takes a lease of its own.
+        // Before this process takes a lease of its own; bounded and never
+        // fatal: a ledger another process keeps locked leaves the leases
+        // to run out, as before.
         let ended = match &ledger {
-            Some(ledger) => ledger.end_leases_of_a_stopped_process().await?,
+            Some(ledger) => take_over_leases(ledger).await,
             None => None,
         };
         log_chain(&cascade, ledger.as_ref());
@@ -572,6 +574,26 @@ fn log_access(auth: &Authenticator, address: &std::net::SocketAddr) {
             "the API is OPEN on a network address (auth.mode = \"open\"): anyone who can reach \
              it may publish to any destination"
         );
+    }
+}
+
+/// How long a start waits to take over a stopped process's leases.
+const TAKE_OVER_WAIT: Duration = Duration::from_secs(1);
+
+/// Ends the leases a stopped process left in `ledger` (SQLite's: see
+/// [`Ledger::end_leases_of_a_stopped_process`]), within [`TAKE_OVER_WAIT`];
+/// how many, or `None` when none was taken over.
+async fn take_over_leases(ledger: &Ledger) -> Option<u64> {
+    match tokio::time::timeout(TAKE_OVER_WAIT, ledger.end_leases_of_a_stopped_process()).await {
+        Ok(Ok(ended)) => ended,
+        Ok(Err(error)) => {
+            warn!(%error, "cannot take over the leases a stopped delayline left: they run out");
+            None
+        }
+        Err(_) => {
+            warn!("the ledger stayed locked: the leases a stopped delayline left run out");
+            None
+        }
     }
 }
 

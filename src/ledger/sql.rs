@@ -327,6 +327,12 @@ pub fn stage_again(ids: usize) -> String {
     )
 }
 
+/// Whether any task is under a lease that ends after `$1` (pending, or
+/// taken by the limiter or the staged release): a read, so that a start
+/// with nothing to take over takes no write lock.
+pub const ANY_LEASE: &str = "SELECT id FROM tasks \
+     WHERE (state = 'pending' OR state = 'releasing') AND next_attempt_at_ms > $1 LIMIT 1";
+
 /// Pending tasks leased before `$1` (by a process that stopped: see
 /// `Ledger::end_leases_of_a_stopped_process`): due for the forwarder now.
 pub const END_PENDING_LEASES: &str = "UPDATE tasks SET next_attempt_at_ms = 0 \

@@ -22,6 +22,14 @@ impl Ledger {
         let super::pool::Pool::Sqlite(pool) = &self.pool else {
             return Ok(None);
         };
+        let any: Option<String> = sqlx::query_scalar(sql::ANY_LEASE)
+            .bind(0_i64)
+            .fetch_optional(pool)
+            .await
+            .context("looking for leases a stopped process left")?;
+        if any.is_none() {
+            return Ok(Some(0));
+        }
         let mut tx = pool.begin().await.context("starting a transaction")?;
         let mut ended = 0;
         for statement in [
