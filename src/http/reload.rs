@@ -40,7 +40,11 @@ impl Reloader {
         loop {
             let why = tokio::select! {
                 () = shutdown.cancelled() => return,
-                Some(()) = next_hangup(&mut hangups) => "SIGHUP",
+                Some(()) = next_hangup(&mut hangups) => {
+                    // What is read now is what the next check compares with.
+                    seen = self.fingerprints();
+                    "SIGHUP"
+                }
                 Some(()) = next_tick(&mut checks) => {
                     let now = self.fingerprints();
                     if now == seen {
