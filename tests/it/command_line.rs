@@ -216,6 +216,8 @@ async fn queue_exists(name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_signals_only_a_serving_delayline() {
     let settings = test_settings(8, 100, QueueType::Quorum);
+    // What the service declares goes with the test.
+    let _cleanup = crate::common::Cleanup::for_settings(&settings);
     let mut other = tokio::process::Command::new("sleep")
         .arg("30")
         .kill_on_drop(true)
