@@ -34,7 +34,7 @@ pub use error::BrokerError;
 pub(crate) use error::Context;
 pub(crate) use error::TopologyConflict;
 pub use inspect::{exchange_exists, queue_state};
-pub(crate) use management::{ManagementApi, ManagementError, QueueCounts};
+pub(crate) use management::{ManagementApi, ManagementError, QueueCounts, QueueWiring};
 pub(crate) use migrate::{MigrateError, Survey, survey};
 pub use migrate::{MigrationReport, OldChain, migrate_topology};
 pub(crate) use provision::ProvisionReport;

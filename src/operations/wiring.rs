@@ -6,7 +6,7 @@
 
 use super::run::on_broker;
 use super::{OperationError, OperatorSettings};
-use crate::broker::{ManagementApi, exchange_exists, queue_state};
+use crate::broker::{ManagementApi, ManagementError, QueueWiring, exchange_exists, queue_state};
 use crate::ingress::Retries;
 use crate::ingress::wiring::{DeadLetter, Finding, Observed, judge};
 
@@ -36,22 +36,54 @@ pub async fn check(
     .await?;
     let (exchange_exists, intake_exists, queues_exist) = seen;
     let api = management(settings);
+    // The exchange once for every queue; each queue's wiring on its own.
+    let exchange = match &api {
+        Ok(api) => api.exchange(&retries.exchange).await.map_err(unseen),
+        Err(why) => Err(why.clone()),
+    };
     let mut checked = Vec::new();
     for (queue, queue_exists) in queues.into_iter().zip(queues_exist) {
-        let mut observed = Observed {
+        let seen = match (&api, &exchange) {
+            (Ok(api), Ok(exchange)) => (api.queue_wiring(&queue).await)
+                .map(|wiring| (exchange.clone(), wiring))
+                .map_err(unseen),
+            (_, Err(why)) | (Err(why), _) => Err(why.clone()),
+        };
+        let observed = match seen {
+            Ok((exchange, wiring)) => Observed {
+                exchange: exchange.map(|e| (e.kind, e.bound_queues)),
+                dead_letter: wiring.map(|w| dead_letter(&w)),
+                ..Observed::default()
+            },
+            Err(why) => Observed {
+                unseen: Some(why),
+                ..Observed::default()
+            },
+        };
+        let observed = Observed {
             exchange_exists,
             intake_exists,
             queue_exists,
-            ..Observed::default()
+            ..observed
         };
-        match &api {
-            Ok(api) => see_through(api, retries, &queue, &mut observed).await,
-            Err(why) => observed.unseen = Some(why.clone()),
-        }
         let findings = judge(retries, &queue, &observed);
         checked.push((queue, findings));
     }
     Ok(checked)
+}
+
+fn unseen(error: ManagementError) -> String {
+    format!("the management API: {error}")
+}
+
+/// Where a queue's dead letters go, as the management API shows it.
+fn dead_letter(wiring: &QueueWiring) -> DeadLetter {
+    DeadLetter {
+        argument: wiring.argument_dead_letter_exchange().map(str::to_owned),
+        policy: wiring
+            .policy_dead_letter_exchange()
+            .map(|named| (wiring.policy.clone(), named.to_owned())),
+    }
 }
 
 /// The management API of the first broker address, or why there is none.
@@ -60,26 +92,4 @@ fn management(settings: &OperatorSettings) -> Result<ManagementApi, String> {
     ManagementApi::new(&uri, settings.management_url.expose())
         .map_err(|error| error.to_string())?
         .ok_or_else(|| "metrics.management_url is \"none\"".to_owned())
-}
-
-/// Fills in what the management API shows of the exchange and the queue;
-/// a failure leaves them unseen, with the reason.
-async fn see_through(api: &ManagementApi, retries: &Retries, queue: &str, observed: &mut Observed) {
-    let seen = async {
-        let exchange = api.exchange(&retries.exchange).await?;
-        let wiring = api.queue_wiring(queue).await?;
-        Ok::<_, crate::broker::ManagementError>((exchange, wiring))
-    };
-    match seen.await {
-        Ok((exchange, wiring)) => {
-            observed.exchange = exchange.map(|e| (e.kind, e.bound_queues));
-            observed.dead_letter = wiring.map(|w| DeadLetter {
-                argument: w.argument_dead_letter_exchange().map(str::to_owned),
-                policy: w
-                    .policy_dead_letter_exchange()
-                    .map(|named| (w.policy.clone(), named.to_owned())),
-            });
-        }
-        Err(error) => observed.unseen = Some(format!("the management API: {error}")),
-    }
 }

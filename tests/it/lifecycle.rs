@@ -114,6 +114,35 @@ async fn cut_off(destination: &str) -> CutOff {
     }
 }
 
+/// A service cut off from the broker takes a task to `destination` for
+/// each of `delays_ms` (each pending) and is killed; its port and the ids.
+async fn pending_then_killed(
+    settings: &delayline::config::Settings,
+    destination: &str,
+    delays_ms: &[u64],
+) -> (u16, HashSet<String>) {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut child = spawn_binary(settings, port);
+    assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
+    let mut accepted = HashSet::new();
+    for delay_ms in delays_ms {
+        let response = http
+            .post(format!("{base}/v1/tasks"))
+            .json(&json!({"destination": destination, "delay_ms": delay_ms}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["state"], "pending", "{body}");
+        accepted.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    child.kill().await.unwrap();
+    (port, accepted)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_the_next_start_forwards_every_pending_task() {
     let CutOff {
@@ -123,26 +152,8 @@ async fn after_sigkill_the_next_start_forwards_every_pending_task() {
         mut consumer,
         admin,
     } = cut_off("crash").await;
-
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let mut child = spawn_binary(&settings, port);
-    assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
-    let mut accepted = HashSet::new();
-    for n in 0..20 {
-        let response = http
-            .post(format!("{base}/v1/tasks"))
-            .json(&json!({"destination": "crash", "delay_ms": n * 40}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 202);
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(body["state"], "pending");
-        accepted.insert(body["id"].as_str().unwrap().to_owned());
-    }
-    child.kill().await.unwrap();
+    let delays: Vec<u64> = (0..20).map(|n| n * 40).collect();
+    let (port, accepted) = pending_then_killed(&settings, "crash", &delays).await;
 
     user.grant();
     let _child = spawn_binary(&settings, port);
@@ -166,27 +177,8 @@ async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease()
         mut consumer,
         admin,
     } = cut_off("leased").await;
-
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let mut child = spawn_binary(&settings, port);
-    wait_ready_at(&http, &base).await;
-    let mut accepted = HashSet::new();
-    for n in 0..10 {
-        let body: Value = http
-            .post(format!("{base}/v1/tasks"))
-            .json(&json!({"destination": "leased", "delay_ms": n * 100}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(body["state"], "pending", "{body}");
-        accepted.insert(body["id"].as_str().unwrap().to_owned());
-    }
-    child.kill().await.unwrap();
+    let delays: Vec<u64> = (0..10).map(|n| n * 100).collect();
+    let (port, accepted) = pending_then_killed(&settings, "leased", &delays).await;
     // Each as a publish cut off before its confirm leaves it: leased.
     let ledger = std::path::Path::new(&settings.store.data_dir).join("delayline.db");
     let leased = rusqlite::Connection::open(&ledger)
@@ -200,7 +192,8 @@ async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease()
 
     user.grant();
     let _child = spawn_binary(&settings, port);
-    crate::common::wait_connected_at(&http, &base).await;
+    let base = format!("http://127.0.0.1:{port}");
+    crate::common::wait_connected_at(&reqwest::Client::new(), &base).await;
     let back = std::time::Instant::now();
     consumer
         .expect_each_once_never_early(accepted, Duration::from_secs(20))
