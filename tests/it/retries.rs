@@ -565,7 +565,10 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
     let mut page = String::new();
     eventually("both are parked", async || {
         page = ops.get("/console/parked").await.1;
+        // The count and the list are two reads: wait for both to show two.
         page.contains(&format!(">{queue}</a></td><td>2</td>"))
+            && page.contains("click 0")
+            && page.contains("click 1")
     })
     .await;
     // Newest first.
