@@ -3,12 +3,13 @@
 //!
 //! A replay makes a task of the message, due now, back to the queue it
 //! failed in on its first attempt again (the release stage delivers it, so
-//! release limits hold it as any task), and deletes the row once the task
-//! is committed. The task's id is derived from the parked message's, with
-//! its id as the fingerprint: a replay interrupted between the two and done
-//! again finds the same task, makes no second one and counts the message
-//! `unchanged` (replayed before). The task's own delivery is at least once,
-//! as every task's: a crash during its release can deliver it twice.
+//! release limits hold it as any task), and deletes the row in the same
+//! transaction that records the task: a replay is done whole or not at all.
+//! The task's id is derived from the parked message's, with its id as the
+//! fingerprint: two replays of one message (two replicas, or a row left by
+//! a version that deleted it afterwards) make one task, and the second
+//! counts the message `unchanged`. The task's own delivery is at least
+//! once, as every task's: a crash during its release can deliver it twice.
 
 use futures_util::future::join_all;
 use serde::Serialize;
@@ -141,23 +142,23 @@ impl Parked<'_> {
             .own_ledger()
             .ok_or(ParkedError::LedgerDisabled)?;
         // Which of the page this call changes: for a replay, the messages
-        // whose task it made (one found made by an interrupted call before
-        // is not replayed, nor counted, again); for a discard, every row.
-        let mine: Vec<bool> = match action {
+        // whose task it made, each row deleted with its task (one found made
+        // by another call is not replayed, nor counted, again); for a
+        // discard, the rows it deleted.
+        let (mine, changed): (Vec<bool>, u64) = match action {
             ParkedAction::Replay => {
                 let replays = page.iter().map(|parked| self.replay(parked, now));
-                join_all(replays)
+                let mine: Vec<bool> = join_all(replays)
                     .await
                     .into_iter()
-                    .collect::<Result<_, _>>()?
+                    .collect::<Result<_, _>>()?;
+                let changed = mine.iter().filter(|m| **m).count() as u64;
+                (mine, changed)
             }
-            ParkedAction::Discard => vec![true; page.len()],
-        };
-        let ids: Vec<String> = page.iter().map(|p| p.id.clone()).collect();
-        let deleted = ledger.unpark(&ids).await?;
-        let changed = match action {
-            ParkedAction::Replay => mine.iter().filter(|m| **m).count() as u64,
-            ParkedAction::Discard => deleted,
+            ParkedAction::Discard => {
+                let ids: Vec<String> = page.iter().map(|p| p.id.clone()).collect();
+                (vec![true; page.len()], ledger.unpark(&ids).await?)
+            }
         };
         let mut per_queue: std::collections::BTreeMap<&str, u64> = Default::default();
         for (parked, _) in page.iter().zip(&mine).filter(|(_, mine)| **mine) {
@@ -194,7 +195,10 @@ impl Parked<'_> {
             key: None,
             fingerprint: Some(parked.id.clone()),
         };
-        let submitted = self.scheduler.submit(&task, idempotency, now).await?;
+        let submitted = self
+            .scheduler
+            .submit_replay(&task, idempotency, parked.id.clone(), now)
+            .await?;
         Ok(!submitted.replayed)
     }
 }

@@ -111,16 +111,18 @@ impl Ledger {
     /// Records `task` as pending, leased to the caller until
     /// `lease_until_ms`; or finds the task this request repeats. A request is
     /// named by its idempotency key, else its id, and recognised as the same
-    /// by its `fingerprint`.
+    /// by its `fingerprint`. With `unparks`, the parked message it replays
+    /// goes in the same transaction (kept on a conflict or a failure).
     pub async fn admit(
         &self,
         task: &Task,
         idempotency_key: Option<String>,
         fingerprint: Option<String>,
         lease_until_ms: u64,
+        unparks: Option<String>,
     ) -> Result<Admission, LedgerError> {
         let row = Row::pending(task, idempotency_key, fingerprint, lease_until_ms);
-        let admitted = self.writes.admit(row).await;
+        let admitted = self.writes.admit(row, unparks).await;
         if let Err(error) = &admitted
             && let Ok(mut failed) = self.failed_admission.lock()
         {

@@ -3,10 +3,10 @@
 //! until an operator replays or discards it.
 //!
 //! Parking is the rare path (a message that failed every attempt), so each
-//! is one statement straight to the pool, as a schedule's change; a replay
-//! deletes the row only once its task is committed (see the scheduler's
-//! `parked`), so that a crash between the two replays it again as the same
-//! task rather than losing it.
+//! is one statement straight to the pool, as a schedule's change. A replay
+//! deletes the row in the group-commit transaction that records its task
+//! (`Ledger::admit`'s `unparks`), so that a crash leaves either both (the
+//! message still parked) or the task alone; a discard deletes it here.
 
 use lapin::BasicProperties;
 
@@ -183,7 +183,7 @@ impl Ledger {
             .collect())
     }
 
-    /// Deletes parked messages (replayed, or discarded); how many were there.
+    /// Deletes parked messages (discarded); how many were there.
     pub async fn unpark(&self, ids: &[String]) -> Result<u64, LedgerError> {
         let mut deleted = 0;
         for chunk in statement_sized_chunks(ids) {

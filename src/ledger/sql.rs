@@ -389,6 +389,9 @@ pub const ADVANCE_SCHEDULE: &str = "UPDATE schedules SET next_at_ms = $4, \
      WHERE id = $1 AND revision = $2 AND next_at_ms = $3 AND paused = 0";
 
 /// The ledger's identity, made by its migration.
+/// A replayed parked message goes in the transaction that records its task.
+pub const UNPARK: &str = "DELETE FROM parked WHERE id = $1";
+
 pub const IDENTITY: &str = "SELECT id FROM ledger_identity";
 
 pub const PENDING_COUNT: &str = "SELECT COUNT(*) FROM tasks WHERE state = 'pending'";

@@ -670,6 +670,28 @@ impl Tx<'_> {
         }
     }
 
+    /// Deletes the parked messages whose replays this transaction records
+    /// (one statement a row, as the insert).
+    pub(super) async fn unpark(&mut self, ids: &[&str]) -> Result<(), LedgerError> {
+        match self {
+            Tx::Sqlite(tx) => {
+                let each = ids.iter().map(|id| [id as &dyn ToSql]);
+                tx.execute_each(sql::UNPARK, &[], each)
+                    .context("deleting replayed parked messages")?;
+            }
+            Tx::Postgres(t) => {
+                for id in ids {
+                    sqlx::query(sql::UNPARK)
+                        .bind(*id)
+                        .execute(&mut **t)
+                        .await
+                        .context("deleting replayed parked messages")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Returns whether the task was pending.
     pub(super) async fn mark_failed(
         &mut self,

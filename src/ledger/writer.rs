@@ -42,8 +42,12 @@ const CONFLICT_ATTEMPTS: u64 = 5;
 type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 
 enum Write {
+    /// A new task; with `unparks`, the parked message it replays, deleted
+    /// in the same transaction once the task is recorded (or found
+    /// recorded by an earlier replay).
     Admit {
         row: Box<Row>,
+        unparks: Option<String>,
         reply: Reply<Admission>,
     },
     Published {
@@ -159,9 +163,10 @@ impl Handle {
         .await
     }
 
-    pub async fn admit(&self, row: Row) -> Result<Admission, LedgerError> {
+    pub async fn admit(&self, row: Row, unparks: Option<String>) -> Result<Admission, LedgerError> {
         self.send(|reply| Write::Admit {
             row: Box::new(row),
+            unparks,
             reply,
         })
         .await
@@ -239,7 +244,7 @@ impl Handle {
 /// One group, split by kind; each keeps its callers' reply channels.
 #[derive(Default)]
 struct Group {
-    admits: Vec<(Box<Row>, Reply<Admission>)>,
+    admits: Vec<(Box<Row>, Option<String>, Reply<Admission>)>,
     published: Vec<((String, i64), Reply<()>)>,
     retries: Vec<(String, u64, Retry, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
@@ -279,7 +284,11 @@ impl Group {
         let mut group = Group::default();
         for write in writes {
             match write {
-                Write::Admit { row, reply } => group.admits.push((row, reply)),
+                Write::Admit {
+                    row,
+                    unparks,
+                    reply,
+                } => group.admits.push((row, unparks, reply)),
                 Write::Published {
                     id,
                     revision,
@@ -338,7 +347,7 @@ impl Group {
             Some(failure) => Err(LedgerError::Shared(failure.clone())),
         };
         let mut admissions = admissions.into_iter();
-        for (_, reply) in self.admits {
+        for (.., reply) in self.admits {
             let answer = result().and_then(|()| match admissions.next() {
                 Some(judged) => judged.into_admission(),
                 None => Err(LedgerError::Closed),
@@ -417,8 +426,13 @@ impl Writer {
     /// it committed.
     async fn transact(&mut self, group: &Group) -> Result<Decided, LedgerError> {
         let mut tx = Tx::begin(&mut self.store).await?;
-        let rows: Vec<&Row> = group.admits.iter().map(|(row, _)| row.as_ref()).collect();
+        let rows: Vec<&Row> = group.admits.iter().map(|(row, ..)| row.as_ref()).collect();
         let admissions = admit(&mut tx, &rows).await?;
+        let replayed: Vec<&str> = (group.admits.iter().zip(&admissions))
+            .filter(|(_, judged)| !matches!(judged, Judged::Conflict(_)))
+            .filter_map(|((_, unparks, _), _)| unparks.as_deref())
+            .collect();
+        tx.unpark(&replayed).await?;
         let mut plans = Vec::with_capacity(group.plans.len());
         for (page, _) in &group.plans {
             plans.push(plan_in(&mut tx, page).await?);
@@ -558,7 +572,7 @@ mod tests {
         let (ledger, dir) = sqlite_ledger().await;
         let rows = [row(), row(), row()];
         for row in &rows {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let revision = u64::try_from(rows[0].revision).unwrap();
         let due: Vec<(String, u64)> = rows.iter().map(|r| (r.id.clone(), revision)).collect();
@@ -671,7 +685,7 @@ mod tests {
         let (ledger, dir) = sqlite_ledger().await;
         let rows = [row(), row(), row()];
         for row in &rows {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let revision = u64::try_from(rows[0].revision).unwrap();
         let due = vec![
@@ -736,7 +750,7 @@ mod tests {
             })
             .collect();
         for row in &rows {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let input = |now_ms| PassInput {
             now_ms,
@@ -801,7 +815,7 @@ mod tests {
         let (ledger, dir) = sqlite_ledger().await;
         let moved = [row(), row()];
         for row in &moved {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
             move_a_second_later(&ledger, row).await;
         }
         let windows = [
@@ -839,7 +853,7 @@ mod tests {
         let (ledger, dir) = sqlite_ledger().await;
         let (moved, kept) = (row(), row());
         for row in [&moved, &kept] {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         move_a_second_later(&ledger, &moved).await;
         let state = async |id: &str| {
@@ -900,7 +914,7 @@ mod tests {
             })
             .collect();
         for row in rows.iter().chain([&rows[2]]) {
-            ledger.writes.admit(row.clone()).await.unwrap();
+            ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let (counts, recount) = counts_and_recount(&ledger).await;
         assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 8);
@@ -959,6 +973,55 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A replay's parked message goes in the transaction that records its
+    /// task: kept when the task is not recorded (a failed group) or the id
+    /// is another request's, deleted with the task recorded, and with the
+    /// task found recorded by an earlier replay of the same message.
+    #[tokio::test]
+    async fn a_replayed_parked_message_goes_in_the_write_that_records_its_task() {
+        let (ledger, dir) = sqlite_ledger().await;
+        let parked = |id: &str| crate::ledger::ParkedMessage {
+            id: id.to_owned(),
+            queue: "q".to_owned(),
+            policy: "p".to_owned(),
+            reason: "rejected".to_owned(),
+            attempts: 3,
+            message_id: None,
+            payload: b"x".to_vec(),
+            properties: lapin::BasicProperties::default(),
+            parked_at_ms: 1,
+        };
+        let is_parked = async |id: &str| ledger.parked_message(id).await.unwrap().is_some();
+        for id in ["first", "conflict", "again"] {
+            ledger.park(&parked(id)).await.unwrap();
+        }
+        let mut refused = row();
+        refused.state = "not a state".to_owned();
+        let unparks = |id: &str| Some(id.to_owned());
+        let failed = ledger.writes.admit(refused, unparks("first")).await;
+        assert!(failed.is_err());
+        assert!(is_parked("first").await, "kept: no task was recorded");
+
+        let mut task = row();
+        task.fingerprint = Some("replay-of-first".to_owned());
+        let admitted = ledger.writes.admit(task.clone(), unparks("first")).await;
+        assert_eq!(admitted.unwrap(), Admission::New);
+        assert!(!is_parked("first").await, "gone with its task recorded");
+        assert!(ledger.get(&task.id).await.unwrap().is_some());
+
+        let mut other = task.clone();
+        other.fingerprint = Some("another request".to_owned());
+        let conflict = ledger.writes.admit(other, unparks("conflict")).await;
+        assert!(matches!(conflict.unwrap(), Admission::Conflict(_)));
+        assert!(is_parked("conflict").await, "kept: its task is not this");
+
+        let again = ledger.writes.admit(task.clone(), unparks("again")).await;
+        assert!(matches!(again.unwrap(), Admission::Replay(_)));
+        assert!(!is_parked("again").await, "gone: its task was recorded");
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A group that fails is answered with its failure and rolled back on
     /// the writer's own SQLite connection, which takes the next group as if
     /// nothing had happened (no transaction left open, nothing half written).
@@ -967,12 +1030,16 @@ mod tests {
         let (ledger, dir) = sqlite_ledger().await;
         let mut refused = row();
         refused.state = "not a state".to_owned();
-        let failure = ledger.writes.admit(refused.clone()).await.unwrap_err();
+        let failure = ledger
+            .writes
+            .admit(refused.clone(), None)
+            .await
+            .unwrap_err();
         assert!(failure.to_string().contains("CHECK"), "{failure}");
 
         let kept = row();
         assert_eq!(
-            ledger.writes.admit(kept.clone()).await.unwrap(),
+            ledger.writes.admit(kept.clone(), None).await.unwrap(),
             Admission::New
         );
         assert!(ledger.get(&refused.id).await.unwrap().is_none());

@@ -118,12 +118,14 @@ impl Bookkeeper {
         now_ms + self.lease_ms
     }
 
-    /// Records the task, then publishes `message` (the task's, checked to fit).
+    /// Records the task (deleting the parked message it `unparks` in the
+    /// same write), then publishes `message` (the task's, checked to fit).
     pub async fn submit(
         &self,
         task: &Task,
         message: Message,
         idempotency: Idempotency,
+        unparks: Option<String>,
         now_ms: u64,
     ) -> Result<Submitted, SubmitError> {
         let ledger = &self.ledger;
@@ -134,7 +136,13 @@ impl Bookkeeper {
         }
         let Idempotency { key, fingerprint } = idempotency;
         let admission = ledger
-            .admit(task, key.clone(), fingerprint, now_ms + self.lease_ms)
+            .admit(
+                task,
+                key.clone(),
+                fingerprint,
+                now_ms + self.lease_ms,
+                unparks,
+            )
             .await?;
         match admission {
             Admission::New => {}

@@ -170,12 +170,36 @@ impl Scheduler {
         idempotency: Idempotency,
         now: &Reading,
     ) -> Result<Submitted, SubmitError> {
+        self.submit_unparking(task, idempotency, None, now).await
+    }
+
+    /// Takes in the task that replays parked message `parked_id`: the
+    /// parked row goes in the transaction that records the task, so a
+    /// replay is never half done (see `ingress::parked`).
+    pub async fn submit_replay(
+        &self,
+        task: &Task,
+        idempotency: Idempotency,
+        parked_id: String,
+        now: &Reading,
+    ) -> Result<Submitted, SubmitError> {
+        self.submit_unparking(task, idempotency, Some(parked_id), now)
+            .await
+    }
+
+    async fn submit_unparking(
+        &self,
+        task: &Task,
+        idempotency: Idempotency,
+        unparks: Option<String>,
+        now: &Reading,
+    ) -> Result<Submitted, SubmitError> {
         let (task, message) = self.prepare(task, now)?;
         let task = task.as_ref();
         let submitted = match &self.inner.mode {
             Mode::Ledger(bookkeeper) => {
                 bookkeeper
-                    .submit(task, message, idempotency, now.wall_ms)
+                    .submit(task, message, idempotency, unparks, now.wall_ms)
                     .await?
             }
             Mode::Stateless => {

@@ -310,7 +310,8 @@ async fn park_then_replay(backend: Backend) {
     })
     .await;
 
-    // Kept aside, to put back below as an interrupted replay leaves it.
+    // Kept aside, to put back below beside its task (as another replica's
+    // replay at the same moment, or an earlier version, leaves it).
     crate::common::ledger_sql(
         &settings,
         backend,
@@ -372,8 +373,8 @@ async fn park_then_replay(backend: Backend) {
     assert_eq!(sample(&scrape, &series("parked")), Some(1.0));
     assert_eq!(sample(&scrape, &series("replayed")), Some(1.0));
 
-    // A replay interrupted after its task was recorded, before its row went,
-    // done again: the same task, no second copy, counted unchanged.
+    // The row back beside its recorded task, replayed again: the same task,
+    // no second copy, counted unchanged, and the row goes with it.
     crate::common::ledger_sql(
         &settings,
         backend,
