@@ -137,6 +137,7 @@ mod tests {
             client: None,
             properties: None,
             exchange: None,
+            leased_by: None,
             publish_alone: 0,
             refusals: 0,
             revision: 1,

@@ -196,6 +196,7 @@ impl Ledger {
         owner: Option<&str>,
         now_ms: u64,
     ) -> Result<Reschedule, LedgerError> {
+        let holder = self.holder;
         // An early return leaves the transaction uncommitted: rolled back.
         let moved: StoredTask = in_tx!(&self.pool, tx => {
             if let Some(key) = key {
@@ -233,6 +234,7 @@ impl Ledger {
                     .bind(id)
                     .bind(from.as_str())
                     .bind(owner)
+                    .bind(holder)
                     .fetch_optional(&mut *tx)
                     .await
                     .context("moving a task")?;

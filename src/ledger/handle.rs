@@ -11,8 +11,9 @@ use tracing::warn;
 use super::admit::Admission;
 use super::checkpoint;
 use super::error::{LedgerError, QueryContext};
+use super::holders;
 use super::pool::{Pool, migrate, open_pool, open_sqlite_writer};
-use super::record::{Retry, Row};
+use super::record::{Lease, Retry, Row};
 use super::settings::{Location, StoreSettings};
 use super::sql;
 use super::transaction::Store;
@@ -27,6 +28,9 @@ pub struct Ledger {
     /// Made once per ledger (migration 0006): which ledger a chain belongs to.
     identity: Arc<str>,
     pub(super) writes: writer::Handle,
+    /// The holder number this handle writes beside each lease it takes
+    /// (see [`super::holders`]).
+    pub(super) holder: i64,
     pub(super) pending: Arc<PendingCount>,
     max_pending: u64,
     /// Stops the recount of pending tasks when the ledger closes.
@@ -60,6 +64,13 @@ pub async fn open(
     migrate(&pool, &target).await?;
     let identity = read_identity(&pool).await?;
     let pending = Arc::new(PendingCount::default());
+    let holder = holders::draw();
+    let closing = CancellationToken::new();
+    if let Pool::Postgres(pool) = &pool {
+        let held = holders::hold(pool, holder, crate::clock::now_ms()).await?;
+        let keep = holders::keep(pool.clone(), holder, Some(held), closing.clone());
+        tokio::spawn(keep);
+    }
     let store = match &pool {
         Pool::Sqlite(pool) => {
             Store::Sqlite(open_sqlite_writer(pool.connect_options().get_filename())?)
@@ -73,13 +84,15 @@ pub async fn open(
             release_stage,
             commit_group_size,
             pending.clone(),
+            holder,
         )?,
+        holder,
         pool,
         target: target.into(),
         identity: identity.into(),
         pending,
         max_pending: settings.max_pending,
-        closing: CancellationToken::new(),
+        closing,
         failed_admission: Arc::default(),
     };
     ledger.pending_tasks().await?;
@@ -121,7 +134,11 @@ impl Ledger {
         lease_until_ms: u64,
         unparks: Option<String>,
     ) -> Result<Admission, LedgerError> {
-        let row = Row::pending(task, idempotency_key, fingerprint, lease_until_ms);
+        let lease = Lease {
+            until_ms: lease_until_ms,
+            holder: self.holder,
+        };
+        let row = Row::pending(task, idempotency_key, fingerprint, lease);
         let admitted = self.writes.admit(row, unparks).await;
         if let Err(error) = &admitted
             && let Ok(mut failed) = self.failed_admission.lock()

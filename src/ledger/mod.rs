@@ -56,6 +56,7 @@ mod error;
 mod filter;
 mod forecast;
 mod handle;
+mod holders;
 mod limits;
 mod operations;
 mod parked;

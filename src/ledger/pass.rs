@@ -168,7 +168,11 @@ async fn locked_limits(tx: &mut Tx<'_>) -> Result<Vec<StoredLimit>, LedgerError>
 }
 
 /// One pass, in the group's transaction `tx`.
-pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, LedgerError> {
+pub(super) async fn pass_in(
+    tx: &mut Tx<'_>,
+    input: &PassInput,
+    holder: i64,
+) -> Result<Pass, LedgerError> {
     let mut limits = locked_limits(tx).await?;
     let plan = PassPlan::new(&mut limits, input);
     let mut waiting = Vec::new();
@@ -192,7 +196,9 @@ pub(super) async fn pass_in(tx: &mut Tx<'_>, input: &PassInput) -> Result<Pass, 
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut released = Vec::with_capacity(ids.len());
     for chunk in statement_sized_chunks(&ids) {
-        let rows = tx.release_waiting(chunk, input.lease_until_ms).await?;
+        let rows = tx
+            .release_waiting(chunk, (input.lease_until_ms, holder))
+            .await?;
         released.extend(decode_all(rows)?);
     }
     // An UPDATE's RETURNING rows come in no promised order: the pass hands

@@ -14,7 +14,7 @@ use crate::task::{Task, TaskAccepted, TaskState};
 /// The columns a new row is inserted with, the first of [`Row`]'s fields in
 /// their order (a test holds them to [`COLUMNS`]); the others start at
 /// their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 20] = [
+pub(super) const INSERT_COLUMNS: [&str; 21] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -35,6 +35,7 @@ pub(super) const INSERT_COLUMNS: [&str; 20] = [
     "client",
     "properties",
     "exchange",
+    "leased_by",
 ];
 
 /// Declares [`Row`], one field per column of `tasks`, with [`COLUMNS`] and
@@ -99,6 +100,9 @@ row! {
     properties: Option<Vec<u8>>,
     /// The exchange it is delivered to; NULL: the business exchange.
     exchange: Option<String>,
+    /// The ledger handle that last leased it (migration 0019 on
+    /// PostgreSQL): its leases end when that holder is gone.
+    leased_by: Option<i64>,
     publish_alone: i64,
     refusals: i64,
     revision: i64,
@@ -245,14 +249,21 @@ fn ms(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
+/// A lease on a task: until when, and whose (see `super::holders`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lease {
+    pub until_ms: u64,
+    pub holder: i64,
+}
+
 impl Row {
     /// A new row for `task`: pending, and leased to the request that is about
-    /// to publish it until `lease_until_ms`, so the forwarder leaves it alone.
+    /// to publish it, so the forwarder leaves it alone.
     pub fn pending(
         task: &Task,
         idempotency_key: Option<String>,
         fingerprint: Option<String>,
-        lease_until_ms: u64,
+        lease: Lease,
     ) -> Row {
         Row {
             id: task.id.clone(),
@@ -269,12 +280,13 @@ impl Row {
             state: TaskState::Pending.as_str().to_owned(),
             created_at_ms: db_ms(task.accepted_at_ms),
             published_at_ms: None,
-            next_attempt_at_ms: db_ms(lease_until_ms),
+            next_attempt_at_ms: db_ms(lease.until_ms),
             attempts: 1,
             last_error: None,
             client: task.client.clone(),
             properties: task.carried.as_ref().map(message::encode_properties),
             exchange: task.exchange.clone(),
+            leased_by: Some(lease.holder),
             publish_alone: 0,
             refusals: 0,
             revision: db_ms(task.revision),
@@ -451,6 +463,6 @@ mod tests {
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 28);
+        assert_eq!(COLUMNS.split(", ").count(), 29);
     }
 }

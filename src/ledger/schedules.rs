@@ -13,6 +13,7 @@ use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::plan::{Advance, PlanWrite};
 use super::pool::Pool;
+use super::record::Lease;
 use super::record::Row as TaskRow;
 use super::record::db_ms;
 use crate::schedule::{ScheduleContent, TimingSpec};
@@ -357,7 +358,11 @@ impl Ledger {
             .map(|planned| {
                 let rows = (planned.tasks.into_iter())
                     .map(|(task, fingerprint)| {
-                        TaskRow::pending(task, None, Some(fingerprint), lease_until_ms)
+                        let lease = Lease {
+                            until_ms: lease_until_ms,
+                            holder: self.holder,
+                        };
+                        TaskRow::pending(task, None, Some(fingerprint), lease)
                     })
                     .collect();
                 (planned.id.to_owned(), planned.advance, rows)

@@ -131,9 +131,10 @@ pub const RESEND_UNRELEASED: &str = "UPDATE tasks SET state = 'pending', \
 pub const RECORD_ROUTE: &str = "UPDATE tasks SET routing_key = $1 \
      WHERE id = $2 AND revision = $3 AND state = 'pending'";
 
+/// A pending task tried again from `$1` (or leased until then, by `$7`).
 pub const SCHEDULE_RETRY: &str = "UPDATE tasks SET next_attempt_at_ms = $1, last_error = $2, \
      publish_alone = CASE WHEN $3 = 1 THEN 1 ELSE publish_alone END, \
-     refusals = refusals + $4 \
+     refusals = refusals + $4, leased_by = $7 \
      WHERE id = $5 AND revision = $6 AND state = 'pending'";
 
 /// Quarantines a task (in revision `$3`, or any when NULL), first if
@@ -226,10 +227,11 @@ pub fn select(ids: usize) -> String {
     )
 }
 
-/// A new revision, pending and leased, only from `$6` and only while the
-/// whole payload is kept (the new copy is built from it).
+/// A new revision, pending and leased (to `$8`), only from `$6` and only
+/// while the whole payload is kept (the new copy is built from it).
 pub const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
-     routing_key = $3, next_attempt_at_ms = $4, state = 'pending', attempts = attempts + 1, \
+     routing_key = $3, next_attempt_at_ms = $4, leased_by = $8, state = 'pending', \
+     attempts = attempts + 1, \
      last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0, held_by = NULL, \
      release_at_ms = NULL \
      WHERE id = $5 AND state = $6 AND payload IS NOT NULL AND length(payload) = payload_bytes \
@@ -250,12 +252,13 @@ pub fn hold_releasing(ids: usize) -> String {
     )
 }
 
-/// Waiting tasks (ids `$2…`) released by the limiter, leased until `$1`.
+/// Waiting tasks (ids `$3…`) released by the limiter, leased until `$1`
+/// to `$2`.
 pub fn release_waiting(ids: usize) -> String {
     format!(
-        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $1 \
+        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $1, leased_by = $2 \
          WHERE state = 'waiting' AND id IN ({}) RETURNING {COLUMNS}",
-        placeholders(2, ids)
+        placeholders(3, ids)
     )
 }
 
@@ -302,13 +305,13 @@ pub const NEXT_OWN_STAGED: &str =
 
 /// Takes up to `$3` staged tasks whose moment is by `$1` (staged by the
 /// process `$4`) or by `$5` (staged by another, whose clock may be
-/// ahead), in release order, leased until `$2`. The condition is repeated
+/// ahead), in release order, leased until `$2` to `$6`. The condition is repeated
 /// outside the subquery so that, on PostgreSQL, a replica that waited for
 /// another replica's take re-checks it and skips what was just taken.
 pub fn unstage() -> String {
     let due = "release_at_ms <= $1 AND (staged_by = $4 OR release_at_ms <= $5)";
     format!(
-        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2 \
+        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2, leased_by = $6 \
          WHERE state = 'staged' AND {due} AND id IN ( \
              SELECT id FROM tasks WHERE state = 'staged' AND {due} \
              ORDER BY release_at_ms, id LIMIT $3) \
@@ -389,6 +392,39 @@ pub const ADVANCE_SCHEDULE: &str = "UPDATE schedules SET next_at_ms = $4, \
      WHERE id = $1 AND revision = $2 AND next_at_ms = $3 AND paused = 0";
 
 /// The ledger's identity, made by its migration.
+/// A lease holder's session lock (`$1`), held until its connection ends.
+pub const LOCK_HOLDER: &str = "SELECT pg_advisory_lock($1)";
+
+pub const REGISTER_HOLDER: &str = "INSERT INTO lease_holders (holder, since_ms) \
+     VALUES ($1, $2) ON CONFLICT (holder) DO NOTHING";
+
+/// Registered lease holders but `$1` whose advisory lock no session holds:
+/// a lock on a bigint shows its high half as `classid`, its low half as
+/// `objid`, and `objsubid` 1.
+pub const GONE_HOLDERS: &str = "SELECT holder FROM lease_holders h WHERE holder <> $1 \
+     AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted \
+         AND l.objsubid = 1 \
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND l.classid = (h.holder >> 32)::oid AND l.objid = (h.holder & 4294967295)::oid)";
+
+pub const FORGET_HOLDER: &str = "DELETE FROM lease_holders WHERE holder = $1";
+
+/// Pending tasks leased by holder `$1`, which is gone: due for the
+/// forwarder now.
+pub const END_PENDING_LEASES_OF: &str = "UPDATE tasks SET next_attempt_at_ms = 0 \
+     WHERE state = 'pending' AND next_attempt_at_ms > 0 AND leased_by = $1";
+
+/// Tasks the limiter released to holder `$1`, which is gone: waiting again.
+pub const RETURN_RELEASES_OF: &str = "UPDATE tasks SET state = 'waiting', \
+     next_attempt_at_ms = 0 \
+     WHERE state = 'releasing' AND held_by IS NOT NULL AND leased_by = $1";
+
+/// Tasks the staged release took for holder `$1`, which is gone: staged again.
+pub const RETURN_STAGED_RELEASES_OF: &str = "UPDATE tasks SET state = 'staged', \
+     next_attempt_at_ms = 0 \
+     WHERE state = 'releasing' AND release_at_ms IS NOT NULL AND held_by IS NULL \
+     AND leased_by = $1";
+
 /// A replayed parked message goes in the transaction that records its task.
 pub const UNPARK: &str = "DELETE FROM parked WHERE id = $1";
 
@@ -414,12 +450,12 @@ pub const ANY_PENDING_DUE: &str =
     "SELECT id FROM tasks WHERE state = 'pending' AND next_attempt_at_ms <= $1 LIMIT 1";
 
 /// Takes up to `$3` pending tasks whose lease has expired at `$1`, leasing
-/// them until `$2`. The condition is repeated outside the subquery so that,
+/// them until `$2` to `$4`. The condition is repeated outside the subquery so that,
 /// on PostgreSQL, a replica that waited for another replica's claim
 /// re-checks it and skips what was just taken.
 pub fn claim_pending() -> String {
     format!(
-        "UPDATE tasks SET next_attempt_at_ms = $2, attempts = attempts + 1 \
+        "UPDATE tasks SET next_attempt_at_ms = $2, leased_by = $4, attempts = attempts + 1 \
          WHERE state = 'pending' AND next_attempt_at_ms <= $1 AND id IN ( \
              SELECT id FROM tasks WHERE state = 'pending' AND next_attempt_at_ms <= $1 \
              ORDER BY next_attempt_at_ms LIMIT $3) \
@@ -763,7 +799,15 @@ mod tests {
     #[test]
     fn fixed_statements_number_their_parameters_from_one() {
         for (sql, count) in [
-            (SCHEDULE_RETRY.to_owned(), 6),
+            (SCHEDULE_RETRY.to_owned(), 7),
+            (MOVE.to_owned(), 8),
+            (release_waiting(2), 4),
+            (unstage(), 6),
+            (claim_pending(), 4),
+            (GONE_HOLDERS.to_owned(), 1),
+            (END_PENDING_LEASES_OF.to_owned(), 1),
+            (RETURN_RELEASES_OF.to_owned(), 1),
+            (RETURN_STAGED_RELEASES_OF.to_owned(), 1),
             (RECORD_ROUTE.to_owned(), 3),
             (FAIL_PENDING.to_owned(), 3),
             (FAIL_SCHEDULED.to_owned(), 3),

@@ -5,6 +5,7 @@
 use super::error::{LedgerError, QueryContext};
 use super::filter::{TaskFilter, is_rare};
 use super::handle::Ledger;
+use super::holders;
 use super::record::{Row, StoredTask, db_ms, decode_all};
 use super::sql;
 
@@ -16,8 +17,8 @@ impl Ledger {
     /// (a pending task's is `amqp.confirm_timeout_ms` + 2 s, 12 s by
     /// default) after every restart. Call before this process takes any
     /// lease of its own. On PostgreSQL, which replicas share, a lease may be
-    /// a live replica's: nothing is done (`None`), and a stopped replica's
-    /// run out as they would.
+    /// a live replica's: nothing is done here (`None`), and
+    /// [`Ledger::end_leases_of_gone_holders`] ends a stopped one's.
     pub async fn end_leases_of_a_stopped_process(&self) -> Result<Option<u64>, LedgerError> {
         let super::pool::Pool::Sqlite(pool) = &self.pool else {
             return Ok(None);
@@ -46,6 +47,23 @@ impl Ledger {
         }
         tx.commit().await.context("committing")?;
         Ok(Some(ended))
+    }
+
+    /// Ends the leases of every holder that is gone (PostgreSQL: see
+    /// `holders`); how many tasks they held. Nothing to do on SQLite.
+    pub async fn end_leases_of_gone_holders(&self) -> Result<u64, LedgerError> {
+        let super::pool::Pool::Postgres(pool) = &self.pool else {
+            return Ok(0);
+        };
+        let mut ended = 0;
+        for holder in holders::gone(pool, self.holder).await? {
+            let tasks = holders::end_leases_of(pool, holder).await?;
+            if tasks > 0 {
+                tracing::info!(holder, tasks, "ended the leases of a replica that is gone");
+            }
+            ended += tasks;
+        }
+        Ok(ended)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<StoredTask>, LedgerError> {
@@ -144,6 +162,7 @@ impl Ledger {
             .bind(db_ms(now_ms))
             .bind(db_ms(lease_until_ms))
             .bind(i64::from(limit))
+            .bind(self.holder)
             .fetch_all(p)
             .await)
         .context("claiming pending tasks")

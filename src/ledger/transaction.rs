@@ -192,6 +192,7 @@ fn insert_parameters(r: &Row) -> [&dyn ToSql; INSERT_COLUMNS.len()] {
         &r.client,
         &r.properties,
         &r.exchange,
+        &r.leased_by,
     ]
 }
 
@@ -270,7 +271,8 @@ impl Tx<'_> {
                         .bind(&r.last_error)
                         .bind(&r.client)
                         .bind(&r.properties)
-                        .bind(&r.exchange);
+                        .bind(&r.exchange)
+                        .bind(r.leased_by);
                 }
                 query.fetch_all(&mut **t).await.context("recording tasks")
             }
@@ -467,7 +469,7 @@ impl Tx<'_> {
         &mut self,
         (by_ms, others_by_ms): (u64, u64),
         own: &str,
-        lease_until_ms: u64,
+        (lease_until_ms, holder): (u64, i64),
         most: u32,
     ) -> Result<Vec<Row>, LedgerError> {
         let sql = sql::unstage();
@@ -476,7 +478,8 @@ impl Tx<'_> {
         match self {
             Tx::Sqlite(tx) => {
                 let read = || -> rusqlite::Result<Vec<Row>> {
-                    let parameters: [&dyn ToSql; 5] = [&by, &lease, &most, &own, &others_by];
+                    let parameters: [&dyn ToSql; 6] =
+                        [&by, &lease, &most, &own, &others_by, &holder];
                     let mut statement = tx.prepared(&sql)?;
                     let rows = statement.query_map(parameters.as_slice(), Row::from_sqlite)?;
                     rows.collect()
@@ -489,6 +492,7 @@ impl Tx<'_> {
                 .bind(most)
                 .bind(own)
                 .bind(others_by)
+                .bind(holder)
                 .fetch_all(&mut **t)
                 .await
                 .context("taking staged tasks"),
@@ -575,14 +579,14 @@ impl Tx<'_> {
     pub(super) async fn release_waiting(
         &mut self,
         ids: &[&str],
-        lease_until_ms: u64,
+        (lease_until_ms, holder): (u64, i64),
     ) -> Result<Vec<Row>, LedgerError> {
         let sql = sql::release_waiting(ids.len());
         let lease = db_ms(lease_until_ms);
         match self {
             Tx::Sqlite(tx) => {
                 let read = || -> rusqlite::Result<Vec<Row>> {
-                    let mut parameters: Vec<&dyn ToSql> = vec![&lease];
+                    let mut parameters: Vec<&dyn ToSql> = vec![&lease, &holder];
                     parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
                     let mut statement = tx.prepared(&sql)?;
                     let rows = statement.query_map(parameters.as_slice(), Row::from_sqlite)?;
@@ -591,7 +595,7 @@ impl Tx<'_> {
                 read().context("releasing waiting tasks")
             }
             Tx::Postgres(t) => {
-                let mut query = sqlx::query_as::<_, Row>(&sql).bind(lease);
+                let mut query = sqlx::query_as::<_, Row>(&sql).bind(lease).bind(holder);
                 for id in ids {
                     query = query.bind(*id);
                 }
@@ -636,6 +640,7 @@ impl Tx<'_> {
         id: &str,
         revision: u64,
         retry: &Retry,
+        holder: i64,
     ) -> Result<(), LedgerError> {
         let retry_at = db_ms(retry.retry_at_ms);
         let publish_alone = i64::from(retry.publish_alone);
@@ -652,6 +657,7 @@ impl Tx<'_> {
                         &refused,
                         &id,
                         &revision,
+                        &holder,
                     ],
                 )
                 .map(|_| ())
@@ -663,6 +669,7 @@ impl Tx<'_> {
                 .bind(refused)
                 .bind(id)
                 .bind(revision)
+                .bind(holder)
                 .execute(&mut **t)
                 .await
                 .map(|_| ())

@@ -119,6 +119,7 @@ pub(super) fn spawn(
     keep_payload_until_delivered: bool,
     group_sizes: Histogram,
     pending: Arc<PendingCount>,
+    holder: i64,
 ) -> Result<Handle, LedgerError> {
     let (writes, queue) = mpsc::channel(QUEUE);
     let on_own_thread = matches!(store, Store::Sqlite(_));
@@ -128,6 +129,7 @@ pub(super) fn spawn(
         keep_payload_until_delivered,
         group_sizes,
         pending,
+        holder,
     };
     if on_own_thread {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -390,6 +392,8 @@ struct Writer {
     keep_payload_until_delivered: bool,
     group_sizes: Histogram,
     pending: Arc<PendingCount>,
+    /// Written beside each lease the group's statements take.
+    holder: i64,
 }
 
 impl Writer {
@@ -451,7 +455,7 @@ impl Writer {
                 .await?;
         }
         for (id, revision, retry, _) in &group.retries {
-            tx.schedule_retry(id, *revision, retry).await?;
+            tx.schedule_retry(id, *revision, retry, self.holder).await?;
         }
         let mut failed_pending = 0;
         for (id, revision, reason, _) in &group.failed {
@@ -478,12 +482,13 @@ impl Writer {
         // Last: a pass releases what this group's holds made wait.
         let mut passes = Vec::with_capacity(group.passes.len());
         for (input, _) in &group.passes {
-            passes.push(pass_in(&mut tx, input).await?);
+            passes.push(pass_in(&mut tx, input, self.holder).await?);
         }
         let mut unstaged = Vec::with_capacity(group.unstages.len());
         for (input, _) in &group.unstages {
             let by = (input.by_ms, input.others_by_ms);
-            let taken = tx.unstage(by, input.own, input.lease_until_ms, input.most);
+            let lease = (input.lease_until_ms, self.holder);
+            let taken = tx.unstage(by, input.own, lease, input.most);
             unstaged.push(taken.await?);
         }
         tx.commit().await?;
@@ -558,7 +563,11 @@ mod tests {
         let cascade = CascadeSettings::default().validate().unwrap();
         let body = br#"{"destination": "d", "delay_ms": 1000}"#;
         let task = Task::parse(body, &cascade, SystemTime::now()).unwrap();
-        Row::pending(&task, None, None, 0)
+        let lease = crate::ledger::record::Lease {
+            until_ms: 0,
+            holder: 1,
+        };
+        Row::pending(&task, None, None, lease)
     }
 
     /// A staged task: claimed and staged in one commit, taken back only

@@ -50,6 +50,8 @@ use crate::task::{Task, TaskState};
 const FORWARD_POLL: Duration = Duration::from_millis(200);
 /// How often the resender looks for tasks the release stage never saw.
 const RESEND_POLL: Duration = Duration::from_secs(1);
+/// How often leases of replicas that are gone are looked for.
+const LEASE_WATCH_POLL: Duration = Duration::from_secs(1);
 /// Pending tasks published concurrently per round; confirms are pipelined.
 const FORWARD_BATCH: u32 = 256;
 const PRUNE_BATCH: u32 = 1000;
@@ -285,6 +287,10 @@ impl Bookkeeper {
                     settings.prune_every,
                     shutdown.clone(),
                 ),
+            ),
+            Named::spawn(
+                "the lease watch",
+                end_gone_leases(self.ledger.clone(), shutdown.clone()),
             ),
             Named::spawn(
                 "the forecast's counts",
@@ -748,6 +754,21 @@ fn retry_at(now_ms: u64, attempts: u64) -> u64 {
 }
 
 /// Deletes published tasks once they have been due for `retention`.
+/// Ends, once a [`LEASE_WATCH_POLL`], the leases of replicas that are gone
+/// (a shared ledger: see `Ledger::end_leases_of_gone_holders`), so that
+/// what a crashed replica had leased goes on now, not after its lease.
+async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(LEASE_WATCH_POLL) => {}
+        }
+        if let Err(error) = ledger.end_leases_of_gone_holders().await {
+            warn!(%error, "cannot look for leases of replicas that are gone");
+        }
+    }
+}
+
 async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: CancellationToken) {
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     loop {

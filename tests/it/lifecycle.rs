@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::common::{
-    Backend, Cleanup, TestConsumer, TestUser, amqp_uri, free_port, run_delayline, serve_command,
-    spawn_binary, terminate, test_settings, wait_ready_at, with_ledger,
+    Backend, Cleanup, TestApp, TestConsumer, TestUser, amqp_uri, free_port, run_delayline,
+    serve_command, spawn_binary, terminate, test_settings, wait_ready_at, with_ledger,
 };
 use delayline::broker::{connect, provision, queue_state};
 use delayline::cascade::QueueType;
@@ -91,9 +91,13 @@ struct CutOff {
 }
 
 async fn cut_off(destination: &str) -> CutOff {
+    cut_off_on(destination, Backend::Sqlite).await
+}
+
+async fn cut_off_on(destination: &str, backend: Backend) -> CutOff {
     let user = TestUser::create();
     user.revoke();
-    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), Backend::Sqlite);
+    let mut settings = with_ledger(test_settings(5, 50, QueueType::Quorum), backend);
     settings.amqp.uri = user.uri().into();
     let cascade = settings.cascade().unwrap();
     let mut cleanup = Cleanup::for_settings(&settings);
@@ -204,6 +208,72 @@ async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease()
         after < Duration::from_secs(5),
         "the last leased task arrived {after:?} after the service was back"
     );
+    let _ = admin.close(200, "done".into()).await;
+}
+
+/// On a shared ledger (PostgreSQL), what a killed replica had leased goes
+/// on through the replicas that live, at once (its lease lock went with
+/// its connection), not after the lease; while it lived, nobody took it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_s_leased_tasks_go_on_through_another_at_once_not_after_their_lease() {
+    let CutOff {
+        user: _cut_off,
+        settings,
+        _cleanup,
+        mut consumer,
+        admin,
+    } = cut_off_on("leased-pg", Backend::Postgres).await;
+    let http = reqwest::Client::new();
+    let (port, base) = {
+        let port = free_port();
+        (port, format!("http://127.0.0.1:{port}"))
+    };
+    let mut cut_off_replica = spawn_binary(&settings, port);
+    assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
+    let mut accepted = HashSet::new();
+    for delay_ms in (0..10).map(|n| n * 100) {
+        let body: Value = http
+            .post(format!("{base}/v1/tasks"))
+            .json(&json!({"destination": "leased-pg", "delay_ms": delay_ms}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["state"], "pending", "{body}");
+        accepted.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    // Each as a publish awaiting its confirm leaves it: leased a minute on.
+    let until = delayline::clock::now_ms() + 60_000;
+    crate::common::ledger_sql(
+        &settings,
+        Backend::Postgres,
+        &format!("UPDATE tasks SET next_attempt_at_ms = {until} WHERE state = 'pending'"),
+    );
+
+    // A replica that can reach the broker leaves a live replica's leases alone.
+    let mut connected = settings.clone();
+    connected.amqp.uri = amqp_uri().to_owned().into();
+    let other = TestApp::start_sharing(connected).await;
+    other.wait_ready().await;
+    assert!(
+        consumer.next(Duration::from_secs(3)).await.is_none(),
+        "a live replica's leased task was taken"
+    );
+
+    cut_off_replica.kill().await.unwrap();
+    let killed = std::time::Instant::now();
+    consumer
+        .expect_each_once_never_early(accepted, Duration::from_secs(20))
+        .await;
+    let after = killed.elapsed();
+    // The lease watch looks once a second; a margin for a loaded machine.
+    assert!(
+        after < Duration::from_secs(5),
+        "the last leased task arrived {after:?} after its replica was killed"
+    );
+    other.stop().await.unwrap();
     let _ = admin.close(200, "done".into()).await;
 }
 
