@@ -535,7 +535,7 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
             tokio::time::sleep(seconds).await;
             c.nodes[u].reconnect();
         });
-        verdicts.push(verdict.await);
+        verdicts.push(("minority", verdict.await));
     }
     if runs("split") {
         // Neither the node in use nor the consumer's.
@@ -544,7 +544,7 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
             tokio::time::sleep(seconds).await;
             c.nodes[(u + 2) % 3].reconnect();
         });
-        verdicts.push(verdict.await);
+        verdicts.push(("split", verdict.await));
     }
     if runs("flapping") {
         let verdict = scenario("flapping", replicas, &cluster, async |c: &NsCluster, u| {
@@ -555,7 +555,7 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
                 tokio::time::sleep(Duration::from_millis(1_500)).await;
             }
         });
-        verdicts.push(verdict.await);
+        verdicts.push(("flapping", verdict.await));
     }
     if runs("clock") {
         let stepped = SteppedReplica::start(&settings).await;
@@ -576,7 +576,7 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
             tokio::time::sleep(seconds.saturating_sub(Duration::from_secs(10))).await;
             c.nodes[u].reconnect();
         });
-        verdicts.push(verdict.await);
+        verdicts.push(("clock", verdict.await));
     }
     // Long form only: in one of four runs of every scenario here, after the
     // three before it, 48 tasks sent in the 3 s before the pause had not
@@ -587,9 +587,21 @@ async fn partitions_and_a_paused_node_lose_nothing_and_deliver_nothing_early_can
             tokio::time::sleep(seconds).await;
             c.nodes[u].resume();
         });
-        verdicts.push(verdict.await);
+        verdicts.push(("paused", verdict.await));
     }
-    for verdict in &verdicts {
+    for (name, verdict) in &verdicts {
+        // In the long form, nothing waits for more than the fault and 5 s
+        // (issue 76: once, after flapping, some waited for a minute). The
+        // paused node is an open finding, and the short form's faults are
+        // too short to tell a fault's wait from a level's.
+        if long_form() && *name != "paused" {
+            let bound_ms = fault_seconds() as i64 * 1_000 + 5_000;
+            assert!(
+                verdict.lateness_ms(1.0) <= bound_ms,
+                "{name}: a task {} ms late, past the fault and 5 s",
+                verdict.lateness_ms(1.0)
+            );
+        }
         // A moved task delivered in its old revision (both revisions in one
         // window were taken for claimed, until the claim kept revisions
         // apart; RELIABILITY.md): reported, with the ledger's row of each.
