@@ -43,6 +43,16 @@ pub(crate) struct TaskRequest<'a> {
     /// An RFC 3339 time; one in the past means now.
     #[schema(format = DateTime, example = "2026-11-22T14:05:00Z")]
     deliver_at: Option<String>,
+    /// A leeway, in milliseconds: any moment within it after the due time
+    /// will do. The task is delivered at a moment of its own in
+    /// `[due, due + leeway_ms]`, drawn from its id, so that many tasks due
+    /// at one instant arrive evenly over the window instead of at once.
+    /// At most one of `leeway_ms` and `leeway`.
+    #[schema(value_type = Option<u64>, minimum = 0, example = 10000)]
+    leeway_ms: Option<serde_json::Number>,
+    /// The leeway as a human duration: `"10s"`, `"5m"`.
+    #[schema(example = "10s")]
+    leeway: Option<String>,
     // Not a plain `Option`, which would take `null` for absent.
     /// Any JSON, `null` included, delivered as its exact JSON bytes
     /// (`application/json`); without it or `payload_base64` the body is empty.
@@ -118,6 +128,9 @@ pub struct Task {
     pub client: Option<String>,
     /// The exchange it is delivered to, when not the business exchange.
     pub exchange: Option<String>,
+    /// Its leeway (0: none): `deliver_at_ms` is the moment drawn in
+    /// it, [`leeway_offset_ms`] after the due time asked for.
+    pub leeway_ms: u64,
     /// A message taken in over AMQP (an ingress): its properties, delivered
     /// as they came (see [`crate::message::taken_in`]). `content_type` and
     /// `headers` are then a copy, for inspection.
@@ -203,6 +216,13 @@ impl TaskState {
     }
 }
 
+/// The due time asked for of task `id`, delivered at `deliver_at_ms` in a
+/// leeway of `leeway_ms`: the window's start. `None` without one.
+pub fn leeway_due_at(id: &str, deliver_at_ms: u64, leeway_ms: u64) -> Option<String> {
+    (leeway_ms > 0)
+        .then(|| format_epoch_ms(deliver_at_ms.saturating_sub(leeway_offset_ms(id, leeway_ms))))
+}
+
 /// What a 202 answers for an accepted task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskAccepted {
@@ -210,7 +230,15 @@ pub struct TaskAccepted {
     pub destination: String,
     pub routing_key: String,
     pub delay_ms: u64,
+    /// When it is delivered: with a leeway, the moment drawn in it.
     pub deliver_at: String,
+    /// Its leeway, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub leeway_ms: Option<u64>,
+    /// With a leeway: the due time asked for, the window's start.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(format = DateTime)]
+    pub due_at: Option<String>,
     pub state: TaskState,
 }
 
@@ -459,6 +487,8 @@ impl Task {
             routing_key: self.route.routing_key.clone(),
             delay_ms: self.route.delay_ms,
             deliver_at: format_epoch_ms(self.deliver_at_ms),
+            leeway_ms: (self.leeway_ms > 0).then_some(self.leeway_ms),
+            due_at: leeway_due_at(&self.id, self.deliver_at_ms, self.leeway_ms),
             state,
         }
     }
@@ -502,16 +532,25 @@ impl TaskRequest<'_> {
         // `Cascade::delay_start_ms`.
         let accepted_at_ms = cascade.delay_start_ms(now);
         let delay = self.requested_delay(accepted_at_ms)?;
-        let route = cascade.route(delay, &self.destination).map_err(|error| {
+        let leeway_ms = requested_leeway(&self.leeway_ms, &self.leeway)?;
+        let delay_field = self.delay_field();
+        let leeway_field = if self.leeway_ms.is_some() {
+            "/leeway_ms"
+        } else {
+            "/leeway"
+        };
+        let (payload, content_type) = self.payload()?;
+        let client_id = self.id.is_some();
+        let id = validate_id(self.id)?;
+        let moment = delay + Duration::from_millis(leeway_offset_ms(&id, leeway_ms));
+        let route = cascade.route(moment, &self.destination).map_err(|error| {
             let field = match error {
-                RouteError::DelayTooLong { .. } => self.delay_field(),
+                RouteError::DelayTooLong { .. } if leeway_ms > 0 => leeway_field,
+                RouteError::DelayTooLong { .. } => delay_field,
                 _ => "/destination",
             };
             TaskError::from(error).at(field)
         })?;
-        let (payload, content_type) = self.payload()?;
-        let client_id = self.id.is_some();
-        let id = validate_id(self.id)?;
         let route = cascade.in_task_shard(route, &id);
         Ok(Task {
             client_id,
@@ -526,6 +565,7 @@ impl TaskRequest<'_> {
             revision: 1,
             client: None,
             exchange: validate_exchange(self.exchange, cascade)?,
+            leeway_ms,
             carried: None,
         })
     }
@@ -678,6 +718,46 @@ fn requested_delay(
     }
 }
 
+/// The leeway a request asks for with at most one of its two
+/// fields, in milliseconds (0: none).
+fn requested_leeway(
+    leeway_ms: &Option<serde_json::Number>,
+    leeway: &Option<String>,
+) -> Result<u64, TaskError> {
+    let window = match (leeway_ms, leeway) {
+        (None, None) => return Ok(0),
+        (Some(ms), None) => delay_of_ms(ms).map_err(|error| {
+            TaskError::InvalidDelay(error.to_string().replace("/delay_ms", "/leeway_ms"))
+        })?,
+        (None, Some(text)) => humantime::parse_duration(text).map_err(|e| {
+            TaskError::InvalidDelay(format!(
+                "/leeway: {text:?} is not a duration such as \"10s\" or \"5m\": {e}"
+            ))
+        })?,
+        (Some(_), Some(_)) => {
+            return Err(TaskError::InvalidDelay(
+                "give leeway_ms or leeway, not both".to_owned(),
+            ));
+        }
+    };
+    Ok(u64::try_from(window.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Where in its leeway of `window_ms` the task `id` is delivered:
+/// `[0, window_ms]` milliseconds after its due time, drawn from its id
+/// (FNV-1a, stable across versions and replicas), so that the same task
+/// keeps its moment when it is moved or admitted again, and many tasks
+/// spread evenly over the window without knowing of each other.
+pub fn leeway_offset_ms(id: &str, window_ms: u64) -> u64 {
+    if window_ms == 0 {
+        return 0;
+    }
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash % window_ms.saturating_add(1)
+}
+
 /// `delay_ms` as given: a whole number of milliseconds from 0; one too large
 /// for any chain (beyond 64 bits included) is out of range, not mistyped.
 fn delay_of_ms(ms: &serde_json::Number) -> Result<Duration, TaskError> {
@@ -826,6 +906,81 @@ mod tests {
         Task::parse(body.as_bytes(), &cascade(), now())
     }
 
+    /// A leeway delays the task by its own moment in the window,
+    /// drawn from its id: never before the due time, never after the
+    /// window's end, the same moment for the same id; both ways of giving
+    /// it, and neither with the other.
+    #[test]
+    fn a_leeway_puts_the_task_at_its_own_moment_in_it() {
+        let plain = parse(r#"{"destination": "d", "delay_ms": 1000, "id": "t-1"}"#).unwrap();
+        assert_eq!(plain.leeway_ms, 0);
+        let body = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway_ms": 60000}"#;
+        let late = parse(body).unwrap();
+        assert_eq!(late.leeway_ms, 60_000);
+        let offset = leeway_offset_ms("t-1", 60_000);
+        assert!(offset <= 60_000);
+        // Classic queues with 100 ms units: the moment rounds up to a unit.
+        let moment = plain.deliver_at_ms + offset;
+        assert!(
+            late.deliver_at_ms >= moment && late.deliver_at_ms < moment + 100,
+            "{} for {moment}",
+            late.deliver_at_ms
+        );
+        assert_eq!(parse(body).unwrap().deliver_at_ms, late.deliver_at_ms);
+        let human = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway": "1m"}"#;
+        assert_eq!(parse(human).unwrap().deliver_at_ms, late.deliver_at_ms);
+        let accepted = late.accepted(TaskState::Scheduled);
+        assert_eq!(accepted.leeway_ms, Some(60_000));
+        assert_eq!(
+            accepted.due_at.as_deref(),
+            Some(format_epoch_ms(late.deliver_at_ms - offset).as_str())
+        );
+        assert_eq!(plain.accepted(TaskState::Scheduled).due_at, None);
+
+        let both = r#"{"destination": "d", "delay_ms": 1, "leeway_ms": 5, "leeway": "5ms"}"#;
+        assert!(parse(both).unwrap_err().to_string().contains("not both"));
+        let wrong = r#"{"destination": "d", "delay_ms": 1, "leeway": "soon"}"#;
+        assert!(
+            parse(wrong)
+                .unwrap_err()
+                .to_string()
+                .starts_with("/leeway:")
+        );
+        let negative = r#"{"destination": "d", "delay_ms": 1, "leeway_ms": -5}"#;
+        assert!(
+            parse(negative)
+                .unwrap_err()
+                .to_string()
+                .starts_with("/leeway_ms:")
+        );
+        // 8 levels of 100 ms hold 25.5 s: a window past that is refused there.
+        let too_long = r#"{"destination": "d", "delay_ms": 1000, "leeway": "1h"}"#;
+        let error = parse(too_long).unwrap_err();
+        assert!(matches!(error, TaskError::DelayOutOfRange(_)), "{error}");
+        assert!(error.to_string().starts_with("/leeway"), "{error}");
+    }
+
+    /// Ten thousand tasks of one instant, with the ids the service makes,
+    /// spread over 10 s: no second of the window holds more than twice its
+    /// share (the issue's measure), nor less than half.
+    #[test]
+    fn tasks_of_one_instant_spread_evenly_over_their_leeway() {
+        let mut per_second = [0u32; 11];
+        for _ in 0..10_000 {
+            let id = uuid::Uuid::now_v7().to_string();
+            let offset = leeway_offset_ms(&id, 10_000);
+            per_second[(offset / 1_000) as usize] += 1;
+        }
+        // The window's last millisecond is a second of its own.
+        assert!(per_second[10] < 10, "{per_second:?}");
+        for (second, count) in per_second[..10].iter().enumerate() {
+            assert!(
+                (500..=2_000).contains(count),
+                "second {second}: {per_second:?}"
+            );
+        }
+    }
+
     /// A chain of `queue_type` that holds (1 ms precision) or not.
     fn chain(holds: bool, queue_type: crate::cascade::QueueType) -> Cascade {
         crate::cascade::CascadeSettings {
@@ -859,6 +1014,14 @@ mod tests {
             })
             .sum();
         sent_ns + spent
+    }
+
+    proptest::proptest! {
+        /// Whatever the id and the window: a moment in it.
+        #[test]
+        fn a_leeway_offset_is_within_the_leeway(id in ".{0,64}", window_ms in 0u64..u64::MAX) {
+            proptest::prop_assert!(leeway_offset_ms(&id, window_ms) <= window_ms);
+        }
     }
 
     proptest::proptest! {
@@ -1126,8 +1289,8 @@ mod reference_tests {
         assert_eq!(
             error.to_string(),
             "/exchnage: unknown field \"exchnage\"; the fields of a task are destination, \
-             delay_ms, delay, deliver_at, payload, payload_base64, content_type, headers, id, \
-             exchange"
+             delay_ms, delay, deliver_at, leeway_ms, leeway, payload, payload_base64, \
+             content_type, headers, id, exchange"
         );
     }
 

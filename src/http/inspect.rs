@@ -29,7 +29,15 @@ pub struct TaskView {
     pub exchange: Option<String>,
     pub routing_key: String,
     pub delay_ms: u64,
+    /// When it is delivered: with a leeway, the moment drawn in it.
     pub deliver_at: String,
+    /// Its leeway, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub leeway_ms: Option<u64>,
+    /// With a leeway: the due time asked for, the window's start.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(format = DateTime)]
+    pub due_at: Option<String>,
     pub created_at: String,
     pub published_at: Option<String>,
     pub idempotency_key: Option<String>,
@@ -76,6 +84,8 @@ impl From<StoredTask> for TaskView {
             release_at: stored.release_at_ms.map(format_epoch_ms),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),
+            leeway_ms: (stored.leeway_ms > 0).then_some(stored.leeway_ms),
+            due_at: crate::task::leeway_due_at(&stored.id, stored.deliver_at_ms, stored.leeway_ms),
             created_at: format_epoch_ms(stored.created_at_ms),
             published_at: stored.published_at_ms.map(format_epoch_ms),
             headers: stored.headers,

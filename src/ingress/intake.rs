@@ -122,6 +122,7 @@ pub fn take(
             revision: 1,
             client: None,
             exchange: ingress.declared_kind.map(|_| ingress.deliver_to.clone()),
+            leeway_ms: 0,
             carried: Some(carried),
         },
         fingerprint,
@@ -163,6 +164,7 @@ pub(super) fn retry_task(
         revision: 1,
         client: None,
         exchange: Some(String::new()),
+        leeway_ms: 0,
         carried: Some(carried),
     })
 }

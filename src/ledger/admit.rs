@@ -138,6 +138,7 @@ mod tests {
             properties: None,
             exchange: None,
             leased_by: None,
+            leeway_ms: 0,
             publish_alone: 0,
             refusals: 0,
             revision: 1,

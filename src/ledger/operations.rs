@@ -59,6 +59,8 @@ pub struct PagedTask {
     pub destination: String,
     pub state: TaskState,
     pub deliver_at_ms: u64,
+    /// Its leeway (0: none): `deliver_at_ms` is a moment in it.
+    pub leeway_ms: u64,
 }
 
 fn signed(value: u64) -> i64 {
@@ -245,7 +247,7 @@ impl Ledger {
     ) -> Result<Vec<PagedTask>, LedgerError> {
         let (destination, owner) = only;
         let statement = sql::bulk_page(destination.is_some(), owner.is_some());
-        let rows: Vec<(String, String, String, i64)> = on_pool!(&self.pool, p => {
+        let rows: Vec<(String, String, String, i64, i64)> = on_pool!(&self.pool, p => {
             let mut query = sqlx::query_as(&statement)
                 .bind(db_ms(after.0))
                 .bind(after.1)
@@ -261,7 +263,7 @@ impl Ledger {
         })
         .context("reading a page of tasks")?;
         rows.into_iter()
-            .map(|(id, destination, state, deliver_at_ms)| {
+            .map(|(id, destination, state, deliver_at_ms, leeway_ms)| {
                 let state = TaskState::parse(&state).ok_or_else(|| LedgerError::Corrupt {
                     id: id.clone(),
                     reason: format!("unknown state {state:?}"),
@@ -271,6 +273,7 @@ impl Ledger {
                     destination,
                     state,
                     deliver_at_ms: u64::try_from(deliver_at_ms).unwrap_or(0),
+                    leeway_ms: u64::try_from(leeway_ms).unwrap_or(0),
                 })
             })
             .collect()

@@ -14,7 +14,7 @@ use crate::task::{Task, TaskAccepted, TaskState};
 /// The columns a new row is inserted with, the first of [`Row`]'s fields in
 /// their order (a test holds them to [`COLUMNS`]); the others start at
 /// their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 21] = [
+pub(super) const INSERT_COLUMNS: [&str; 22] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -36,6 +36,7 @@ pub(super) const INSERT_COLUMNS: [&str; 21] = [
     "properties",
     "exchange",
     "leased_by",
+    "leeway_ms",
 ];
 
 /// Declares [`Row`], one field per column of `tasks`, with [`COLUMNS`] and
@@ -103,6 +104,8 @@ row! {
     /// The ledger handle that last leased it (migration 0019 on
     /// PostgreSQL): its leases end when that holder is gone.
     leased_by: Option<i64>,
+    /// Its leeway (migration 0020 on PostgreSQL); 0: none.
+    leeway_ms: i64,
     publish_alone: i64,
     refusals: i64,
     revision: i64,
@@ -145,6 +148,9 @@ pub struct StoredTask {
     pub carried: Option<lapin::BasicProperties>,
     /// The exchange it is delivered to, when not the business exchange.
     pub exchange: Option<String>,
+    /// Its leeway in milliseconds (0: none): `deliver_at_ms` is the
+    /// moment drawn in it (see [`crate::task::leeway_offset_ms`]).
+    pub leeway_ms: u64,
     /// It went down with its channel or connection once: it is published
     /// only alone from then on (see `crate::broker::IsolatedPublisher`).
     pub publish_alone: bool,
@@ -222,6 +228,7 @@ impl StoredTask {
             revision: self.revision,
             client: self.client.clone(),
             exchange: self.exchange.clone(),
+            leeway_ms: self.leeway_ms,
             carried: self.carried.clone(),
         })
     }
@@ -234,6 +241,8 @@ impl StoredTask {
             routing_key: self.routing_key.clone(),
             delay_ms: self.delay_ms,
             deliver_at: format_epoch_ms(self.deliver_at_ms),
+            leeway_ms: (self.leeway_ms > 0).then_some(self.leeway_ms),
+            due_at: crate::task::leeway_due_at(&self.id, self.deliver_at_ms, self.leeway_ms),
             state: self.state,
         }
     }
@@ -287,6 +296,7 @@ impl Row {
             properties: task.carried.as_ref().map(message::encode_properties),
             exchange: task.exchange.clone(),
             leased_by: Some(lease.holder),
+            leeway_ms: db_ms(task.leeway_ms),
             publish_alone: 0,
             refusals: 0,
             revision: db_ms(task.revision),
@@ -339,6 +349,7 @@ impl Row {
             last_error: self.last_error,
             client: self.client,
             exchange: self.exchange,
+            leeway_ms: ms(self.leeway_ms),
             held_by: self.held_by,
             release_at_ms: self.release_at_ms.map(ms),
             staged_by: self.staged_by,
@@ -395,6 +406,7 @@ mod tests {
             last_error: None,
             client: None,
             exchange: None,
+            leeway_ms: 0,
             carried: None,
             publish_alone: false,
             refusals: 0,
@@ -463,6 +475,6 @@ mod tests {
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 29);
+        assert_eq!(COLUMNS.split(", ").count(), 30);
     }
 }

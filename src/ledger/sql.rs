@@ -341,6 +341,16 @@ pub const ANY_LEASE: &str = "SELECT id FROM tasks \
 pub const END_PENDING_LEASES: &str = "UPDATE tasks SET next_attempt_at_ms = 0 \
      WHERE state = 'pending' AND next_attempt_at_ms > 0 AND next_attempt_at_ms < $1";
 
+/// Whether any task is staged by a process other than `$1`: a read, so
+/// that a start with nothing to take over takes no write lock.
+pub const ANY_STAGED_BY_ANOTHER: &str =
+    "SELECT id FROM tasks WHERE state = 'staged' AND staged_by <> $1 LIMIT 1";
+
+/// Every staged task becomes process `$1`'s (SQLite's start: the process
+/// that staged them stopped).
+pub const ADOPT_STAGED: &str =
+    "UPDATE tasks SET staged_by = $1 WHERE state = 'staged' AND staged_by <> $1";
+
 /// Tasks the staged release took whose lease ran out before `$1` (the
 /// replica died before marking them delivered): staged again.
 pub const RETURN_EXPIRED_STAGES: &str = "UPDATE tasks SET state = 'staged', \
@@ -489,7 +499,7 @@ pub fn bulk_page(one_destination: bool, owned: bool) -> String {
         condition.push_str(&format!(" AND client = ${next}"));
     }
     format!(
-        "SELECT id, destination, state, deliver_at_ms FROM tasks \
+        "SELECT id, destination, state, deliver_at_ms, leeway_ms FROM tasks \
          WHERE (deliver_at_ms, id) > ($1, $2) AND deliver_at_ms < $3{condition} \
          ORDER BY deliver_at_ms, id LIMIT $4"
     )

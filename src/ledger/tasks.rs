@@ -15,20 +15,29 @@ impl Ledger {
     /// forwarder now, and what its limiter or staged release had taken
     /// waits or is staged again. Without this they waited out their leases
     /// (a pending task's is `amqp.confirm_timeout_ms` + 2 s, 12 s by
-    /// default) after every restart. Call before this process takes any
-    /// lease of its own. On PostgreSQL, which replicas share, a lease may be
+    /// default) after every restart. The tasks it staged become this
+    /// process's: another process releases a task staged by another 10 s
+    /// after its moment, for the hosts' clocks may disagree, and on SQLite
+    /// the stopped process ran on this host, by this clock. Call before
+    /// this process takes any lease of its own. On PostgreSQL, which replicas share, a lease may be
     /// a live replica's: nothing is done here (`None`), and
     /// [`Ledger::end_leases_of_gone_holders`] ends a stopped one's.
     pub async fn end_leases_of_a_stopped_process(&self) -> Result<Option<u64>, LedgerError> {
         let super::pool::Pool::Sqlite(pool) = &self.pool else {
             return Ok(None);
         };
-        let any: Option<String> = sqlx::query_scalar(sql::ANY_LEASE)
+        let own = crate::clock::source();
+        let leased: Option<String> = sqlx::query_scalar(sql::ANY_LEASE)
             .bind(0_i64)
             .fetch_optional(pool)
             .await
             .context("looking for leases a stopped process left")?;
-        if any.is_none() {
+        let staged: Option<String> = sqlx::query_scalar(sql::ANY_STAGED_BY_ANOTHER)
+            .bind(own)
+            .fetch_optional(pool)
+            .await
+            .context("looking for tasks a stopped process staged")?;
+        if leased.is_none() && staged.is_none() {
             return Ok(Some(0));
         }
         let mut tx = pool.begin().await.context("starting a transaction")?;
@@ -45,6 +54,12 @@ impl Ledger {
                 .context("ending the leases of a stopped process")?
                 .rows_affected();
         }
+        ended += sqlx::query(sql::ADOPT_STAGED)
+            .bind(own)
+            .execute(&mut *tx)
+            .await
+            .context("taking over the tasks a stopped process staged")?
+            .rows_affected();
         tx.commit().await.context("committing")?;
         Ok(Some(ended))
     }

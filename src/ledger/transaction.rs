@@ -193,6 +193,7 @@ fn insert_parameters(r: &Row) -> [&dyn ToSql; INSERT_COLUMNS.len()] {
         &r.properties,
         &r.exchange,
         &r.leased_by,
+        &r.leeway_ms,
     ]
 }
 
@@ -272,7 +273,8 @@ impl Tx<'_> {
                         .bind(&r.client)
                         .bind(&r.properties)
                         .bind(&r.exchange)
-                        .bind(r.leased_by);
+                        .bind(r.leased_by)
+                        .bind(r.leeway_ms);
                 }
                 query.fetch_all(&mut **t).await.context("recording tasks")
             }

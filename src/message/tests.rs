@@ -58,6 +58,7 @@ prop_compose! {
             revision,
             client: None,
             exchange: None,
+            leeway_ms: 0,
             carried: None,
         };
         (task, levels)

@@ -33,6 +33,9 @@ pub struct ScheduleContent {
     pub content_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, Box<RawValue>>>,
+    /// Each occurrence's leeway (see the task's `leeway_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leeway_ms: Option<u64>,
 }
 
 impl ScheduleContent {
@@ -78,6 +81,8 @@ pub fn occurrence_body(content: &ScheduleContent, id: &str, at_ms: u64) -> Vec<u
         headers: Option<&'a BTreeMap<String, Box<RawValue>>>,
         id: &'a str,
         deliver_at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        leeway_ms: Option<u64>,
     }
     let body = Body {
         destination: &content.destination,
@@ -88,6 +93,7 @@ pub fn occurrence_body(content: &ScheduleContent, id: &str, at_ms: u64) -> Vec<u
         headers: content.headers.as_ref(),
         id,
         deliver_at: format_epoch_ms(at_ms),
+        leeway_ms: content.leeway_ms,
     };
     // A struct of strings and raw JSON always serialises.
     serde_json::to_vec(&body).unwrap_or_default()

@@ -48,6 +48,11 @@ pub struct ScheduleRequest {
     /// schedule's id) and `x-delayline-occurrence` (its time, RFC 3339).
     #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
     headers: Option<BTreeMap<String, Box<RawValue>>>,
+    /// As a task's: each occurrence is delivered at a moment of its own
+    /// within this many milliseconds after its time, so that many
+    /// schedules of one instant arrive spread over it.
+    #[schema(example = 10000)]
+    leeway_ms: Option<u64>,
     /// A cron expression: five fields (minute, hour, day of month, month,
     /// day of week), or six with seconds first; ranges, steps, names, `L`,
     /// `#`, `W`. One of `cron` and `every`.
@@ -105,6 +110,9 @@ pub struct SchedulePatch {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
     headers: Option<Option<BTreeMap<String, Box<RawValue>>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<u64>)]
+    leeway_ms: Option<Option<u64>>,
     cron: Option<String>,
     every: Option<String>,
     timezone: Option<String>,
@@ -161,6 +169,7 @@ impl ScheduleRequest {
             payload_base64: self.payload_base64,
             content_type: self.content_type,
             headers: self.headers,
+            leeway_ms: self.leeway_ms,
         };
         Ok((self.id, validate_parts(content, spec, cascade, now_ms)?))
     }
@@ -194,6 +203,7 @@ impl SchedulePatch {
         set(&mut content.exchange, self.exchange);
         set(&mut content.content_type, self.content_type);
         set(&mut content.headers, self.headers);
+        set(&mut content.leeway_ms, self.leeway_ms);
         if let Some(payload) = self.payload {
             content.payload = payload;
             content.payload_base64 = None;

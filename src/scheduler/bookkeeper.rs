@@ -231,6 +231,9 @@ impl Bookkeeper {
             return Ok(Reschedule::NotFound);
         }
         let now_ms = now.wall_ms;
+        // A task with a leeway keeps it, and its moment in it.
+        let offset = crate::task::leeway_offset_ms(id, current.leeway_ms);
+        let delay = delay + Duration::from_millis(offset);
         // The destination never changes, so the route can be planned before
         // the row is changed.
         let route = self

@@ -171,7 +171,11 @@ async fn move_one(
     // Counted from where a single move's delay counts from, so that each
     // task lands exactly where `PATCH` would put it.
     let start_ms = bookkeeper.delay_start_ms(now);
-    let new_due_ms = bulk.new_due_ms(task.deliver_at_ms, start_ms);
+    // A shift moves the due time asked for; the move keeps the task's
+    // moment in its leeway on top.
+    let offset_ms = crate::task::leeway_offset_ms(&task.id, task.leeway_ms);
+    let due_ms = task.deliver_at_ms.saturating_sub(offset_ms);
+    let new_due_ms = bulk.new_due_ms(due_ms, start_ms);
     let delay = Duration::from_millis(new_due_ms - start_ms);
     let key = ChangeKey {
         key: format!("bulk:{operation_id}:{}", task.id),

@@ -193,20 +193,26 @@ impl StagedRelease {
         // In flight, as the cascade's windows are, until recorded: a copy of
         // one of these that comes down the cascade meanwhile (a resend after
         // a crash) waits to be judged a duplicate instead of being claimed
-        // from `releasing` and delivered too. One a window is releasing now
-        // is left to it (taken, under the lease: staged again if it fails).
+        // from `releasing` and delivered too. One a window holds a copy of
+        // now is staged again at once: the window finds it taken, drops its
+        // copy, and leaves it to the next take (left taken, it waited out
+        // its lease: 10 s late after a restart).
         let identities: Vec<Option<(String, u64)>> = tasks
             .iter()
             .map(|task| Some((task.id.clone(), task.revision)))
             .collect();
         let releasing = self.releaser.in_flight.enter(&identities);
-        let tasks: Vec<StoredTask> = tasks
-            .into_iter()
-            .zip(releasing.entered())
-            .filter_map(|(task, ours)| ours.then_some(task))
-            .collect();
-        let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
         let mut releases = LedgerReleases::default();
+        let mut ours = Vec::with_capacity(tasks.len());
+        for (task, entered) in tasks.into_iter().zip(releasing.entered()) {
+            if *entered {
+                ours.push(task);
+            } else {
+                releases.again(task.id);
+            }
+        }
+        let tasks = ours;
+        let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
         for (task, outcome) in tasks.iter().zip(published) {
             match outcome {
                 Publish::Done(Ok(released), at_ms) => {

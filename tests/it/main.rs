@@ -20,6 +20,7 @@ mod faults;
 mod forecast;
 mod ingress;
 mod ledger;
+mod leeway;
 mod lifecycle;
 mod limits;
 mod migrate;

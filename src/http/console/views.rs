@@ -299,6 +299,10 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
         html! {
             (notice(&view.notice))
             p { "State: " strong { (task.state.as_str()) } ", revision " (task.revision) }
+            @if let Some(due_at) = crate::task::leeway_due_at(&task.id, task.deliver_at_ms, task.leeway_ms) {
+                p { "Leeway: " (task.leeway_ms) " ms after " (due_at)
+                    "; delivered at its moment in it, " (format_epoch_ms(task.deliver_at_ms)) }
+            }
             h2 { "Timeline" }
             ol { @for (when, what) in timeline(task, &view.levels, view.release_stage) { li { (when) ": " (what) } } }
             @if changeable && view.may_cancel {
@@ -594,6 +598,7 @@ mod tests {
             last_error: None,
             client: None,
             exchange: None,
+            leeway_ms: 0,
             carried: None,
             publish_alone: false,
             refusals: 0,
