@@ -125,10 +125,23 @@ async fn pending_then_killed(
     destination: &str,
     delays_ms: &[u64],
 ) -> (u16, HashSet<String>) {
+    let (mut child, port, accepted) =
+        pending_in_a_cut_off_service(settings, destination, delays_ms).await;
+    child.kill().await.unwrap();
+    (port, accepted)
+}
+
+/// A service cut off from the broker, which took a task to `destination`
+/// for each of `delays_ms` (each pending): its process, its port and the ids.
+async fn pending_in_a_cut_off_service(
+    settings: &delayline::config::Settings,
+    destination: &str,
+    delays_ms: &[u64],
+) -> (tokio::process::Child, u16, HashSet<String>) {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut child = spawn_binary(settings, port);
+    let child = spawn_binary(settings, port);
     assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
     let mut accepted = HashSet::new();
     for delay_ms in delays_ms {
@@ -143,8 +156,7 @@ async fn pending_then_killed(
         assert_eq!(body["state"], "pending", "{body}");
         accepted.insert(body["id"].as_str().unwrap().to_owned());
     }
-    child.kill().await.unwrap();
-    (port, accepted)
+    (child, port, accepted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,27 +235,9 @@ async fn a_killed_replica_s_leased_tasks_go_on_through_another_at_once_not_after
         mut consumer,
         admin,
     } = cut_off_on("leased-pg", Backend::Postgres).await;
-    let http = reqwest::Client::new();
-    let (port, base) = {
-        let port = free_port();
-        (port, format!("http://127.0.0.1:{port}"))
-    };
-    let mut cut_off_replica = spawn_binary(&settings, port);
-    assert_eq!(wait_ready_at(&http, &base).await["broker"], "disconnected");
-    let mut accepted = HashSet::new();
-    for delay_ms in (0..10).map(|n| n * 100) {
-        let body: Value = http
-            .post(format!("{base}/v1/tasks"))
-            .json(&json!({"destination": "leased-pg", "delay_ms": delay_ms}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(body["state"], "pending", "{body}");
-        accepted.insert(body["id"].as_str().unwrap().to_owned());
-    }
+    let delays: Vec<u64> = (0..10).map(|n| n * 100).collect();
+    let (mut cut_off_replica, _, accepted) =
+        pending_in_a_cut_off_service(&settings, "leased-pg", &delays).await;
     // Each as a publish awaiting its confirm leaves it: leased a minute on.
     let until = delayline::clock::now_ms() + 60_000;
     crate::common::ledger_sql(
