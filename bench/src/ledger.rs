@@ -221,7 +221,7 @@ async fn admit_all(
 ) -> anyhow::Result<Histogram<u64>> {
     let one = |task: Task| async move {
         let started = Instant::now();
-        let admission = ledger.admit(&task, None, None, 0).await?;
+        let admission = ledger.admit(&task, None, None, 0, None).await?;
         let took = started.elapsed();
         if admission != Admission::New {
             bail!("task {} was not new: {admission:?}", task.id);

@@ -19,9 +19,10 @@ impl Ledger {
     /// process's: another process releases a task staged by another 10 s
     /// after its moment, for the hosts' clocks may disagree, and on SQLite
     /// the stopped process ran on this host, by this clock. Call before
-    /// this process takes any lease of its own. On PostgreSQL, which replicas share, a lease may be
-    /// a live replica's: nothing is done here (`None`), and
-    /// [`Ledger::end_leases_of_gone_holders`] ends a stopped one's.
+    /// this process takes any lease of its own. On PostgreSQL, which
+    /// replicas share, a lease may be a live replica's: nothing is done
+    /// here (`None`), and [`Ledger::end_leases_of_gone_holders`] ends a
+    /// stopped one's.
     pub async fn end_leases_of_a_stopped_process(&self) -> Result<Option<u64>, LedgerError> {
         let super::pool::Pool::Sqlite(pool) = &self.pool else {
             return Ok(None);

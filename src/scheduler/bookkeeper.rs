@@ -756,7 +756,6 @@ fn retry_at(now_ms: u64, attempts: u64) -> u64 {
     now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
 }
 
-/// Deletes published tasks once they have been due for `retention`.
 /// Ends, once a [`LEASE_WATCH_POLL`], the leases of replicas that are gone
 /// (a shared ledger: see `Ledger::end_leases_of_gone_holders`), so that
 /// what a crashed replica had leased goes on now, not after its lease.
@@ -772,6 +771,7 @@ async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
     }
 }
 
+/// Deletes published tasks once they have been due for `retention`.
 async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: CancellationToken) {
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     loop {
