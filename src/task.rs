@@ -543,6 +543,13 @@ impl TaskRequest<'_> {
         let client_id = self.id.is_some();
         let id = validate_id(self.id)?;
         let moment = delay + Duration::from_millis(leeway_offset_ms(&id, leeway_ms));
+        // The whole window must fit the chain, whatever moment this id drew.
+        if leeway_ms > 0 {
+            let end = delay + Duration::from_millis(leeway_ms);
+            cascade
+                .route(end, &self.destination)
+                .map_err(|error| TaskError::from(error).at(leeway_field))?;
+        }
         let route = cascade.route(moment, &self.destination).map_err(|error| {
             let field = match error {
                 RouteError::DelayTooLong { .. } if leeway_ms > 0 => leeway_field,
@@ -914,11 +921,11 @@ mod tests {
     fn a_leeway_puts_the_task_at_its_own_moment_in_it() {
         let plain = parse(r#"{"destination": "d", "delay_ms": 1000, "id": "t-1"}"#).unwrap();
         assert_eq!(plain.leeway_ms, 0);
-        let body = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway_ms": 60000}"#;
+        let body = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway_ms": 20000}"#;
         let late = parse(body).unwrap();
-        assert_eq!(late.leeway_ms, 60_000);
-        let offset = leeway_offset_ms("t-1", 60_000);
-        assert!(offset <= 60_000);
+        assert_eq!(late.leeway_ms, 20_000);
+        let offset = leeway_offset_ms("t-1", 20_000);
+        assert!(offset <= 20_000);
         // Classic queues with 100 ms units: the moment rounds up to a unit.
         let moment = plain.deliver_at_ms + offset;
         assert!(
@@ -927,10 +934,10 @@ mod tests {
             late.deliver_at_ms
         );
         assert_eq!(parse(body).unwrap().deliver_at_ms, late.deliver_at_ms);
-        let human = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway": "1m"}"#;
+        let human = r#"{"destination": "d", "delay_ms": 1000, "id": "t-1", "leeway": "20s"}"#;
         assert_eq!(parse(human).unwrap().deliver_at_ms, late.deliver_at_ms);
         let accepted = late.accepted(TaskState::Scheduled);
-        assert_eq!(accepted.leeway_ms, Some(60_000));
+        assert_eq!(accepted.leeway_ms, Some(20_000));
         assert_eq!(
             accepted.due_at.as_deref(),
             Some(format_epoch_ms(late.deliver_at_ms - offset).as_str())
@@ -953,8 +960,9 @@ mod tests {
                 .to_string()
                 .starts_with("/leeway_ms:")
         );
-        // 8 levels of 100 ms hold 25.5 s: a window past that is refused there.
-        let too_long = r#"{"destination": "d", "delay_ms": 1000, "leeway": "1h"}"#;
+        // 8 levels of 100 ms hold 25.5 s: a window whose end is past that is
+        // refused there, whatever moment the id drew.
+        let too_long = r#"{"destination": "d", "delay_ms": 1000, "leeway": "25s"}"#;
         let error = parse(too_long).unwrap_err();
         assert!(matches!(error, TaskError::DelayOutOfRange(_)), "{error}");
         assert!(error.to_string().starts_with("/leeway"), "{error}");

@@ -255,6 +255,44 @@ fn an_occurrence_is_a_task_body_with_a_deterministic_id() {
     );
 }
 
+/// A schedule's leeway goes to each occurrence: its task is delivered at
+/// its own moment in the window after the occurrence's time; a patch
+/// removes it; one the chain cannot hold is refused.
+#[test]
+fn a_schedules_leeway_goes_to_each_occurrence() {
+    let schedule = valid(
+        json!({"destination": "d", "every": "1m", "leeway_ms": 5000}),
+        "2026-11-23T12:00:00Z",
+    );
+    assert_eq!(schedule.content.leeway_ms, Some(5_000));
+    let occurrence = at("2026-11-23T12:01:00Z");
+    let id = occurrence_id("s", 1, occurrence);
+    let body = occurrence_body(&schedule.content, &id, occurrence);
+    let now = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at("2026-11-23T12:00:30Z"));
+    let task = crate::task::Task::parse(&body, &chain(), now).unwrap();
+    assert_eq!(task.leeway_ms, 5_000);
+    let moment = occurrence + crate::task::leeway_offset_ms(&id, 5_000);
+    // Quorum levels of 100 ms: the moment rounds up to what they keep.
+    assert!(
+        task.deliver_at_ms >= moment && task.deliver_at_ms < moment + 200,
+        "{} for {moment}",
+        task.deliver_at_ms
+    );
+    let patch: SchedulePatch = serde_json::from_value(json!({"leeway_ms": null})).unwrap();
+    let patched = patch
+        .apply(
+            schedule.content,
+            schedule.spec,
+            &chain(),
+            at("2026-11-23T12:00:00Z"),
+        )
+        .unwrap();
+    assert_eq!(patched.content.leeway_ms, None);
+    let too_long = refused(json!({"destination": "d", "every": "1m",
+                                  "leeway_ms": 1_000_000_000_000_u64}));
+    assert!(too_long.contains("/leeway_ms"), "{too_long}");
+}
+
 #[test]
 fn a_patch_changes_what_it_names_and_keeps_the_rest() {
     let schedule = valid(
