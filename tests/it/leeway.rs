@@ -173,6 +173,23 @@ async fn a_moved_task_keeps_its_leeway_and_its_moment_in_it() {
         let (_, stored) = app.get("/v1/tasks/kept-1").await;
         assert_eq!(stored["leeway_ms"], 4_000, "{backend:?}: {stored}");
         assert_eq!(stored["due_at"], moved["due_at"], "{backend:?}: {stored}");
+        // A bulk move by a shift moves the due time; the moment keeps its place.
+        let shift = json!({"filter": {"destination": "kept"}, "action": "move", "shift": "2s"});
+        let (status, operation) = app.post("/v1/tasks/bulk", &shift).await;
+        assert_eq!(status, 202, "{operation}");
+        let path = format!("/v1/operations/{}", operation["id"].as_str().unwrap());
+        crate::common::eventually("the bulk move is done", async || {
+            app.get(&path).await.1["done"] == true
+        })
+        .await;
+        let (_, shifted) = app.get("/v1/tasks/kept-1").await;
+        let due_of = |view: &Value| parse_epoch_ms(view["due_at"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            due_of(&shifted),
+            due_of(&stored) + 2_000,
+            "{backend:?}: {shifted}"
+        );
+        assert_eq!(offset(&shifted), drawn, "{backend:?}: {shifted}");
         let plain = json!({"destination": "kept", "delay": "5s", "id": "plain-1"});
         let (_, plain) = app.post("/v1/tasks", &plain).await;
         assert!(plain.get("leeway_ms").is_none() && plain.get("due_at").is_none());
