@@ -144,9 +144,10 @@ pub struct Task {
 ///   to cancel or move;
 /// - `waiting`: due, and held in the ledger by a release limit (`held_by`
 ///   names it) until the limit lets it go; it can still be cancelled or moved;
-/// - `staged`: through the levels well before its time (a burst's, given a
-///   lead), kept in the ledger alone until its moment, when the ledger's
-///   staged release delivers it; it can still be cancelled or moved;
+/// - `staged`: kept in the ledger alone until its moment, when the ledger's
+///   staged release delivers it: a burst's task, through the levels well
+///   before its time (given a lead), or never in them (they had no room for
+///   it when it was admitted); it can still be cancelled or moved;
 /// - `delivered`: confirmed by the business exchange (release stage only;
 ///   without it a task stays `scheduled`);
 /// - `unroutable`: released, but no queue was bound for its routing key: it

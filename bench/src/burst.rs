@@ -1,13 +1,13 @@
 //! What falls due together (issue 67): N tasks due at one instant, on the
 //! default configuration (one node, SQLite, the 1 s chain held to the
-//! millisecond), admitted two ways: over the minute before it (batches
-//! spread over 50 s) and all at once (as fast as the service takes them,
-//! the instant a minute after the first). Measured from the instant: when
+//! millisecond), admitted two ways: over the time before it (batches
+//! spread until 10 s before it) and all at once (as fast as the service
+//! takes them), the instant `--burst-ahead-s` (60 s) after the first. Measured from the instant: when
 //! the first and the last arrive, lateness p50 and p99, the release rate
 //! (tasks over the time from the instant to the last), against the raw
 //! publish ceiling to the business exchange measured on the same service
 //! just before; tasks the strand watch published again; early, lost and
-//! duplicated.
+//! duplicated; the service's and the broker's peak memory.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -42,19 +42,28 @@ pub struct BurstRun {
     pub business_ceiling_per_sec: f64,
     pub resent: f64,
     pub staged: f64,
+    /// Messages the strand watch took off levels it judged stranded and
+    /// published on (all levels): 0 when it kept quiet.
+    #[serde(default)]
+    pub drained: f64,
+    /// The service's peak resident memory over the run, MiB.
+    #[serde(default)]
+    pub service_peak_mib: f64,
+    /// The broker's peak resident memory over the run, sampled each second, MiB.
+    #[serde(default)]
+    pub broker_peak_mib: f64,
     pub early: usize,
     pub lost: usize,
     pub duplicates: usize,
 }
 
-/// The instant is this long after the first submission.
-const AHEAD: Duration = Duration::from_secs(60);
-/// The minute's batches are spread over this long.
-const SPREAD: Duration = Duration::from_secs(50);
+/// The `minute` mode's batches end this long before the instant.
+const LAST_BATCH_AHEAD: Duration = Duration::from_secs(10);
 
 pub async fn phase(
     amqp_uri: &str,
     channels: usize,
+    ahead: Duration,
     sizes: &[usize],
     modes: &[String],
     progress: &ProgressBar,
@@ -65,13 +74,20 @@ pub async fn phase(
             progress.set_message(format!("burst: {tasks} due at once, admitted {mode}"));
             let setup = Setup::default_with(Store::Sqlite);
             let mut sut = ServiceUnderTest::spawn(amqp_uri, channels, &setup).await?;
-            let run = one(&mut sut, amqp_uri, channels, tasks, mode, progress).await;
+            let broker = crate::cpu::broker_pid();
+            let peak = BrokerPeak::watch(broker);
+            let plan = Plan { tasks, mode, ahead };
+            let run = one(&mut sut, amqp_uri, channels, &plan, progress).await;
+            let service_peak_kib = sut.peak_rss_kib().unwrap_or(0);
             sut.stop().await?;
-            let run = run?;
+            let mut run = run?;
+            run.service_peak_mib = service_peak_kib as f64 / 1024.0;
+            run.broker_peak_mib = peak.stop() as f64 / 1024.0;
             println!(
                 "burst: {} admitted {} in {:.1} s, {:.1} s ahead: first +{:.0} ms, last +{:.0} ms, \
                  p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s; \
-                 resent {}, staged {}, early {}, lost {}, duplicates {}",
+                 resent {}, staged {}, drained {}, early {}, lost {}, duplicates {}; \
+                 peak memory: service {:.0} MiB, broker {:.0} MiB",
                 run.tasks,
                 run.admitted,
                 run.admitted_in_s,
@@ -84,9 +100,12 @@ pub async fn phase(
                 run.business_ceiling_per_sec,
                 run.resent,
                 run.staged,
+                run.drained,
                 run.early,
                 run.lost,
-                run.duplicates
+                run.duplicates,
+                run.service_peak_mib,
+                run.broker_peak_mib
             );
             runs.push(run);
         }
@@ -94,14 +113,51 @@ pub async fn phase(
     Ok(runs)
 }
 
+/// One run's size, way of admitting and lead before the instant.
+struct Plan<'a> {
+    tasks: usize,
+    mode: &'a str,
+    /// The instant is this long after the first submission.
+    ahead: Duration,
+}
+
+/// The broker's peak resident memory, sampled each second until stopped.
+struct BrokerPeak {
+    peak_kib: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl BrokerPeak {
+    fn watch(pid: Option<u32>) -> BrokerPeak {
+        use std::sync::atomic::Ordering;
+        let peak_kib = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sampled = peak_kib.clone();
+        let sampler = tokio::spawn(async move {
+            let Some(pid) = pid else { return };
+            loop {
+                if let Some(kib) = ServiceUnderTest::rss_kib_of(pid) {
+                    sampled.fetch_max(kib, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        BrokerPeak { peak_kib, sampler }
+    }
+
+    fn stop(self) -> u64 {
+        self.sampler.abort();
+        self.peak_kib.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 async fn one(
     sut: &mut ServiceUnderTest,
     amqp_uri: &str,
     channels: usize,
-    tasks: usize,
-    mode: &str,
+    plan: &Plan<'_>,
     progress: &ProgressBar,
 ) -> anyhow::Result<BurstRun> {
+    let (tasks, mode) = (plan.tasks, plan.mode);
     let mut ceiling_arrivals = consume(sut, "ceiling", amqp_uri).await?;
     let business = sut.cascade.business_exchange().to_owned();
     let target = RawTarget::Exchange {
@@ -122,10 +178,10 @@ async fn one(
     tokio::spawn(async move { while ceiling_arrivals.recv().await.is_some() {} });
     let mut receiver = consume(sut, "burst", amqp_uri).await?;
     let start_us = now_us();
-    let due_ms = (start_us / 1000) as u64 + AHEAD.as_millis() as u64;
+    let due_ms = (start_us / 1000) as u64 + plan.ahead.as_millis() as u64;
     let bases = std::slice::from_ref(&sut.base);
     if mode == "minute" {
-        let slices = SPREAD.as_secs() as usize;
+        let slices = plan.ahead.saturating_sub(LAST_BATCH_AHEAD).as_secs().max(1) as usize;
         let per_slice = tasks.div_ceil(slices);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         for first in (0..tasks).step_by(per_slice) {
@@ -199,6 +255,13 @@ fn summary(
         business_ceiling_per_sec: ceiling,
         resent: sample(scrape, "delayline_tasks_resent_total"),
         staged: sample(scrape, "delayline_tasks_staged_total"),
+        drained: scrape
+            .lines()
+            .filter(|line| line.starts_with("delayline_level_drained_total"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+        service_peak_mib: 0.0,
+        broker_peak_mib: 0.0,
         early: late_ms.iter().filter(|&&late| late < 0.0).count(),
         lost: tasks - unique.len(),
         duplicates: got.len() - unique.len(),

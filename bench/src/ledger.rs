@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use delayline::cascade::CascadeSettings;
 use delayline::clock::epoch_ms;
 use delayline::ledger::StoreSettings;
-use delayline::ledger::{Admission, Finding, Ledger};
+use delayline::ledger::{Admission, Entry, Finding, Ledger};
 use delayline::secret::Secret;
 use delayline::task::Task;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
@@ -221,7 +221,9 @@ async fn admit_all(
 ) -> anyhow::Result<Histogram<u64>> {
     let one = |task: Task| async move {
         let started = Instant::now();
-        let admission = ledger.admit(&task, None, None, 0, None).await?;
+        let admission = ledger
+            .admit(&task, (None, None), 0, Entry::Publish, None)
+            .await?;
         let took = started.elapsed();
         if admission != Admission::New {
             bail!("task {} was not new: {admission:?}", task.id);

@@ -157,6 +157,10 @@ struct Args {
     /// minute before) and `at-once`.
     #[arg(long, value_delimiter = ',', default_value = "minute,at-once")]
     burst_modes: Vec<String>,
+    /// The burst phase's instant, this many seconds after the first
+    /// submission (a million needs longer than a minute to admit).
+    #[arg(long, default_value_t = 60)]
+    burst_ahead_s: u64,
     /// The instant phase's sizes: schedules firing at one second.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000, 50_000, 100_000])]
     instant_sizes: Vec<usize>,
@@ -675,6 +679,7 @@ async fn main() -> anyhow::Result<()> {
         results.burst = burst::phase(
             &args.amqp_uri,
             args.channels,
+            Duration::from_secs(args.burst_ahead_s),
             &args.burst_sizes,
             &args.burst_modes,
             &progress,

@@ -33,7 +33,7 @@ pub(crate) use plan::{Arguments, QueueSpec};
 pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
 pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType};
 pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, MAX_SHARDS, SettingsError};
-pub use spread::LevelLoad;
+pub use spread::{LevelLoad, Planned};
 pub use strand::{Evidence, LevelWatch};
 pub(crate) use strand::{digit_position, levels_left, probe_units, units_below};
 

@@ -14,15 +14,18 @@
 //! whose own route has room keeps it, and with it today's precision: one
 //! that is not part of a burst always does. One whose route would leave a
 //! level in a unit already planned full is part of a burst:
-//! - due within the burst window, it skips the levels (no hop at all: a
-//!   hop costs the broker about what the release stage's own pass does)
-//!   and is staged at once, until its moment;
-//! - due later, it takes a shorter wait: the one with the fewest hops (set
-//!   digits, never more than its own), the shortest lead first, whose
-//!   every level has room in the unit it leaves it, within the window;
-//!   with none, the one whose first level, where every task of the moment
-//!   enters together, is planned the least full (late, as it would be
-//!   without leads, but no later).
+//! - due later than the burst window, it takes a shorter wait if one has
+//!   room: the one with the fewest hops (set digits, never more than its
+//!   own), the shortest lead first, whose every level has room in the
+//!   unit it leaves it, within the window;
+//! - otherwise (due within the window, or no shorter wait has room) it
+//!   skips the levels altogether ([`Planned::Ledger`]): it is staged in the
+//!   ledger as it is admitted, and the ledger's staged release publishes it
+//!   at its moment. No hop, no copy in the broker: what the levels cannot
+//!   pass in time waits in the ledger, on disk, and the broker's and the
+//!   service's memory stay flat however large the burst (a million tasks
+//!   due at one instant once overran the levels, which the strand watch
+//!   then took for stopped ones: BENCHMARKS.md, "Scale").
 //!
 //! Only the near future is counted ([`HORIZON_UNITS`]): a task whose
 //! levels are left further ahead is routed as it would be alone there.
@@ -37,6 +40,17 @@ pub const HORIZON_UNITS: u64 = 4096;
 /// second on 3.10, BENCHMARKS.md) is about three levels' workers at full
 /// speed, and it also takes the burst in and delivers it.
 pub const LEVELS_AT_ONCE: u32 = 2;
+
+/// How a task of a burst goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Planned {
+    /// Through the levels, waiting this many units in them (its own wait,
+    /// or a shorter one: a lead).
+    Levels(u64),
+    /// Straight into the ledger, staged until its moment: the levels have
+    /// no room for it in time.
+    Ledger,
+}
 
 /// The exits a replica planned: per unit, per level, how many tasks leave
 /// that level in that unit, and (last) how many leave any.
@@ -75,19 +89,25 @@ impl LevelLoad {
         }
     }
 
-    /// The wait a task entering at unit `now`, whose own route waits
-    /// `wait` units, takes (see the module's words); its exits are counted.
-    pub fn plan(&mut self, now: u64, wait: u64) -> u64 {
+    /// How a task entering at unit `now`, whose own route waits `wait`
+    /// units, goes (see the module's words); the exits of a wait through
+    /// the levels are counted.
+    pub fn plan(&mut self, now: u64, wait: u64) -> Planned {
         self.forget_before(now);
         let chosen = if self.has_room(now, wait) {
-            wait
+            Some(wait)
         } else if wait <= self.window_units {
-            0
+            None
         } else {
             self.shorter(now, wait)
         };
-        self.count(now, chosen);
-        chosen
+        match chosen {
+            Some(chosen) => {
+                self.count(now, chosen);
+                Planned::Levels(chosen)
+            }
+            None => Planned::Ledger,
+        }
     }
 
     fn forget_before(&mut self, now: u64) {
@@ -124,19 +144,18 @@ impl LevelLoad {
         })
     }
 
-    /// The first of [`LevelLoad::shorter_waits`] with room; with none, the
-    /// one (or `wait` itself) whose first level, where every task of the
-    /// moment enters together, is planned the least full. Each wait's first exit
-    /// is looked up once per level: tasks entering at one moment through
-    /// one level leave it together.
-    fn shorter(&self, now: u64, wait: u64) -> u64 {
-        let first_load = |w: u64| {
+    /// The first of [`LevelLoad::shorter_waits`] with room, if any. A wait
+    /// whose first level, where every task of the moment enters together,
+    /// is full in the unit it leaves it is skipped with every other wait
+    /// through that level first: tasks entering at one moment through one
+    /// level leave it together.
+    fn shorter(&self, now: u64, wait: u64) -> Option<u64> {
+        let first_full = |w: u64| {
             let top = w.ilog2();
-            self.load(top, now + (1 << top))
+            self.load(top, now + (1 << top)) >= self.per_unit
         };
         let mut full_tops = 0u64;
-        let mut least = (first_load(wait), wait);
-        let mut looked = 1u64 << wait.ilog2();
+        let mut looked = 0u64;
         for shorter in self.shorter_waits(wait) {
             let top = 1u64 << shorter.ilog2();
             if full_tops & top != 0 {
@@ -144,20 +163,16 @@ impl LevelLoad {
             }
             if looked & top == 0 {
                 looked |= top;
-                let load = first_load(shorter);
-                if load < least.0 {
-                    least = (load, shorter);
-                }
-                if load >= self.per_unit {
+                if first_full(shorter) {
                     full_tops |= top;
                     continue;
                 }
             }
             if self.has_room(now, shorter) {
-                return shorter;
+                return Some(shorter);
             }
         }
-        least.1
+        None
     }
 
     fn count(&mut self, now: u64, wait: u64) {
@@ -187,17 +202,19 @@ mod tests {
         assert_eq!(exits(5, 0).count(), 0);
     }
 
+    use Planned::{Ledger, Levels};
+
     #[test]
     fn a_burst_due_within_the_window_skips_the_levels() {
         let mut load = LevelLoad::new(2, 120, 29);
-        assert_eq!(load.plan(0, 58), 58);
-        assert_eq!(load.plan(0, 58), 58);
-        assert_eq!(load.plan(0, 58), 0);
-        assert_eq!(load.plan(0, 121), 121);
-        assert_eq!(load.plan(0, 121), 121);
+        assert_eq!(load.plan(0, 58), Levels(58));
+        assert_eq!(load.plan(0, 58), Levels(58));
+        assert_eq!(load.plan(0, 58), Ledger);
+        assert_eq!(load.plan(0, 121), Levels(121));
+        assert_eq!(load.plan(0, 121), Levels(121));
         assert_ne!(
             load.plan(0, 121),
-            0,
+            Ledger,
             "due beyond the window: through the levels"
         );
     }
@@ -205,29 +222,29 @@ mod tests {
     #[test]
     fn tasks_alone_keep_their_route_and_a_burst_spreads_with_no_more_hops() {
         let mut load = LevelLoad::new(2, 50, 29);
-        assert_eq!(load.plan(0, 58), 58);
-        assert_eq!(load.plan(0, 58), 58);
+        assert_eq!(load.plan(0, 58), Levels(58));
+        assert_eq!(load.plan(0, 58), Levels(58));
         // 58 (`111010`) is full, and so is level 5 at unit 32, which 58
         // left it at: one hop through level 4 (16), then level 3 (8), …
-        assert_eq!(load.plan(0, 58), 16);
-        assert_eq!(load.plan(0, 58), 16);
-        assert_eq!(load.plan(0, 58), 8);
+        assert_eq!(load.plan(0, 58), Levels(16));
+        assert_eq!(load.plan(0, 58), Levels(16));
+        assert_eq!(load.plan(0, 58), Levels(8));
         // A second later, 58 has room again.
-        assert_eq!(load.plan(1, 58), 58);
+        assert_eq!(load.plan(1, 58), Levels(58));
     }
 
     #[test]
-    fn with_no_room_in_the_window_a_task_keeps_its_route() {
+    fn with_no_room_in_the_window_a_task_waits_in_the_ledger() {
         let mut load = LevelLoad::new(1, 2, 29);
-        assert_eq!(load.plan(0, 4), 4);
+        assert_eq!(load.plan(0, 4), Levels(4));
         // 3 has two hops, 2 one: 2 (level 1, left at 2).
-        assert_eq!(load.plan(0, 4), 2);
-        // 3 has more hops than 4; 2 is full as much as 4: its own route,
-        // counted past the rate.
-        assert_eq!(load.plan(0, 4), 4);
-        assert_eq!(load.exits[&4][2], 2);
-        // Then the level planned the least full: 2's.
-        assert_eq!(load.plan(0, 4), 2);
+        assert_eq!(load.plan(0, 4), Levels(2));
+        // 3 has more hops than 4, 2 is full, and so is 4: the ledger, and
+        // nothing counted in the levels.
+        assert_eq!(load.plan(0, 4), Ledger);
+        assert_eq!(load.exits[&4][2], 1);
+        // A unit later, the levels have room again.
+        assert_eq!(load.plan(1, 4), Levels(4));
     }
 
     proptest! {
@@ -241,28 +258,42 @@ mod tests {
             let mut now = 0;
             for (step, wait) in tasks {
                 now += step / 10;
-                let chosen = load.plan(now, wait);
+                let Planned::Levels(chosen) = load.plan(now, wait) else {
+                    continue;
+                };
                 prop_assert!(chosen <= wait);
-                prop_assert!(chosen >= 1 || wait <= window, "no wait only within the window");
+                prop_assert!(chosen >= 1, "a wait through the levels is at least a unit");
                 prop_assert!(chosen.count_ones() <= wait.count_ones());
                 prop_assert!(wait - chosen <= window);
             }
         }
 
         #[test]
-        fn no_level_is_planned_past_its_rate_while_the_window_has_room(
+        fn no_level_is_ever_planned_past_its_rate(
             per_unit in 1u32..4,
             waits in proptest::collection::vec(1u64..300, 1..300),
         ) {
             let mut load = LevelLoad::new(per_unit, 100, 29);
             for wait in waits {
-                let had_room = load.has_room(0, wait)
+                let load_had_own_room = load.has_room(0, wait);
+                let had_room = load_had_own_room
                     || load.shorter_waits(wait).any(|w| load.has_room(0, w));
-                let chosen = load.plan(0, wait);
+                let planned = load.plan(0, wait);
+                let chosen = match planned {
+                    Planned::Levels(chosen) => chosen,
+                    Planned::Ledger => 0,
+                };
+                // Through the levels, never past their rate; the ledger only
+                // where they had no room (within the window, a wait of its own).
                 let over = exits(0, chosen).any(|(l, u)| {
                     load.load(l, u) > per_unit || load.total(u) > per_unit * LEVELS_AT_ONCE
                 });
-                prop_assert!(!(had_room && over), "{wait} planned as {chosen}");
+                prop_assert!(!over, "{wait} planned as {planned:?}");
+                prop_assert!(
+                    planned == Planned::Levels(wait) || !load_had_own_room,
+                    "a task whose own route had room keeps it"
+                );
+                prop_assert!(planned != Planned::Ledger || !had_room || wait <= 100);
             }
         }
     }

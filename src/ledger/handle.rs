@@ -13,7 +13,7 @@ use super::checkpoint;
 use super::error::{LedgerError, QueryContext};
 use super::holders;
 use super::pool::{Pool, migrate, open_pool, open_sqlite_writer};
-use super::record::{Lease, Retry, Row};
+use super::record::{Entry, Lease, Retry, Row};
 use super::settings::{Location, StoreSettings};
 use super::sql;
 use super::transaction::Store;
@@ -121,24 +121,25 @@ impl Ledger {
         &self.identity
     }
 
-    /// Records `task` as pending, leased to the caller until
-    /// `lease_until_ms`; or finds the task this request repeats. A request is
-    /// named by its idempotency key, else its id, and recognised as the same
-    /// by its `fingerprint`. With `unparks`, the parked message it replays
-    /// goes in the same transaction (kept on a conflict or a failure).
+    /// Records `task` as `entry` says: pending, leased to the caller until
+    /// `lease_until_ms`, or staged; or finds the task this request repeats.
+    /// A request is named by its idempotency key, else its id, and
+    /// recognised as the same by its `fingerprint`. With `unparks`, the
+    /// parked message it replays goes in the same transaction (kept on a
+    /// conflict or a failure).
     pub async fn admit(
         &self,
         task: &Task,
-        idempotency_key: Option<String>,
-        fingerprint: Option<String>,
+        named: (Option<String>, Option<String>),
         lease_until_ms: u64,
+        entry: Entry<'_>,
         unparks: Option<String>,
     ) -> Result<Admission, LedgerError> {
         let lease = Lease {
             until_ms: lease_until_ms,
             holder: self.holder,
         };
-        let row = Row::pending(task, idempotency_key, fingerprint, lease);
+        let row = Row::new(task, named, lease, entry);
         let admitted = self.writes.admit(row, unparks).await;
         if let Err(error) = &admitted
             && let Ok(mut failed) = self.failed_admission.lock()

@@ -85,6 +85,7 @@ pub(crate) use parked::{ParkedFilter, ParkedMessage, ParkedQueue};
 pub(crate) use pass::{PassInput, StoredLimit};
 pub(crate) use plan::Advance;
 pub(crate) use pool::{Migrated, migrate_only};
+pub use record::Entry;
 pub(crate) use record::{Retry, StoredTask};
 pub(crate) use schedules::{Planned, PlannedSchedule, ScheduleChange, StoredSchedule};
 pub use settings::StoreSettings;

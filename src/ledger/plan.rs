@@ -67,13 +67,13 @@ pub(super) async fn plan_in(tx: &mut Tx<'_>, write: &PlanWrite) -> Result<PageFo
 }
 
 impl PlanWrite {
-    /// Tasks the page admitted as new, for the pending count.
-    pub(super) fn admitted(found: &PageFound) -> usize {
-        found
-            .iter()
+    /// Tasks the page admitted as new and pending (not staged), for the
+    /// pending count.
+    pub(super) fn admitted_pending(&self, found: &PageFound) -> usize {
+        (self.schedules.iter().zip(found))
+            .filter_map(|((.., rows), judged)| Some(rows.iter().zip(judged.as_ref()?)))
             .flatten()
-            .flatten()
-            .filter(|judged| **judged == Judged::New)
+            .filter(|(row, judged)| **judged == Judged::New && row.is_pending())
             .count()
     }
 }

@@ -14,7 +14,7 @@ use crate::task::{Task, TaskAccepted, TaskState};
 /// The columns a new row is inserted with, the first of [`Row`]'s fields in
 /// their order (a test holds them to [`COLUMNS`]); the others start at
 /// their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 22] = [
+pub(super) const INSERT_COLUMNS: [&str; 24] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -37,6 +37,8 @@ pub(super) const INSERT_COLUMNS: [&str; 22] = [
     "exchange",
     "leased_by",
     "leeway_ms",
+    "release_at_ms",
+    "staged_by",
 ];
 
 /// Declares [`Row`], one field per column of `tasks`, with [`COLUMNS`] and
@@ -106,6 +108,10 @@ row! {
     leased_by: Option<i64>,
     /// Its leeway (migration 0020 on PostgreSQL); 0: none.
     leeway_ms: i64,
+    /// When a staged task is released (migration 0018).
+    release_at_ms: Option<i64>,
+    /// The process that staged it (its clock's name).
+    staged_by: Option<String>,
     publish_alone: i64,
     refusals: i64,
     revision: i64,
@@ -113,10 +119,6 @@ row! {
     cancelled_at_ms: Option<i64>,
     /// The limit that held it, once one did.
     held_by: Option<String>,
-    /// When a staged task is released (migration 0018).
-    release_at_ms: Option<i64>,
-    /// The process that staged it (its clock's name).
-    staged_by: Option<String>,
 }
 
 /// A task as the ledger knows it.
@@ -265,7 +267,47 @@ pub(super) struct Lease {
     pub holder: i64,
 }
 
+/// How a new task enters the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// Pending, leased to the caller, who publishes it into the chain.
+    Publish,
+    /// Staged until its moment (its `deliver_at_ms`) by the process `by`
+    /// (its clock's name), never published into the chain: the ledger's
+    /// staged release publishes it then. A burst's tasks the levels have no
+    /// room for enter so.
+    Staged { by: &'a str },
+}
+
 impl Row {
+    /// A new row for `task`, entering as `entry` says: pending and leased
+    /// to the request that is about to publish it (so the forwarder leaves
+    /// it alone), or staged.
+    pub fn new(
+        task: &Task,
+        (idempotency_key, fingerprint): (Option<String>, Option<String>),
+        lease: Lease,
+        entry: Entry<'_>,
+    ) -> Row {
+        let pending = Row::pending(task, idempotency_key, fingerprint, lease);
+        match entry {
+            Entry::Publish => pending,
+            Entry::Staged { by } => Row {
+                state: TaskState::Staged.as_str().to_owned(),
+                next_attempt_at_ms: 0,
+                leased_by: None,
+                release_at_ms: Some(pending.deliver_at_ms),
+                staged_by: Some(by.to_owned()),
+                ..pending
+            },
+        }
+    }
+
+    /// Whether the row is pending (waits for the broker's confirm).
+    pub fn is_pending(&self) -> bool {
+        self.state == TaskState::Pending.as_str()
+    }
+
     /// A new row for `task`: pending, and leased to the request that is about
     /// to publish it, so the forwarder leaves it alone.
     pub fn pending(
@@ -476,5 +518,9 @@ mod tests {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
         assert_eq!(COLUMNS.split(", ").count(), 30);
+        assert!(
+            INSERT_COLUMNS.contains(&"staged_by"),
+            "a task may enter staged"
+        );
     }
 }

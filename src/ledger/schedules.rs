@@ -13,9 +13,9 @@ use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::plan::{Advance, PlanWrite};
 use super::pool::Pool;
-use super::record::Lease;
 use super::record::Row as TaskRow;
 use super::record::db_ms;
+use super::record::{Entry, Lease};
 use crate::schedule::{ScheduleContent, TimingSpec};
 use crate::task::Task;
 
@@ -64,7 +64,8 @@ pub struct ScheduleChange {
 pub struct PlannedSchedule<'a> {
     pub id: &'a str,
     pub advance: Advance,
-    pub tasks: Vec<(&'a Task, String)>,
+    /// Each occurrence's task, its fingerprint, and how it enters.
+    pub tasks: Vec<(&'a Task, String, Entry<'a>)>,
 }
 
 /// What a page's write found for one schedule: `None` if it was not as the
@@ -357,12 +358,12 @@ impl Ledger {
             .into_iter()
             .map(|planned| {
                 let rows = (planned.tasks.into_iter())
-                    .map(|(task, fingerprint)| {
+                    .map(|(task, fingerprint, entry)| {
                         let lease = Lease {
                             until_ms: lease_until_ms,
                             holder: self.holder,
                         };
-                        TaskRow::pending(task, None, Some(fingerprint), lease)
+                        TaskRow::new(task, (None, Some(fingerprint)), lease, entry)
                     })
                     .collect();
                 (planned.id.to_owned(), planned.advance, rows)

@@ -194,6 +194,8 @@ fn insert_parameters(r: &Row) -> [&dyn ToSql; INSERT_COLUMNS.len()] {
         &r.exchange,
         &r.leased_by,
         &r.leeway_ms,
+        &r.release_at_ms,
+        &r.staged_by,
     ]
 }
 
@@ -274,7 +276,9 @@ impl Tx<'_> {
                         .bind(&r.properties)
                         .bind(&r.exchange)
                         .bind(r.leased_by)
-                        .bind(r.leeway_ms);
+                        .bind(r.leeway_ms)
+                        .bind(r.release_at_ms)
+                        .bind(&r.staged_by);
                 }
                 query.fetch_all(&mut **t).await.context("recording tasks")
             }

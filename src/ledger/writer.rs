@@ -492,8 +492,13 @@ impl Writer {
             unstaged.push(taken.await?);
         }
         tx.commit().await?;
-        let admitted = admissions.iter().filter(|a| **a == Judged::New).count()
-            + plans.iter().map(PlanWrite::admitted).sum::<usize>();
+        // Only pending tasks count: a staged one waits for no broker.
+        let admitted = (rows.iter().zip(&admissions))
+            .filter(|(row, judged)| **judged == Judged::New && row.is_pending())
+            .count()
+            + (group.plans.iter().zip(&plans))
+                .map(|((page, _), found)| page.admitted_pending(found))
+                .sum::<usize>();
         self.pending.add(admitted as u64);
         self.pending
             .remove(published + failed_pending + claimed_pending);

@@ -458,8 +458,9 @@ impl Metrics {
         let tasks_staged = Counter::default();
         registry.register(
             "tasks_staged",
-            "Tasks that reached the release stage well before their time (a burst's lead) and \
-             were staged in the ledger until their moment",
+            "Tasks staged in the ledger until their moment: a burst's that reached the release \
+             stage well before their time (given a lead), or that the levels had no room for as \
+             they were admitted",
             tasks_staged.clone(),
         );
         let staged_released = Counter::default();

@@ -21,6 +21,7 @@
 //!   sends buffered messages when the alarm clears): the task stays leased
 //!   meanwhile, so the forwarder does not publish a second copy.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use super::strands::{LevelKeeper, ShardStrands};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::{Cascade, LossWindow};
 use crate::clock::Reading;
-use crate::ledger::{Admission, ChangeKey, Ledger, Move, Reschedule, Retry, StoredTask};
+use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
 use crate::message::Message;
 use crate::metrics::Metrics;
@@ -67,6 +68,16 @@ const LATE_LEASE_MS: u64 = 60_000;
 /// Refusals of a task published alone after which it is quarantined.
 pub const MAX_REFUSALS: u32 = 3;
 
+/// A task as it is taken in: its route (a burst's lead given), its message
+/// (checked to fit), and whether it skips the chain.
+pub(super) struct Prepared<'t> {
+    pub task: Cow<'t, Task>,
+    pub message: crate::message::Message,
+    /// Staged in the ledger as it is admitted, until its moment: a burst's
+    /// task the levels have no room for. Never published into the chain.
+    pub staged: bool,
+}
+
 #[derive(Clone)]
 pub(super) struct Bookkeeper {
     broker: Arc<dyn Broker>,
@@ -79,6 +90,9 @@ pub(super) struct Bookkeeper {
     /// The release limits, shared by the release stage, the limiter and
     /// the API.
     limits: LimitsView,
+    /// Told when tasks are staged (at admission here, or by the release
+    /// stage): the staged release looks again for the earliest moment.
+    staged_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Bookkeeper {
@@ -98,6 +112,7 @@ impl Bookkeeper {
             lease_ms: confirm_ms.saturating_add(LEASE_MARGIN_MS),
             watchers: TaskTracker::new(),
             limits: LimitsView::default(),
+            staged_wake: Default::default(),
         }
     }
 
@@ -124,25 +139,35 @@ impl Bookkeeper {
     /// same write), then publishes `message` (the task's, checked to fit).
     pub async fn submit(
         &self,
-        task: &Task,
-        message: Message,
+        prepared: Prepared<'_>,
         idempotency: Idempotency,
         unparks: Option<String>,
         now_ms: u64,
     ) -> Result<Submitted, SubmitError> {
         let ledger = &self.ledger;
-        if ledger.is_full() {
+        let Prepared {
+            task,
+            message,
+            staged,
+        } = prepared;
+        let task = task.as_ref();
+        if !staged && ledger.is_full() {
             return Err(SubmitError::LedgerFull {
                 pending: ledger.max_pending(),
             });
         }
+        let own = crate::clock::source();
+        let entry = match staged {
+            true => Entry::Staged { by: own },
+            false => Entry::Publish,
+        };
         let Idempotency { key, fingerprint } = idempotency;
         let admission = ledger
             .admit(
                 task,
-                key.clone(),
-                fingerprint,
+                (key.clone(), fingerprint),
                 now_ms + self.lease_ms,
+                entry,
                 unparks,
             )
             .await?;
@@ -164,11 +189,23 @@ impl Bookkeeper {
                 });
             }
         }
-        let state = self.publish_recorded(task, message, now_ms).await;
+        let state = if staged {
+            self.staged_at_admission(1);
+            TaskState::Staged
+        } else {
+            self.publish_recorded(task, message, now_ms).await
+        };
         Ok(Submitted {
             accepted: task.accepted(state),
             replayed: false,
         })
+    }
+
+    /// `tasks` went into the ledger staged as they were admitted: the
+    /// staged release looks again for the earliest moment.
+    pub(super) fn staged_at_admission(&self, tasks: u64) {
+        self.metrics.tasks_staged.inc_by(tasks);
+        self.staged_wake.notify_one();
     }
 
     /// Publishes a task the ledger holds as pending (leased to the caller),
@@ -357,7 +394,7 @@ impl Bookkeeper {
             offsets: Default::default(),
             limits: self.limits.clone(),
             strands,
-            staged_wake: Default::default(),
+            staged_wake: self.staged_wake.clone(),
         };
         tasks.push(Named::spawn(
             "the unroutable watch",

@@ -3,14 +3,15 @@
 //! `crate::cascade`'s `spread`), so that a burst passes the levels over
 //! the burst window before its instant instead of one level's dead-letter
 //! worker at a time at it. The release stage stages what arrives well
-//! before its time, and the ledger's staged release lets it go then.
+//! before its time, and the ledger's staged release lets it go then; what
+//! the levels have no room for is staged in the ledger as it is admitted.
 //!
 //! Each replica counts its own tasks: replicas side by side may each plan
 //! a level up to the rate.
 
 use std::sync::{Mutex, PoisonError};
 
-use crate::cascade::{Cascade, LevelLoad};
+use crate::cascade::{Cascade, LevelLoad, Planned};
 use crate::task::Task;
 
 pub(super) struct Bursts {
@@ -33,25 +34,39 @@ impl Bursts {
         })
     }
 
-    /// `task`, given a lead if the levels its own route passes are planned
-    /// full in the units it would leave them (`None`: its route stands).
-    pub fn lead(&self, cascade: &Cascade, task: &Task, now_ms: u64) -> Option<Task> {
+    /// How `task` goes when the levels its own route passes are planned
+    /// full in the units it would leave them: with a lead, or straight into
+    /// the ledger, staged until its moment (`None`: its route stands).
+    pub fn lead(&self, cascade: &Cascade, task: &Task, now_ms: u64) -> Option<Lead> {
         if !task.route.held || task.route.delay_units == 0 {
             return None;
         }
         let now_unit = now_ms / cascade.unit_ms();
-        let wait = self
+        let planned = self
             .load
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .plan(now_unit, task.route.delay_units);
-        if wait == task.route.delay_units {
-            return None;
+        match planned {
+            Planned::Levels(wait) if wait == task.route.delay_units => None,
+            Planned::Levels(wait) => {
+                let route = cascade.with_wait(&task.route, wait, &task.destination);
+                Some(Lead::Levels(Box::new(Task {
+                    route: cascade.in_task_shard(route, &task.id),
+                    ..task.clone()
+                })))
+            }
+            Planned::Ledger => Some(Lead::Ledger),
         }
-        let route = cascade.with_wait(&task.route, wait, &task.destination);
-        Some(Task {
-            route: cascade.in_task_shard(route, &task.id),
-            ..task.clone()
-        })
     }
+}
+
+/// How a task of a burst goes instead of its own route.
+pub(super) enum Lead {
+    /// Through the levels with a shorter wait: staged by the release stage
+    /// when it arrives, until its moment.
+    Levels(Box<Task>),
+    /// Into the ledger as it is admitted, staged until its moment: never
+    /// published into the chain.
+    Ledger,
 }

@@ -76,7 +76,8 @@ use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::stop::Named;
 use crate::task::{Task, TaskState};
-use bookkeeper::Bookkeeper;
+use bookkeeper::{Bookkeeper, Prepared};
+use burst::Lead;
 
 enum Mode {
     Stateless,
@@ -194,15 +195,15 @@ impl Scheduler {
         unparks: Option<String>,
         now: &Reading,
     ) -> Result<Submitted, SubmitError> {
-        let (task, message) = self.prepare(task, now)?;
-        let task = task.as_ref();
+        let prepared = self.prepare(task, now)?;
         let submitted = match &self.inner.mode {
             Mode::Ledger(bookkeeper) => {
                 bookkeeper
-                    .submit(task, message, idempotency, unparks, now.wall_ms)
+                    .submit(prepared, idempotency, unparks, now.wall_ms)
                     .await?
             }
             Mode::Stateless => {
+                let Prepared { task, message, .. } = prepared;
                 match self.inner.broker.publish_bounded(message).await? {
                     Published::Confirmed => {}
                     // Nobody would record a late confirm: the client retries.
@@ -223,26 +224,31 @@ impl Scheduler {
     }
 
     /// `task` as it goes into the chain (with a lead through the levels if
-    /// it is part of a burst) and its message, built once and checked now,
-    /// before anything is recorded, then published. A task the broker
-    /// could never take is refused here.
-    pub(super) fn prepare<'t>(
-        &self,
-        task: &'t Task,
-        now: &Reading,
-    ) -> Result<(Cow<'t, Task>, crate::message::Message), SubmitError> {
-        let led = self
+    /// it is part of a burst, or staged in the ledger if the levels have no
+    /// room for it) and its message, built once and checked now, before
+    /// anything is recorded, then published. A task the broker could never
+    /// take is refused here, staged or not.
+    fn prepare<'t>(&self, task: &'t Task, now: &Reading) -> Result<Prepared<'t>, SubmitError> {
+        let lead = self
             .inner
             .bursts
             .as_ref()
             .and_then(|bursts| bursts.lead(&self.inner.cascade, task, now.wall_ms));
-        let task = led.map_or(Cow::Borrowed(task), Cow::Owned);
+        let (task, staged) = match lead {
+            None => (Cow::Borrowed(task), false),
+            Some(Lead::Levels(led)) => (Cow::Owned(*led), false),
+            Some(Lead::Ledger) => (Cow::Borrowed(task), true),
+        };
         let message = crate::message::of_task_at(&task.message(), now);
         self.inner
             .broker
             .check_fits(&message)
             .map_err(SubmitError::TooLarge)?;
-        Ok((task, message))
+        Ok(Prepared {
+            task,
+            message,
+            staged,
+        })
     }
 
     /// Whether the ledger can write (a full disk, a database refusing

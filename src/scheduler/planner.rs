@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use super::Scheduler;
 use super::bookkeeper::Bookkeeper;
 use crate::clock::{Reading, format_epoch_ms};
-use crate::ledger::{Admission, Advance, Planned, PlannedSchedule, StoredSchedule};
+use crate::ledger::{Admission, Advance, Entry, Planned, PlannedSchedule, StoredSchedule};
 use crate::message::{FieldValue, Message, OCCURRENCE_HEADER, SCHEDULE_HEADER};
 use crate::schedule::{Step, Timing, occurrence_body, occurrence_id, planning_horizon, step};
 use crate::stop::Named;
@@ -53,6 +53,9 @@ struct Occurrence {
     task: Task,
     message: Message,
     fingerprint: String,
+    /// Staged in the ledger as it is written, not published (a burst's
+    /// task the levels have no room for).
+    staged: bool,
 }
 
 /// One schedule of a page as planned: its steps' record, its occurrences'
@@ -149,6 +152,7 @@ impl Scheduler {
         horizon: u64,
     ) -> bool {
         let reading = crate::clock::read();
+        let own = crate::clock::source();
         let drafts: Vec<Draft> = (due.iter())
             .filter_map(|schedule| self.draft(schedule, now, horizon, &reading))
             .collect();
@@ -156,7 +160,7 @@ impl Scheduler {
         let written = if ledger.is_full() {
             Err("the ledger is full".to_owned())
         } else {
-            let page = drafts.iter().map(Draft::planned).collect();
+            let page = drafts.iter().map(|draft| draft.planned(own)).collect();
             let lease_until = bookkeeper.lease_until(reading.wall_ms);
             (ledger.plan_schedules(page, lease_until, now_ms()).await).map_err(|e| e.to_string())
         };
@@ -176,6 +180,15 @@ impl Scheduler {
         for (draft, found) in drafts.into_iter().zip(found) {
             advanced |= found.is_some();
             new.extend(self.settle_draft(draft, found));
+        }
+        let (staged, new): (Vec<Occurrence>, Vec<Occurrence>) =
+            new.into_iter().partition(|occurrence| occurrence.staged);
+        if !staged.is_empty() {
+            bookkeeper.staged_at_admission(staged.len() as u64);
+            let tally = &self.inner.metrics;
+            for _ in &staged {
+                tally.accepted(TaskState::Staged.as_str(), false);
+            }
         }
         self.publish_planned(bookkeeper, new, reading.wall_ms).await;
         advanced
@@ -249,11 +262,12 @@ impl Scheduler {
                         FieldValue::Str(format_epoch_ms(at)),
                     ),
                 ]);
-                let (task, message) = self.prepare(&task, now).map_err(|e| e.to_string())?;
+                let prepared = self.prepare(&task, now).map_err(|e| e.to_string())?;
                 Ok(Occurrence {
-                    task: task.into_owned(),
-                    message,
+                    task: prepared.task.into_owned(),
+                    message: prepared.message,
                     fingerprint,
+                    staged: prepared.staged,
                 })
             });
         match made {
@@ -333,12 +347,18 @@ impl Scheduler {
 }
 
 impl Draft {
-    fn planned(&self) -> PlannedSchedule<'_> {
+    /// The draft as the ledger writes it; a staged occurrence is staged by
+    /// the process `own`.
+    fn planned<'a>(&'a self, own: &'a str) -> PlannedSchedule<'a> {
+        let entry = |o: &Occurrence| match o.staged {
+            true => Entry::Staged { by: own },
+            false => Entry::Publish,
+        };
         PlannedSchedule {
             id: &self.id,
             advance: self.advance,
             tasks: (self.tasks.iter())
-                .map(|o| (&o.task, o.fingerprint.clone()))
+                .map(|o| (&o.task, o.fingerprint.clone(), entry(o)))
                 .collect(),
         }
     }

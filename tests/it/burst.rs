@@ -83,6 +83,15 @@ async fn a_burst_is_staged_ahead_and_released_at_its_instant_cancel_and_move_sti
         .map(|task| task["routing_key"].as_str().unwrap())
         .collect();
     assert!(keys.len() > 5, "leads spread the burst: {keys:?}");
+    // What the levels had no room for went into the ledger as it was
+    // admitted, answered `staged`; the rest into the chain.
+    let answered = |state: &str| tasks.iter().filter(|task| task["state"] == state).count();
+    assert!(
+        answered("staged") > 0 && answered("scheduled") > 0,
+        "staged {}, scheduled {}",
+        answered("staged"),
+        answered("scheduled")
+    );
 
     // Staged: in the ledger alone, listed, counted in the forecast.
     eventually("tasks of the burst are staged", async || {
