@@ -305,7 +305,8 @@ pub const NEXT_OWN_STAGED: &str =
 
 /// Takes up to `$3` staged tasks whose moment is by `$1` (staged by the
 /// process `$4`) or by `$5` (staged by another, whose clock may be
-/// ahead), in release order, leased until `$2` to `$6`. The condition is repeated
+/// ahead), in release order (then admission order: a take's rows share
+/// the table's pages), leased until `$2` to `$6`. The condition is repeated
 /// outside the subquery so that, on PostgreSQL, a replica that waited for
 /// another replica's take re-checks it and skips what was just taken.
 pub fn unstage() -> String {
@@ -314,7 +315,7 @@ pub fn unstage() -> String {
         "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2, leased_by = $6 \
          WHERE state = 'staged' AND {due} AND id IN ( \
              SELECT id FROM tasks WHERE state = 'staged' AND {due} \
-             ORDER BY release_at_ms, id LIMIT $3) \
+             ORDER BY release_at_ms, created_at_ms, id LIMIT $3) \
          RETURNING {COLUMNS}"
     )
 }

@@ -492,13 +492,7 @@ impl Writer {
             unstaged.push(taken.await?);
         }
         tx.commit().await?;
-        // Only pending tasks count: a staged one waits for no broker.
-        let admitted = (rows.iter().zip(&admissions))
-            .filter(|(row, judged)| **judged == Judged::New && row.is_pending())
-            .count()
-            + (group.plans.iter().zip(&plans))
-                .map(|((page, _), found)| page.admitted_pending(found))
-                .sum::<usize>();
+        let admitted = newly_pending(group, &rows, &admissions, &plans);
         self.pending.add(admitted as u64);
         self.pending
             .remove(published + failed_pending + claimed_pending);
@@ -510,6 +504,23 @@ impl Writer {
             plans,
         })
     }
+}
+
+/// The tasks a group admitted as new and pending: only those wait for the
+/// broker (a staged one waits for its moment in the ledger alone).
+fn newly_pending(
+    group: &Group,
+    rows: &[&Row],
+    admissions: &[Judged],
+    plans: &[PageFound],
+) -> usize {
+    let admitted = (rows.iter().zip(admissions))
+        .filter(|(row, judged)| **judged == Judged::New && row.is_pending())
+        .count();
+    let planned: usize = (group.plans.iter().zip(plans))
+        .map(|((page, _), found)| page.admitted_pending(found))
+        .sum();
+    admitted + planned
 }
 
 /// Tasks waiting for the broker: the bound that answers 503 before the disk
@@ -573,6 +584,65 @@ mod tests {
             holder: 1,
         };
         Row::pending(&task, None, None, lease)
+    }
+
+    /// A task admitted staged (a burst's the levels have no room for): in
+    /// the ledger alone at once, not counted as waiting for the broker,
+    /// taken at its moment in admission order (not by id), and counted in
+    /// the forecast as any task on its way.
+    #[tokio::test]
+    async fn a_task_admitted_staged_waits_for_no_broker_and_is_taken_in_admission_order() {
+        use crate::ledger::{Entry, UnstageInput};
+        let (ledger, dir) = sqlite_ledger().await;
+        let own = crate::clock::source();
+        let lease = crate::ledger::record::Lease {
+            until_ms: 0,
+            holder: 1,
+        };
+        let cascade = CascadeSettings::default().validate().unwrap();
+        let mut staged = Vec::new();
+        // Ids against admission order: "z…" first, "a…" last.
+        for (n, id) in ["z-first", "m-second", "a-third"].into_iter().enumerate() {
+            let body = format!(r#"{{"id": "{id}", "destination": "d", "delay_ms": 60000}}"#);
+            let mut task = Task::parse(body.as_bytes(), &cascade, SystemTime::now()).unwrap();
+            task.accepted_at_ms += n as u64;
+            task.deliver_at_ms = 5_000;
+            let row = Row::new(&task, (None, None), lease, Entry::Staged { by: own });
+            assert!(!row.is_pending());
+            ledger.writes.admit(row, None).await.unwrap();
+            staged.push(id);
+        }
+        ledger.writes.admit(row(), None).await.unwrap();
+        assert_eq!(
+            ledger.pending_estimate(),
+            1,
+            "only the pending task waits for the broker"
+        );
+        let seen = ledger.get("a-third").await.unwrap().unwrap();
+        assert_eq!(
+            (seen.state, seen.release_at_ms, seen.published_at_ms),
+            (TaskState::Staged, Some(5_000), None)
+        );
+        assert_eq!(
+            ledger.next_staged_ms(own, 10_000).await.unwrap(),
+            Some(5_000)
+        );
+        let take = UnstageInput {
+            by_ms: 5_000,
+            others_by_ms: 0,
+            own,
+            lease_until_ms: 10_000,
+            most: 10,
+        };
+        let taken = ledger.unstage(take).await.unwrap();
+        let ids: Vec<&str> = taken.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, staged, "in admission order");
+        assert!(
+            taken.iter().all(|t| t.payload.is_some()),
+            "whole payloads kept"
+        );
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A staged task: claimed and staged in one commit, taken back only
