@@ -185,9 +185,10 @@ impl Scheduler {
             new.into_iter().partition(|occurrence| occurrence.staged);
         if !staged.is_empty() {
             bookkeeper.staged_at_admission(staged.len() as u64);
-            let tally = &self.inner.metrics;
             for _ in &staged {
-                tally.accepted(TaskState::Staged.as_str(), false);
+                self.inner
+                    .metrics
+                    .accepted(TaskState::Staged.as_str(), false);
             }
         }
         self.publish_planned(bookkeeper, new, reading.wall_ms).await;

@@ -942,8 +942,23 @@ async fn a_crowded_instant_is_planned_ahead_and_a_replica_killed_while_planning_
     let duplicates = consumer
         .expect_each_never_early(ids, Duration::from_secs(60))
         .await;
+    // A page's occurrences share one unit: beyond what the levels pass in
+    // it, they went into the ledger staged as they were made (issue 77).
+    let scrape = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let staged = sample(&scrape, "delayline_tasks_accepted_total{state=\"staged\"}");
     child.kill().await.unwrap();
     assert_eq!(duplicates, 0);
+    assert!(
+        staged.unwrap_or(0.0) > 0.0,
+        "none staged as made: {staged:?}"
+    );
 }
 
 /// Replicas sharing a PostgreSQL ledger share a crowded instant's planning
