@@ -26,20 +26,51 @@ use delayline::testkit::quantile;
 const BATCH: u64 = 500;
 /// Batch requests in flight.
 const CONCURRENCY: usize = 4;
-/// The issue's budget for the whole phase is 30 minutes; the ingest gives
-/// up well before, rather than retry a service that refuses everything.
-const INGEST_LIMIT: Duration = Duration::from_secs(20 * 60);
+/// The ingest gives up after 20 minutes, or a minute a 120,000 tasks for a
+/// larger backlog, rather than retry a service that refuses everything.
+fn ingest_limit(tasks: u64) -> Duration {
+    Duration::from_secs((tasks / 2_000).max(20 * 60))
+}
 /// Every this many batches (per worker), one accepted id is kept for the
 /// GET measurement.
 const SAMPLE_EVERY: u64 = 5;
 
-/// Delays of 2 to 6 hours: none falls due while the phase runs.
-fn backlog_delay_ms(n: u64) -> u64 {
-    const HOUR: u64 = 3_600_000;
-    2 * HOUR + (n * 7919 * 1000) % (4 * HOUR)
+const HOUR_MS: u64 = 3_600_000;
+
+/// The delays a backlog's tasks take, spread evenly from `from_ms` to
+/// `to_ms`; from two hours on, so that none falls due while the phase runs.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Spread {
+    pub from_ms: u64,
+    pub to_ms: u64,
 }
 
-fn batch_body(first: u64, count: u64) -> Vec<u8> {
+impl Spread {
+    /// Two hours to `days` days, or two to six hours for 0 (the phase's
+    /// first shape, kept comparable).
+    pub fn over_days(days: u64) -> Spread {
+        let to_ms = if days == 0 {
+            6 * HOUR_MS
+        } else {
+            (days * 24 * HOUR_MS).max(3 * HOUR_MS)
+        };
+        Spread {
+            from_ms: 2 * HOUR_MS,
+            to_ms,
+        }
+    }
+
+    fn delay_ms(self, n: u64) -> u64 {
+        self.from_ms + (n * 7919 * 1000) % (self.to_ms - self.from_ms)
+    }
+
+    /// Half the backlog is due before this delay.
+    fn midpoint_ms(self) -> u64 {
+        self.from_ms + (self.to_ms - self.from_ms) / 2
+    }
+}
+
+fn batch_body(spread: Spread, first: u64, count: u64) -> Vec<u8> {
     let mut body = b"{\"tasks\":[".to_vec();
     for n in first..first + count {
         if n > first {
@@ -49,7 +80,7 @@ fn batch_body(first: u64, count: u64) -> Vec<u8> {
             format!(
                 r#"{{"destination":"bench.backlog.t{}","delay_ms":{},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}}}}"#,
                 n % 16,
-                backlog_delay_ms(n),
+                spread.delay_ms(n),
             )
             .bytes(),
         );
@@ -58,11 +89,105 @@ fn batch_body(first: u64, count: u64) -> Vec<u8> {
     body
 }
 
-/// RSS of the service (MiB) after this many tasks were accepted.
+/// RSS of the service (MiB) after this many tasks were accepted, this
+/// many seconds into the ingest.
 #[derive(Clone, Debug, Serialize)]
 pub struct RssSample {
     pub accepted: u64,
+    pub seconds: f64,
     pub rss_mib: f64,
+}
+
+/// Tasks admitted a second between two samples, by what the ledger held
+/// when the window began.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdmissionRate {
+    pub held: u64,
+    pub tasks_per_sec: f64,
+}
+
+impl AdmissionRate {
+    fn between(samples: &[RssSample]) -> Vec<AdmissionRate> {
+        samples
+            .windows(2)
+            .filter(|pair| pair[1].seconds > pair[0].seconds)
+            .map(|pair| AdmissionRate {
+                held: pair[0].accepted,
+                tasks_per_sec: (pair[1].accepted - pair[0].accepted) as f64
+                    / (pair[1].seconds - pair[0].seconds),
+            })
+            .collect()
+    }
+}
+
+/// One of the ledger's periodic passes, from `delayline_ledger_pass_seconds`
+/// between two scrapes.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PassCost {
+    pub passes: u64,
+    pub mean_ms: f64,
+    /// The upper bound of the bucket holding the 99th percentile.
+    pub p99_at_most_ms: f64,
+}
+
+/// The histogram `delayline_ledger_pass_seconds{pass}` in a scrape: its
+/// count, sum and cumulative buckets.
+#[derive(Clone, Debug, Default)]
+pub struct PassHistogram {
+    count: u64,
+    sum: f64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl PassHistogram {
+    pub fn parse(exposition: &str, pass: &str) -> PassHistogram {
+        let label = format!("pass=\"{pass}\"");
+        let mut histogram = PassHistogram::default();
+        for line in exposition.lines().filter(|l| l.contains(&label)) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            if series.starts_with("delayline_ledger_pass_seconds_count") {
+                histogram.count = value.parse().unwrap_or(0);
+            } else if series.starts_with("delayline_ledger_pass_seconds_sum") {
+                histogram.sum = value.parse().unwrap_or(0.0);
+            } else if let Some(le) = series
+                .split("le=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+            {
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::NAN)
+                };
+                histogram.buckets.push((bound, value.parse().unwrap_or(0)));
+            }
+        }
+        histogram
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &PassHistogram) -> PassCost {
+        let passes = self.count.saturating_sub(earlier.count);
+        let cumulative = |bound: f64, of: &PassHistogram| {
+            of.buckets
+                .iter()
+                .find(|(le, _)| *le == bound)
+                .map_or(0, |(_, n)| *n)
+        };
+        let wanted = (passes as f64 * 0.99).ceil() as u64;
+        let p99 = self
+            .buckets
+            .iter()
+            .find(|(le, n)| n.saturating_sub(cumulative(*le, earlier)) >= wanted.max(1))
+            .map_or(f64::NAN, |(le, _)| le * 1000.0);
+        PassCost {
+            passes,
+            mean_ms: (self.sum - earlier.sum) * 1000.0 / passes.max(1) as f64,
+            p99_at_most_ms: p99,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -99,6 +224,9 @@ pub struct BrokerUse {
 #[derive(Clone, Debug, Serialize)]
 pub struct Backlog {
     pub tasks: u64,
+    /// `sqlite` or `postgres`.
+    pub ledger: String,
+    pub spread: Spread,
     pub ingest_seconds: f64,
     pub ingest_tasks_per_sec: f64,
     /// Batch items answered other than 202 (sent again as new tasks).
@@ -107,8 +235,14 @@ pub struct Backlog {
     pub broker_loaded: BrokerUse,
     pub service_rss: Vec<RssSample>,
     pub service_peak_rss_mib: f64,
-    /// The SQLite ledger's files (database and WAL).
+    /// Admission rate every 5 % of the ingest, by what the ledger held.
+    pub admission: Vec<AdmissionRate>,
+    /// The last window's rate over the first's.
+    pub admission_last_over_first: f64,
+    /// The ledger on disk: SQLite's files (database and WAL), or the
+    /// PostgreSQL schema's tables with their indexes.
     pub ledger_mib: f64,
+    pub ledger_bytes_a_task: f64,
     /// `GET /v1/tasks/{id}` of ids spread over the backlog.
     pub get_task: Latency,
     /// `GET /v1/tasks?due_before=…&limit=100`, half the backlog before that time.
@@ -118,6 +252,13 @@ pub struct Backlog {
     pub deep_rows: u64,
     /// `GET /metrics`.
     pub scrape: Latency,
+    /// `GET /v1/forecast`, by its window and bucket.
+    pub forecast: Vec<(String, Latency)>,
+    /// The ledger's periodic passes (`resend`, `prune`) while the backlog
+    /// was ingested and while it was held.
+    pub passes: Vec<(String, PassCost)>,
+    /// Stopped and started again with the backlog held.
+    pub restart: Option<Restart>,
     /// Each console page (`GET /console…`), by what it shows.
     pub console: Vec<(String, Latency)>,
     /// Stopping the service and deleting its topology and ledger.
@@ -191,6 +332,7 @@ async fn time_gets(
 async fn ingest(
     sut: &ServiceUnderTest,
     tasks: u64,
+    spread: Spread,
     progress: &ProgressBar,
 ) -> anyhow::Result<(Duration, u64, Vec<RssSample>, Vec<String>)> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
@@ -205,6 +347,7 @@ async fn ingest(
     progress.set_message("backlog: ingesting");
 
     let pid = sut.pid();
+    let started = Instant::now();
     let sampler = {
         let accepted = accepted.clone();
         tokio::spawn(async move {
@@ -216,6 +359,7 @@ async fn ingest(
                     if let Some(rss) = pid.and_then(ServiceUnderTest::rss_kib_of) {
                         samples.push(RssSample {
                             accepted: done,
+                            seconds: started.elapsed().as_secs_f64(),
                             rss_mib: rss as f64 / 1024.0,
                         });
                     }
@@ -229,7 +373,7 @@ async fn ingest(
         })
     };
 
-    let started = Instant::now();
+    let limit = ingest_limit(tasks);
     let workers = (0..CONCURRENCY).map(|_| {
         let (client, url) = (client.clone(), url.clone());
         let (accepted, reserved, refused, numbered, ids) = (
@@ -243,9 +387,9 @@ async fn ingest(
         async move {
             let mut batches = 0u64;
             while accepted.load(Ordering::Relaxed) < tasks {
-                if started.elapsed() > INGEST_LIMIT {
+                if started.elapsed() > limit {
                     bail!(
-                        "the backlog was not ingested within {INGEST_LIMIT:?}: {} accepted, {} refused",
+                        "the backlog was not ingested within {limit:?}: {} accepted, {} refused",
                         accepted.load(Ordering::Relaxed),
                         refused.load(Ordering::Relaxed)
                     );
@@ -262,7 +406,7 @@ async fn ingest(
                     let response = client
                         .post(&url)
                         .header("content-type", "application/json")
-                        .body(batch_body(first, count))
+                        .body(batch_body(spread, first, count))
                         .send()
                         .await?;
                     response.bytes().await
@@ -313,10 +457,14 @@ pub async fn load_and_inspect(
     sut: &ServiceUnderTest,
     broker_before: BrokerUse,
     tasks: u64,
+    spread: Spread,
     progress: &ProgressBar,
 ) -> anyhow::Result<Backlog> {
     let prefix = sut.cascade.prefix().to_owned();
-    let (elapsed, refused, service_rss, ids) = ingest(sut, tasks, progress).await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let base = sut.base.clone();
+    let scrape_before = metrics_text(&client, &base).await?;
+    let (elapsed, refused, service_rss, ids) = ingest(sut, tasks, spread, progress).await?;
     progress.set_message("backlog: measuring");
     // Wait until the broker holds every task (the last confirms are in, but
     // quorum queues report their counts a moment later).
@@ -328,19 +476,14 @@ pub async fn load_and_inspect(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
+    let scrape_loaded = metrics_text(&client, &base).await?;
 
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
-    let base = sut.base.clone();
     let get_task = time_gets(&client, ids.len(), |i| {
         format!("{base}/v1/tasks/{}", ids[i])
     })
     .await?;
-    // Half the backlog is due within four hours of now.
-    let midpoint = delayline::clock::format_epoch_ms(
-        delayline::clock::epoch_ms(std::time::SystemTime::now())
-            + backlog_delay_ms(0)
-            + 2 * 3_600_000,
-    );
+    let now_ms = delayline::clock::epoch_ms(std::time::SystemTime::now());
+    let midpoint = delayline::clock::format_epoch_ms(now_ms + spread.midpoint_ms());
     let first_page = time_gets(&client, 50, |_| {
         format!(
             "{base}/v1/tasks?due_before={}&limit=100",
@@ -351,9 +494,30 @@ pub async fn load_and_inspect(
     let (deep_pages, deep_rows) = page_deep(&client, &base, tasks / 10).await?;
     let scrape = time_gets(&client, 20, |_| format!("{base}/metrics")).await?;
     let console = console_pages(&client, &base, &ids, &midpoint).await?;
+    let forecast = forecasts(&client, &base, now_ms, spread).await?;
+    let scrape_held = metrics_text(&client, &base).await?;
+    let passes = ["resend", "prune"]
+        .into_iter()
+        .flat_map(|pass| {
+            let [before, loaded, held] = [&scrape_before, &scrape_loaded, &scrape_held]
+                .map(|text| PassHistogram::parse(text, pass));
+            [
+                (format!("{pass}, while ingesting"), loaded.since(&before)),
+                (format!("{pass}, while held"), held.since(&loaded)),
+            ]
+        })
+        .collect();
+    let admission = AdmissionRate::between(&service_rss);
+    let admission_last_over_first = match (admission.first(), admission.last()) {
+        (Some(first), Some(last)) => last.tasks_per_sec / first.tasks_per_sec,
+        _ => f64::NAN,
+    };
+    let ledger_bytes = sut.ledger_bytes().unwrap_or(f64::NAN);
 
     Ok(Backlog {
         tasks,
+        ledger: sut.ledger_name().to_owned(),
+        spread,
         ingest_seconds: elapsed.as_secs_f64(),
         ingest_tasks_per_sec: tasks as f64 / elapsed.as_secs_f64(),
         refused,
@@ -361,14 +525,107 @@ pub async fn load_and_inspect(
         broker_loaded,
         service_rss,
         service_peak_rss_mib: sut.peak_rss_kib().unwrap_or_default() as f64 / 1024.0,
-        ledger_mib: mib(sut.ledger_bytes().unwrap_or(f64::NAN)),
+        admission,
+        admission_last_over_first,
+        ledger_mib: mib(ledger_bytes),
+        ledger_bytes_a_task: ledger_bytes / tasks as f64,
         get_task,
         first_page,
         deep_pages,
         deep_rows,
         scrape,
         console,
+        forecast,
+        passes,
+        restart: None,
         teardown_seconds: f64::NAN,
+    })
+}
+
+async fn metrics_text(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    Ok(client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?)
+}
+
+/// `GET /v1/forecast` 20 times each over the backlog's whole span by day,
+/// its first day by minute, and one destination's span by day.
+async fn forecasts(
+    client: &reqwest::Client,
+    base: &str,
+    now_ms: u64,
+    spread: Spread,
+) -> anyhow::Result<Vec<(String, Latency)>> {
+    let at = |ms: u64| delayline::clock::format_epoch_ms(ms).replace('+', "%2B");
+    let (from, to) = (at(now_ms), at(now_ms + spread.to_ms + HOUR_MS));
+    let day = at(now_ms + 24 * HOUR_MS);
+    let queries = [
+        ("the span by day", format!("from={from}&to={to}&bucket=1d")),
+        ("24 h by minute", format!("from={from}&to={day}&bucket=1m")),
+        (
+            "one destination, the span by day",
+            format!("from={from}&to={to}&bucket=1d&destination=bench.backlog.t3"),
+        ),
+    ];
+    let mut timed = Vec::new();
+    for (what, query) in queries {
+        let latency = time_gets(client, 20, |_| format!("{base}/v1/forecast?{query}")).await?;
+        timed.push((what.to_owned(), latency));
+    }
+    Ok(timed)
+}
+
+/// A restart with the backlog held: how long the service takes from its
+/// start to ready, and to release a task whose due time passed while it
+/// was stopped.
+#[derive(Clone, Debug, Serialize)]
+pub struct Restart {
+    /// From SIGTERM until the process ended.
+    pub stop_seconds: f64,
+    /// From the new process's start until `/readyz` answered and the
+    /// broker was connected.
+    pub ready_seconds: f64,
+    /// From the new process's start until the task due while it was
+    /// stopped arrived at its consumer.
+    pub first_release_seconds: f64,
+}
+
+pub async fn restart(sut: &mut ServiceUnderTest, amqp_uri: &str) -> anyhow::Result<Restart> {
+    const DUE_IN: Duration = Duration::from_secs(3);
+    let mut arrivals = crate::arrivals::consume(sut, "restart", amqp_uri).await?;
+    let client = reqwest::Client::new();
+    let answer = client
+        .post(format!("{}/v1/tasks", sut.base))
+        .json(&serde_json::json!({"destination": "restart", "delay_ms": DUE_IN.as_millis() as u64}))
+        .send()
+        .await?;
+    if answer.status() != 202 {
+        bail!("the restart's task was answered {}", answer.status());
+    }
+    let posted = Instant::now();
+    let stopping = Instant::now();
+    sut.halt().await?;
+    let stop_seconds = stopping.elapsed().as_secs_f64();
+    // Its due time passes while the service is stopped.
+    tokio::time::sleep(
+        (posted + DUE_IN + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let started = Instant::now();
+    sut.relaunch().await?;
+    let ready_seconds = started.elapsed().as_secs_f64();
+    tokio::time::timeout(Duration::from_secs(600), arrivals.recv())
+        .await
+        .context("the task due while stopped did not arrive within 10 minutes of the start")?
+        .context("the restart's consumer ended")?;
+    Ok(Restart {
+        stop_seconds,
+        ready_seconds,
+        first_release_seconds: started.elapsed().as_secs_f64(),
     })
 }
 

@@ -93,6 +93,13 @@ struct Args {
     /// with --quick).
     #[arg(long)]
     scale: Option<u64>,
+    /// The backlog phase's delays spread from two hours to this many days
+    /// (0: two to six hours).
+    #[arg(long, default_value_t = 0)]
+    backlog_days: u64,
+    /// The backlog phase's ledger (sqlite or postgres).
+    #[arg(long, default_value = "sqlite")]
+    backlog_ledger: String,
     /// Tasks the ledger phase writes (default 100,000, 10,000 with --quick).
     #[arg(long)]
     ledger_tasks: Option<usize>,
@@ -1002,9 +1009,9 @@ async fn backlog_phase(
     tasks: u64,
     precision: &mut Vec<Precision>,
 ) -> anyhow::Result<backlog::Backlog> {
+    let store = Store::parse(&args.backlog_ledger, &args.postgres_url)?;
     let mut sut =
-        ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::Sqlite, false)
-            .await?;
+        ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &store, false).await?;
     let broker_before = backlog::broker_use(sut.cascade.prefix())?;
     // A moderate rate (100 due/s) of short delays, as a service sees beside its backlog.
     let (probes, min_delay, max_delay) = if args.quick {
@@ -1020,10 +1027,14 @@ async fn backlog_phase(
         max_ms: max_delay,
     };
     precision.push(delivery::precision(&mut sut, &args.amqp_uri, &empty, delays, &progress).await?);
-    let mut measured = backlog::load_and_inspect(&sut, broker_before, tasks, &progress).await?;
+    let spread = backlog::Spread::over_days(args.backlog_days);
+    let mut measured =
+        backlog::load_and_inspect(&sut, broker_before, tasks, spread, &progress).await?;
     let loaded = format!("{}loaded", plot::BACKLOG_LABEL);
     precision
         .push(delivery::precision(&mut sut, &args.amqp_uri, &loaded, delays, &progress).await?);
+    progress.set_message("backlog: a restart");
+    measured.restart = Some(backlog::restart(&mut sut, &args.amqp_uri).await?);
     progress.set_message("backlog: deleting it");
     let started = std::time::Instant::now();
     sut.stop().await?;
@@ -1352,8 +1363,24 @@ fn print_report(results: &Results) {
 
 fn print_backlog(b: &backlog::Backlog) {
     println!(
-        "\nbacklog: {} tasks ingested in {:.0} s ({:.0}/s, {} refused and sent again)",
-        b.tasks, b.ingest_seconds, b.ingest_tasks_per_sec, b.refused
+        "\nbacklog: {} tasks on {} due in {:.1}-{:.1} h, ingested in {:.0} s ({:.0}/s, {} refused and sent again)",
+        b.tasks,
+        b.ledger,
+        b.spread.from_ms as f64 / 3.6e6,
+        b.spread.to_ms as f64 / 3.6e6,
+        b.ingest_seconds,
+        b.ingest_tasks_per_sec,
+        b.refused
+    );
+    let rates: Vec<String> = b
+        .admission
+        .iter()
+        .map(|r| format!("{:.0}", r.tasks_per_sec))
+        .collect();
+    println!(
+        "  admitted a second every 5 %: {}; the last over the first {:.2}",
+        rates.join(" "),
+        b.admission_last_over_first
     );
     for (when, broker) in [("before", &b.broker_before), ("loaded", &b.broker_loaded)] {
         println!(
@@ -1371,7 +1398,10 @@ fn print_backlog(b: &backlog::Backlog) {
         rss.join(" "),
         b.service_peak_rss_mib
     );
-    println!("  ledger on disk: {:.0} MiB", b.ledger_mib);
+    println!(
+        "  ledger on disk: {:.0} MiB, {:.0} bytes a task",
+        b.ledger_mib, b.ledger_bytes_a_task
+    );
     for (what, l) in [
         ("GET /v1/tasks/{id}", &b.get_task),
         ("GET /v1/tasks?due_before (100)", &b.first_page),
@@ -1388,6 +1418,24 @@ fn print_backlog(b: &backlog::Backlog) {
         println!(
             "    {what:<36} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
             l.samples, l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
+    for (what, l) in &b.forecast {
+        println!(
+            "  forecast, {what:<32} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+        );
+    }
+    for (what, cost) in &b.passes {
+        println!(
+            "  ledger pass {what:<24} {:>5} passes, mean {:>8.2} ms, p99 at most {:>8.1} ms",
+            cost.passes, cost.mean_ms, cost.p99_at_most_ms
+        );
+    }
+    if let Some(r) = &b.restart {
+        println!(
+            "  restart: stopped in {:.1} s; ready {:.1} s after the start, the task due meanwhile released {:.1} s after it",
+            r.stop_seconds, r.ready_seconds, r.first_release_seconds
         );
     }
     println!(

@@ -23,6 +23,14 @@ pub enum Store {
 }
 
 impl Store {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::None => "none",
+            Store::Sqlite => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
     pub fn parse(name: &str, postgres_url: &str) -> anyhow::Result<Store> {
         match name {
             "none" => Ok(Store::None),
@@ -381,6 +389,11 @@ impl ServiceUnderTest {
         self.extra_queues.push(name.to_owned());
     }
 
+    /// `sqlite`, `postgres` or `none`.
+    pub fn ledger_name(&self) -> &'static str {
+        self.store.name()
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
@@ -390,8 +403,17 @@ impl ServiceUnderTest {
         status_kib(pid, "VmRSS")
     }
 
-    /// Bytes of the SQLite ledger's files (database, WAL) on disk.
+    /// Bytes of the ledger on disk: SQLite's files (database, WAL), or the
+    /// PostgreSQL schema's tables with their indexes and TOAST.
     pub fn ledger_bytes(&self) -> Option<f64> {
+        if matches!(self.store, Store::Postgres(_)) {
+            let total = self.postgres_count(
+                "SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+            );
+            return total.ok().flatten().map(|bytes| bytes as f64);
+        }
         let dir = std::env::temp_dir().join(&self.store_name);
         let total: u64 = std::fs::read_dir(dir)
             .ok()?
@@ -447,7 +469,8 @@ impl ServiceUnderTest {
 /// The service at `base` is ready, and connected to the broker.
 async fn wait_connected(base: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // A start over a large ledger may take a while.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
     loop {
         // With a ledger, /readyz is ready before the topology is
         // provisioned: wait for the broker, so that consumers can bind.

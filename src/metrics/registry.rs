@@ -52,6 +52,18 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassLabel {
+    /// The ledger's periodic pass: `resend` (the look for tasks the release
+    /// stage never saw) or `prune` (deleting rows past their retention).
+    pub pass: &'static str,
+}
+
+/// A histogram of seconds from 0.5 ms to about 16 s.
+fn pass_seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
     pub version: u32,
 }
@@ -112,6 +124,9 @@ pub struct Metrics {
     pub broker_misconfigured: Gauge,
     pub ledger_pending: Gauge,
     pub ledger_commit_group: Histogram,
+    /// How long each of the ledger's periodic passes took, by pass: what a
+    /// large ledger costs the service in the background.
+    pub ledger_pass: Family<PassLabel, Histogram, fn() -> Histogram>,
     pub forwarded: Family<OutcomeLabel, Counter>,
     pub tasks_failed: Counter,
     pub tasks_resent: Counter,
@@ -242,6 +257,13 @@ impl Metrics {
             "ledger_commit_group_size",
             "Ledger writes committed together in one transaction",
             ledger_commit_group.clone(),
+        );
+        let ledger_pass =
+            Family::<PassLabel, Histogram, fn() -> Histogram>::new_with_constructor(pass_seconds);
+        registry.register(
+            "ledger_pass_seconds",
+            "How long each of the ledger's periodic passes took, by pass (resend, prune)",
+            ledger_pass.clone(),
         );
         let forwarded = Family::<OutcomeLabel, Counter>::default();
         registry.register(
@@ -575,6 +597,7 @@ impl Metrics {
             broker_misconfigured,
             ledger_pending,
             ledger_commit_group,
+            ledger_pass,
             forwarded,
             tasks_failed,
             tasks_resent,

@@ -43,7 +43,7 @@ use crate::clock::Reading;
 use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
 use crate::message::Message;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PassLabel};
 use crate::stop::Named;
 use crate::task::{Task, TaskState};
 
@@ -323,6 +323,7 @@ impl Bookkeeper {
                 "the retention pruner",
                 prune(
                     self.ledger.clone(),
+                    self.metrics.clone(),
                     settings.retention,
                     settings.prune_every,
                     shutdown.clone(),
@@ -433,11 +434,13 @@ impl Bookkeeper {
             }
             let now_ms = crate::clock::now_ms();
             let to_ms = now_ms.saturating_sub(after_ms).max(from_ms);
-            match self
+            let started = std::time::Instant::now();
+            let looked = self
                 .ledger
                 .resend_unreleased((from_ms, to_ms), 0, now_ms, &reason)
-                .await
-            {
+                .await;
+            self.observe_pass("resend", started);
+            match looked {
                 Ok(ids) => {
                     from_ms = to_ms;
                     if !ids.is_empty() {
@@ -455,6 +458,14 @@ impl Bookkeeper {
                 Err(error) => warn!(%error, "cannot look for tasks the release stage never saw"),
             }
         }
+    }
+
+    /// Records how long one of the ledger's periodic passes took.
+    fn observe_pass(&self, pass: &'static str, started: std::time::Instant) {
+        self.metrics
+            .ledger_pass
+            .get_or_create(&PassLabel { pass })
+            .observe(started.elapsed().as_secs_f64());
     }
 
     /// Publishes again, until `shutdown`, each task still `scheduled` the
@@ -809,13 +820,20 @@ async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
 }
 
 /// Deletes published tasks once they have been due for `retention`.
-async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: CancellationToken) {
+async fn prune(
+    ledger: Ledger,
+    metrics: Arc<Metrics>,
+    retention: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
+        let started = std::time::Instant::now();
         let before_ms = crate::clock::now_ms().saturating_sub(retention_ms);
         let mut pruned = 0;
         loop {
@@ -832,6 +850,10 @@ async fn prune(ledger: Ledger, retention: Duration, every: Duration, shutdown: C
                 }
             }
         }
+        metrics
+            .ledger_pass
+            .get_or_create(&PassLabel { pass: "prune" })
+            .observe(started.elapsed().as_secs_f64());
         if pruned > 0 {
             debug!(pruned, "pruned delivered tasks from the ledger");
         }
