@@ -7,7 +7,10 @@
 //! (tasks over the time from the instant to the last), against the raw
 //! publish ceiling to the business exchange measured on the same service
 //! just before; tasks the strand watch published again; early, lost and
-//! duplicated; the service's and the broker's peak memory.
+//! duplicated; the service's and the broker's peak memory. With a leeway
+//! (`--burst-leeway-s`), each task says any moment within it after the
+//! instant will do: then also how evenly the window's seconds are filled
+//! and how many arrived past its end.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -55,6 +58,24 @@ pub struct BurstRun {
     pub early: usize,
     pub lost: usize,
     pub duplicates: usize,
+    /// The leeway each task had (0: none).
+    #[serde(default)]
+    pub leeway_s: f64,
+    /// Arrivals after the instant + the leeway.
+    #[serde(default)]
+    pub past_window: usize,
+    /// With a leeway: the busiest second of the window over the window's
+    /// mean a second (1.0 is perfectly even).
+    #[serde(default)]
+    pub busiest_second_over_mean: f64,
+}
+
+/// When the burst falls due: its instant this long after the first
+/// submission, and the leeway each task gives.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub ahead: Duration,
+    pub leeway: Duration,
 }
 
 /// The `minute` mode's batches end this long before the instant.
@@ -63,7 +84,7 @@ const LAST_BATCH_AHEAD: Duration = Duration::from_secs(10);
 pub async fn phase(
     amqp_uri: &str,
     channels: usize,
-    ahead: Duration,
+    timing: Timing,
     sizes: &[usize],
     modes: &[String],
     progress: &ProgressBar,
@@ -76,7 +97,11 @@ pub async fn phase(
             let mut sut = ServiceUnderTest::spawn(amqp_uri, channels, &setup).await?;
             let broker = crate::cpu::broker_pid();
             let peak = BrokerPeak::watch(broker);
-            let plan = Plan { tasks, mode, ahead };
+            let plan = Plan {
+                tasks,
+                mode,
+                timing,
+            };
             let run = one(&mut sut, amqp_uri, channels, &plan, progress).await;
             let service_peak_kib = sut.peak_rss_kib().unwrap_or(0);
             sut.stop().await?;
@@ -87,7 +112,8 @@ pub async fn phase(
                 "burst: {} admitted {} in {:.1} s, {:.1} s ahead: first +{:.0} ms, last +{:.0} ms, \
                  p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s; \
                  resent {}, staged {}, drained {}, early {}, lost {}, duplicates {}; \
-                 peak memory: service {:.0} MiB, broker {:.0} MiB",
+                 peak memory: service {:.0} MiB, broker {:.0} MiB; \
+                 leeway {} s: past the window {}, busiest second over the mean {:.2}",
                 run.tasks,
                 run.admitted,
                 run.admitted_in_s,
@@ -105,7 +131,10 @@ pub async fn phase(
                 run.lost,
                 run.duplicates,
                 run.service_peak_mib,
-                run.broker_peak_mib
+                run.broker_peak_mib,
+                run.leeway_s,
+                run.past_window,
+                run.busiest_second_over_mean
             );
             runs.push(run);
         }
@@ -117,8 +146,7 @@ pub async fn phase(
 struct Plan<'a> {
     tasks: usize,
     mode: &'a str,
-    /// The instant is this long after the first submission.
-    ahead: Duration,
+    timing: Timing,
 }
 
 /// The broker's peak resident memory, sampled each second until stopped.
@@ -178,30 +206,60 @@ async fn one(
     tokio::spawn(async move { while ceiling_arrivals.recv().await.is_some() {} });
     let mut receiver = consume(sut, "burst", amqp_uri).await?;
     let start_us = now_us();
-    let due_ms = (start_us / 1000) as u64 + plan.ahead.as_millis() as u64;
+    let due_ms = (start_us / 1000) as u64 + plan.timing.ahead.as_millis() as u64;
+    let leeway_ms = plan.timing.leeway.as_millis() as u64;
     let bases = std::slice::from_ref(&sut.base);
     if mode == "minute" {
-        let slices = plan.ahead.saturating_sub(LAST_BATCH_AHEAD).as_secs().max(1) as usize;
+        let slices = plan
+            .timing
+            .ahead
+            .saturating_sub(LAST_BATCH_AHEAD)
+            .as_secs()
+            .max(1) as usize;
         let per_slice = tasks.div_ceil(slices);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         for first in (0..tasks).step_by(per_slice) {
             tick.tick().await;
-            submit_due_from(bases, "burst", first, per_slice.min(tasks - first), due_ms).await?;
+            let count = per_slice.min(tasks - first);
+            submit_due_from(bases, "burst", (first, count), (due_ms, leeway_ms)).await?;
         }
     } else {
-        submit_due_from(bases, "burst", 0, tasks, due_ms).await?;
+        submit_due_from(bases, "burst", (0, tasks), (due_ms, leeway_ms)).await?;
     }
     let admitted_us = now_us();
-    let got = arrivals(&mut receiver, tasks, due_ms).await;
+    let got = arrivals(&mut receiver, tasks, due_ms + leeway_ms).await;
     let scrape = scrape(&sut.base).await.unwrap_or_default();
-    Ok(summary(
+    let mut run = summary(
         mode,
         tasks,
         (start_us, admitted_us, due_ms),
         &got,
         ceiling.tasks_per_sec,
         &scrape,
-    ))
+    );
+    if leeway_ms > 0 {
+        spread_over_window(&mut run, &got, (due_ms, leeway_ms));
+    }
+    Ok(run)
+}
+
+/// How evenly the arrivals filled the window `[due, due + leeway]`, by
+/// whole seconds, and how many came after it.
+fn spread_over_window(run: &mut BurstRun, got: &[(String, i64)], (due_ms, leeway_ms): (u64, u64)) {
+    let (due_us, end_us) = (due_ms as i64 * 1000, (due_ms + leeway_ms) as i64 * 1000);
+    let seconds = leeway_ms.div_ceil(1000).max(1) as usize;
+    let mut by_second = vec![0usize; seconds];
+    for &(_, at) in got {
+        if at > end_us {
+            run.past_window += 1;
+        } else if at >= due_us {
+            by_second[(((at - due_us) / 1_000_000) as usize).min(seconds - 1)] += 1;
+        }
+    }
+    let mean = by_second.iter().sum::<usize>() as f64 / seconds as f64;
+    let busiest = by_second.iter().copied().max().unwrap_or(0) as f64;
+    run.leeway_s = leeway_ms as f64 / 1000.0;
+    run.busiest_second_over_mean = busiest / mean.max(f64::MIN_POSITIVE);
 }
 
 /// Arrivals until `count` came, or 30 s passed without one after the instant.
@@ -265,6 +323,9 @@ fn summary(
         early: late_ms.iter().filter(|&&late| late < 0.0).count(),
         lost: tasks - unique.len(),
         duplicates: got.len() - unique.len(),
+        leeway_s: 0.0,
+        past_window: 0,
+        busiest_second_over_mean: 0.0,
     }
 }
 

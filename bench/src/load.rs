@@ -581,17 +581,18 @@ pub async fn submit_due(
     count: usize,
     due_ms: u64,
 ) -> anyhow::Result<()> {
-    submit_due_from(bases, destination, 0, count, due_ms).await
+    submit_due_from(bases, destination, (0, count), (due_ms, 0)).await
 }
 
 /// [`submit_due`], the tasks numbered from `first` (their ids
-/// `{destination}-{n}`).
+/// `{destination}-{n}`): submits tasks `first..first + count` to `destination`, due at `due_ms`
+/// with a leeway of `leeway_ms` (none for 0), in batches of 1000 spread
+/// over `bases`.
 pub async fn submit_due_from(
     bases: &[String],
     destination: &str,
-    first: usize,
-    count: usize,
-    due_ms: u64,
+    (first, count): (usize, usize),
+    (due_ms, leeway_ms): (u64, u64),
 ) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let due = delayline::clock::format_epoch_ms(due_ms);
@@ -602,7 +603,13 @@ pub async fn submit_due_from(
         .map(|(k, chunk)| {
             let tasks: Vec<_> = chunk
                 .iter()
-                .map(|n| serde_json::json!({"destination": destination, "deliver_at": due, "id": format!("{destination}-{n}")}))
+                .map(|n| {
+                    let mut task = serde_json::json!({"destination": destination, "deliver_at": due, "id": format!("{destination}-{n}")});
+                    if leeway_ms > 0 {
+                        task["leeway_ms"] = leeway_ms.into();
+                    }
+                    task
+                })
                 .collect();
             let url = format!("{}/v1/tasks/batch", bases[k % bases.len()]);
             (url, serde_json::json!({ "tasks": tasks }))

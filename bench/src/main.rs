@@ -168,6 +168,10 @@ struct Args {
     /// submission (a million needs longer than a minute to admit).
     #[arg(long, default_value_t = 60)]
     burst_ahead_s: u64,
+    /// The burst phase's tasks each say any moment within this many seconds
+    /// after the instant will do (a leeway; 0: none).
+    #[arg(long, default_value_t = 0)]
+    burst_leeway_s: u64,
     /// The instant phase's sizes: schedules firing at one second.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000, 50_000, 100_000])]
     instant_sizes: Vec<usize>,
@@ -686,7 +690,10 @@ async fn main() -> anyhow::Result<()> {
         results.burst = burst::phase(
             &args.amqp_uri,
             args.channels,
-            Duration::from_secs(args.burst_ahead_s),
+            burst::Timing {
+                ahead: Duration::from_secs(args.burst_ahead_s),
+                leeway: Duration::from_secs(args.burst_leeway_s),
+            },
             &args.burst_sizes,
             &args.burst_modes,
             &progress,
@@ -1409,21 +1416,21 @@ fn print_backlog(b: &backlog::Backlog) {
         ("GET /metrics", &b.scrape),
     ] {
         println!(
-            "  {what:<32} n={:<5} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
-            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+            "  {what:<32} n={:<5} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
         );
     }
     println!("  console pages, {} tasks in the ledger:", b.tasks);
     for (what, l) in &b.console {
         println!(
-            "    {what:<36} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
-            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+            "    {what:<36} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
         );
     }
     for (what, l) in &b.forecast {
         println!(
-            "  forecast, {what:<32} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
-            l.samples, l.p50_ms, l.p99_ms, l.max_ms
+            "  forecast, {what:<32} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
         );
     }
     for (what, cost) in &b.passes {

@@ -211,11 +211,12 @@ impl Ledger {
     }
 
     /// How many of `destination`'s tasks due before `before_ms` (in
-    /// `state`, of `owner`) a cancel could still change.
+    /// `state`, of `owner`) a cancel could still change, counted up to
+    /// `at_most`.
     pub async fn count_changeable(
         &self,
         destination: &str,
-        before_ms: u64,
+        (before_ms, at_most): (u64, u64),
         state: Option<TaskState>,
         owner: Option<&str>,
     ) -> Result<u64, LedgerError> {
@@ -223,7 +224,8 @@ impl Ledger {
         let count: i64 = on_pool!(&self.pool, p => {
             let mut query = sqlx::query_scalar(&statement)
                 .bind(destination)
-                .bind(db_ms(before_ms.min(i64::MAX as u64)));
+                .bind(db_ms(before_ms.min(i64::MAX as u64)))
+                .bind(db_ms(at_most.min(i64::MAX as u64)));
             if let Some(state) = state {
                 query = query.bind(state.as_str());
             }

@@ -45,11 +45,11 @@ impl Scheduler {
     }
 
     /// How many of `destination`'s tasks due before `before_ms` (in `state`,
-    /// of `owner`) a cancel could still change.
+    /// of `owner`) a cancel could still change, counted up to `at_most`.
     pub async fn count_changeable(
         &self,
         destination: &str,
-        before_ms: u64,
+        (before_ms, at_most): (u64, u64),
         state: Option<crate::task::TaskState>,
         owner: Option<&str>,
     ) -> Result<u64, BulkOperationError> {
@@ -58,7 +58,7 @@ impl Scheduler {
             .map_err(BulkOperationError::Unchangeable)?;
         Ok(bookkeeper
             .ledger()
-            .count_changeable(destination, before_ms, state, owner)
+            .count_changeable(destination, (before_ms, at_most), state, owner)
             .await?)
     }
 

@@ -456,13 +456,18 @@ async fn tasks(
     ))
 }
 
+/// The bulk cancel's offer counts the tasks it would change up to this
+/// many and says "over" beyond: counting a destination of millions on
+/// every page view would outlast the request's deadline.
+const OFFER_COUNTS_UP_TO: u64 = 10_000;
+
 /// With one destination in the filter, to a caller who may cancel: how many
 /// tasks a bulk cancel would change (none when it cannot be counted).
 async fn bulk_cancel_offer(
     state: &AppState,
     session: &Session,
     query: &TasksQuery,
-) -> Option<(u64, String)> {
+) -> Option<super::views::CancelOffer> {
     if query.destination.is_empty() || !session.caller.may(Permission::Cancel) {
         return None;
     }
@@ -470,13 +475,20 @@ async fn bulk_cancel_offer(
         .scheduler
         .count_changeable(
             &query.destination,
-            parse_epoch_ms(&query.due_before).unwrap_or(u64::MAX),
+            (
+                parse_epoch_ms(&query.due_before).unwrap_or(u64::MAX),
+                OFFER_COUNTS_UP_TO + 1,
+            ),
             TaskState::parse(&query.state),
             session.caller.owner_scope(),
         )
         .await
         .ok()?;
-    Some((count, session.csrf.clone()))
+    Some(super::views::CancelOffer {
+        count: count.min(OFFER_COUNTS_UP_TO),
+        more: count > OFFER_COUNTS_UP_TO,
+        csrf: session.csrf.clone(),
+    })
 }
 
 #[derive(Deserialize)]

@@ -190,7 +190,7 @@ pub struct TaskQuery {
     pub due_before: String,
     /// With one destination, to a caller who may cancel: how many of its
     /// tasks a bulk cancel would change, and the form's token.
-    pub bulk_cancel: Option<(u64, String)>,
+    pub bulk_cancel: Option<CancelOffer>,
 }
 
 pub fn tasks(
@@ -221,14 +221,14 @@ pub fn tasks(
                 button type="submit" { "Filter" }
             }
             (task_table(found))
-            @if let Some((count, csrf)) = query.bulk_cancel.as_ref().filter(|(count, _)| *count > 0) {
+            @if let Some(offer) = query.bulk_cancel.as_ref().filter(|offer| offer.count > 0) {
                 form method="post" action="/console/tasks/bulk-cancel"
-                    data-confirm=(format!("Cancel {} to {}? None of them will be delivered.", task_count(*count), query.destination)) {
-                    input type="hidden" name="csrf" value=(csrf);
+                    data-confirm=(format!("Cancel {} to {}? None of them will be delivered.", offer.tasks(), query.destination)) {
+                    input type="hidden" name="csrf" value=(offer.csrf);
                     input type="hidden" name="destination" value=(query.destination);
                     input type="hidden" name="state" value=(query.state);
                     input type="hidden" name="due_before" value=(query.due_before);
-                    button type="submit" { "Cancel the " (matching(*count)) }
+                    button type="submit" { "Cancel the " (offer.matching()) }
                 }
             }
             @if let Some(cursor) = next {
@@ -548,6 +548,32 @@ pub(super) fn notice(notice: &Option<(bool, String)>) -> Markup {
 }
 
 /// "1 task", "2 tasks".
+/// What a bulk cancel of the tasks shown would change: `count` tasks, or
+/// over `count` when `more`; and the form's token.
+pub struct CancelOffer {
+    pub count: u64,
+    pub more: bool,
+    pub csrf: String,
+}
+
+impl CancelOffer {
+    /// "7 tasks", or "over 10000 tasks".
+    fn tasks(&self) -> String {
+        match self.more {
+            true => format!("over {} tasks", self.count),
+            false => task_count(self.count),
+        }
+    }
+
+    /// "7 matching tasks", or "over 10000 matching tasks".
+    fn matching(&self) -> String {
+        match self.more {
+            true => format!("over {} matching tasks", self.count),
+            false => matching(self.count),
+        }
+    }
+}
+
 fn task_count(n: u64) -> String {
     match n {
         1 => "1 task".to_owned(),
