@@ -359,6 +359,19 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The pruner reads the due-order index from its start, never the
+    /// table.
+    #[tokio::test]
+    async fn pruning_reads_the_due_order_index_on_sqlite() {
+        let pool = migrated_sqlite().await;
+        let plan = query_plan(&pool, sql::PRUNE_TASKS, 2).await;
+        assert!(
+            plan.iter().any(|step| step.contains("tasks_by_deliver_at"))
+                && plan.iter().all(|step| !step.starts_with("SCAN tasks")),
+            "{plan:?}"
+        );
+    }
+
     /// A page is one range of an index in due order, never a sort of the
     /// table: the due-order index, or the destination's with one destination.
     /// The indexes end in the rowid, not the id (migration 0021): only tasks

@@ -475,10 +475,13 @@ pub fn claim_pending() -> String {
 }
 
 /// Up to `$2` tasks neither pending, waiting nor staged (whose only copy
-/// is the ledger's) and due before `$1`.
+/// is the ledger's) and due before `$1`, the earliest first. The order
+/// makes PostgreSQL's generic plan read the due-order index from its start,
+/// which ends at once when nothing is old enough: without it, the plan
+/// scanned the whole table every minute (1.8 s at 2.5 million held).
 pub const PRUNE_TASKS: &str = "DELETE FROM tasks WHERE id IN ( \
      SELECT id FROM tasks WHERE state NOT IN ('pending', 'waiting', 'staged') \
-     AND deliver_at_ms < $1 LIMIT $2)";
+     AND deliver_at_ms < $1 ORDER BY deliver_at_ms LIMIT $2)";
 /// Up to `$2` idempotency keys of changes made before `$1`.
 pub const PRUNE_CHANGES: &str = "DELETE FROM task_changes WHERE idempotency_key IN ( \
      SELECT idempotency_key FROM task_changes WHERE created_at_ms < $1 LIMIT $2)";
@@ -563,9 +566,12 @@ pub fn list_sql(filter: &TaskFilter) -> String {
         conditions.push(format!("deliver_at_ms < {}", next()));
     }
     if filter.after.is_some() {
+        // The first term is implied by the second; it is there so that
+        // PostgreSQL starts the index range at the cursor instead of
+        // filtering every row before it (a page a million deep took 1 s).
         let (at, id) = (next(), next());
         conditions.push(format!(
-            "(deliver_at_ms > {at} OR (deliver_at_ms = {at} AND id > {id}))"
+            "deliver_at_ms >= {at} AND (deliver_at_ms > {at} OR (deliver_at_ms = {at} AND id > {id}))"
         ));
     }
     let limit = next();

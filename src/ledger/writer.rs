@@ -586,6 +586,30 @@ mod tests {
         Row::pending(&task, None, None, lease)
     }
 
+    /// The count a bulk cancel offers stops at the cap it is given: the
+    /// console counts a destination of millions only that far.
+    #[tokio::test]
+    async fn the_count_a_cancel_could_change_stops_at_its_cap() {
+        let (ledger, dir) = sqlite_ledger().await;
+        for _ in 0..12 {
+            ledger.writes.admit(row(), None).await.unwrap();
+        }
+        for (at_most, counted) in [(5, 5), (12, 12), (100, 12)] {
+            let count = ledger
+                .count_changeable("d", (u64::MAX, at_most), None, None)
+                .await
+                .unwrap();
+            assert_eq!(count, counted, "at most {at_most}");
+        }
+        let pending = ledger
+            .count_changeable("d", (u64::MAX, 100), Some(TaskState::Pending), None)
+            .await
+            .unwrap();
+        assert_eq!(pending, 12);
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// A task admitted staged (a burst's the levels have no room for): in
     /// the ledger alone at once, not counted as waiting for the broker,
     /// taken at its moment in admission order (not by id), and counted in

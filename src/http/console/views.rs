@@ -228,7 +228,7 @@ pub fn tasks(
                     input type="hidden" name="destination" value=(query.destination);
                     input type="hidden" name="state" value=(query.state);
                     input type="hidden" name="due_before" value=(query.due_before);
-                    button type="submit" { "Cancel the " (offer.matching()) }
+                    button type="submit" { (offer.button()) }
                 }
             }
             @if let Some(cursor) = next {
@@ -565,11 +565,12 @@ impl CancelOffer {
         }
     }
 
-    /// "7 matching tasks", or "over 10000 matching tasks".
-    fn matching(&self) -> String {
+    /// "Cancel the 7 matching tasks", or "Cancel every matching task
+    /// (over 10000)".
+    fn button(&self) -> String {
         match self.more {
-            true => format!("over {} matching tasks", self.count),
-            false => matching(self.count),
+            true => format!("Cancel every matching task (over {})", self.count),
+            false => format!("Cancel the {}", matching(self.count)),
         }
     }
 }
