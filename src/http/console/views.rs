@@ -547,7 +547,6 @@ pub(super) fn notice(notice: &Option<(bool, String)>) -> Markup {
     }
 }
 
-/// "1 task", "2 tasks".
 /// What a bulk cancel of the tasks shown would change: `count` tasks, or
 /// over `count` when `more`; and the form's token.
 pub struct CancelOffer {
@@ -575,6 +574,7 @@ impl CancelOffer {
     }
 }
 
+/// "1 task", "2 tasks".
 fn task_count(n: u64) -> String {
     match n {
         1 => "1 task".to_owned(),
