@@ -16,5 +16,5 @@ mod registry;
 
 pub use registry::{
     CONTENT_TYPE, ClientLabel, IngressLabel, LevelLabel, LimitLabel, Metrics, OutcomeLabel,
-    PassLabel, StateLabel, VersionLabel,
+    StateLabel, VersionLabel,
 };

@@ -206,6 +206,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Records how long one of the ledger's periodic passes took, from
+    /// `started` until now.
+    pub fn observe_ledger_pass(&self, pass: &'static str, started: std::time::Instant) {
+        self.ledger_pass
+            .get_or_create(&PassLabel { pass })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("delayline");
         let tasks_accepted = Family::<StateLabel, Counter>::default();

@@ -43,7 +43,7 @@ use crate::clock::Reading;
 use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Reschedule, Retry, StoredTask};
 use crate::message;
 use crate::message::Message;
-use crate::metrics::{Metrics, PassLabel};
+use crate::metrics::Metrics;
 use crate::stop::Named;
 use crate::task::{Task, TaskState};
 
@@ -439,7 +439,7 @@ impl Bookkeeper {
                 .ledger
                 .resend_unreleased((from_ms, to_ms), 0, now_ms, &reason)
                 .await;
-            self.observe_pass("resend", started);
+            self.metrics.observe_ledger_pass("resend", started);
             match looked {
                 Ok(ids) => {
                     from_ms = to_ms;
@@ -458,14 +458,6 @@ impl Bookkeeper {
                 Err(error) => warn!(%error, "cannot look for tasks the release stage never saw"),
             }
         }
-    }
-
-    /// Records how long one of the ledger's periodic passes took.
-    fn observe_pass(&self, pass: &'static str, started: std::time::Instant) {
-        self.metrics
-            .ledger_pass
-            .get_or_create(&PassLabel { pass })
-            .observe(started.elapsed().as_secs_f64());
     }
 
     /// Publishes again, until `shutdown`, each task still `scheduled` the
@@ -850,10 +842,7 @@ async fn prune(
                 }
             }
         }
-        metrics
-            .ledger_pass
-            .get_or_create(&PassLabel { pass: "prune" })
-            .observe(started.elapsed().as_secs_f64());
+        metrics.observe_ledger_pass("prune", started);
         if pruned > 0 {
             debug!(pruned, "pruned delivered tasks from the ledger");
         }

@@ -865,6 +865,17 @@ async fn create_crowd(
 
 /// Occurrences a replica made tasks (its `/metrics`).
 async fn made_by(http: &reqwest::Client, base: &str) -> f64 {
+    series_of(
+        http,
+        base,
+        "delayline_schedule_occurrences_total{outcome=\"created\"}",
+    )
+    .await
+    .unwrap_or(0.0)
+}
+
+/// One series of a replica's `/metrics`.
+async fn series_of(http: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
     let scrape = http
         .get(format!("{base}/metrics"))
         .send()
@@ -873,11 +884,7 @@ async fn made_by(http: &reqwest::Client, base: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    sample(
-        &scrape,
-        "delayline_schedule_occurrences_total{outcome=\"created\"}",
-    )
-    .unwrap_or(0.0)
+    sample(&scrape, series)
 }
 
 fn now_ms() -> u64 {
@@ -944,15 +951,12 @@ async fn a_crowded_instant_is_planned_ahead_and_a_replica_killed_while_planning_
         .await;
     // A page's occurrences share one unit: beyond what the levels pass in
     // it, they went into the ledger staged as they were made (issue 77).
-    let scrape = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let staged = sample(&scrape, "delayline_tasks_accepted_total{state=\"staged\"}");
+    let staged = series_of(
+        &http,
+        &base,
+        "delayline_tasks_accepted_total{state=\"staged\"}",
+    )
+    .await;
     child.kill().await.unwrap();
     assert_eq!(duplicates, 0);
     assert!(
