@@ -102,6 +102,19 @@ fn delay() -> impl Strategy<Value = (String, Value)> {
     ]
 }
 
+/// A leeway field, valid or not.
+fn leeway() -> impl Strategy<Value = (String, Value)> {
+    prop_oneof![
+        any::<u64>().prop_map(|ms| ("leeway_ms".to_owned(), json!(ms))),
+        (0u64..100_000).prop_map(|ms| ("leeway_ms".to_owned(), json!(ms))),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| ("leeway_ms".to_owned(), json!(f))),
+        "[0-9]{1,4}(ms|s|m)?".prop_map(|text| ("leeway".to_owned(), json!(text))),
+        ".{0,12}".prop_map(|text| ("leeway".to_owned(), json!(text))),
+    ]
+}
+
 /// Header values of every kind a caller may send.
 fn header_value() -> impl Strategy<Value = Value> {
     prop_oneof![
@@ -126,18 +139,24 @@ fn near_valid_task() -> impl Strategy<Value = Value> {
         headers(),
         prop::option::of(any_json()),
         prop::option::of("[ -~]{0,300}"),
+        prop::option::of(leeway()),
     )
-        .prop_map(|(destination, (field, delay), headers, payload, id)| {
-            let mut task = json!({"destination": destination, "headers": headers});
-            task[field] = delay;
-            if let Some(payload) = payload {
-                task["payload"] = payload;
-            }
-            if let Some(id) = id {
-                task["id"] = json!(id);
-            }
-            task
-        })
+        .prop_map(
+            |(destination, (field, delay), headers, payload, id, leeway)| {
+                let mut task = json!({"destination": destination, "headers": headers});
+                task[field] = delay;
+                if let Some((field, window)) = leeway {
+                    task[field] = window;
+                }
+                if let Some(payload) = payload {
+                    task["payload"] = payload;
+                }
+                if let Some(id) = id {
+                    task["id"] = json!(id);
+                }
+                task
+            },
+        )
 }
 
 /// What an accepted task must be.
@@ -150,9 +169,17 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     // Whole units of quorum queues, less a millisecond a hop.
     let hops = u64::from(task.route.delay_units.count_ones());
     assert_eq!(task.route.delay_ms, task.route.delay_units * 100 - hops);
+    // With a leeway, at the moment its id drew in the window, never before.
+    let offset = match asked["leeway_ms"].as_u64() {
+        Some(window) => {
+            assert_eq!(task.leeway_ms, window);
+            crate::task::leeway_offset_ms(&task.id, window)
+        }
+        None => 0,
+    };
     if let Some(ms) = asked["delay_ms"].as_u64() {
-        assert!(task.route.delay_ms >= ms, "never early");
-        assert!(task.route.delay_ms < ms + 100 + 32);
+        assert!(task.route.delay_ms >= ms + offset, "never early");
+        assert!(task.route.delay_ms < ms + offset + 100 + 32);
     }
     // The properties a publish sends are built without panicking, and
     // every header kept its JSON type as an AMQP value.

@@ -696,7 +696,7 @@ fn requested_delay(
     accepted_at_ms: u64,
 ) -> Result<Duration, TaskError> {
     match (delay_ms, delay, deliver_at) {
-        (Some(ms), None, None) => delay_of_ms(ms),
+        (Some(ms), None, None) => delay_of_ms(ms, "/delay_ms"),
         (None, Some(text), None) => humantime::parse_duration(text).map_err(|e| {
             // A bare number has no unit: milliseconds are `delay_ms`.
             let hint = match text.trim().parse::<u64>() {
@@ -734,9 +734,7 @@ fn requested_leeway(
 ) -> Result<u64, TaskError> {
     let window = match (leeway_ms, leeway) {
         (None, None) => return Ok(0),
-        (Some(ms), None) => delay_of_ms(ms).map_err(|error| {
-            TaskError::InvalidDelay(error.to_string().replace("/delay_ms", "/leeway_ms"))
-        })?,
+        (Some(ms), None) => delay_of_ms(ms, "/leeway_ms")?,
         (None, Some(text)) => humantime::parse_duration(text).map_err(|e| {
             TaskError::InvalidDelay(format!(
                 "/leeway: {text:?} is not a duration such as \"10s\" or \"5m\": {e}"
@@ -766,21 +764,22 @@ pub fn leeway_offset_ms(id: &str, window_ms: u64) -> u64 {
     hash % window_ms.saturating_add(1)
 }
 
-/// `delay_ms` as given: a whole number of milliseconds from 0; one too large
-/// for any chain (beyond 64 bits included) is out of range, not mistyped.
-fn delay_of_ms(ms: &serde_json::Number) -> Result<Duration, TaskError> {
+/// A number of milliseconds as given in `field` (`/delay_ms`, `/leeway_ms`):
+/// a whole number from 0; one too large for any chain (beyond 64 bits
+/// included) is out of range, not mistyped.
+fn delay_of_ms(ms: &serde_json::Number, field: &str) -> Result<Duration, TaskError> {
     if let Some(ms) = ms.as_u64() {
         return Ok(Duration::from_millis(ms));
     }
     match ms.as_f64() {
         Some(f) if f < 0.0 => Err(TaskError::InvalidDelay(format!(
-            "/delay_ms: must not be negative, got {ms}"
+            "{field}: must not be negative, got {ms}"
         ))),
         Some(f) if f.fract() == 0.0 => Err(TaskError::DelayOutOfRange(format!(
-            "/delay_ms: {ms} is longer than any delay a chain can hold"
+            "{field}: {ms} is longer than any delay a chain can hold"
         ))),
         _ => Err(TaskError::InvalidDelay(format!(
-            "/delay_ms: must be a whole number of milliseconds, got {ms}"
+            "{field}: must be a whole number of milliseconds, got {ms}"
         ))),
     }
 }
@@ -961,6 +960,11 @@ mod tests {
                 .to_string()
                 .starts_with("/leeway_ms:")
         );
+        // Beyond 64 bits: out of range, as a delay is, named by its field.
+        let huge = r#"{"destination": "d", "delay_ms": 1, "leeway_ms": 1e30}"#;
+        let error = parse(huge).unwrap_err();
+        assert!(matches!(error, TaskError::DelayOutOfRange(_)), "{error}");
+        assert!(error.to_string().starts_with("/leeway_ms:"), "{error}");
         // 8 levels of 100 ms hold 25.5 s: a window whose end is past that is
         // refused there, whatever moment the id drew.
         let too_long = r#"{"destination": "d", "delay_ms": 1000, "leeway": "25s"}"#;

@@ -64,10 +64,19 @@ pub struct BurstRun {
     /// Arrivals after the instant + the leeway.
     #[serde(default)]
     pub past_window: usize,
+    /// How far past the window's end the latest of those came, ms.
+    #[serde(default)]
+    pub past_window_most_ms: f64,
     /// With a leeway: the busiest second of the window over the window's
     /// mean a second (1.0 is perfectly even).
     #[serde(default)]
     pub busiest_second_over_mean: f64,
+    /// With a leeway: how late each arrival was after its own moment (its
+    /// due time plus the offset drawn in the window), p99 and most, ms.
+    #[serde(default)]
+    pub after_moment_p99_ms: f64,
+    #[serde(default)]
+    pub after_moment_max_ms: f64,
 }
 
 /// When the burst falls due: its instant this long after the first
@@ -113,7 +122,8 @@ pub async fn phase(
                  p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s; \
                  resent {}, staged {}, drained {}, early {}, lost {}, duplicates {}; \
                  peak memory: service {:.0} MiB, broker {:.0} MiB; \
-                 leeway {} s: past the window {}, busiest second over the mean {:.2}",
+                 leeway {} s: past the window {} (by up to {:.0} ms), busiest second over the mean {:.2}, \
+                 after its own moment p99 {:.0} ms, most {:.0} ms",
                 run.tasks,
                 run.admitted,
                 run.admitted_in_s,
@@ -134,7 +144,10 @@ pub async fn phase(
                 run.broker_peak_mib,
                 run.leeway_s,
                 run.past_window,
-                run.busiest_second_over_mean
+                run.past_window_most_ms,
+                run.busiest_second_over_mean,
+                run.after_moment_p99_ms,
+                run.after_moment_max_ms
             );
             runs.push(run);
         }
@@ -252,12 +265,24 @@ fn spread_over_window(run: &mut BurstRun, got: &[(String, i64)], (due_ms, leeway
     for &(_, at) in got {
         if at > end_us {
             run.past_window += 1;
+            run.past_window_most_ms = run.past_window_most_ms.max((at - end_us) as f64 / 1000.0);
         } else if at >= due_us {
             by_second[(((at - due_us) / 1_000_000) as usize).min(seconds - 1)] += 1;
         }
     }
     let mean = by_second.iter().sum::<usize>() as f64 / seconds as f64;
     let busiest = by_second.iter().copied().max().unwrap_or(0) as f64;
+    let mut after_moment: Vec<f64> = got
+        .iter()
+        .map(|(id, at)| {
+            let moment_us =
+                (due_ms + delayline::task::leeway_offset_ms(id, leeway_ms)) as i64 * 1000;
+            (at - moment_us) as f64 / 1000.0
+        })
+        .collect();
+    after_moment.sort_by(f64::total_cmp);
+    run.after_moment_p99_ms = quantile(&after_moment, 0.99);
+    run.after_moment_max_ms = after_moment.last().copied().unwrap_or(f64::NAN);
     run.leeway_s = leeway_ms as f64 / 1000.0;
     run.busiest_second_over_mean = busiest / mean.max(f64::MIN_POSITIVE);
 }
@@ -325,7 +350,10 @@ fn summary(
         duplicates: got.len() - unique.len(),
         leeway_s: 0.0,
         past_window: 0,
+        past_window_most_ms: 0.0,
         busiest_second_over_mean: 0.0,
+        after_moment_p99_ms: 0.0,
+        after_moment_max_ms: 0.0,
     }
 }
 

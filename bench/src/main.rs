@@ -175,6 +175,11 @@ struct Args {
     /// The instant phase's sizes: schedules firing at one second.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000, 50_000, 100_000])]
     instant_sizes: Vec<usize>,
+    /// The instant phase's schedules made only this many seconds before
+    /// their instant (the last of them; 0: far enough ahead for the planner's
+    /// lead and the crowd's).
+    #[arg(long, default_value_t = 0)]
+    instant_made_s: u64,
     /// The retries phase's sizes: messages a consumer rejects at once.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000])]
     retries_sizes: Vec<usize>,
@@ -708,6 +713,7 @@ async fn main() -> anyhow::Result<()> {
             &args.amqp_uri,
             args.channels,
             &args.instant_sizes,
+            args.instant_made_s,
             &progress,
         )
         .await?;

@@ -182,9 +182,12 @@ pub struct CascadeSettings {
     /// In a chain that holds, with a ledger: how many tasks a second one
     /// level's dead-letter worker is planned to pass, per level, before
     /// tasks that fall due together are given leads through the levels
-    /// (see [`super::spread`]). What RabbitMQ's one worker a quorum queue
-    /// passes: 2,500 to 3,600 a second on two cores (BENCHMARKS.md, record
-    /// 27). 0: no leads, every task routed as it would be alone.
+    /// (see [`super::spread`]). RabbitMQ's one worker a quorum queue passes
+    /// 2,500 to 3,600 a second on two cores alone (BENCHMARKS.md, record
+    /// 27), about 1,000 while the broker also takes a burst in, passes other
+    /// levels and delivers (record 51: at 2,000, tasks through a level that
+    /// 2,000 left together reached the release stage up to 1.5 s late). 0:
+    /// no leads, every task routed as it would be alone.
     pub burst_level_rate: u32,
     /// The longest lead a task of a burst is given: it reaches the release
     /// stage at most this long before its time (and is staged in the
@@ -214,7 +217,7 @@ impl Default for CascadeSettings {
             stranded_margin_ms: 2_000,
             stranded_recheck_ms: 300_000,
             shards: 1,
-            burst_level_rate: 2_000,
+            burst_level_rate: 1_000,
             burst_window_ms: 120_000,
         }
     }

@@ -10,10 +10,21 @@
 //! staged in the ledger until its moment. So a replica counts, per level
 //! and per unit, the tasks it planned to leave each level in that unit
 //! (and all levels together: the broker's CPU passes about two levels'
-//! worth at once beside taking the burst in and delivering it). A task
-//! whose own route has room keeps it, and with it today's precision: one
-//! that is not part of a burst always does. One whose route would leave a
-//! level in a unit already planned full is part of a burst:
+//! worth at once beside taking the burst in and delivering it). Tasks that
+//! entered a level together leave it together, and its worker passes them
+//! one after another: a task comes out of a level as late as the tasks
+//! planned to leave it in the same unit make it, and over its hops that
+//! lag adds up. What absorbs it is the task's *slack*: how long before its
+//! moment its route brings it to the release stage (its hold there, the
+//! release lead or more; a round delay rounded down to keep its few hops
+//! has only its remainder), plus any lead it is given. So a route has room
+//! only when the tasks ahead of it, summed over its exits, pass within
+//! that slack at the planned rate: 448 tasks of 64 s and a remainder under
+//! a second, one hop through level 6 together, once reached the stage up to
+//! 1.9 s after their moments. A task whose own route has room keeps it,
+//! and with it today's precision: a task alone always has room, so one
+//! that is not part of a burst always does. One whose route has no room
+//! is part of a burst:
 //! - due later than the burst window, it takes a shorter wait if one has
 //!   room: the one with the fewest hops (set digits, never more than its
 //!   own), the shortest lead first, whose every level has room in the
@@ -90,16 +101,17 @@ impl LevelLoad {
     }
 
     /// How a task entering at unit `now`, whose own route waits `wait`
-    /// units, goes (see the module's words); the exits of a wait through
-    /// the levels are counted.
-    pub fn plan(&mut self, now: u64, wait: u64) -> Planned {
+    /// units and brings it to the release stage with a slack of `slack`
+    /// tasks (its hold there at the planned rate), goes (see the module's
+    /// words); the exits of a wait through the levels are counted.
+    pub fn plan(&mut self, now: u64, wait: u64, slack: u32) -> Planned {
         self.forget_before(now);
-        let chosen = if self.has_room(now, wait) {
+        let chosen = if self.has_room(now, wait, u64::from(slack)) {
             Some(wait)
         } else if wait <= self.window_units {
             None
         } else {
-            self.shorter(now, wait)
+            self.shorter(now, wait, slack)
         };
         match chosen {
             Some(chosen) => {
@@ -124,12 +136,24 @@ impl LevelLoad {
         self.load(self.levels, unit)
     }
 
-    fn has_room(&self, now: u64, wait: u64) -> bool {
-        exits(now, wait).all(|(level, unit)| {
-            unit >= now + HORIZON_UNITS
-                || (self.load(level, unit) < self.per_unit
-                    && self.total(unit) < self.per_unit.saturating_mul(LEVELS_AT_ONCE))
-        })
+    /// Whether a route entering at `now` and waiting `wait` has room: each
+    /// level and the levels together have room in every unit it leaves one,
+    /// and the tasks ahead of it at its exits, summed, are at most `slack`.
+    fn has_room(&self, now: u64, wait: u64, slack: u64) -> bool {
+        let mut ahead = 0u64;
+        for (level, unit) in exits(now, wait) {
+            if unit >= now + HORIZON_UNITS {
+                continue;
+            }
+            let level_load = self.load(level, unit);
+            if level_load >= self.per_unit
+                || self.total(unit) >= self.per_unit.saturating_mul(LEVELS_AT_ONCE)
+            {
+                return false;
+            }
+            ahead += u64::from(level_load);
+        }
+        ahead <= slack
     }
 
     /// The waits below `wait` within the window, of at least one unit and
@@ -149,7 +173,7 @@ impl LevelLoad {
     /// is full in the unit it leaves it is skipped with every other wait
     /// through that level first: tasks entering at one moment through one
     /// level leave it together.
-    fn shorter(&self, now: u64, wait: u64) -> Option<u64> {
+    fn shorter(&self, now: u64, wait: u64, slack: u32) -> Option<u64> {
         let first_full = |w: u64| {
             let top = w.ilog2();
             self.load(top, now + (1 << top)) >= self.per_unit
@@ -168,7 +192,9 @@ impl LevelLoad {
                     continue;
                 }
             }
-            if self.has_room(now, shorter) {
+            // Its lead, `wait - shorter` units, adds to its slack.
+            let lead = (wait - shorter).saturating_mul(u64::from(self.per_unit));
+            if self.has_room(now, shorter, u64::from(slack).saturating_add(lead)) {
                 return Some(shorter);
             }
         }
@@ -207,44 +233,72 @@ mod tests {
     #[test]
     fn a_burst_due_within_the_window_skips_the_levels() {
         let mut load = LevelLoad::new(2, 120, 29);
-        assert_eq!(load.plan(0, 58), Levels(58));
-        assert_eq!(load.plan(0, 58), Levels(58));
-        assert_eq!(load.plan(0, 58), Ledger);
-        assert_eq!(load.plan(0, 121), Levels(121));
-        assert_eq!(load.plan(0, 121), Levels(121));
+        assert_eq!(load.plan(0, 58, 100), Levels(58));
+        assert_eq!(load.plan(0, 58, 100), Levels(58));
+        assert_eq!(load.plan(0, 58, 100), Ledger);
+        assert_eq!(load.plan(0, 121, 100), Levels(121));
+        assert_eq!(load.plan(0, 121, 100), Levels(121));
         assert_ne!(
-            load.plan(0, 121),
+            load.plan(0, 121, 100),
             Ledger,
             "due beyond the window: through the levels"
         );
     }
 
     #[test]
+    fn a_route_has_room_while_the_tasks_ahead_of_it_fit_its_slack() {
+        let mut load = LevelLoad::new(100, 200, 29);
+        // One hop (level 2, left at unit 4), a slack of 3: four tasks.
+        for _ in 0..4 {
+            assert_eq!(load.plan(0, 4, 3), Levels(4));
+        }
+        assert_eq!(load.plan(0, 4, 3), Ledger);
+        // Two hops (levels 1 and 0): the third would have two ahead of it
+        // at each exit, four in all.
+        assert_eq!(load.plan(0, 3, 3), Levels(3));
+        assert_eq!(load.plan(0, 3, 3), Levels(3));
+        assert_eq!(load.plan(0, 3, 3), Ledger);
+        // With no slack (a round delay's remainder of nothing), a task alone
+        // keeps its route, and a second behind it does not.
+        assert_eq!(load.plan(1, 4, 0), Levels(4));
+        assert_eq!(load.plan(1, 4, 0), Ledger);
+    }
+
+    #[test]
+    fn a_lead_adds_to_a_tasks_slack() {
+        let mut load = LevelLoad::new(100, 50, 29);
+        assert_eq!(load.plan(0, 58, 0), Levels(58));
+        // Four ahead of it on its own route; 32 reaches the stage 26 units
+        // early, time for 2,600 to pass ahead of it.
+        assert_eq!(load.plan(0, 58, 0), Levels(32));
+    }
+
+    #[test]
     fn tasks_alone_keep_their_route_and_a_burst_spreads_with_no_more_hops() {
         let mut load = LevelLoad::new(2, 50, 29);
-        assert_eq!(load.plan(0, 58), Levels(58));
-        assert_eq!(load.plan(0, 58), Levels(58));
+        assert_eq!(load.plan(0, 58, 100), Levels(58));
+        assert_eq!(load.plan(0, 58, 100), Levels(58));
         // 58 (`111010`) is full, and so is level 5 at unit 32, which 58
         // left it at: one hop through level 4 (16), then level 3 (8), …
-        assert_eq!(load.plan(0, 58), Levels(16));
-        assert_eq!(load.plan(0, 58), Levels(16));
-        assert_eq!(load.plan(0, 58), Levels(8));
+        assert_eq!(load.plan(0, 58, 100), Levels(16));
+        assert_eq!(load.plan(0, 58, 100), Levels(16));
+        assert_eq!(load.plan(0, 58, 100), Levels(8));
         // A second later, 58 has room again.
-        assert_eq!(load.plan(1, 58), Levels(58));
+        assert_eq!(load.plan(1, 58, 100), Levels(58));
     }
 
     #[test]
     fn with_no_room_in_the_window_a_task_waits_in_the_ledger() {
         let mut load = LevelLoad::new(1, 2, 29);
-        assert_eq!(load.plan(0, 4), Levels(4));
+        assert_eq!(load.plan(0, 4, 100), Levels(4));
         // 3 has two hops, 2 one: 2 (level 1, left at 2).
-        assert_eq!(load.plan(0, 4), Levels(2));
+        assert_eq!(load.plan(0, 4, 100), Levels(2));
         // 3 has more hops than 4, 2 is full, and so is 4: the ledger, and
         // nothing counted in the levels.
-        assert_eq!(load.plan(0, 4), Ledger);
+        assert_eq!(load.plan(0, 4, 100), Ledger);
         assert_eq!(load.exits[&4][2], 1);
         // A unit later, the levels have room again.
-        assert_eq!(load.plan(1, 4), Levels(4));
+        assert_eq!(load.plan(1, 4, 100), Levels(4));
     }
 
     proptest! {
@@ -252,13 +306,13 @@ mod tests {
         fn a_plan_never_waits_longer_nor_takes_more_hops_nor_leads_past_the_window(
             per_unit in 1u32..5,
             window in 2u64..200,
-            tasks in proptest::collection::vec((0u64..20, 1u64..5_000), 1..200),
+            tasks in proptest::collection::vec((0u64..20, 1u64..5_000, 0u32..20), 1..200),
         ) {
             let mut load = LevelLoad::new(per_unit, window, 29);
             let mut now = 0;
-            for (step, wait) in tasks {
+            for (step, wait, slack) in tasks {
                 now += step / 10;
-                let Planned::Levels(chosen) = load.plan(now, wait) else {
+                let Planned::Levels(chosen) = load.plan(now, wait, slack) else {
                     continue;
                 };
                 prop_assert!(chosen <= wait);
@@ -269,16 +323,17 @@ mod tests {
         }
 
         #[test]
-        fn no_level_is_ever_planned_past_its_rate(
+        fn no_level_is_ever_planned_past_its_rate_nor_a_route_past_its_slack(
             per_unit in 1u32..4,
-            waits in proptest::collection::vec(1u64..300, 1..300),
+            waits in proptest::collection::vec((1u64..300, 0u32..12), 1..300),
         ) {
             let mut load = LevelLoad::new(per_unit, 100, 29);
-            for wait in waits {
-                let load_had_own_room = load.has_room(0, wait);
+            for (wait, slack) in waits {
+                let with_lead = |w: u64| u64::from(slack) + (wait - w) * u64::from(per_unit);
+                let load_had_own_room = load.has_room(0, wait, u64::from(slack));
                 let had_room = load_had_own_room
-                    || load.shorter_waits(wait).any(|w| load.has_room(0, w));
-                let planned = load.plan(0, wait);
+                    || load.shorter_waits(wait).any(|w| load.has_room(0, w, with_lead(w)));
+                let planned = load.plan(0, wait, slack);
                 let chosen = match planned {
                     Planned::Levels(chosen) => chosen,
                     Planned::Ledger => 0,
@@ -289,6 +344,12 @@ mod tests {
                     load.load(l, u) > per_unit || load.total(u) > per_unit * LEVELS_AT_ONCE
                 });
                 prop_assert!(!over, "{wait} planned as {planned:?}");
+                // Counted now, the task itself is at each of its exits.
+                let ahead: u64 = exits(0, chosen).map(|(l, u)| u64::from(load.load(l, u))).sum();
+                prop_assert!(
+                    chosen == 0 || ahead <= with_lead(chosen) + u64::from(chosen.count_ones()),
+                    "{wait} planned as {planned:?} behind {ahead}"
+                );
                 prop_assert!(
                     planned == Planned::Levels(wait) || !load_had_own_room,
                     "a task whose own route had room keeps it"

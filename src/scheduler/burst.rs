@@ -16,6 +16,8 @@ use crate::task::Task;
 
 pub(super) struct Bursts {
     load: Mutex<LevelLoad>,
+    /// Tasks a level passes a second, as planned.
+    rate: u32,
 }
 
 impl Bursts {
@@ -26,6 +28,7 @@ impl Bursts {
         let per_unit = u64::from(rate) * cascade.unit_ms() / 1000;
         let window = cascade.burst_window_units();
         (rate > 0 && window > 0).then(|| Bursts {
+            rate,
             load: Mutex::new(LevelLoad::new(
                 u32::try_from(per_unit.max(1)).unwrap_or(u32::MAX),
                 window,
@@ -42,11 +45,17 @@ impl Bursts {
             return None;
         }
         let now_unit = now_ms / cascade.unit_ms();
+        // What its hold at the release stage absorbs of the levels' lag.
+        let slack = u64::from(self.rate) * task.route.hold_ms / 1000;
         let planned = self
             .load
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .plan(now_unit, task.route.delay_units);
+            .plan(
+                now_unit,
+                task.route.delay_units,
+                u32::try_from(slack).unwrap_or(u32::MAX),
+            );
         match planned {
             Planned::Levels(wait) if wait == task.route.delay_units => None,
             Planned::Levels(wait) => {

@@ -693,6 +693,31 @@ mod tests {
         );
     }
 
+    /// Past its cap the offer is counted no further: it says "over", in
+    /// the confirmation and on the button, never a figure it did not count.
+    #[test]
+    fn a_cancel_offer_past_its_cap_says_over() {
+        let offer = |count, more| CancelOffer {
+            count,
+            more,
+            csrf: "c".into(),
+        };
+        assert_eq!(
+            (offer(7, false).tasks(), offer(7, false).button()),
+            (
+                "7 tasks".to_owned(),
+                "Cancel the 7 matching tasks".to_owned()
+            )
+        );
+        assert_eq!(
+            (offer(10_000, true).tasks(), offer(10_000, true).button()),
+            (
+                "over 10000 tasks".to_owned(),
+                "Cancel every matching task (over 10000)".to_owned()
+            )
+        );
+    }
+
     #[test]
     fn an_unroutable_task_is_not_said_delivered() {
         let mut parked = task(13_500, Some(13_501));
