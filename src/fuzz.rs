@@ -169,14 +169,12 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     // Whole units of quorum queues, less a millisecond a hop.
     let hops = u64::from(task.route.delay_units.count_ones());
     assert_eq!(task.route.delay_ms, task.route.delay_units * 100 - hops);
-    // With a leeway, at the moment its id drew in the window, never before.
-    let offset = match asked["leeway_ms"].as_u64() {
-        Some(window) => {
-            assert_eq!(task.leeway_ms, window);
-            crate::task::leeway_offset_ms(&task.id, window)
-        }
-        None => 0,
-    };
+    // With a leeway (either field), at the moment its id drew in the
+    // window, never before.
+    if let Some(window) = asked["leeway_ms"].as_u64() {
+        assert_eq!(task.leeway_ms, window);
+    }
+    let offset = crate::task::leeway_offset_ms(&task.id, task.leeway_ms);
     if let Some(ms) = asked["delay_ms"].as_u64() {
         assert!(task.route.delay_ms >= ms + offset, "never early");
         assert!(task.route.delay_ms < ms + offset + 100 + 32);
