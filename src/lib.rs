@@ -43,7 +43,9 @@
 //!   API reference's words; the OpenAPI description, generated from the handlers'
 //!   and types' annotations; its own accept loop and the bounds on what one
 //!   client may hold. A request's instant is read here, once, and handed
-//!   down. It calls the [`scheduler`] and, for a requeue, [`operations`];
+//!   down. It calls the [`scheduler`], [`ingress`] for retry policies and
+//!   parked messages (`retries`, the console's parked page), and, for a
+//!   requeue, [`operations`];
 //!   what it shows of the ledger and the broker (a stored task, a publish
 //!   error) it names through the scheduler, which hands those types on.
 //! - [`operations`]: the operator's commands as an application layer
@@ -56,10 +58,12 @@
 //!   contract: an ingress's settings and broker objects, a message turned
 //!   into a task or refused (`intake`, pure; the plugin's delay headers are
 //!   read in [`message`]), and the consumer that takes messages in through
-//!   the scheduler, acknowledging each once its task is committed; and
-//!   retries: the policies (`retry`, pure), the intake that schedules a
-//!   dead-lettered message back to the queue it failed in after its
-//!   backoff or parks it in the ledger (`retrying`), and replaying or
+//!   the scheduler, acknowledging each once its task is committed
+//!   (`intake_runner`); and retries: the policies and their refusals
+//!   (`retry`, pure), the intake that schedules a dead-lettered message
+//!   back to the queue it failed in after its backoff or parks it in the
+//!   ledger (`retry_runner`); what both runners share (`consumer`: windows,
+//!   the refused copy); and replaying or
 //!   discarding parked messages (`parked`); whether a queue is wired to
 //!   the retry exchange, judged from what the broker shows (`wiring`,
 //!   pure).

@@ -3,7 +3,8 @@
 //! between any two files of `src/`; every room imports only rooms the map lists after it;
 //! configuration, the wall clock, header names and the statements on tasks
 //! each in the one place the map names; and no function of product code
-//! longer than a screen (80 lines), but for declarative registration. Read
+//! longer than a screen (80 lines), but for declarative registration; the
+//! Development page names every room and every test module. Read
 //! off the source text; no broker needed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -536,5 +537,43 @@ fn no_product_function_is_longer_than_a_screen() {
     assert!(
         long.is_empty(),
         "functions over {MAX_FUNCTION_LINES} lines: {long:#?}"
+    );
+}
+
+/// The modules a test binary's `main.rs` declares, but its helpers.
+fn test_modules(binary: &str) -> Vec<String> {
+    let main = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{binary}/main.rs"));
+    std::fs::read_to_string(main)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+        .filter(|module| *module != "common")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_development_page_names_every_room_and_every_test_module() {
+    let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/development.md");
+    let page = std::fs::read_to_string(page).unwrap();
+    // The rooms' table: from its head to the first line that is not a row.
+    let table: String = page
+        .lines()
+        .skip_while(|line| !line.starts_with("| module | holds |"))
+        .take_while(|line| line.starts_with('|'))
+        .collect();
+    let rooms = rooms_of_the_map();
+    let tests: Vec<String> = ["it", "alone"]
+        .iter()
+        .flat_map(|b| test_modules(b))
+        .collect();
+    assert!(tests.len() >= 25, "too few test modules read: {tests:?}");
+    let named = |text: &str, name: &String| text.contains(&format!("`{name}`"));
+    let missing: Vec<&String> = (rooms.iter().filter(|room| !named(&table, room)))
+        .chain(tests.iter().filter(|module| !named(&page, module)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/development.md does not name these rooms or test modules: {missing:?}"
     );
 }

@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use delayline::cascade::CascadeSettings;
 use delayline::clock::epoch_ms;
 use delayline::ledger::StoreSettings;
-use delayline::ledger::{Admission, Entry, Finding, Ledger};
+use delayline::ledger::{Admission, ClaimAsk, Entry, Finding, Ledger};
 use delayline::secret::Secret;
 use delayline::task::Task;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
@@ -242,10 +242,8 @@ async fn admit_all(
 /// Claims the tasks in windows and marks each window delivered.
 async fn release_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
     let one = async |window: &[String]| {
-        let due = window.iter().map(|id| (id.clone(), 1)).collect();
-        let findings = ledger
-            .claim_release(due, vec![None; window.len()], None)
-            .await?;
+        let asks = window.iter().map(|id| ClaimAsk::of(id.clone(), 1));
+        let findings = ledger.claim_release(asks.collect(), None).await?;
         if let Some(other) = findings.iter().find(|f| **f != Finding::Claimed) {
             bail!("a due task was not claimed: {other:?}");
         }

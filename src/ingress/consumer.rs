@@ -1,147 +1,31 @@
-//! An ingress at work: the consumer that takes delayed messages in through
-//! the scheduler, acknowledging each once its task is committed, and
-//! refusing what cannot be a task with the reason.
+//! What both intakes (an ingress, the retry intake) share: consuming a
+//! queue in windows, each message settled as the intake says, and the
+//! copy of a refused message to a refused queue with the reason.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, join_all};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::warn;
 
-use super::intake::{Refusal, Taken, take};
-use super::settings::Ingress;
 use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
-use crate::cascade::Cascade;
 use crate::clock::Reading;
 use crate::message;
 use crate::message::Message;
-use crate::metrics::{IngressLabel, Metrics};
-use crate::scheduler::{Broker, Idempotency, Scheduler, SubmitError};
+use crate::scheduler::Broker;
 
 /// Messages taken in one window: the ledger commits them in groups.
-const INGRESS_WINDOW: u16 = 256;
+const WINDOW: u16 = 256;
 /// Windows out at once, as the release stage.
-const INGRESS_WINDOWS: u16 = 4;
+const WINDOWS_OUT: u16 = 4;
 /// After a window some of whose messages went back to the queue, the wait
 /// before the next, so that a ledger or broker that is away is not hammered.
-const RETRY_PAUSE: Duration = Duration::from_secs(1);
-
-/// Takes one ingress's messages in until `shutdown`.
-pub struct IngressRunner {
-    pub ingress: Arc<Ingress>,
-    pub cascade: Arc<Cascade>,
-    pub scheduler: Scheduler,
-    pub broker: Arc<dyn Broker>,
-    pub metrics: Arc<Metrics>,
-}
-
-impl IngressRunner {
-    pub async fn run(self, shutdown: CancellationToken) {
-        info!(
-            exchange = self.ingress.exchange,
-            deliver_to = self.ingress.deliver_to,
-            queue = self.ingress.queue,
-            "taking delayed messages in over AMQP"
-        );
-        take_windows(
-            self.broker.as_ref(),
-            self.ingress.queue.clone(),
-            &self.ingress.exchange,
-            shutdown,
-            &self,
-        )
-        .await;
-    }
-
-    /// One message: its task committed, or it refused; else back to the queue.
-    async fn take(&self, message: &Inbound, now: &Reading) -> Settle {
-        let taken = take(
-            &self.ingress,
-            &self.cascade,
-            &message.routing_key,
-            &message.payload,
-            &message.properties,
-            now.wall,
-        );
-        let Taken { task, fingerprint } = match taken {
-            Ok(taken) => taken,
-            Err(refusal) => return self.refuse(message, &refusal).await,
-        };
-        let idempotency = Idempotency {
-            key: None,
-            fingerprint,
-        };
-        match self.scheduler.submit(&task, idempotency, now).await {
-            Ok(submitted) => {
-                let outcome = if submitted.replayed {
-                    "replayed"
-                } else {
-                    "accepted"
-                };
-                self.count(outcome);
-                Settle::Ack
-            }
-            Err(SubmitError::Conflict { .. }) => {
-                self.refuse(message, &Refusal::MessageIdConflict(task.id))
-                    .await
-            }
-            Err(SubmitError::TooLarge(error)) => {
-                self.refuse(message, &Refusal::TooLarge(error.to_string()))
-                    .await
-            }
-            Err(error) => {
-                // Said once per window, by `run`.
-                debug!(ingress = self.ingress.exchange, %error, "cannot take a message in now");
-                Settle::Requeue
-            }
-        }
-    }
-
-    async fn refuse(&self, message: &Inbound, refusal: &Refusal) -> Settle {
-        let refused = refuse_to(
-            self.broker.as_ref(),
-            &self.ingress.refused_queue,
-            message,
-            (refusal.code(), &refusal.to_string()),
-        )
-        .await;
-        if refused == Settle::Ack {
-            warn!(
-                ingress = self.ingress.exchange,
-                queue = self.ingress.refused_queue,
-                message_id = message::message_id(&message.properties),
-                routing_key = message.routing_key,
-                code = refusal.code(),
-                reason = %refusal,
-                "refused a delayed message"
-            );
-            self.count(refusal.code());
-        }
-        refused
-    }
-
-    fn count(&self, outcome: &'static str) {
-        self.metrics
-            .ingress_messages
-            .get_or_create(&IngressLabel {
-                ingress: self.ingress.exchange.clone(),
-                outcome,
-            })
-            .inc();
-    }
-}
+const AWAY_PAUSE: Duration = Duration::from_secs(1);
 
 /// What an intake does with each message it consumes.
 pub(super) trait TakeOne: Sync {
     fn take_one<'a>(&'a self, message: &'a Inbound, now: &'a Reading) -> BoxFuture<'a, Settle>;
-}
-
-impl TakeOne for IngressRunner {
-    fn take_one<'a>(&'a self, message: &'a Inbound, now: &'a Reading) -> BoxFuture<'a, Settle> {
-        Box::pin(self.take(message, now))
-    }
 }
 
 /// Takes `queue`'s messages in windows until `shutdown`, each settled as
@@ -156,13 +40,13 @@ pub(super) async fn take_windows(
     intake: &dyn TakeOne,
 ) {
     let limits = ConsumeLimits {
-        window: INGRESS_WINDOW,
-        windows: INGRESS_WINDOWS,
+        window: WINDOW,
+        windows: WINDOWS_OUT,
     };
     let windows = broker.consume(queue, limits, shutdown.clone());
     windows
         .into_stream()
-        .for_each_concurrent(usize::from(INGRESS_WINDOWS), |window| {
+        .for_each_concurrent(usize::from(WINDOWS_OUT), |window| {
             let shutdown = shutdown.clone();
             async move {
                 let now = crate::clock::read();
@@ -179,7 +63,7 @@ pub(super) async fn take_windows(
                     );
                     tokio::select! {
                         () = shutdown.cancelled() => {}
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                        () = tokio::time::sleep(AWAY_PAUSE) => {}
                     }
                 }
             }

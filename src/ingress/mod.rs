@@ -16,26 +16,32 @@
 //!
 //! Retries are an intake too: a consumer's queue dead-letters to the retry
 //! exchange ([`retry`]: the policies, their broker objects and verdicts,
-//! pure); [`retrying`] takes each message in and schedules it back to the
+//! pure); [`retry_runner`] takes each message in and schedules it back to the
 //! queue it died in after the policy's backoff (a task, by the default
 //! exchange), or parks it in the ledger after its last attempt; [`parked`]
 //! replays or discards parked messages; [`wiring`] judges whether a
 //! queue is wired to the retry exchange (pure). The message's side (where it died,
 //! its attempt, what comes back) is `message`'s `retry`.
+//!
+//! The files pair by intake: [`intake`] judges a delayed message (pure) and
+//! [`intake_runner`] consumes them; [`retry`] judges a dead-lettered one
+//! (pure) and [`retry_runner`] consumes them; [`consumer`] is what both
+//! runners share (windows, the refused copy).
 
+mod consumer;
 mod intake;
+mod intake_runner;
 mod names;
 pub use names::retry_destination;
 mod parked;
 mod retry;
-mod retrying;
+mod retry_runner;
 mod settings;
 pub mod wiring;
 pub(crate) use settings::IngressError;
 pub use settings::{Ingress, IngressSettings, plan_with};
-mod consumer;
 
-pub(crate) use consumer::IngressRunner;
+pub(crate) use intake_runner::IngressRunner;
 pub(crate) use parked::{PARKED_PAGE, Parked, ParkedAction, ParkedError, Unparked};
-pub use retry::{Retries, RetryError, RetryPolicy, RetrySettings};
-pub(crate) use retrying::RetryRunner;
+pub use retry::{Retries, RetryError, RetryPolicy, RetryRefusal, RetrySettings};
+pub(crate) use retry_runner::RetryRunner;

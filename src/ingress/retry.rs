@@ -111,6 +111,35 @@ pub enum Verdict {
     Park { attempts: u32 },
 }
 
+/// Why the retry intake refuses a dead-lettered message; it goes to the
+/// retry refused queue with [`RetryRefusal::code`] and the reason in
+/// headers, as an ingress's refusal does.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RetryRefusal {
+    #[error(
+        "it was not dead-lettered (no x-death header): publish to a queue that dead-letters \
+         to the retry exchange, not to the exchange itself"
+    )]
+    NotDeadLettered,
+    #[error("no [[retry]] policy covers queue {0:?}")]
+    NoPolicy(String),
+    /// Its retry cannot be a task (too large, or too long a wait): the
+    /// intake's refusal, by its code.
+    #[error("{reason}")]
+    Task { code: &'static str, reason: String },
+}
+
+impl RetryRefusal {
+    /// Stable, for the refused message's header and the metric's label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RetryRefusal::NotDeadLettered => "not_dead_lettered",
+            RetryRefusal::NoPolicy(_) => "no_retry_policy",
+            RetryRefusal::Task { code, .. } => code,
+        }
+    }
+}
+
 impl RetrySettings {
     fn validate(self, cascade: &Cascade) -> Result<RetryPolicy, RetryError> {
         let refuse = |setting: &'static str, reason: String| RetryError {
@@ -448,5 +477,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_retry_refusal_says_its_stable_code_and_what_to_do() {
+        assert_eq!(RetryRefusal::NotDeadLettered.code(), "not_dead_lettered");
+        assert!(
+            RetryRefusal::NotDeadLettered
+                .to_string()
+                .contains("dead-letters to the retry exchange")
+        );
+        let no_policy = RetryRefusal::NoPolicy("orders".into());
+        assert_eq!(no_policy.code(), "no_retry_policy");
+        assert!(no_policy.to_string().contains("\"orders\""));
+        let too_large = RetryRefusal::Task {
+            code: "too_large",
+            reason: "over 128 KiB".into(),
+        };
+        assert_eq!(
+            (too_large.code(), too_large.to_string().as_str()),
+            ("too_large", "over 128 KiB")
+        );
     }
 }

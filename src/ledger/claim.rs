@@ -37,6 +37,32 @@ pub struct HeldFor {
     pub destination: String,
 }
 
+/// One due message a claim asks about, as one record: the task and the
+/// revision its message carries, the release limit it waits for if it is
+/// claimed and the limits do not let it go, and, for a message that
+/// reached the stage well before its time, the moment (epoch ms) the staged
+/// release lets it go. Kept together so that nothing pairs one message's
+/// limit or moment with another message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimAsk {
+    pub id: String,
+    pub revision: u64,
+    pub held_for: Option<HeldFor>,
+    pub stage_until: Option<u64>,
+}
+
+impl ClaimAsk {
+    /// A plain claim: no limit holds it, and it is not staged.
+    pub fn of(id: String, revision: u64) -> ClaimAsk {
+        ClaimAsk {
+            id,
+            revision,
+            held_for: None,
+            stage_until: None,
+        }
+    }
+}
+
 /// The states one statement of a claim takes tasks from, in order.
 struct ClaimFrom {
     states: &'static str,
@@ -65,17 +91,17 @@ const CLAIM_FROM: [ClaimFrom; 3] = [
     },
 ];
 
-/// Takes each `(id, revision)` due at the release stage: a task that is
-/// neither cancelled nor delivered, in the message's revision, becomes
-/// `releasing` (from `pending` first, to count those). The findings follow
-/// the order of `due`; also returns how many were pending.
+/// Takes each task asked about, in the revision its message carries: a
+/// task that is neither cancelled nor delivered becomes `releasing` (from
+/// `pending` first, to count those). The findings answer the asks in their
+/// order; also returns how many were pending.
 pub(super) async fn claim(
     tx: &mut Tx<'_>,
-    due: &[(String, u64)],
+    asks: &[ClaimAsk],
 ) -> Result<(Vec<Finding>, u64), LedgerError> {
-    let pairs: Vec<(&str, i64)> = due
+    let pairs: Vec<(&str, i64)> = asks
         .iter()
-        .map(|(id, revision)| (id.as_str(), db_ms(*revision)))
+        .map(|ask| (ask.id.as_str(), db_ms(ask.revision)))
         .collect();
     // By id and revision: a window may hold a late copy of a task's old
     // revision beside its new one, and only the new one is claimed.
@@ -134,7 +160,7 @@ pub(super) async fn claim(
     Ok((findings, were_pending))
 }
 
-/// The claimed tasks of `due` that `held_by` names a release limit for wait
+/// The claimed tasks asked about with a release limit (`held_for`) wait
 /// for it instead (`waiting`, found [`Finding::Waiting`]), in the claim's
 /// own transaction: one commit for both, and no moment at which such a task
 /// is `releasing` unheld. With `limits` (what the release stage knows of
@@ -143,16 +169,15 @@ pub(super) async fn claim(
 /// destination's tasks do not make the second trip through the ledger.
 pub(super) async fn hold_claimed(
     tx: &mut Tx<'_>,
-    due: &[(String, u64)],
-    held_by: &[Option<HeldFor>],
+    asks: &[ClaimAsk],
     findings: &mut [Finding],
     limits: Option<&PassInput>,
 ) -> Result<(), LedgerError> {
-    let candidates: Vec<(usize, &str)> = held_by
+    let candidates: Vec<(usize, &str)> = asks
         .iter()
         .zip(findings.iter())
         .enumerate()
-        .filter_map(|(i, (held_for, finding))| match (held_for, finding) {
+        .filter_map(|(i, (ask, finding))| match (&ask.held_for, finding) {
             (Some(held_for), Finding::Claimed) => Some((i, held_for.destination.as_str())),
             _ => None,
         })
@@ -166,10 +191,10 @@ pub(super) async fn hold_claimed(
     };
     let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for &(i, _) in candidates.iter().filter(|(i, _)| !straight.contains(i)) {
-        if let Some(held_for) = &held_by[i] {
+        if let Some(held_for) = &asks[i].held_for {
             held.entry(held_for.limit.as_str())
                 .or_default()
-                .push(due[i].0.as_str());
+                .push(asks[i].id.as_str());
             findings[i] = Finding::Waiting;
         }
     }
@@ -196,22 +221,22 @@ pub struct UnstageInput {
     pub most: u32,
 }
 
-/// The claimed tasks of `due` staged instead, each until its moment in
-/// `until` (same order), found [`Finding::Staged`]; one whose whole payload
-/// the ledger does not hold stays claimed (the release stage holds it).
+/// The claimed tasks asked about with a moment (`stage_until`) are staged
+/// instead, each until its moment, found [`Finding::Staged`]; one whose
+/// whole payload the ledger does not hold stays claimed (the release stage
+/// holds it).
 pub(super) async fn stage_claimed(
     tx: &mut Tx<'_>,
-    due: &[(String, u64)],
-    until: &[u64],
+    asks: &[ClaimAsk],
     findings: &mut [Finding],
 ) -> Result<(), LedgerError> {
     let staged_by = crate::clock::source();
     let mut claimed: Vec<usize> = Vec::new();
     let mut staged: Vec<(&str, i64)> = Vec::new();
-    for (i, (((id, _), at_ms), finding)) in due.iter().zip(until).zip(findings.iter()).enumerate() {
-        if *finding == Finding::Claimed {
+    for (i, (ask, finding)) in asks.iter().zip(findings.iter()).enumerate() {
+        if let (Some(at_ms), Finding::Claimed) = (ask.stage_until, finding) {
             claimed.push(i);
-            staged.push((id.as_str(), db_ms(*at_ms)));
+            staged.push((ask.id.as_str(), db_ms(at_ms)));
         }
     }
     if staged.is_empty() {

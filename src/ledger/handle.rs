@@ -12,7 +12,7 @@ use super::admit::Admission;
 use super::checkpoint;
 use super::error::{LedgerError, QueryContext};
 use super::holders;
-use super::pool::{Pool, migrate, open_pool, open_sqlite_writer};
+use super::pool::{Pool, migrate, open_pool, open_sqlite_writer, warn_without_autovacuum};
 use super::record::{Entry, Lease, Retry, Row};
 use super::settings::{Location, StoreSettings};
 use super::sql;
@@ -67,6 +67,7 @@ pub async fn open(
     let holder = holders::draw();
     let closing = CancellationToken::new();
     if let Pool::Postgres(pool) = &pool {
+        warn_without_autovacuum(pool).await;
         let held = holders::hold(pool, holder, crate::clock::now_ms()).await?;
         let keep = holders::keep(pool.clone(), holder, Some(held), closing.clone());
         tokio::spawn(keep);

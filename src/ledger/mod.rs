@@ -75,7 +75,7 @@ mod writer;
 
 pub use admit::Admission;
 pub(crate) use change::{Cancel, ChangeKey, Move, Reschedule};
-pub use claim::{Finding, HeldFor, UnstageInput};
+pub use claim::{ClaimAsk, Finding, HeldFor, UnstageInput};
 pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;

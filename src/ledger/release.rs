@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::claim::{Finding, HeldFor};
+use super::claim::{ClaimAsk, Finding};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::pass::PassInput;
@@ -15,23 +15,20 @@ use super::sql;
 use crate::task::TaskState;
 
 impl Ledger {
-    /// Takes each `(id, revision)` due at the release stage: a task that
-    /// is neither cancelled nor delivered, in the revision its message
-    /// carries, becomes `releasing`, or, when `held_by` names a release
-    /// limit for it, `waiting` for that limit ([`Finding::Waiting`]) unless
+    /// Takes each task asked about at the release stage: a task that is
+    /// neither cancelled nor delivered, in the revision its message
+    /// carries, becomes `releasing`, or, when its ask names a release
+    /// limit, `waiting` for that limit ([`Finding::Waiting`]) unless
     /// `limits` are given and let it go now (see `claim::hold_claimed`).
     /// Group-committed with the request path's writes (several windows of
     /// due tasks, and the deliveries of earlier ones, share one commit).
-    /// The findings follow the order of `due`; `held_by` follows it too.
+    /// The findings answer the asks in their order.
     pub async fn claim_release(
         &self,
-        due: Vec<(String, u64)>,
-        held_by: Vec<Option<HeldFor>>,
+        asks: Vec<ClaimAsk>,
         limits: Option<PassInput>,
     ) -> Result<Vec<Finding>, LedgerError> {
-        self.writes
-            .claim(due, held_by, None, limits.map(Box::new))
-            .await
+        self.writes.claim(asks, limits.map(Box::new)).await
     }
 
     /// For each task whose older copies must not be delivered, the lowest

@@ -17,7 +17,7 @@
 //! that runs out stages them again), publishes each at its moment, and marks
 //! them delivered.
 
-use super::claim::{Finding, UnstageInput};
+use super::claim::{ClaimAsk, Finding, UnstageInput};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::pass::ms;
@@ -25,16 +25,14 @@ use super::record::{StoredTask, db_ms, decode_all};
 use super::sql::{self, statement_sized_chunks};
 
 impl Ledger {
-    /// Claims each `(id, revision)` that reached the release stage well
-    /// before its time and stages it until its moment in `until` (same
-    /// order): [`Finding::Staged`], or what the claim found instead.
-    pub async fn stage(
-        &self,
-        due: Vec<(String, u64)>,
-        until: Vec<u64>,
-    ) -> Result<Vec<Finding>, LedgerError> {
-        let held_by = vec![None; due.len()];
-        self.writes.claim(due, held_by, Some(until), None).await
+    /// Claims each task asked about that reached the release stage well
+    /// before its time and stages it until the moment its ask names
+    /// (`stage_until`): [`Finding::Staged`], or what the claim found
+    /// instead, in the asks' order. A staged task meets the release limits
+    /// at its moment, not now: its ask names none.
+    pub async fn stage(&self, asks: Vec<ClaimAsk>) -> Result<Vec<Finding>, LedgerError> {
+        debug_assert!(asks.iter().all(|ask| ask.held_for.is_none()));
+        self.writes.claim(asks, None).await
     }
 
     /// Staged tasks whose moment is by `input.by_ms`, taken for release

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use super::admit::{Admission, Judged, admit};
-use super::claim::{Finding, HeldFor, UnstageInput, claim, hold_claimed, stage_claimed};
+use super::claim::{ClaimAsk, Finding, UnstageInput, claim, hold_claimed, stage_claimed};
 use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
 use super::plan::{PageFound, PlanWrite, plan_in};
@@ -73,13 +73,11 @@ enum Write {
         at_ms: u64,
         reply: Reply<()>,
     },
-    /// Due tasks claimed; those claimed whose `held_by` names a limit
-    /// wait for it instead, in the same transaction, and with
-    /// `staged_until`, every one claimed is staged until its moment.
+    /// Due tasks claimed; those claimed that name a limit wait for it
+    /// instead, in the same transaction, and those that name a moment
+    /// are staged until it.
     Claim {
-        due: Due,
-        held_by: HeldBy,
-        staged_until: StagedUntil,
+        asks: Vec<ClaimAsk>,
         limits: Limits,
         reply: Reply<Vec<Finding>>,
     },
@@ -215,15 +213,11 @@ impl Handle {
 
     pub async fn claim(
         &self,
-        due: Due,
-        held_by: HeldBy,
-        staged_until: StagedUntil,
+        asks: Vec<ClaimAsk>,
         limits: Limits,
     ) -> Result<Vec<Finding>, LedgerError> {
         self.send(|reply| Write::Claim {
-            due,
-            held_by,
-            staged_until,
+            asks,
             limits,
             reply,
         })
@@ -257,19 +251,11 @@ struct Group {
     plans: Vec<(Box<PlanWrite>, Reply<PageFound>)>,
 }
 
-/// Tasks due at the release stage, each with the revision its message carries.
-type Due = Vec<(String, u64)>;
-/// Per due task (in the same order), the release limit it waits for if it
-/// is claimed and the limits do not let it go, if any.
-type HeldBy = Vec<Option<HeldFor>>;
 /// What the release stage knows of the limits, for a claim that may let
 /// its held tasks go at once.
 type Limits = Option<Box<PassInput>>;
-/// For a claim of tasks to stage: per due task (in the same order), the
-/// moment (epoch ms) the staged release lets it go.
-type StagedUntil = Option<Vec<u64>>;
 /// A claim as a group holds it, with its caller's reply channel.
-type ClaimAsked = (Due, HeldBy, StagedUntil, Limits, Reply<Vec<Finding>>);
+type ClaimAsked = (Vec<ClaimAsk>, Limits, Reply<Vec<Finding>>);
 
 /// What a committed group decided: for each admission, and for each claim.
 #[derive(Default)]
@@ -310,14 +296,10 @@ impl Group {
                 } => group.failed.push((id, revision, reason, reply)),
                 Write::Delivered { ids, at_ms, reply } => group.delivered.push((ids, at_ms, reply)),
                 Write::Claim {
-                    due,
-                    held_by,
-                    staged_until,
+                    asks,
                     limits,
                     reply,
-                } => group
-                    .claims
-                    .push((due, held_by, staged_until, limits, reply)),
+                } => group.claims.push((asks, limits, reply)),
                 Write::Pass { input, reply } => group.passes.push((input, reply)),
                 Write::Unstage { input, reply } => group.unstages.push((input, reply)),
                 Write::Plan { page, reply } => group.plans.push((page, reply)),
@@ -470,12 +452,10 @@ impl Writer {
         }
         let mut claims = Vec::with_capacity(group.claims.len());
         let mut claimed_pending = 0;
-        for (due, held_by, staged_until, limits, _) in &group.claims {
-            let (mut findings, were_pending) = claim(&mut tx, due).await?;
-            hold_claimed(&mut tx, due, held_by, &mut findings, limits.as_deref()).await?;
-            if let Some(until) = staged_until {
-                stage_claimed(&mut tx, due, until, &mut findings).await?;
-            }
+        for (asks, limits, _) in &group.claims {
+            let (mut findings, were_pending) = claim(&mut tx, asks).await?;
+            hold_claimed(&mut tx, asks, &mut findings, limits.as_deref()).await?;
+            stage_claimed(&mut tx, asks, &mut findings).await?;
             claims.push(findings);
             claimed_pending += were_pending;
         }
@@ -557,7 +537,7 @@ mod tests {
 
     use super::*;
     use crate::cascade::CascadeSettings;
-    use crate::ledger::StoreSettings;
+    use crate::ledger::{HeldFor, StoreSettings};
     use crate::task::{Task, TaskState};
 
     /// A SQLite ledger with the release stage, in a folder of its own
@@ -683,11 +663,17 @@ mod tests {
             ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let revision = u64::try_from(rows[0].revision).unwrap();
-        let due: Vec<(String, u64)> = rows.iter().map(|r| (r.id.clone(), revision)).collect();
-        let until = vec![5_000, 3_000, 4_000];
-        let findings = ledger.stage(due.clone(), until).await.unwrap();
+        let asks: Vec<ClaimAsk> = rows
+            .iter()
+            .zip([5_000, 3_000, 4_000])
+            .map(|(r, until)| ClaimAsk {
+                stage_until: Some(until),
+                ..ClaimAsk::of(r.id.clone(), revision)
+            })
+            .collect();
+        let findings = ledger.stage(asks.clone()).await.unwrap();
         assert_eq!(findings, vec![Finding::Staged; 3]);
-        let again = ledger.stage(due[..1].to_vec(), vec![5_000]).await.unwrap();
+        let again = ledger.stage(asks[..1].to_vec()).await.unwrap();
         assert_eq!(
             again,
             vec![Finding::Found {
@@ -796,14 +782,16 @@ mod tests {
             ledger.writes.admit(row.clone(), None).await.unwrap();
         }
         let revision = u64::try_from(rows[0].revision).unwrap();
-        let due = vec![
-            (rows[0].id.clone(), revision),
-            (rows[1].id.clone(), revision),
-            (rows[2].id.clone(), revision + 1),
+        let paced = |id: &str, revision| ClaimAsk {
+            held_for: Some(held_for("pace")),
+            ..ClaimAsk::of(id.to_owned(), revision)
+        };
+        let asks = vec![
+            ClaimAsk::of(rows[0].id.clone(), revision),
+            paced(&rows[1].id, revision),
+            paced(&rows[2].id, revision + 1),
         ];
-        let pace = Some(held_for("pace"));
-        let held_by = vec![None, pace.clone(), pace];
-        let findings = ledger.claim_release(due, held_by, None).await.unwrap();
+        let findings = ledger.claim_release(asks, None).await.unwrap();
         assert_eq!(findings[..2], [Finding::Claimed, Finding::Waiting]);
         assert!(matches!(findings[2], Finding::Found { .. }));
         let stored = async |i: usize| ledger.get(&rows[i].id).await.unwrap().unwrap();
@@ -868,10 +856,15 @@ mod tests {
             most: usize::MAX,
         };
         let claim = async |rows: &[Row], now_ms| {
-            let due = rows.iter().map(|r| (r.id.clone(), 1)).collect();
-            let held_by = vec![Some(held_for("pace")); rows.len()];
+            let asks = rows
+                .iter()
+                .map(|r| ClaimAsk {
+                    held_for: Some(held_for("pace")),
+                    ..ClaimAsk::of(r.id.clone(), 1)
+                })
+                .collect();
             ledger
-                .claim_release(due, held_by, Some(input(now_ms)))
+                .claim_release(asks, Some(input(now_ms)))
                 .await
                 .unwrap()
         };
@@ -931,10 +924,8 @@ mod tests {
             vec![(moved[1].id.clone(), 2), (moved[1].id.clone(), 1)],
         ];
         for due in windows {
-            let findings = ledger
-                .claim_release(due.clone(), vec![None, None], None)
-                .await
-                .unwrap();
+            let asks = due.iter().cloned().map(|(id, r)| ClaimAsk::of(id, r));
+            let findings = ledger.claim_release(asks.collect(), None).await.unwrap();
             for ((_, revision), finding) in due.iter().zip(&findings) {
                 // The release stage drops a message found in a newer revision.
                 let expected = if *revision == 2 {
@@ -1044,9 +1035,9 @@ mod tests {
         assert_eq!(recount.iter().map(|(.., n)| n).sum::<i64>(), 6);
         assert_eq!(counts, recount, "after quarantines");
 
-        let due = [0, 1, 2, 6].map(|i| (id(i), 1)).to_vec();
-        let held_by = vec![None, None, Some(held_for("pace")), None];
-        let findings = ledger.claim_release(due, held_by, None).await.unwrap();
+        let mut asks = [0, 1, 2, 6].map(|i| ClaimAsk::of(id(i), 1)).to_vec();
+        asks[2].held_for = Some(held_for("pace"));
+        let findings = ledger.claim_release(asks, None).await.unwrap();
         assert_eq!(
             findings,
             [

@@ -52,7 +52,7 @@ use super::strands::ShardStrands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
-use crate::ledger::{Finding, HeldFor, Ledger, StoredTask};
+use crate::ledger::{ClaimAsk, Finding, HeldFor, Ledger, StoredTask};
 use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -161,33 +161,74 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
     }
 }
 
-/// The verdict on each message of a window: `identities` as the messages
-/// carry them, whether each entered the release (a copy of a task being
-/// released already waits), and the ledger's findings for those that
-/// entered, in order. A second copy of one task in the window is a duplicate.
-fn window_verdicts(
-    identities: &[Option<(String, u64)>],
-    entered: &[bool],
-    findings: Vec<Finding>,
-) -> Vec<Verdict> {
+/// A due message as the release judges it: the task and revision it
+/// carries (`None`: not a task's), whether this group entered it in flight
+/// (a copy of a task this replica is releasing now waits), and the verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Judged {
+    identity: Option<(String, u64)>,
+    entered: bool,
+    verdict: Verdict,
+}
+
+impl Judged {
+    fn new(identity: Option<(String, u64)>, entered: bool) -> Judged {
+        Judged {
+            identity,
+            entered,
+            verdict: Verdict::Forward,
+        }
+    }
+
+    /// The task the ledger is asked about: a task's message this group
+    /// entered in flight.
+    fn asked(&self) -> Option<&(String, u64)> {
+        self.identity.as_ref().filter(|_| self.entered)
+    }
+}
+
+/// Each message's verdict, by the ledger's findings for those it was asked
+/// about ([`Judged::asked`], in the same order). A second copy of one task
+/// in the group is a duplicate.
+fn judge_all<'a>(messages: impl Iterator<Item = &'a mut Judged>, findings: Vec<Finding>) {
     let mut findings = findings.into_iter();
     let mut seen = HashSet::new();
-    identities
-        .iter()
-        .zip(entered)
-        .map(|(identity, new)| match identity {
-            None => Verdict::Forward,
-            Some(_) if !new => Verdict::Wait,
-            Some((id, revision)) => {
+    for judged in messages {
+        judged.verdict = match (judged.asked(), &judged.identity) {
+            (None, None) => Verdict::Forward,
+            (None, Some(_)) => Verdict::Wait,
+            (Some((id, revision)), _) => {
                 let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
-                if verdict == Verdict::Deliver && !seen.insert(id.as_str()) {
+                if verdict == Verdict::Deliver && !seen.insert(id.clone()) {
                     Verdict::DropDuplicate
                 } else {
                     verdict
                 }
             }
+        };
+    }
+}
+
+/// One due message of a group through its release, as one record: how it
+/// is judged, the release limit that holds its destination now, and what
+/// its publish did (and when its confirm came). Kept together so that no
+/// filter can pair one message's verdict, limit or publish with another's.
+struct DueMessage<'a> {
+    due: Due<'a>,
+    judged: Judged,
+    held_for: Option<HeldFor>,
+    published: Option<(Result<Released, PublishError>, u64)>,
+}
+
+impl DueMessage<'_> {
+    /// What the ledger's claim is asked about it, if anything.
+    fn ask(&self) -> Option<ClaimAsk> {
+        let (id, revision) = self.judged.asked()?.clone();
+        Some(ClaimAsk {
+            held_for: self.held_for.clone(),
+            ..ClaimAsk::of(id, revision)
         })
-        .collect()
+    }
 }
 
 #[derive(Clone)]
@@ -590,18 +631,22 @@ impl Releaser {
             .collect();
         let entered = self.in_flight.enter(&identities);
         let now = clock::read();
-        let mut asked = Vec::new();
-        let (mut due, mut until) = (Vec::new(), Vec::new());
+        // Each message asked about with its place in the window: one record.
+        let mut asked: Vec<(usize, ClaimAsk)> = Vec::new();
         for ((&i, identity), new) in early.iter().zip(&identities).zip(entered.entered()) {
-            if let (Some(identity), true) = (identity, new) {
+            if let (Some((id, revision)), true) = (identity, new) {
                 let ahead_ms = targets[i].saturating_sub(now.mono_us).div_ceil(1000);
                 let deliver_at_ms = message::deliver_at_ms(&messages[i].properties).unwrap_or(0);
-                asked.push(i);
-                due.push(identity.clone());
-                until.push(deliver_at_ms.max(now.wall_ms.saturating_add(ahead_ms + 1)));
+                let until = deliver_at_ms.max(now.wall_ms.saturating_add(ahead_ms + 1));
+                let ask = ClaimAsk {
+                    stage_until: Some(until),
+                    ..ClaimAsk::of(id.clone(), *revision)
+                };
+                asked.push((i, ask));
             }
         }
-        let findings = match self.ledger.stage(due.clone(), until).await {
+        let asks = asked.iter().map(|(_, ask)| ask.clone()).collect();
+        let findings = match self.ledger.stage(asks).await {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot stage early tasks in the ledger; they are held instead");
@@ -609,8 +654,8 @@ impl Releaser {
             }
         };
         let mut staged = 0;
-        for ((&i, (_, revision)), finding) in asked.iter().zip(&due).zip(findings) {
-            let verdict = judge(finding, *revision);
+        for ((i, ask), finding) in asked.into_iter().zip(findings) {
+            let verdict = judge(finding, ask.revision);
             if verdict == Verdict::Staged {
                 staged += 1;
                 settles[i] = Some(Settle::Ack);
@@ -664,37 +709,43 @@ impl Releaser {
             .map(|d| message::identity(&d.message.properties))
             .collect();
         let entered = self.in_flight.enter(&identities);
+        let mut group: Vec<DueMessage<'_>> = due
+            .into_iter()
+            .zip(identities)
+            .zip(entered.entered())
+            .map(|((due, identity), &entered)| DueMessage {
+                held_for: self.held_for(&due),
+                due,
+                judged: Judged::new(identity, entered),
+                published: None,
+            })
+            .collect();
         // A claimed task a release limit holds waits for it, in the
         // claim's own commit, unless the limits let it go now: only a group
         // already due, for a token taken ahead of its task's time would let
         // more than the burst go at once.
-        let held_for: Vec<Option<HeldFor>> = due.iter().map(|d| self.held_for(d)).collect();
-        let limited: Vec<bool> = held_for.iter().map(Option::is_some).collect();
-        let overdue = due.last().is_some_and(|d| d.at_us <= clock::mono_us());
-        let limits =
-            (overdue && limited.contains(&true)).then(|| self.limits.pass_input(clock::now_ms()));
-        let (claimed, held_for): (Vec<(String, u64)>, Vec<Option<HeldFor>>) = identities
-            .iter()
-            .zip(entered.entered())
-            .zip(held_for)
-            .filter(|((_, new), _)| **new)
-            .filter_map(|((identity, _), held_for)| Some((identity.clone()?, held_for)))
-            .unzip();
-        let findings = match self.ledger.claim_release(claimed, held_for, limits).await {
+        let overdue = group
+            .last()
+            .is_some_and(|m| m.due.at_us <= clock::mono_us());
+        let limited = group.iter().any(|m| m.held_for.is_some());
+        let limits = (overdue && limited).then(|| self.limits.pass_input(clock::now_ms()));
+        let asks = group.iter().filter_map(DueMessage::ask).collect();
+        let findings = match self.ledger.claim_release(asks, limits).await {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot look due tasks up in the ledger; they are released later");
-                return vec![Settle::Requeue; due.len()];
+                return vec![Settle::Requeue; group.len()];
             }
         };
-        let verdicts = window_verdicts(&identities, entered.entered(), findings);
-        self.tell_limits(&due, &limited, &verdicts);
-        let published = join_all(due.iter().zip(&verdicts).map(|(d, verdict)| {
-            let publish = matches!(verdict, Verdict::Deliver | Verdict::Forward);
-            self.publish_at(d, publish, held, shutdown)
+        judge_all(group.iter_mut().map(|m| &mut m.judged), findings);
+        self.tell_limits(&group);
+        let group = join_all(group.into_iter().map(|mut m| async move {
+            let publish = matches!(m.judged.verdict, Verdict::Deliver | Verdict::Forward);
+            m.published = self.publish_at(&m.due, publish, held, shutdown).await;
+            m
         }))
         .await;
-        self.record(&due, &identities, &verdicts, published).await
+        self.record(group).await
     }
 
     /// The release limit that holds `due`'s destination now, if any.
@@ -709,13 +760,15 @@ impl Releaser {
     /// What the claim decided, told to the limits: the limiter looks at
     /// once at a destination whose tasks now wait; a task its limits let
     /// go at once counts as released by them.
-    fn tell_limits(&self, due: &[Due<'_>], limited: &[bool], verdicts: &[Verdict]) {
+    fn tell_limits(&self, group: &[DueMessage<'_>]) {
         let mut straight = Vec::new();
-        for ((d, limited), verdict) in due.iter().zip(limited).zip(verdicts) {
-            let destination = destination_of(&d.message.routing_key, self.cascade.levels());
-            match (verdict, destination) {
-                (Verdict::Held, Some(destination)) => self.limits.now_waiting(destination),
-                (Verdict::Deliver, Some(destination)) if *limited => straight.push(destination),
+        for message in group {
+            let Some(held_for) = &message.held_for else {
+                continue;
+            };
+            match message.judged.verdict {
+                Verdict::Held => self.limits.now_waiting(&held_for.destination),
+                Verdict::Deliver => straight.push(held_for.destination.as_str()),
                 _ => {}
             }
         }
@@ -748,18 +801,17 @@ impl Releaser {
 
     /// How to settle each message of a group, by its verdict and what its
     /// publish did; the delivered ones are marked so in the ledger first.
-    async fn record(
-        &self,
-        due: &[Due<'_>],
-        identities: &[Option<(String, u64)>],
-        verdicts: &[Verdict],
-        published: Vec<Option<(Result<Released, PublishError>, u64)>>,
-    ) -> Vec<Settle> {
+    async fn record(&self, group: Vec<DueMessage<'_>>) -> Vec<Settle> {
         let mut delivered: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        let mut settles = Vec::with_capacity(due.len());
-        let outcomes = due.iter().zip(identities).zip(verdicts).zip(published);
-        for (((due, identity), verdict), outcome) in outcomes {
-            let message = due.message;
+        let mut settles = Vec::with_capacity(group.len());
+        for DueMessage {
+            due,
+            judged,
+            published,
+            ..
+        } in group
+        {
+            let (message, verdict) = (due.message, &judged.verdict);
             if *verdict == Verdict::Held {
                 settles.push(Settle::Ack);
                 continue;
@@ -773,15 +825,15 @@ impl Releaser {
                 settles.push(Settle::Ack);
                 continue;
             }
-            match outcome {
+            match published {
                 // Its notice marks it unroutable; not delivered.
                 Some((Ok(Released::Unroutable), _)) => settles.push(Settle::Ack),
                 Some((Ok(Released::Delivered), at_ms)) => {
                     self.observe_delivery(message, *verdict, at_ms);
                     if *verdict == Verdict::Deliver
-                        && let Some((id, _)) = identity
+                        && let Some((id, _)) = judged.identity
                     {
-                        delivered.entry(at_ms).or_default().push(id.clone());
+                        delivered.entry(at_ms).or_default().push(id);
                     }
                     settles.push(Settle::Ack);
                 }
@@ -980,17 +1032,19 @@ mod tests {
 
     #[test]
     fn a_window_forwards_the_unknown_waits_for_copies_in_flight_and_drops_repeats() {
-        let identities = vec![
-            None,
-            Some(("a".to_owned(), 1)),
-            Some(("b".to_owned(), 1)),
-            Some(("a".to_owned(), 1)),
-            Some(("c".to_owned(), 2)),
+        let task = |id: &str, revision| Some((id.to_owned(), revision));
+        let mut group = [
+            Judged::new(None, true),
+            Judged::new(task("a", 1), true),
+            Judged::new(task("b", 1), false),
+            Judged::new(task("a", 1), true),
+            Judged::new(task("c", 2), true),
         ];
-        let entered = [true, true, false, true, true];
         let findings = vec![Finding::Claimed, Finding::Claimed, Finding::Absent];
+        judge_all(group.iter_mut(), findings);
+        let verdicts: Vec<Verdict> = group.iter().map(|m| m.verdict).collect();
         assert_eq!(
-            window_verdicts(&identities, &entered, findings),
+            verdicts,
             [
                 Verdict::Forward,
                 Verdict::Deliver,

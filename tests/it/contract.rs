@@ -211,8 +211,18 @@ async fn bodies_with_headers_of_every_kind_match_the_document_strictly() {
     let (_, moved) = app
         .patch(&format!("/v1/tasks/{id}"), &json!({"delay": "90s"}))
         .await;
+    // A leeway, given either way, comes back with its window's start.
+    let spread = json!({"destination": "kinds.l", "delay": "60s", "leeway": "10s"});
+    let (status, spread_accepted) = app.post("/v1/tasks", &spread).await;
+    assert_eq!(status, 202, "{spread_accepted}");
+    assert_eq!(spread_accepted["leeway_ms"], 10_000, "{spread_accepted}");
+    let spread_id = spread_accepted["id"].as_str().unwrap().to_owned();
+    let (_, spread_view) = app.get(&format!("/v1/tasks/{spread_id}")).await;
+    assert!(spread_view["due_at"].is_string(), "{spread_view}");
+    let spread_ms = json!({"destination": "kinds.l", "delay": "60s", "leeway_ms": 250});
     let schedule = json!({"destination": "kinds.s", "every": "1h", "headers": headers,
-                          "payload": {"n": 1}, "timezone": "Europe/Berlin"});
+                          "payload": {"n": 1}, "timezone": "Europe/Berlin",
+                          "leeway_ms": 5000});
     let (status, created) = app.post("/v1/schedules", &schedule).await;
     assert_eq!(status, 201, "{created}");
     let schedule_id = created["id"].as_str().unwrap().to_owned();
@@ -258,6 +268,10 @@ async fn bodies_with_headers_of_every_kind_match_the_document_strictly() {
         ("BatchRequest", batch),
         ("BatchResponse", batch_answer),
         ("TaskView", moved),
+        ("TaskRequest", spread),
+        ("TaskRequest", spread_ms),
+        ("TaskAccepted", spread_accepted),
+        ("TaskView", spread_view),
     ];
     let errors = schema_errors(&document, &instances);
     assert!(errors.is_empty(), "{errors}");

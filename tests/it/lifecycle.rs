@@ -363,6 +363,37 @@ async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
     assert!(first.contains(&chain), "{first}");
 }
 
+/// On PostgreSQL the service says at start when the server runs without
+/// autovacuum (the ledger's dead rows would pile up and slow admission),
+/// and only then: this machine's test server has it off, a production
+/// server on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_server_without_autovacuum_is_named_at_start() {
+    use sqlx::Connection;
+    let settings = with_ledger(test_settings(3, 10, QueueType::Quorum), Backend::Postgres);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let mut server = sqlx::PgConnection::connect(settings.store.url.expose())
+        .await
+        .unwrap();
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(&mut server)
+        .await
+        .unwrap();
+    let port = free_port();
+    let child = serve_command(&settings, port)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
+    let log = stop_and_read_log(child).await;
+    let warned = log.contains("PostgreSQL runs with autovacuum off");
+    assert_eq!(
+        warned,
+        autovacuum == "off",
+        "autovacuum {autovacuum}:\n{log}"
+    );
+}
+
 /// `delayline migrate` on a new ledger says from which schema version to
 /// which, and run again that there was nothing to do; neither run warns,
 /// and on PostgreSQL neither passes on the server's notices (the

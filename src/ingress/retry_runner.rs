@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::consumer::{TakeOne, refuse_to, take_windows};
-use super::intake::retry_task;
-use super::retry::{Retries, RetryPolicy, Verdict};
+use super::intake::{Refusal, retry_task};
+use super::retry::{Retries, RetryPolicy, RetryRefusal, Verdict};
 use crate::broker::{Inbound, Published, Settle};
 use crate::cascade::Cascade;
 use crate::clock::Reading;
@@ -59,17 +59,13 @@ impl RetryRunner {
 
     async fn take(&self, message: &Inbound, now: &Reading) -> Settle {
         let Some(death) = message::last_death(&message.properties) else {
-            let reason = "it was not dead-lettered (no x-death header): publish to a queue that \
-                          dead-letters to the retry exchange, not to the exchange itself";
             return self
-                .refuse(message, "", ("not_dead_lettered", reason))
+                .refuse(message, "", RetryRefusal::NotDeadLettered)
                 .await;
         };
         let Some(policy) = self.retries.policy_for(&death.queue) else {
-            let reason = format!("no [[retry]] policy covers queue {:?}", death.queue);
-            return self
-                .refuse(message, &death.queue, ("no_retry_policy", &reason))
-                .await;
+            let refusal = RetryRefusal::NoPolicy(death.queue.clone());
+            return self.refuse(message, &death.queue, refusal).await;
         };
         let failed = message::attempt(&message.properties);
         match policy.verdict(failed, rand::random::<f64>()) {
@@ -103,10 +99,7 @@ impl RetryRunner {
             now.wall,
         ) {
             Ok(task) => task,
-            Err(refusal) => {
-                let reason = refusal.to_string();
-                return self.refuse(message, queue, (refusal.code(), &reason)).await;
-            }
+            Err(refusal) => return self.refuse(message, queue, refusal.into()).await,
         };
         let idempotency = Idempotency {
             key: None,
@@ -125,8 +118,8 @@ impl RetryRunner {
                 Settle::Ack
             }
             Err(SubmitError::TooLarge(error)) => {
-                let reason = error.to_string();
-                self.refuse(message, queue, ("too_large", &reason)).await
+                let refusal = Refusal::TooLarge(error.to_string());
+                self.refuse(message, queue, refusal.into()).await
             }
             Err(error) => {
                 debug!(queue, %error, "cannot schedule a retry now");
@@ -204,7 +197,8 @@ impl RetryRunner {
         }
     }
 
-    async fn refuse(&self, message: &Inbound, queue: &str, (code, reason): (&str, &str)) -> Settle {
+    async fn refuse(&self, message: &Inbound, queue: &str, refusal: RetryRefusal) -> Settle {
+        let (code, reason) = (refusal.code(), refusal.to_string());
         let queue_label = if self.retries.policy_for(queue).is_some() {
             queue
         } else {
@@ -214,7 +208,7 @@ impl RetryRunner {
             self.broker.as_ref(),
             &self.retries.refused_queue,
             message,
-            (code, reason),
+            (code, &reason),
         )
         .await;
         if settle == Settle::Ack {
@@ -228,5 +222,15 @@ impl RetryRunner {
             self.metrics.retried(queue_label, "refused", 1);
         }
         settle
+    }
+}
+
+/// A retry that cannot be a task is refused with the intake's reason.
+impl From<Refusal> for RetryRefusal {
+    fn from(refusal: Refusal) -> RetryRefusal {
+        RetryRefusal::Task {
+            code: refusal.code(),
+            reason: refusal.to_string(),
+        }
     }
 }
