@@ -5,7 +5,7 @@
 //! times: it is what clients and the ledger speak. A monotonic clock, known
 //! by a name drawn at start-up ([`source`]), measures holds: the release
 //! stage never compares its wall clock with a due time another host wrote
-//! (see [`crate::scheduler::hold`]), because hosts' wall clocks disagree.
+//! (see [`crate::release::hold`]), because hosts' wall clocks disagree.
 //! A stamp carries a reading of this monotonic clock from the replica that
 //! published to the replica that releases, which bounds the offset between
 //! the two from what it sees arrive.

@@ -78,24 +78,28 @@
 //!   a task a lead before its time, a page of schedules at a time, the lead
 //!   following the load by `schedule`'s `lead`);
 //!   gives the tasks of a burst leads through the levels (`burst`, by
-//!   `cascade`'s `spread`);
-//!   runs the release stage, which holds a due task to its millisecond
-//!   (`hold`: when to release, by bounding other replicas' clocks from
-//!   what arrives, pure), stages in the ledger what arrives well before its
-//!   time, and looks every due task up in the ledger before
-//!   it goes to the business exchange (its verdicts per message are pure
-//!   functions); releases staged tasks from the ledger at their moments
-//!   (`staged`); hands a due task a release limit matches to the ledger,
-//!   where it waits, and runs the limiter that releases what waits in due
-//!   order as the limits allow (`limiter`, by `limit_view`, what this
-//!   replica knows of them; the API's side in `limits`); reads the forecast
-//!   and keeps its per-minute counts folded (`forecast`); works bulk
-//!   operations page by page under a lease (`bulk`); keeps a probe out
-//!   through every level and drains a level that stopped dead-lettering
-//!   itself (`strands`; the verdict, pure, is `cascade`'s `strand`, the
-//!   probe's message `message`'s `probe`); answers readiness
-//!   and inspection. It sees the broker
-//!   through the [`scheduler::Broker`] trait (publishing, and consuming a
+//!   `cascade`'s `spread`); reads the forecast and keeps its per-minute
+//!   counts folded (`forecast`); works bulk operations page by page under
+//!   a lease (`bulk`); answers the API's questions on release limits
+//!   (`limits`), readiness and inspection; and says, in one place, which
+//!   background work runs and starts it (`background`), the release
+//!   side's included.
+//! - [`release`]: the release side, from a due message leaving the cascade
+//!   to its destination. The release stage consumes the release queue,
+//!   holds a due task to its millisecond (`hold`: when to release, by
+//!   bounding other replicas' clocks from what arrives, pure), stages in
+//!   the ledger what arrives well before its time, and looks every due
+//!   task up in the ledger before it goes on (`stage`; its verdicts per
+//!   message are pure functions); the staged release lets staged tasks go
+//!   at their moments (`staged`); the limiter releases what waits for a
+//!   release limit in due order as the limits allow (`limiter`, by
+//!   `limit_view`, what this replica knows of them); all three publish
+//!   through one `publisher`; the unroutable watch (`unroutable`); the
+//!   level keepers, a probe through every level and the drain of a level
+//!   that stopped dead-lettering (`strands`; the verdict, pure, is
+//!   `cascade`'s `strand`, the probe's message `message`'s `probe`).
+//!   `side` builds them from the handles they share. It sees the broker
+//!   through the [`release::Broker`] port (publishing, and consuming a
 //!   queue as [`broker::Windows`]), which tests replace.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
 //!   depths into it.
@@ -196,6 +200,7 @@ pub mod message;
 pub(crate) mod metrics;
 pub(crate) mod operations;
 pub(crate) mod probe;
+pub mod release;
 pub(crate) mod remote;
 pub(crate) mod schedule;
 pub mod scheduler;

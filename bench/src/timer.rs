@@ -1,5 +1,5 @@
 //! How late tokio's timer wakes a task that waits for a moment, as the
-//! release stage waits for each held task's time (`scheduler::release`
+//! release stage waits for each held task's time (`release::stage`
 //! sleeps on tokio's timer until its monotonic clock reaches the target).
 //! The timer counts whole milliseconds and rounds a deadline up to the next
 //! one, so a release is late by up to a millisecond before the broker's

@@ -133,7 +133,7 @@ pub struct CascadeSettings {
     /// The granularity delays are honoured to, in milliseconds. Below the
     /// unit, a task is routed by its delay rounded *down* to the unit and
     /// the release stage holds it for what remains (see
-    /// `crate::scheduler::hold`). Unset: 1 with the release stage, the unit
+    /// `crate::release::hold`). Unset: 1 with the release stage, the unit
     /// without it (every delay rounded up to the unit). Not part of the
     /// broker's objects: it takes effect when delayline restarts.
     #[serde(skip_serializing_if = "Option::is_none")]

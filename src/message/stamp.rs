@@ -8,7 +8,7 @@
 //! instead says, in the publishing process's monotonic clock, when the
 //! message was sent, when it is due, and the least time the cascade's TTLs
 //! keep it: enough for the releasing replica to bound the two clocks'
-//! offset from what it sees arrive ([`crate::scheduler::hold`]).
+//! offset from what it sees arrive ([`crate::release::hold`]).
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, LongString};

@@ -31,12 +31,6 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use super::answers::{ChangeError, Idempotency, SubmitError, Submitted};
-use super::broker::Broker;
-use super::limit_view::LimitsView;
-use super::limiter::Limiter;
-use super::release::Releaser;
-use super::staged::StagedRelease;
-use super::strands::{LevelKeeper, ShardStrands};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::{Cascade, LossWindow};
 use crate::clock::Reading;
@@ -44,7 +38,7 @@ use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Reschedule, Retry
 use crate::message;
 use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::stop::Named;
+use crate::release::{Broker, LimitsView, ReleaseHandles};
 use crate::task::{Task, TaskState};
 
 /// How often the forwarder looks for pending tasks when it found none.
@@ -118,6 +112,10 @@ impl Bookkeeper {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn limits(&self) -> &LimitsView {
@@ -308,108 +306,17 @@ impl Bookkeeper {
         self.cascade.delay_start_ms(now.wall)
     }
 
-    /// Starts the forwarder, the retention pruner, the forecast's counts'
-    /// upkeep and, when the chain has
-    /// one, the release stage and the resender of what it never saw; all
-    /// end with `shutdown`.
-    pub fn spawn_background(
-        &self,
-        settings: &super::settings::SchedulerSettings,
-        shutdown: CancellationToken,
-    ) -> Vec<Named> {
-        let mut tasks = vec![
-            Named::spawn("the forwarder", self.clone().forward(shutdown.clone())),
-            Named::spawn(
-                "the retention pruner",
-                prune(
-                    self.ledger.clone(),
-                    self.metrics.clone(),
-                    settings.retention,
-                    settings.prune_every,
-                    shutdown.clone(),
-                ),
-            ),
-            Named::spawn(
-                "the lease watch",
-                end_gone_leases(self.ledger.clone(), shutdown.clone()),
-            ),
-            Named::spawn(
-                "the forecast's counts",
-                super::due_counts::keep_counts(
-                    self.ledger.clone(),
-                    self.metrics.clone(),
-                    shutdown.clone(),
-                ),
-            ),
-        ];
-        if self.cascade.release_stage() && !settings.resend_after.is_zero() {
-            tasks.push(Named::spawn(
-                "the resender",
-                self.clone()
-                    .resend_unreleased(settings.resend_after, shutdown.clone()),
-            ));
-            tasks.push(Named::spawn(
-                "the failover resender",
-                self.clone().resend_after_failovers(shutdown.clone()),
-            ));
-        }
-        if self.cascade.release_stage() {
-            tasks.extend(self.spawn_release_stage(settings, shutdown));
-        }
-        tasks
-    }
-
-    /// The level keepers (one a shard, with probes), the unroutable watch,
-    /// the limiter and the release stage.
-    fn spawn_release_stage(
-        &self,
-        settings: &super::settings::SchedulerSettings,
-        shutdown: CancellationToken,
-    ) -> Vec<Named> {
-        let mut tasks = Vec::new();
-        let strands = ShardStrands::new(&self.cascade, &self.metrics);
-        if let Some(every) = self.cascade.level_probe() {
-            for shard in strands.each() {
-                let keeper = LevelKeeper {
-                    broker: self.broker.clone(),
-                    ledger: self.ledger.clone(),
-                    cascade: shard.cascade(),
-                    metrics: self.metrics.clone(),
-                    strands: shard.clone(),
-                    resend_after: settings.resend_after,
-                    resends: strands.resends(),
-                };
-                tasks.push(Named::spawn(
-                    "a level keeper",
-                    keeper.run(every, shutdown.clone()),
-                ));
-            }
-        }
-        let releaser = Releaser {
+    /// What the release side is built from (see `crate::release::side`).
+    pub fn release_handles(&self, resend_after: Duration) -> ReleaseHandles {
+        ReleaseHandles {
             broker: self.broker.clone(),
             ledger: self.ledger.clone(),
             cascade: self.cascade.clone(),
             metrics: self.metrics.clone(),
-            in_flight: Default::default(),
-            exchanges: Default::default(),
-            offsets: Default::default(),
             limits: self.limits.clone(),
-            strands,
             staged_wake: self.staged_wake.clone(),
-        };
-        tasks.push(Named::spawn(
-            "the unroutable watch",
-            releaser.clone().watch_unroutable(shutdown.clone()),
-        ));
-        let limiter = Limiter::new(releaser.clone(), self.limits.clone());
-        tasks.push(Named::spawn("the limiter", limiter.run(shutdown.clone())));
-        let staged = StagedRelease::new(releaser.clone());
-        tasks.push(Named::spawn(
-            "the staged release",
-            staged.run(shutdown.clone()),
-        ));
-        tasks.push(Named::spawn("the release stage", releaser.run(shutdown)));
-        tasks
+            resend_after,
+        }
     }
 
     /// Publishes again each task still `scheduled` `after` past its due
@@ -421,7 +328,7 @@ impl Bookkeeper {
     /// the first copy turns up after all, the release stage drops whichever
     /// comes second. Each due time is looked at once, as it passes `after`
     /// ago, from `after` before this process started on.
-    async fn resend_unreleased(self, after: Duration, shutdown: CancellationToken) {
+    pub(super) async fn resend_unreleased(self, after: Duration, shutdown: CancellationToken) {
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
         let mut from_ms = crate::clock::now_ms().saturating_sub(after_ms);
         let reason = format!(
@@ -466,7 +373,7 @@ impl Bookkeeper {
     /// is for what the broker loses at any time, this for what it loses
     /// when a node goes. Looks every [`RESEND_POLL`], which is also how
     /// long before the loss the window may begin.
-    async fn resend_after_failovers(self, shutdown: CancellationToken) {
+    pub(super) async fn resend_after_failovers(self, shutdown: CancellationToken) {
         let margin_ms = self.cascade.stranded_margin_ms();
         let horizon_ms = self.cascade.watched_span_ms();
         let reason = format!(
@@ -518,7 +425,7 @@ impl Bookkeeper {
 
     /// Publishes pending tasks whenever the broker is ready, until `shutdown`.
     /// At start-up this resumes whatever a previous run left pending.
-    async fn forward(self, shutdown: CancellationToken) {
+    pub(super) async fn forward(self, shutdown: CancellationToken) {
         loop {
             let forwarded = if self.broker.status().ready {
                 self.forward_round().await
@@ -799,7 +706,7 @@ fn retry_at(now_ms: u64, attempts: u64) -> u64 {
 /// Ends, once a [`LEASE_WATCH_POLL`], the leases of replicas that are gone
 /// (a shared ledger: see `Ledger::end_leases_of_gone_holders`), so that
 /// what a crashed replica had leased goes on now, not after its lease.
-async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
+pub(super) async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -812,7 +719,7 @@ async fn end_gone_leases(ledger: Ledger, shutdown: CancellationToken) {
 }
 
 /// Deletes published tasks once they have been due for `retention`.
-async fn prune(
+pub(super) async fn prune(
     ledger: Ledger,
     metrics: Arc<Metrics>,
     retention: Duration,

@@ -4,9 +4,9 @@
 
 use super::answers::LimitsError;
 use super::bookkeeper::Bookkeeper;
-use super::limit_view::LimitStatus;
 use super::{Mode, Scheduler};
 use crate::limit::{Depth, Limit, LimitError};
+use crate::release::LimitStatus;
 
 impl Scheduler {
     /// The bookkeeper, when limits can hold tasks: a ledger to wait in, and

@@ -9,12 +9,12 @@
 //!   broker problem is the client's 503.
 //!
 //! With a ledger and the release stage (the default), due tasks pass
-//! through [`release`] on their way to the business exchange, which is what
-//! lets [`Scheduler::cancel`] and [`Scheduler::reschedule`] change a task
-//! until it is due.
-//!
-//! A due task a release limit matches waits in the ledger and is released
-//! by the [`limiter`] (see [`crate::limit`] for the rules).
+//! through [`crate::release`] on their way to the business exchange, which
+//! is what lets [`Scheduler::cancel`] and [`Scheduler::reschedule`] change
+//! a task until it is due; a due task a release limit matches waits in the
+//! ledger for the release room's limiter (see [`crate::limit`] for the
+//! rules). Which background work runs, the release side's included, is
+//! said and started in one place: [`background`].
 //!
 //! HTTP calls the methods here ([`Scheduler::submit`],
 //! [`Scheduler::readiness`], [`Scheduler::task`], [`Scheduler::tasks`],
@@ -23,42 +23,29 @@
 //! itself. The broker is seen through [`Broker`].
 
 mod answers;
+mod background;
 mod bookkeeper;
-mod broker;
 mod bulk;
 mod bulk_worker;
 mod burst;
 mod due_counts;
 mod forecast;
-pub(crate) mod hold;
-mod ledger_releases;
-mod limit_view;
-mod limiter;
 mod limits;
 mod planner;
 mod recurring;
-mod release;
 mod settings;
-mod staged;
-mod strands;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 pub(crate) use answers::{
     BulkOperationError, ChangeError, Idempotency, InspectError, LimitsError, NotReady, Readiness,
     SubmitError, Submitted,
 };
-pub(crate) use broker::Broker;
-#[cfg(test)]
-pub(crate) use broker::PublishAlone;
-pub(crate) use limit_view::LimitStatus;
 pub(crate) use recurring::{RecurringError, ScheduleState};
-pub use release::{RELEASE_WINDOW, RELEASE_WINDOWS};
 pub(crate) use settings::{ScheduleSettings, SchedulerSettings};
 
 // What the scheduler hands out and takes, named here so that the API above
@@ -68,13 +55,15 @@ pub(crate) use crate::ledger::{
     Cancel, ChangeKey, Cursor, LedgerError, ParkedFilter, ParkedMessage, ParkedQueue, Reschedule,
     StoredOperation, StoredSchedule, StoredTask, TaskFilter,
 };
+#[cfg(test)]
+pub(crate) use crate::release::PublishAlone;
+pub(crate) use crate::release::{Broker, LimitStatus};
 
 use crate::broker::Published;
 use crate::cascade::Cascade;
 use crate::clock::Reading;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::stop::Named;
 use crate::task::{Task, TaskState};
 use bookkeeper::{Bookkeeper, Prepared};
 use burst::Lead;
@@ -444,27 +433,6 @@ impl Scheduler {
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
         self.refresh_schedule_metrics().await;
-    }
-
-    /// Starts the forwarder and the retention pruner (with a ledger), and
-    /// the planner of recurring schedules and the bulk operations' worker
-    /// (with the release stage too); all end with `shutdown`.
-    pub fn spawn_background(&self, shutdown: CancellationToken) -> Vec<Named> {
-        let mut background = match &self.inner.mode {
-            Mode::Stateless => Vec::new(),
-            Mode::Ledger(bookkeeper) => {
-                let mut tasks = bookkeeper.spawn_background(&self.inner.settings, shutdown.clone());
-                if self.inner.cascade.release_stage() {
-                    tasks.push(Named::spawn(
-                        "the bulk operations' worker",
-                        bulk_worker::work_operations(bookkeeper.clone(), shutdown.clone()),
-                    ));
-                }
-                tasks
-            }
-        };
-        background.extend(self.spawn_planner(shutdown));
-        background
     }
 
     /// Waits for every late confirm to be decided and recorded. Call once the

@@ -71,7 +71,7 @@ struct Draft {
 impl Scheduler {
     /// Starts the planner (with a ledger and the release stage); it ends
     /// with `shutdown`.
-    pub fn spawn_planner(&self, shutdown: CancellationToken) -> Option<Named> {
+    pub(super) fn spawn_planner(&self, shutdown: CancellationToken) -> Option<Named> {
         self.changeable().ok()?;
         let planner = self.clone();
         Some(Named::spawn("the schedules' planner", async move {

@@ -440,7 +440,7 @@ async fn after_sigkill_while_releasing_every_task_arrives_and_duplicates_only_th
     // Only the windows released but not yet recorded when the process died
     // can come twice.
     let in_flight =
-        usize::from(delayline::scheduler::RELEASE_WINDOW * delayline::scheduler::RELEASE_WINDOWS);
+        usize::from(delayline::release::RELEASE_WINDOW * delayline::release::RELEASE_WINDOWS);
     assert!(duplicates <= in_flight, "{duplicates} duplicates");
     println!("after SIGKILL: {duplicates} duplicates of 600");
     child.kill().await.unwrap();

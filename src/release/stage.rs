@@ -8,7 +8,7 @@
 //! cancel or a move until then still applies, and a replica that dies
 //! gives what it held back to the queue. A message that arrives more than
 //! the lead and two units before its time (a burst's, given a lead:
-//! [`super::burst`]) is not held: its task is staged in the ledger in the
+//! the scheduler's `burst`) is not held: its task is staged in the ledger in the
 //! claim's transaction and the message acknowledged, and the staged release
 //! lets it go at its moment ([`super::staged`]). For each group of due
 //! messages (those due within [`CLAIM_SPAN`] of one another; the groups of
@@ -34,10 +34,10 @@
 //! acknowledgement finds its task delivered and is dropped as a duplicate; only
 //! a crash between the confirm and that commit delivers a task twice.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
@@ -45,14 +45,15 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::broker::Broker;
 use super::hold::{self, Offsets};
+use super::in_flight::InFlight;
 use super::limit_view::LimitsView;
+use super::publisher::{DuePublisher, Released};
 use super::strands::ShardStrands;
-use crate::broker::{ConsumeLimits, Inbound, PublishError, Published, Settle};
+use crate::broker::{ConsumeLimits, Inbound, PublishError, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
-use crate::ledger::{ClaimAsk, Finding, HeldFor, Ledger, StoredTask};
+use crate::ledger::{ClaimAsk, Finding, HeldFor, Ledger};
 use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -72,26 +73,10 @@ pub const CLAIM_AHEAD: Duration = Duration::from_millis(50);
 /// Held messages due within this of one another are claimed together: one
 /// commit for several, none claimed more than this before `CLAIM_AHEAD`.
 pub const CLAIM_SPAN: Duration = Duration::from_millis(5);
-/// Notices of unroutable tasks taken at once.
-const NOTICE_WINDOW: u16 = 64;
 /// After a window some of whose messages could not be published, the wait
 /// before the next, so that a missing business exchange or a blocked broker
 /// is not hammered.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
-
-/// How long an exchange other than the business exchange, once seen to
-/// exist, is taken to exist without asking the broker again.
-const EXCHANGE_SEEN_FOR: Duration = Duration::from_secs(30);
-
-/// What became of a due message the stage published.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Released {
-    /// At the exchange it is delivered to.
-    Delivered,
-    /// Its exchange does not exist: kept in the chain's unroutable queue,
-    /// whose notice marks the task `unroutable`.
-    Unroutable,
-}
 
 /// What the release stage does with one due message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,7 +157,7 @@ struct Judged {
 }
 
 impl Judged {
-    fn new(identity: Option<(String, u64)>, entered: bool) -> Judged {
+    fn new(entered: bool, identity: Option<(String, u64)>) -> Judged {
         Judged {
             identity,
             entered,
@@ -231,24 +216,24 @@ impl DueMessage<'_> {
     }
 }
 
+/// The release queue's consumer (one a replica, every shard's queue).
 #[derive(Clone)]
-pub(super) struct Releaser {
-    pub broker: Arc<dyn Broker>,
-    pub ledger: Ledger,
-    pub cascade: Arc<Cascade>,
-    pub metrics: Arc<Metrics>,
-    pub in_flight: InFlight,
-    pub exchanges: SeenExchanges,
+pub(crate) struct ReleaseStage {
+    pub(super) publisher: DuePublisher,
+    pub(super) ledger: Ledger,
+    pub(super) cascade: Arc<Cascade>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) in_flight: InFlight,
     /// What this replica knows of the clocks of replicas whose held
     /// messages it releases.
-    pub offsets: Arc<std::sync::Mutex<Offsets>>,
+    pub(super) offsets: Arc<std::sync::Mutex<Offsets>>,
     /// The release limits, as the limiter last read them.
-    pub limits: LimitsView,
+    pub(super) limits: LimitsView,
     /// Where a level probe that arrives is noted (see [`super::strands`]).
-    pub strands: ShardStrands,
+    pub(super) strands: ShardStrands,
     /// Told when this replica stages tasks: the staged release looks again
     /// for the earliest moment.
-    pub staged_wake: Arc<tokio::sync::Notify>,
+    pub(super) staged_wake: Arc<tokio::sync::Notify>,
 }
 
 fn shards_of(cascade: &Cascade) -> usize {
@@ -274,8 +259,8 @@ struct Held<'a> {
 }
 
 impl<'a> Held<'a> {
-    fn new(metrics: &'a Metrics, targets: &[u64], arrived_us: u64) -> Self {
-        let count = targets.iter().filter(|&&at| at > arrived_us).count();
+    fn new(metrics: &'a Metrics, targets: impl Iterator<Item = u64>, arrived_us: u64) -> Self {
+        let count = targets.filter(|&at| at > arrived_us).count();
         let count = i64::try_from(count).unwrap_or(i64::MAX);
         metrics.release_held.inc_by(count);
         Held {
@@ -309,22 +294,13 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A message of a window, released at `at_us` (this process's monotonic clock).
+/// A task's message of a window: its place there (how the window is
+/// settled), and when it is released, `at_us` (this process's monotonic
+/// clock).
 struct Due<'a> {
+    place: usize,
     message: &'a Inbound,
     at_us: u64,
-}
-
-/// A publish's outcome once confirmed. A late confirm is awaited up to
-/// `amqp.late_confirm_limit_ms`: its window holds a quarter of the stage, and
-/// past the limit the message is requeued and released again, a possible
-/// second copy rather than a stage that waits for good on an answer that may
-/// never come.
-async fn confirmed(published: Result<Published, PublishError>) -> Result<(), PublishError> {
-    match published? {
-        Published::Confirmed => Ok(()),
-        Published::Late(late) => late.outcome().await,
-    }
 }
 
 /// Waits until `at_us` by this process's monotonic clock, to a tenth of a
@@ -340,85 +316,7 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Exchanges other than the business exchange seen to exist, and when.
-#[derive(Clone, Default)]
-pub(super) struct SeenExchanges(Arc<std::sync::Mutex<HashMap<String, Instant>>>);
-
-impl SeenExchanges {
-    fn recently(&self, exchange: &str) -> bool {
-        let seen = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.get(exchange)
-            .is_some_and(|at| at.elapsed() < EXCHANGE_SEEN_FOR)
-    }
-
-    fn saw(&self, exchange: &str) {
-        let mut seen = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.insert(exchange.to_owned(), Instant::now());
-    }
-}
-
-/// The tasks (id and revision) this replica is releasing: claimed, and not
-/// yet recorded delivered or given back.
-#[derive(Clone, Default)]
-pub(super) struct InFlight(Arc<std::sync::Mutex<HashSet<(String, u64)>>>);
-
-impl InFlight {
-    /// Enters each identity not in flight yet; the guard says which were
-    /// entered, and takes them out again when dropped.
-    pub(super) fn enter(&self, identities: &[Option<(String, u64)>]) -> Entered<'_> {
-        let mut set = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let new = identities
-            .iter()
-            .map(|identity| identity.as_ref().is_none_or(|i| set.insert(i.clone())))
-            .collect();
-        Entered {
-            in_flight: self,
-            identities: identities.to_vec(),
-            new,
-        }
-    }
-}
-
-/// A window's identities while it is released (see [`InFlight::enter`]).
-pub(super) struct Entered<'a> {
-    in_flight: &'a InFlight,
-    identities: Vec<Option<(String, u64)>>,
-    /// Per identity: entered by this window (or none to enter).
-    new: Vec<bool>,
-}
-
-impl Entered<'_> {
-    /// Per identity of the window: whether this window entered it.
-    pub(super) fn entered(&self) -> &[bool] {
-        &self.new
-    }
-}
-
-impl Drop for Entered<'_> {
-    fn drop(&mut self) {
-        let mut set = self
-            .in_flight
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (identity, new) in self.identities.iter().zip(&self.new) {
-            if let (Some(identity), true) = (identity, new) {
-                set.remove(identity);
-            }
-        }
-    }
-}
-
-impl Releaser {
+impl ReleaseStage {
     /// Releases due tasks until `shutdown`, several windows at once. In a
     /// chain that holds, every window waits for its messages' times: as
     /// many windows are out as the hold limit allows.
@@ -429,7 +327,8 @@ impl Releaser {
         // shard's due tasks are held by the stage alike.
         let shards = self.cascade.every_shard().map(|shard| {
             Box::pin(
-                self.broker
+                self.publisher
+                    .broker
                     .consume(shard.release_queue(), limits, shutdown.clone())
                     .into_stream(),
             )
@@ -452,57 +351,6 @@ impl Releaser {
             .await;
     }
 
-    /// Marks `unroutable` each task whose released copy reached no queue, as
-    /// the notices in the chain's unroutable-seen queue say, until
-    /// `shutdown`. A notice is acknowledged once the ledger has it.
-    pub async fn watch_unroutable(self, shutdown: CancellationToken) {
-        let limits = ConsumeLimits {
-            window: NOTICE_WINDOW,
-            windows: 1,
-        };
-        let mut windows = self.broker.consume(
-            self.cascade.unroutable_seen_queue(),
-            limits,
-            shutdown.clone(),
-        );
-        while let Some(window) = windows.recv().await {
-            let released: Vec<(String, u64)> = window
-                .messages
-                .iter()
-                .filter_map(|message| message::identity(&message.properties))
-                .collect();
-            let at_ms = crate::clock::now_ms();
-            let settle = match self.ledger.mark_unroutable(&released, at_ms).await {
-                Ok(marked) => {
-                    self.metrics.tasks_unroutable.inc_by(marked);
-                    if marked > 0 {
-                        warn!(
-                            tasks = marked,
-                            queue = self.cascade.unroutable_queue(),
-                            "released tasks reached no queue (none bound for their routing key): \
-                             they wait in the unroutable queue; bind one, then run \
-                             delayline requeue-unroutable"
-                        );
-                    }
-                    Settle::Ack
-                }
-                Err(error) => {
-                    warn!(%error, "cannot mark unroutable tasks in the ledger; retrying");
-                    Settle::Requeue
-                }
-            };
-            let retry = settle == Settle::Requeue;
-            let count = window.messages.len();
-            window.settle(vec![settle; count]);
-            if retry {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(RETRY_PAUSE) => {}
-                }
-            }
-        }
-    }
-
     /// One window: its level probes noted (or handed on to the replica
     /// that sent them) and taken off, the rest released in time. How to
     /// settle each message.
@@ -511,40 +359,31 @@ impl Releaser {
         messages: &[Inbound],
         shutdown: &CancellationToken,
     ) -> Vec<Settle> {
-        let probes: Vec<Option<Probe>> = messages
-            .iter()
-            .map(|message| Probe::read(&message.properties))
-            .collect();
         self.strands.tasks_arrived(messages);
-        if probes.iter().all(Option::is_none) {
-            return self.release_in_time(messages, shutdown).await;
+        // A probe is taken off; a task is given back unless its release
+        // says otherwise.
+        let mut settles = vec![Settle::Ack; messages.len()];
+        let mut notices: Vec<Message> = Vec::new();
+        let mut tasks = Vec::with_capacity(messages.len());
+        for (place, message) in messages.iter().enumerate() {
+            // Noted (or handed on) as they arrive, not after the window's
+            // tasks are released: a claim that waits (a deadlock broken off
+            // and run again) must not make a probe look late and its level
+            // stranded.
+            match Probe::read(&message.properties) {
+                Some(probe) => notices.extend(self.strands.probe_arrived(&probe)),
+                None => {
+                    settles[place] = Settle::Requeue;
+                    tasks.push((place, message));
+                }
+            }
         }
-        // Noted (or handed on) as they arrive, not after the window's tasks
-        // are released: a claim that waits (a deadlock broken off and run
-        // again) must not make a probe look late and its level stranded.
-        let notices: Vec<Message> = probes
-            .iter()
-            .flatten()
-            .filter_map(|probe| self.strands.probe_arrived(probe))
-            .collect();
-        let tasks: Vec<Inbound> = messages
-            .iter()
-            .zip(&probes)
-            .filter(|(_, probe)| probe.is_none())
-            .map(|(message, _)| message.clone())
-            .collect();
-        let (released, ()) = tokio::join!(
-            self.release_in_time(&tasks, shutdown),
-            self.hand_on(notices)
-        );
-        let mut released = released.into_iter();
-        probes
-            .iter()
-            .map(|probe| match probe {
-                Some(_) => Settle::Ack,
-                None => released.next().unwrap_or(Settle::Requeue),
-            })
-            .collect()
+        let (released, ()) =
+            tokio::join!(self.release_in_time(tasks, shutdown), self.hand_on(notices));
+        for (place, settle) in released {
+            settles[place] = settle;
+        }
+        settles
     }
 
     /// Sends each notice of another replica's probe to its owner. One not
@@ -554,7 +393,7 @@ impl Releaser {
         let sent = join_all(
             notices
                 .into_iter()
-                .map(|notice| self.broker.publish_due(notice)),
+                .map(|notice| self.publisher.broker.publish_due(notice)),
         )
         .await;
         for outcome in sent {
@@ -564,85 +403,69 @@ impl Releaser {
         }
     }
 
-    /// One window, each message released at its time (see [`super::hold`]):
-    /// the messages due within [`CLAIM_SPAN`] of each other are claimed
-    /// together, [`CLAIM_AHEAD`] before the first is due, and each is
-    /// published at its own time. The groups run side by side, so no message
-    /// waits for an earlier group's commits or confirms. What `shutdown`
+    /// One window's tasks (each with its place in the window), each
+    /// released at its time (see [`super::hold`]): the messages due within
+    /// [`CLAIM_SPAN`] of each other are claimed together, [`CLAIM_AHEAD`]
+    /// before the first is due, and each is published at its own time. The
+    /// groups run side by side, so no message waits for an earlier group's
+    /// commits or confirms. How to settle each, by place; what `shutdown`
     /// finds still held goes back to the queue, for another replica to hold.
     async fn release_in_time(
         &self,
-        messages: &[Inbound],
+        tasks: Vec<(usize, &Inbound)>,
         shutdown: &CancellationToken,
-    ) -> Vec<Settle> {
+    ) -> Vec<(usize, Settle)> {
         let arrived_us = clock::mono_us();
-        let targets = self.release_times(messages, arrived_us);
-        let mut settles = self.stage_early(messages, &targets, arrived_us).await;
+        let due = self.due_times(tasks, arrived_us);
+        let (mut settled, rest) = self.stage_early(due, arrived_us).await;
         // The rest, held to their times.
-        let rest: Vec<usize> = (0..messages.len())
-            .filter(|&i| settles[i].is_none())
-            .collect();
-        let rest_targets: Vec<u64> = rest.iter().map(|&i| targets[i]).collect();
-        let held = Held::new(&self.metrics, &rest_targets, arrived_us);
-        let groups = hold::claim_groups(&rest_targets, micros(CLAIM_SPAN));
-        let released = join_all(groups.iter().map(|group| {
-            let due: Vec<Due<'_>> = group
-                .iter()
-                .map(|&k| Due {
-                    message: &messages[rest[k]],
-                    at_us: rest_targets[k],
-                })
-                .collect();
-            self.release(due, &held, shutdown)
-        }))
+        let held = Held::new(&self.metrics, rest.iter().map(|d| d.at_us), arrived_us);
+        let groups = hold::claim_groups(rest, |d| d.at_us, micros(CLAIM_SPAN));
+        let released = join_all(
+            groups
+                .into_iter()
+                .map(|group| self.release(group, &held, shutdown)),
+        )
         .await;
-        for (group, group_settles) in groups.iter().zip(released) {
-            for (&k, settle) in group.iter().zip(group_settles) {
-                settles[rest[k]] = Some(settle);
-            }
-        }
-        settles
-            .into_iter()
-            .map(|settle| settle.unwrap_or(Settle::Requeue))
-            .collect()
+        settled.extend(released.into_iter().flatten());
+        settled
     }
 
     /// Stages in the ledger each message of a window that arrived more
     /// than [`Cascade::stage_after_ms`] before its time (a burst's lead),
     /// until its moment ([`super::staged`]): acknowledged then, as is a copy
-    /// the claim proves needless. `None` for the others, held as before.
-    async fn stage_early(
+    /// the claim proves needless. The others are returned, held as before.
+    async fn stage_early<'a>(
         &self,
-        messages: &[Inbound],
-        targets: &[u64],
+        due: Vec<Due<'a>>,
         arrived_us: u64,
-    ) -> Vec<Option<Settle>> {
-        let mut settles = vec![None; messages.len()];
+    ) -> (Vec<(usize, Settle)>, Vec<Due<'a>>) {
         let beyond_us = self.cascade.stage_after_ms().saturating_mul(1000);
-        let early: Vec<usize> = (0..messages.len())
-            .filter(|&i| targets[i] > arrived_us.saturating_add(beyond_us))
-            .collect();
+        let (early, mut rest): (Vec<Due<'a>>, Vec<Due<'a>>) = due
+            .into_iter()
+            .partition(|d| d.at_us > arrived_us.saturating_add(beyond_us));
         if early.is_empty() {
-            return settles;
+            return (Vec::new(), rest);
         }
-        let identities: Vec<Option<(String, u64)>> = early
-            .iter()
-            .map(|&i| message::identity(&messages[i].properties))
-            .collect();
-        let entered = self.in_flight.enter(&identities);
+        let mut entered = self.in_flight.window();
         let now = clock::read();
-        // Each message asked about with its place in the window: one record.
-        let mut asked: Vec<(usize, ClaimAsk)> = Vec::new();
-        for ((&i, identity), new) in early.iter().zip(&identities).zip(entered.entered()) {
-            if let (Some((id, revision)), true) = (identity, new) {
-                let ahead_ms = targets[i].saturating_sub(now.mono_us).div_ceil(1000);
-                let deliver_at_ms = message::deliver_at_ms(&messages[i].properties).unwrap_or(0);
-                let until = deliver_at_ms.max(now.wall_ms.saturating_add(ahead_ms + 1));
-                let ask = ClaimAsk {
-                    stage_until: Some(until),
-                    ..ClaimAsk::of(id.clone(), *revision)
-                };
-                asked.push((i, ask));
+        // Each message asked about with its ask: one record.
+        let mut asked: Vec<(Due<'a>, ClaimAsk)> = Vec::new();
+        for due in early {
+            match message::identity(&due.message.properties) {
+                Some(identity) if entered.enter(Some(&identity)) => {
+                    let ahead_ms = due.at_us.saturating_sub(now.mono_us).div_ceil(1000);
+                    let deliver_at_ms =
+                        message::deliver_at_ms(&due.message.properties).unwrap_or(0);
+                    let until = deliver_at_ms.max(now.wall_ms.saturating_add(ahead_ms + 1));
+                    let (id, revision) = identity;
+                    let ask = ClaimAsk {
+                        stage_until: Some(until),
+                        ..ClaimAsk::of(id, revision)
+                    };
+                    asked.push((due, ask));
+                }
+                _ => rest.push(due),
             }
         }
         let asks = asked.iter().map(|(_, ask)| ask.clone()).collect();
@@ -650,18 +473,22 @@ impl Releaser {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot stage early tasks in the ledger; they are held instead");
-                return settles;
+                rest.extend(asked.into_iter().map(|(due, _)| due));
+                return (Vec::new(), rest);
             }
         };
+        let mut settled = Vec::new();
         let mut staged = 0;
-        for ((i, ask), finding) in asked.into_iter().zip(findings) {
+        for ((due, ask), finding) in asked.into_iter().zip(findings) {
             let verdict = judge(finding, ask.revision);
             if verdict == Verdict::Staged {
                 staged += 1;
-                settles[i] = Some(Settle::Ack);
+                settled.push((due.place, Settle::Ack));
             } else if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);
-                settles[i] = Some(Settle::Ack);
+                settled.push((due.place, Settle::Ack));
+            } else {
+                rest.push(due);
             }
         }
         if staged > 0 {
@@ -670,21 +497,25 @@ impl Releaser {
             self.strands
                 .burst_seen(usize::try_from(staged).unwrap_or(usize::MAX));
         }
-        settles
+        (settled, rest)
     }
 
-    /// When to release each message, by this process's monotonic clock:
-    /// on arrival unless it carries a hold stamp.
-    fn release_times(&self, messages: &[Inbound], arrived_us: u64) -> Vec<u64> {
+    /// When to release each task, by this process's monotonic clock: on
+    /// arrival unless it carries a hold stamp.
+    fn due_times<'a>(&self, tasks: Vec<(usize, &'a Inbound)>, arrived_us: u64) -> Vec<Due<'a>> {
         let mut offsets = self
             .offsets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        messages
-            .iter()
-            .map(|message| match message::Stamp::read(&message.properties) {
-                Some(stamp) => offsets.release_at(&stamp, arrived_us, clock::source()),
-                None => arrived_us,
+        tasks
+            .into_iter()
+            .map(|(place, message)| Due {
+                place,
+                message,
+                at_us: match message::Stamp::read(&message.properties) {
+                    Some(stamp) => offsets.release_at(&stamp, arrived_us, clock::source()),
+                    None => arrived_us,
+                },
             })
             .collect()
     }
@@ -697,27 +528,24 @@ impl Releaser {
         due: Vec<Due<'_>>,
         held: &Held<'_>,
         shutdown: &CancellationToken,
-    ) -> Vec<Settle> {
+    ) -> Vec<(usize, Settle)> {
         let first_us = due.first().map_or(0, |d| d.at_us);
         if !until(first_us.saturating_sub(micros(CLAIM_AHEAD)), shutdown).await
-            || !self.broker.status().ready
+            || !self.publisher.broker.status().ready
         {
-            return vec![Settle::Requeue; due.len()];
+            return due.iter().map(|d| (d.place, Settle::Requeue)).collect();
         }
-        let identities: Vec<Option<(String, u64)>> = due
-            .iter()
-            .map(|d| message::identity(&d.message.properties))
-            .collect();
-        let entered = self.in_flight.enter(&identities);
+        let mut entered = self.in_flight.window();
         let mut group: Vec<DueMessage<'_>> = due
             .into_iter()
-            .zip(identities)
-            .zip(entered.entered())
-            .map(|((due, identity), &entered)| DueMessage {
-                held_for: self.held_for(&due),
-                due,
-                judged: Judged::new(identity, entered),
-                published: None,
+            .map(|due| {
+                let identity = message::identity(&due.message.properties);
+                DueMessage {
+                    held_for: self.held_for(&due),
+                    judged: Judged::new(entered.enter(identity.as_ref()), identity),
+                    due,
+                    published: None,
+                }
             })
             .collect();
         // A claimed task a release limit holds waits for it, in the
@@ -734,7 +562,10 @@ impl Releaser {
             Ok(findings) => findings,
             Err(error) => {
                 warn!(%error, "cannot look due tasks up in the ledger; they are released later");
-                return vec![Settle::Requeue; group.len()];
+                return group
+                    .iter()
+                    .map(|m| (m.due.place, Settle::Requeue))
+                    .collect();
             }
         };
         judge_all(group.iter_mut().map(|m| &mut m.judged), findings);
@@ -795,13 +626,13 @@ impl Releaser {
             return None;
         }
         held.released(due.at_us, clock::mono_us());
-        let outcome = self.publish(due.message).await;
+        let outcome = self.publisher.publish(due.message).await;
         Some((outcome, crate::clock::now_ms()))
     }
 
     /// How to settle each message of a group, by its verdict and what its
     /// publish did; the delivered ones are marked so in the ledger first.
-    async fn record(&self, group: Vec<DueMessage<'_>>) -> Vec<Settle> {
+    async fn record(&self, group: Vec<DueMessage<'_>>) -> Vec<(usize, Settle)> {
         let mut delivered: BTreeMap<u64, Vec<String>> = BTreeMap::new();
         let mut settles = Vec::with_capacity(group.len());
         for DueMessage {
@@ -811,42 +642,41 @@ impl Releaser {
             ..
         } in group
         {
-            let (message, verdict) = (due.message, &judged.verdict);
-            if *verdict == Verdict::Held {
-                settles.push(Settle::Ack);
-                continue;
-            }
-            if let Some(reason) = verdict.dropped() {
+            let (message, verdict) = (due.message, judged.verdict);
+            let settle = if verdict == Verdict::Held {
+                Settle::Ack
+            } else if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);
                 debug!(
                     task_id = message::message_id(&message.properties),
                     reason, "dropped at release"
                 );
-                settles.push(Settle::Ack);
-                continue;
-            }
-            match published {
-                // Its notice marks it unroutable; not delivered.
-                Some((Ok(Released::Unroutable), _)) => settles.push(Settle::Ack),
-                Some((Ok(Released::Delivered), at_ms)) => {
-                    self.observe_delivery(message, *verdict, at_ms);
-                    if *verdict == Verdict::Deliver
-                        && let Some((id, _)) = judged.identity
-                    {
-                        delivered.entry(at_ms).or_default().push(id);
+                Settle::Ack
+            } else {
+                match published {
+                    // Its notice marks it unroutable; not delivered.
+                    Some((Ok(Released::Unroutable), _)) => Settle::Ack,
+                    Some((Ok(Released::Delivered), at_ms)) => {
+                        self.observe_delivery(message, verdict, at_ms);
+                        if verdict == Verdict::Deliver
+                            && let Some((id, _)) = judged.identity
+                        {
+                            delivered.entry(at_ms).or_default().push(id);
+                        }
+                        Settle::Ack
                     }
-                    settles.push(Settle::Ack);
+                    Some((Err(error), _)) => {
+                        warn!(
+                            task_id = message::message_id(&message.properties),
+                            %error,
+                            "a due task could not be released; it is released again"
+                        );
+                        Settle::Requeue
+                    }
+                    None => Settle::Requeue,
                 }
-                Some((Err(error), _)) => {
-                    warn!(
-                        task_id = message::message_id(&message.properties),
-                        %error,
-                        "a due task could not be released; it is released again"
-                    );
-                    settles.push(Settle::Requeue);
-                }
-                None => settles.push(Settle::Requeue),
-            }
+            };
+            settles.push((due.place, settle));
         }
         let marks = delivered
             .into_iter()
@@ -856,129 +686,6 @@ impl Releaser {
             warn!(%error, "delivered tasks not marked so in the ledger");
         }
         settles
-    }
-
-    /// To the business exchange (or the exchange the task names), as it
-    /// was published but for the broker's dead-lettering history, with the
-    /// routing key it is delivered with ([`message::released`]); a late
-    /// confirm is awaited. A task whose exchange does not exist, or
-    /// returns it, is parked in the unroutable queue rather than failing
-    /// again and again.
-    async fn publish(&self, message: &Inbound) -> Result<Released, PublishError> {
-        let message = message::released(
-            &message.routing_key,
-            message.payload.clone(),
-            &message.properties,
-            &self.cascade,
-        );
-        self.publish_message(message).await
-    }
-
-    /// The message a task the ledger releases (a waiting or a staged one)
-    /// is published as, built from its row at `now_ms`; the error says
-    /// why it can never be.
-    pub(super) fn message_of(
-        &self,
-        stored: &StoredTask,
-        now_ms: u64,
-    ) -> Result<message::Message, String> {
-        let task = stored.rerouted(&self.cascade, now_ms)?;
-        let cascade = message::of_task(&task.message());
-        Ok(message::released(
-            &cascade.routing_key,
-            cascade.payload,
-            &cascade.properties,
-            &self.cascade,
-        ))
-    }
-
-    /// [`Releaser::publish_message`], given up after `limit` (a possible
-    /// second copy rather than a release that waits for good).
-    pub(super) async fn publish_within(
-        &self,
-        message: message::Message,
-        limit: Duration,
-    ) -> Result<Released, PublishError> {
-        tokio::time::timeout(limit, self.publish_message(message))
-            .await
-            .unwrap_or(Err(PublishError::Timeout(limit)))
-    }
-
-    /// [`Releaser::publish`], of a message built for its release.
-    pub(super) async fn publish_message(
-        &self,
-        message: message::Message,
-    ) -> Result<Released, PublishError> {
-        if !self.exchange_exists(&message.exchange).await? {
-            warn!(
-                task_id = message::message_id(&message.properties),
-                exchange = message.exchange,
-                queue = self.cascade.unroutable_queue(),
-                "a due task's exchange does not exist: it waits in the unroutable queue"
-            );
-            return self.to_unroutable(message).await;
-        }
-        // The business exchange sends what it cannot route to the unroutable
-        // queue itself (its alternate exchange): no copy is kept for it on
-        // the hot path.
-        if message.exchange == self.cascade.business_exchange() {
-            self.publish_confirmed(message).await?;
-            return Ok(Released::Delivered);
-        }
-        // Alone on its channel while in flight, so that a return its confirm
-        // carries is its own (see `crate::broker`'s `returns`).
-        let published = self.broker.publish_due_alone(message.clone()).await;
-        match confirmed(published).await {
-            // An exchange of the user's without an alternate exchange: the
-            // broker returned the message (mandatory). To the unroutable
-            // queue, as the business exchange's alternate exchange sends it.
-            Err(PublishError::Returned(reason)) => {
-                debug!(
-                    exchange = message.exchange,
-                    reason, "returned: to the unroutable queue"
-                );
-                self.to_unroutable(message).await
-            }
-            outcome => {
-                outcome?;
-                // The default exchange: a retry back to the queue it failed in.
-                if message.exchange.is_empty() {
-                    self.metrics.retried(&message.routing_key, "redelivered", 1);
-                }
-                Ok(Released::Delivered)
-            }
-        }
-    }
-
-    /// To the chain's unroutable exchange, whose queues keep it (and tell
-    /// the ledger it is unroutable).
-    async fn to_unroutable(&self, mut message: message::Message) -> Result<Released, PublishError> {
-        message.exchange = self.cascade.unroutable_exchange();
-        self.publish_confirmed(message).await?;
-        Ok(Released::Unroutable)
-    }
-
-    /// Published and confirmed; a late confirm is awaited up to its limit.
-    async fn publish_confirmed(&self, message: message::Message) -> Result<(), PublishError> {
-        confirmed(self.broker.publish_due(message).await).await
-    }
-
-    /// The business exchange exists (the stage declared it); another is
-    /// asked about, and remembered for a while once seen.
-    async fn exchange_exists(&self, exchange: &str) -> Result<bool, PublishError> {
-        // The default exchange always exists (and may not be declared, even
-        // passively): a retry goes back to its queue by it.
-        if exchange.is_empty()
-            || exchange == self.cascade.business_exchange()
-            || self.exchanges.recently(exchange)
-        {
-            return Ok(true);
-        }
-        let exists = self.broker.exchange_exists(exchange).await?;
-        if exists {
-            self.exchanges.saw(exchange);
-        }
-        Ok(exists)
     }
 
     fn observe_delivery(&self, message: &Inbound, verdict: Verdict, delivered_at_ms: u64) {
@@ -1034,11 +741,11 @@ mod tests {
     fn a_window_forwards_the_unknown_waits_for_copies_in_flight_and_drops_repeats() {
         let task = |id: &str, revision| Some((id.to_owned(), revision));
         let mut group = [
-            Judged::new(None, true),
-            Judged::new(task("a", 1), true),
-            Judged::new(task("b", 1), false),
-            Judged::new(task("a", 1), true),
-            Judged::new(task("c", 2), true),
+            Judged::new(true, None),
+            Judged::new(true, task("a", 1)),
+            Judged::new(false, task("b", 1)),
+            Judged::new(true, task("a", 1)),
+            Judged::new(true, task("c", 2)),
         ];
         let findings = vec![Finding::Claimed, Finding::Claimed, Finding::Absent];
         judge_all(group.iter_mut(), findings);

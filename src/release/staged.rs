@@ -25,11 +25,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::ledger_releases::{LedgerReleases, PutBack};
-use super::release::{CLAIM_AHEAD, Released, Releaser};
+use super::in_flight::InFlight;
+use super::limit_view::LimitsView;
+use super::publisher::{DuePublisher, Released};
+use super::record::{LedgerReleases, PutBack};
+use super::stage::CLAIM_AHEAD;
+use super::strands::ShardStrands;
 use crate::broker::PublishError;
 use crate::clock;
-use crate::ledger::{StoredTask, UnstageInput};
+use crate::ledger::{Ledger, StoredTask, UnstageInput};
 
 /// Most staged tasks one take releases.
 pub const PAGE: u32 = 1000;
@@ -59,8 +63,14 @@ fn ms(duration: Duration) -> u64 {
 
 /// The staged release of one replica.
 #[derive(Clone)]
-pub(super) struct StagedRelease {
-    releaser: Releaser,
+pub(crate) struct StagedRelease {
+    pub(super) publisher: DuePublisher,
+    pub(super) ledger: Ledger,
+    pub(super) in_flight: InFlight,
+    pub(super) limits: LimitsView,
+    pub(super) strands: ShardStrands,
+    /// Told when the release stage stages tasks.
+    pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
 /// What became of a taken task's publish.
@@ -74,10 +84,6 @@ enum Publish {
 }
 
 impl StagedRelease {
-    pub fn new(releaser: Releaser) -> StagedRelease {
-        StagedRelease { releaser }
-    }
-
     /// Releases staged tasks at their moments until `shutdown`; what is
     /// taken then and not yet published is staged again at once.
     pub async fn run(self, shutdown: CancellationToken) {
@@ -114,7 +120,7 @@ impl StagedRelease {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(pause) => {}
-                () = self.releaser.staged_wake.notified() => {}
+                () = self.wake.notified() => {}
             }
         }
         while out.join_next().await.is_some() {}
@@ -125,12 +131,7 @@ impl StagedRelease {
     /// (or the ledger cannot say).
     async fn wait_for_next(&self) -> Option<Duration> {
         let own = clock::source();
-        match self
-            .releaser
-            .ledger
-            .next_staged_ms(own, ms(OTHERS_AFTER))
-            .await
-        {
+        match self.ledger.next_staged_ms(own, ms(OTHERS_AFTER)).await {
             Ok(next) => {
                 let take_at_ms = next?.saturating_sub(ms(CLAIM_AHEAD));
                 let now_ms = clock::now_ms();
@@ -153,7 +154,7 @@ impl StagedRelease {
             lease_until_ms: now_ms + ms(LEASE),
             most: PAGE,
         };
-        match self.releaser.ledger.unstage(input).await {
+        match self.ledger.unstage(input).await {
             Ok(tasks) => Some(tasks),
             Err(error) => {
                 warn!(%error, "cannot take staged tasks from the ledger; trying again");
@@ -163,12 +164,7 @@ impl StagedRelease {
     }
 
     async fn return_expired(&self) {
-        match self
-            .releaser
-            .ledger
-            .return_expired_stages(clock::now_ms())
-            .await
-        {
+        match self.ledger.return_expired_stages(clock::now_ms()).await {
             Ok(0) => {}
             Ok(returned) => warn!(
                 tasks = returned,
@@ -188,7 +184,7 @@ impl StagedRelease {
         _permit: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
-        self.releaser.strands.burst_seen(tasks.len());
+        self.strands.burst_seen(tasks.len());
         let tasks = self.hold_limited(tasks).await;
         // In flight, as the cascade's windows are, until recorded: a copy of
         // one of these that comes down the cascade meanwhile (a resend after
@@ -197,46 +193,43 @@ impl StagedRelease {
         // now is staged again at once: the window finds it taken, drops its
         // copy, and leaves it to the next take (left taken, it waited out
         // its lease: 10 s late after a restart).
-        let identities: Vec<Option<(String, u64)>> = tasks
-            .iter()
-            .map(|task| Some((task.id.clone(), task.revision)))
-            .collect();
-        let releasing = self.releaser.in_flight.enter(&identities);
+        let mut releasing = self.in_flight.window();
         let mut releases = LedgerReleases::default();
         let mut ours = Vec::with_capacity(tasks.len());
-        for (task, entered) in tasks.into_iter().zip(releasing.entered()) {
-            if *entered {
+        for task in tasks {
+            if releasing.enter(Some(&(task.id.clone(), task.revision))) {
                 ours.push(task);
             } else {
                 releases.again(task.id);
             }
         }
-        let tasks = ours;
-        let published = join_all(tasks.iter().map(|task| self.publish_at(task, &shutdown))).await;
-        for (task, outcome) in tasks.iter().zip(published) {
+        let published = join_all(ours.into_iter().map(|task| async {
+            let outcome = self.publish_at(&task, &shutdown).await;
+            (task, outcome)
+        }))
+        .await;
+        for (task, outcome) in published {
             match outcome {
                 Publish::Done(Ok(released), at_ms) => {
-                    self.observe(task, released, at_ms);
-                    releases.delivered(task.id.clone(), at_ms);
+                    self.observe(&task, released, at_ms);
+                    releases.delivered(task.id, at_ms);
                 }
                 Publish::Done(Err(error), _) => {
                     warn!(task_id = task.id, %error, "a staged task could not be released; it is staged again");
-                    releases.again(task.id.clone());
+                    releases.again(task.id);
                 }
-                Publish::Stopped => releases.again(task.id.clone()),
+                Publish::Stopped => releases.again(task.id),
                 Publish::Never => {}
             }
         }
-        releases
-            .record(self.releaser.ledger.clone(), PutBack::Stage)
-            .await;
+        releases.record(self.ledger.clone(), PutBack::Stage).await;
         drop(releasing);
     }
 
     /// The tasks of a take no release limit holds now; the others wait for
     /// their limits in the ledger.
     async fn hold_limited(&self, tasks: Vec<StoredTask>) -> Vec<StoredTask> {
-        let limits = &self.releaser.limits;
+        let limits = &self.limits;
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut free = Vec::with_capacity(tasks.len());
         for task in tasks {
@@ -249,7 +242,7 @@ impl StagedRelease {
             }
         }
         for (limit, ids) in held {
-            if let Err(error) = self.releaser.ledger.hold_unstaged(&ids, &limit).await {
+            if let Err(error) = self.ledger.hold_unstaged(&ids, &limit).await {
                 warn!(%error, limit, "staged tasks a limit holds stay taken until their lease runs out");
             }
         }
@@ -271,7 +264,7 @@ impl StagedRelease {
                 () = clock::until_mono_us(at_us) => {}
             }
         }
-        let message = match self.releaser.message_of(task, clock::now_ms()) {
+        let message = match self.publisher.message_of(task, clock::now_ms()) {
             Ok(message) => message,
             Err(reason) => {
                 warn!(
@@ -281,12 +274,12 @@ impl StagedRelease {
                 return Publish::Never;
             }
         };
-        let outcome = self.releaser.publish_within(message, PUBLISH_LIMIT).await;
+        let outcome = self.publisher.publish_within(message, PUBLISH_LIMIT).await;
         Publish::Done(outcome, clock::now_ms())
     }
 
     fn observe(&self, task: &StoredTask, released: Released, at_ms: u64) {
-        let metrics = &self.releaser.metrics;
+        let metrics = &self.publisher.metrics;
         if released == Released::Delivered {
             metrics.delivered(at_ms, at_ms.saturating_sub(task.deliver_at_ms));
             metrics.tasks_delivered.inc();

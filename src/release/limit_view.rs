@@ -105,7 +105,7 @@ impl LimitsView {
     }
 
     /// `queue`'s depth, as just read.
-    pub(super) fn saw_depth(&self, queue: &str, depth: Depth) {
+    pub(crate) fn saw_depth(&self, queue: &str, depth: Depth) {
         self.write().depths.insert(queue.to_owned(), depth);
     }
 

@@ -260,17 +260,17 @@ impl ShardStrands {
 
 /// Probes the levels of one shard, and drains those found stranded.
 #[derive(Clone)]
-pub(super) struct LevelKeeper {
-    pub broker: Arc<dyn Broker>,
-    pub ledger: Ledger,
-    pub cascade: Arc<Cascade>,
-    pub metrics: Arc<Metrics>,
-    pub strands: Strands,
+pub(crate) struct LevelKeeper {
+    pub(super) broker: Arc<dyn Broker>,
+    pub(super) ledger: Ledger,
+    pub(super) cascade: Arc<Cascade>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) strands: Strands,
     /// How long a task that passed no stranded level may be overdue before
     /// the ledger's own resender publishes it again (`store.resend_after_ms`).
-    pub resend_after: Duration,
+    pub(super) resend_after: Duration,
     /// Shared by every shard's keeper (see [`Resends`]).
-    pub resends: Resends,
+    pub(super) resends: Resends,
 }
 
 impl LevelKeeper {

@@ -122,19 +122,18 @@ impl Offsets {
     }
 }
 
-/// A window's messages as claimed together, by their release times
-/// `targets`: indexes in order of time, each group the messages due
-/// within `span_us` of its first. One claim (one ledger commit) per group,
-/// made before the group's first time, keeps the commit off the path
-/// without claiming any message much earlier than its time.
-pub fn claim_groups(targets: &[u64], span_us: u64) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..targets.len()).collect();
-    order.sort_by_key(|&i| targets[i]);
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    for i in order {
+/// A window's messages as claimed together, by each one's release time
+/// (`at_us`): in order of time, each group the messages due within
+/// `span_us` of its first. One claim (one ledger commit) per group, made
+/// before the group's first time, keeps the commit off the path without
+/// claiming any message much earlier than its time.
+pub fn claim_groups<T>(mut items: Vec<T>, at_us: impl Fn(&T) -> u64, span_us: u64) -> Vec<Vec<T>> {
+    items.sort_by_key(&at_us);
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for item in items {
         match groups.last_mut() {
-            Some(group) if targets[i] - targets[group[0]] <= span_us => group.push(i),
-            _ => groups.push(vec![i]),
+            Some(group) if at_us(&item) - at_us(&group[0]) <= span_us => group.push(item),
+            _ => groups.push(vec![item]),
         }
     }
     groups
@@ -245,7 +244,7 @@ mod tests {
             targets in proptest::collection::vec(0u64..50_000, 0..300),
             span in 0u64..10_000,
         ) {
-            let groups = claim_groups(&targets, span);
+            let groups = claim_groups((0..targets.len()).collect(), |&i| targets[i], span);
             let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
             seen.sort_unstable();
             prop_assert_eq!(seen, (0..targets.len()).collect::<Vec<_>>());

@@ -34,11 +34,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::ledger_releases::{LedgerReleases, PutBack};
 use super::limit_view::LimitsView;
-use super::release::{Released, Releaser};
+use super::publisher::{DuePublisher, Released};
+use super::record::{LedgerReleases, PutBack};
 use crate::clock;
-use crate::ledger::{PassInput, StoredTask};
+use crate::ledger::{Ledger, PassInput, StoredTask};
 use crate::limit::{Depth, waiting_per_limit};
 use crate::metrics::LimitLabel;
 
@@ -68,14 +68,19 @@ async fn finish(recording: Option<JoinHandle<()>>) {
 }
 
 /// The limiter of one replica.
-pub(super) struct Limiter {
-    releaser: Releaser,
+pub(crate) struct Limiter {
+    publisher: DuePublisher,
+    ledger: Ledger,
     view: LimitsView,
 }
 
 impl Limiter {
-    pub fn new(releaser: Releaser, view: LimitsView) -> Limiter {
-        Limiter { releaser, view }
+    pub(super) fn new(publisher: DuePublisher, ledger: Ledger, view: LimitsView) -> Limiter {
+        Limiter {
+            publisher,
+            ledger,
+            view,
+        }
     }
 
     /// Passes over what waits until `shutdown`.
@@ -122,7 +127,7 @@ impl Limiter {
     /// putting back to wait what a stopped replica released and never
     /// marked delivered.
     async fn refresh(&self) {
-        let ledger = &self.releaser.ledger;
+        let ledger = &self.ledger;
         match ledger.return_expired_leases(clock::now_ms()).await {
             Ok(0) => {}
             Ok(returned) => warn!(
@@ -140,7 +145,7 @@ impl Limiter {
                 return;
             }
         };
-        let metrics = &self.releaser.metrics;
+        let metrics = &self.publisher.metrics;
         let plain: Vec<_> = limits.iter().map(|l| l.limit.clone()).collect();
         for (name, (count, _)) in waiting_per_limit(&plain, &waiting) {
             metrics
@@ -167,7 +172,7 @@ impl Limiter {
             queues.dedup();
             queues
         };
-        let broker = &self.releaser.broker;
+        let broker = &self.publisher.broker;
         let read = join_all(queues.iter().map(|queue| broker.queue_depth(queue))).await;
         let mut depths = HashMap::new();
         for (queue, depth) in queues.into_iter().zip(read) {
@@ -204,7 +209,7 @@ impl Limiter {
             caps,
             most: PASS_MOST,
         };
-        let pass = match self.releaser.ledger.limiter_pass(input).await {
+        let pass = match self.ledger.limiter_pass(input).await {
             Ok(pass) => pass,
             Err(error) => {
                 warn!(%error, "cannot release waiting tasks; trying again");
@@ -231,8 +236,8 @@ impl Limiter {
         released: Vec<StoredTask>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let outcomes = join_all(released.iter().map(|stored| async {
-            let outcome = match self.releaser.message_of(stored, clock::now_ms()) {
-                Ok(message) => self.releaser.publish_within(message, PUBLISH_LIMIT).await,
+            let outcome = match self.publisher.message_of(stored, clock::now_ms()) {
+                Ok(message) => self.publisher.publish_within(message, PUBLISH_LIMIT).await,
                 Err(reason) => {
                     warn!(
                         task_id = stored.id,
@@ -258,11 +263,11 @@ impl Limiter {
                 None => {}
             }
         }
-        releases.record(self.releaser.ledger.clone(), PutBack::Wait)
+        releases.record(self.ledger.clone(), PutBack::Wait)
     }
 
     fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {
-        let metrics = &self.releaser.metrics;
+        let metrics = &self.publisher.metrics;
         let lateness_ms = at_ms.saturating_sub(stored.deliver_at_ms);
         if outcome == Released::Delivered {
             metrics.delivered(at_ms, lateness_ms);
