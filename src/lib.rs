@@ -76,8 +76,8 @@
 //!   cancels tasks; keeps recurring schedules (`recurring`: changes
 //!   withdrawing what was made) and plans them (`planner`: each occurrence
 //!   a task a lead before its time, a page of schedules at a time, the lead
-//!   following the load by `schedule`'s `lead`);
-//!   gives the tasks of a burst leads through the levels (`burst`, by
+//!   following the load by `recurrence`'s `lead`);
+//!   gives the tasks of a burst head starts through the levels (`burst`, by
 //!   `cascade`'s `spread`); reads the forecast and keeps its per-minute
 //!   counts folded (`forecast`); works bulk operations page by page under
 //!   a lease (`bulk`); answers the API's questions on release limits
@@ -127,7 +127,7 @@
 //!   delete), requeueing the unroutable queue, looking at and deleting
 //!   named objects (`deprovision`). It knows nothing of tasks or
 //!   ledgers: what becomes of a task is decided above it.
-//! - [`schedule`]: recurring schedules, pure. A schedule as a client states
+//! - [`recurrence`]: recurring schedules, pure. A schedule as a client states
 //!   it, validated (its content by a task's rules); when it fires (a cron
 //!   expression in an IANA zone, by `croner` and `jiff` with the zone
 //!   database compiled in, or a fixed interval); each occurrence's task id
@@ -143,8 +143,12 @@
 //! - [`bulk`]: changes in bulk, pure. A filter over tasks and an action
 //!   (cancel, move by a shift or to a time), checked; which tasks match,
 //!   their new due times, and how a task left unchanged is counted.
-//! - [`task`]: a task as submitted over HTTP, validated into what is
-//!   scheduled. Pure as well: the instant is an argument.
+//! - [`task`]: a task, pure. **Where a task is made:** `Task::new` alone,
+//!   from what an entry point decided (`TaskParts`) and where and when it
+//!   goes (`Itinerary`: the route, the shard its id picks, its due time,
+//!   decided there for every entry point); a task as submitted over HTTP,
+//!   validated (`request`); why one is refused (`error`). The instant is
+//!   an argument.
 //! - [`message`]: **where headers are decided:** the message format, pure.
 //!   Every header name delayline writes or reads is in `message/headers.rs`
 //!   (no other file names one), a task's message is built from what the
@@ -175,7 +179,7 @@
 //!
 //! The public surface is what the binary, the integration tests and the
 //! benchmark use: the rooms they reach are `pub`, the others (`http`,
-//! `metrics`, `operations`, `schedule`, `remote`, `probe`, `telemetry`)
+//! `metrics`, `operations`, `recurrence`, `remote`, `probe`, `telemetry`)
 //! `pub(crate)`, and a folder's `mod.rs` hands on publicly only the names
 //! used outside the crate (the rest `pub(crate)`, or `cfg(test)` where
 //! only the crate's own tests use them). No product function is longer
@@ -200,9 +204,9 @@ pub mod message;
 pub(crate) mod metrics;
 pub(crate) mod operations;
 pub(crate) mod probe;
+pub(crate) mod recurrence;
 pub mod release;
 pub(crate) mod remote;
-pub(crate) mod schedule;
 pub mod scheduler;
 pub mod secret;
 pub mod service;

@@ -411,6 +411,16 @@ fn the_wall_clock_is_read_only_in_the_clock_room() {
     assert_eq!(readers, ["clock.rs"]);
 }
 
+/// A task's route, the shard its id picks and its due time are decided in
+/// one place, `task::Itinerary`, for every entry point (the compiler sees
+/// that no task is written as a literal outside `task/model.rs`). Moving
+/// a chain's raw messages (`broker/migrate.rs`) shards messages, not tasks.
+#[test]
+fn a_tasks_shard_is_chosen_only_where_its_itinerary_is_made() {
+    let choosers = files_where(|text| text.contains(".in_task_shard("));
+    assert_eq!(choosers, ["broker/migrate.rs", "task/model.rs"]);
+}
+
 /// Logs show what they name as text: an AMQP property logged with `?`
 /// read `message_id=Some(ShortString("nb-bad-1"))`, a list of ids as Rust's
 /// debug form of a vector.

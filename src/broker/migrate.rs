@@ -381,7 +381,7 @@ async fn delete_old_exchanges(
             delete_exchange(connection, &old.release_queue(shard)).await?;
         }
         delete_exchange(connection, &ledger_marker_name(&old.prefix, old.version)).await?;
-        // Notices that a released task was unroutable: the parked
+        // Notices that a released task was unroutable: the unroutable
         // message itself moved with the unroutable queue.
         let notices = unroutable_seen_queue_name(&old.prefix, old.version);
         delete_notices(connection, &notices).await?;

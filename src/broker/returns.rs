@@ -6,7 +6,7 @@
 //! on one channel (a multiple ack, acks out of order) that may be another
 //! publish's. Taken at its word, a released task the broker had dropped was
 //! once marked delivered, and the task whose confirm carried the return,
-//! delivered, was parked as well. So:
+//! delivered, was sent to the unroutable queue as well. So:
 //! - a publish that may well come back (a release to an exchange of the
 //!   user's, which has no alternate exchange) takes a channel alone while it
 //!   is in flight ([`super::Publisher::publish_due_alone`]): its confirm

@@ -255,7 +255,7 @@ impl Cascade {
     }
 
     /// `route` (of a held task) waiting `units` in the levels instead, a
-    /// burst's lead ([`super::LevelLoad`]): the same delay granted, the
+    /// burst's head start ([`super::LevelLoad`]): the same delay granted, the
     /// release stage holding (or staging) it for the rest.
     pub fn with_wait(&self, route: &Route, units: u64, destination: &str) -> Route {
         Route {

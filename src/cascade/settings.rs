@@ -189,7 +189,7 @@ pub struct CascadeSettings {
     /// 2,000 left together reached the release stage up to 1.5 s late). 0:
     /// no leads, every task routed as it would be alone.
     pub burst_level_rate: u32,
-    /// The longest lead a task of a burst is given: it reaches the release
+    /// The longest head start a task of a burst is given: it reaches the release
     /// stage at most this long before its time (and is staged in the
     /// ledger until then).
     pub burst_window_ms: u64,
@@ -525,14 +525,14 @@ impl Cascade {
         }
     }
 
-    /// The longest lead a burst's task is given, in whole units.
+    /// The longest head start a burst's task is given, in whole units.
     pub fn burst_window_units(&self) -> u64 {
         self.settings.burst_window_ms / self.unit_ms()
     }
 
     /// How far ahead of its time a task that reaches the release stage is
     /// staged in the ledger rather than held unacknowledged: the lead and
-    /// two units (a task routed without a burst's lead arrives within the
+    /// two units (a task routed without a burst's head start arrives within the
     /// lead and one unit, and a round delay's up to 64 s early).
     pub fn stage_after_ms(&self) -> u64 {
         self.release_lead_ms() + 2 * self.unit_ms()

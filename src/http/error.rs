@@ -14,7 +14,7 @@ use tracing::error;
 
 use crate::ingress::ParkedError;
 use crate::operations::OperationError;
-use crate::schedule::ScheduleError;
+use crate::recurrence::ScheduleError;
 use crate::scheduler::LedgerError;
 use crate::scheduler::PublishError;
 use crate::scheduler::{

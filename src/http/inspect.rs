@@ -59,9 +59,14 @@ pub struct TaskView {
     /// `delivered_at` less `deliver_at`, in milliseconds.
     pub lateness_ms: Option<u64>,
     pub cancelled_at: Option<String>,
-    /// The release limit that held it when it fell due (state `waiting`
-    /// while it holds it; `GET /v1/limits/{name}` says why).
+    /// The release limit it waited for when it fell due (state `waiting`
+    /// while it waits; `GET /v1/limits/{name}` says why).
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub waited_for: Option<String>,
+    /// `waited_for` under its old name, kept for clients that read it
+    /// (see CHANGELOG.md); it will be removed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(deprecated)]
     pub held_by: Option<String>,
     /// A staged task's moment (state `staged`, or `releasing` from there):
     /// its due time, or later by the staging replica's clock.
@@ -80,7 +85,8 @@ impl From<StoredTask> for TaskView {
             delivered_at: stored.delivered_ms().map(format_epoch_ms),
             lateness_ms: stored.lateness_ms(),
             cancelled_at: stored.cancelled_at_ms.map(format_epoch_ms),
-            held_by: stored.held_by.clone(),
+            waited_for: stored.waited_for.clone(),
+            held_by: stored.waited_for.clone(),
             release_at: stored.release_at_ms.map(format_epoch_ms),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),

@@ -22,7 +22,7 @@ use super::tasks::REPLAYED;
 use crate::auth::{Caller, Permission};
 use crate::clock::format_epoch_ms;
 use crate::message::FieldValue;
-use crate::schedule::{CatchUp, SchedulePatch, ScheduleRequest, occurrence_id};
+use crate::recurrence::{CatchUp, SchedulePatch, ScheduleRequest, occurrence_id};
 use crate::scheduler::ScheduleState;
 use crate::task::{TaskError, deserialize_whole, require_object};
 

@@ -12,7 +12,7 @@ use super::settings::Ingress;
 use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError, validate_destination};
 use crate::message::FieldValue;
 use crate::message::{self, BadDelay, Due, PLUGIN_DELAY_HEADER};
-use crate::task::Task;
+use crate::task::{Itinerary, Task, TaskParts};
 
 /// The destination of a task whose routing key cannot be one (empty, as
 /// for a fanout or headers exchange, or with characters a destination may
@@ -84,13 +84,6 @@ pub fn take(
         Due::At(at_ms) => (at_ms.saturating_sub(accepted_at_ms), None),
     };
     let destination = destination_of(routing_key, cascade);
-    let route = cascade
-        .route(Duration::from_millis(delay_ms), destination)
-        .map_err(|error| match error {
-            RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
-            // The destination was checked: only the delay can be wrong.
-            other => Refusal::DelayTooLong(other.to_string()),
-        })?;
     let (id, fingerprint) = match properties.message_id() {
         Some(id) => {
             let id = id.as_str();
@@ -102,29 +95,38 @@ pub fn take(
         }
         None => (uuid::Uuid::now_v7().to_string(), None),
     };
-    let route = cascade.in_task_shard(route, &id);
+    let itinerary = Itinerary::new(
+        cascade,
+        &id,
+        destination,
+        Duration::from_millis(delay_ms),
+        accepted_at_ms,
+    )
+    .map_err(|error| match error {
+        RouteError::DelayTooLong { .. } => Refusal::DelayTooLong(error.to_string()),
+        // The destination was checked: only the delay can be wrong.
+        other => Refusal::DelayTooLong(other.to_string()),
+    })?;
     let carried = message::taken_in(properties, &ingress.deliver_to, routing_key, asked_delay);
+    let parts = TaskParts {
+        client_id: fingerprint.is_some(),
+        id,
+        destination: destination.to_owned(),
+        payload: payload.to_vec(),
+        content_type: properties
+            .content_type()
+            .as_ref()
+            .map_or("application/octet-stream", |t| t.as_str())
+            .to_owned(),
+        headers: header_copy(properties),
+        revision: 1,
+        client: None,
+        exchange: ingress.declared_kind.map(|_| ingress.deliver_to.clone()),
+        leeway_ms: 0,
+        carried: Some(carried),
+    };
     Ok(Taken {
-        task: Task {
-            client_id: fingerprint.is_some(),
-            id,
-            destination: destination.to_owned(),
-            deliver_at_ms: accepted_at_ms + route.delay_ms,
-            accepted_at_ms,
-            route,
-            payload: payload.to_vec(),
-            content_type: properties
-                .content_type()
-                .as_ref()
-                .map_or("application/octet-stream", |t| t.as_str())
-                .to_owned(),
-            headers: header_copy(properties),
-            revision: 1,
-            client: None,
-            exchange: ingress.declared_kind.map(|_| ingress.deliver_to.clone()),
-            leeway_ms: 0,
-            carried: Some(carried),
-        },
+        task: Task::new(parts, itinerary),
         fingerprint,
     })
 }
@@ -143,17 +145,18 @@ pub(super) fn retry_task(
 ) -> Result<Task, Refusal> {
     let accepted_at_ms = cascade.delay_start_ms(now);
     let destination = retry_destination(queue, cascade.max_destination_bytes());
-    let route = cascade
-        .route(Duration::from_millis(delay_ms), &destination)
-        .map_err(|error| Refusal::DelayTooLong(error.to_string()))?;
-    let route = cascade.in_task_shard(route, &id);
-    Ok(Task {
+    let itinerary = Itinerary::new(
+        cascade,
+        &id,
+        &destination,
+        Duration::from_millis(delay_ms),
+        accepted_at_ms,
+    )
+    .map_err(|error| Refusal::DelayTooLong(error.to_string()))?;
+    let parts = TaskParts {
         client_id: false,
         id,
         destination,
-        deliver_at_ms: accepted_at_ms + route.delay_ms,
-        accepted_at_ms,
-        route,
         payload: payload.to_vec(),
         content_type: carried
             .content_type()
@@ -166,7 +169,8 @@ pub(super) fn retry_task(
         exchange: Some(String::new()),
         leeway_ms: 0,
         carried: Some(carried),
-    })
+    };
+    Ok(Task::new(parts, itinerary))
 }
 
 /// The routing key when it can be a destination (listed and filtered by),

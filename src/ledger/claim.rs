@@ -32,7 +32,7 @@ pub enum Finding {
 /// The release limit a due task waits for if it is claimed and cannot go
 /// at once ([`hold_claimed`]), and the task's destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeldFor {
+pub struct WaitsFor {
     pub limit: String,
     pub destination: String,
 }
@@ -47,7 +47,7 @@ pub struct HeldFor {
 pub struct ClaimAsk {
     pub id: String,
     pub revision: u64,
-    pub held_for: Option<HeldFor>,
+    pub waits_for: Option<WaitsFor>,
     pub stage_until: Option<u64>,
 }
 
@@ -57,7 +57,7 @@ impl ClaimAsk {
         ClaimAsk {
             id,
             revision,
-            held_for: None,
+            waits_for: None,
             stage_until: None,
         }
     }
@@ -160,7 +160,7 @@ pub(super) async fn claim(
     Ok((findings, were_pending))
 }
 
-/// The claimed tasks asked about with a release limit (`held_for`) wait
+/// The claimed tasks asked about with a release limit (`waits_for`) wait
 /// for it instead (`waiting`, found [`Finding::Waiting`]), in the claim's
 /// own transaction: one commit for both, and no moment at which such a task
 /// is `releasing` unheld. With `limits` (what the release stage knows of
@@ -177,8 +177,8 @@ pub(super) async fn hold_claimed(
         .iter()
         .zip(findings.iter())
         .enumerate()
-        .filter_map(|(i, (ask, finding))| match (&ask.held_for, finding) {
-            (Some(held_for), Finding::Claimed) => Some((i, held_for.destination.as_str())),
+        .filter_map(|(i, (ask, finding))| match (&ask.waits_for, finding) {
+            (Some(waits_for), Finding::Claimed) => Some((i, waits_for.destination.as_str())),
             _ => None,
         })
         .collect();
@@ -191,8 +191,8 @@ pub(super) async fn hold_claimed(
     };
     let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for &(i, _) in candidates.iter().filter(|(i, _)| !straight.contains(i)) {
-        if let Some(held_for) = &asks[i].held_for {
-            held.entry(held_for.limit.as_str())
+        if let Some(waits_for) = &asks[i].waits_for {
+            held.entry(waits_for.limit.as_str())
                 .or_default()
                 .push(asks[i].id.as_str());
             findings[i] = Finding::Waiting;
@@ -200,7 +200,7 @@ pub(super) async fn hold_claimed(
     }
     for (limit, ids) in held {
         for chunk in statement_sized_chunks(&ids) {
-            tx.hold(chunk, limit).await?;
+            tx.wait_for_limit(chunk, limit).await?;
         }
     }
     Ok(())

@@ -13,7 +13,7 @@ use super::checkpoint;
 use super::error::{LedgerError, QueryContext};
 use super::holders;
 use super::pool::{Pool, migrate, open_pool, open_sqlite_writer, warn_without_autovacuum};
-use super::record::{Entry, Lease, Retry, Row};
+use super::record::{Entry, Lease, Republish, Row};
 use super::settings::{Location, StoreSettings};
 use super::sql;
 use super::transaction::Store;
@@ -167,14 +167,14 @@ impl Ledger {
     }
 
     /// Publishing revision `revision` failed: the forwarder takes the task
-    /// from `retry.retry_at_ms` on.
-    pub async fn retry_later(
+    /// from `republish.again_at_ms` on.
+    pub async fn republish_later(
         &self,
         id: String,
         revision: u64,
-        retry: Retry,
+        republish: Republish,
     ) -> Result<(), LedgerError> {
-        self.writes.retry(id, revision, retry).await
+        self.writes.republish(id, revision, republish).await
     }
 
     /// The task can never be delivered: it never publishes (pending), or its

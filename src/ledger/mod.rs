@@ -75,7 +75,7 @@ mod writer;
 
 pub use admit::Admission;
 pub(crate) use change::{Cancel, ChangeKey, Move, Reschedule};
-pub use claim::{ClaimAsk, Finding, HeldFor, UnstageInput};
+pub use claim::{ClaimAsk, Finding, UnstageInput, WaitsFor};
 pub(crate) use cursor::Cursor;
 pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
@@ -86,7 +86,7 @@ pub(crate) use pass::{PassInput, StoredLimit};
 pub(crate) use plan::Advance;
 pub(crate) use pool::{Migrated, migrate_only};
 pub use record::Entry;
-pub(crate) use record::{Retry, StoredTask};
+pub(crate) use record::{Republish, StoredTask};
 pub(crate) use schedules::{Planned, PlannedSchedule, ScheduleChange, StoredSchedule};
 pub use settings::StoreSettings;
 pub(crate) use settings::is_unmade;

@@ -2,14 +2,13 @@
 //! ledger hands it out ([`StoredTask`], in the domain's types).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::error::LedgerError;
 use crate::cascade::Cascade;
 use crate::clock::format_epoch_ms;
 use crate::message;
 use crate::message::FieldValue;
-use crate::task::{Task, TaskAccepted, TaskState};
+use crate::task::{Itinerary, Task, TaskAccepted, TaskParts, TaskState};
 
 /// The columns a new row is inserted with, the first of [`Row`]'s fields in
 /// their order (a test holds them to [`COLUMNS`]); the others start at
@@ -165,8 +164,9 @@ pub struct StoredTask {
     /// delivery: [`StoredTask::delivered_ms`] says so.
     pub delivered_at_ms: Option<u64>,
     pub cancelled_at_ms: Option<u64>,
-    /// The limit that held it when it fell due (`waiting`), once one did.
-    pub held_by: Option<String>,
+    /// The release limit it waited for when it fell due (`waiting`), once
+    /// one did (the column is `held_by`).
+    pub waited_for: Option<String>,
     /// When the staged release lets it go (`staged`, or `releasing` from
     /// there): its due time, or later by the staging replica's clock.
     pub release_at_ms: Option<u64>,
@@ -210,20 +210,18 @@ impl StoredTask {
         let payload = self
             .whole_payload()
             .ok_or("the ledger does not hold the whole payload")?;
-        let remaining = Duration::from_millis(self.deliver_at_ms.saturating_sub(now_ms));
-        let route = cascade
-            .route(remaining, &self.destination)
-            .map_err(|error| format!("cannot be routed: {error}"))?;
-        let route = cascade.in_task_shard(route, &self.id);
-        Ok(Task {
+        let itinerary = Itinerary::resumed(
+            cascade,
+            &self.id,
+            &self.destination,
+            (self.deliver_at_ms, self.delay_ms),
+            now_ms,
+        )
+        .map_err(|error| format!("cannot be routed: {error}"))?;
+        let parts = TaskParts {
             id: self.id.clone(),
             client_id: false,
             destination: self.destination.clone(),
-            route,
-            // When this revision was accepted: a moved task's delay counts
-            // from its move, so the delay header is the delay it was moved by.
-            accepted_at_ms: self.deliver_at_ms.saturating_sub(self.delay_ms),
-            deliver_at_ms: self.deliver_at_ms,
             payload: payload.to_vec(),
             content_type: self.content_type.clone(),
             headers: self.headers.clone().into_iter().collect(),
@@ -232,7 +230,8 @@ impl StoredTask {
             exchange: self.exchange.clone(),
             leeway_ms: self.leeway_ms,
             carried: self.carried.clone(),
-        })
+        };
+        Ok(Task::new(parts, itinerary))
     }
 
     /// The 202 answer this task got (with its current state).
@@ -392,7 +391,7 @@ impl Row {
             client: self.client,
             exchange: self.exchange,
             leeway_ms: ms(self.leeway_ms),
-            held_by: self.held_by,
+            waited_for: self.held_by,
             release_at_ms: self.release_at_ms.map(ms),
             staged_by: self.staged_by,
         })
@@ -408,11 +407,12 @@ pub(super) fn db_ms(ms: u64) -> i64 {
 pub(super) fn decode_all(rows: Vec<Row>) -> Result<Vec<StoredTask>, LedgerError> {
     rows.into_iter().map(Row::decode).collect()
 }
-/// A failed publish, recorded so the forwarder retries the task later.
+/// A failed publish, recorded so that the forwarder publishes the task
+/// again later. ("Retry" is a consumer's retry, `crate::ingress`'s alone.)
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Retry {
+pub struct Republish {
     /// The forwarder takes the task from then on.
-    pub retry_at_ms: u64,
+    pub again_at_ms: u64,
     pub error: String,
     /// From now on, publish the task only alone.
     pub publish_alone: bool,
@@ -455,7 +455,7 @@ mod tests {
             revision: 3,
             delivered_at_ms: None,
             cancelled_at_ms: None,
-            held_by: None,
+            waited_for: None,
             release_at_ms: None,
             staged_by: None,
         }

@@ -16,7 +16,7 @@ use super::pool::Pool;
 use super::record::Row as TaskRow;
 use super::record::db_ms;
 use super::record::{Entry, Lease};
-use crate::schedule::{ScheduleContent, TimingSpec};
+use crate::recurrence::{ScheduleContent, TimingSpec};
 use crate::task::Task;
 
 /// A schedule as the ledger holds it.

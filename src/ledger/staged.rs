@@ -1,5 +1,5 @@
 //! Staged tasks: what reached the release stage well before its time (a
-//! burst's, given a lead through the levels so that it passes them ahead
+//! burst's, given a head start through the levels so that it passes them ahead
 //! of the instant) is kept in the ledger alone until its moment, and
 //! released from there by any replica.
 //!
@@ -31,7 +31,7 @@ impl Ledger {
     /// instead, in the asks' order. A staged task meets the release limits
     /// at its moment, not now: its ask names none.
     pub async fn stage(&self, asks: Vec<ClaimAsk>) -> Result<Vec<Finding>, LedgerError> {
-        debug_assert!(asks.iter().all(|ask| ask.held_for.is_none()));
+        debug_assert!(asks.iter().all(|ask| ask.waits_for.is_none()));
         self.writes.claim(asks, None).await
     }
 
@@ -104,7 +104,7 @@ impl Ledger {
     /// Taken staged tasks `ids` whose destination a release limit holds
     /// now: they wait for `limit` (`waiting`), as a due task the release
     /// stage claims does.
-    pub async fn hold_unstaged(&self, ids: &[String], limit: &str) -> Result<(), LedgerError> {
+    pub async fn wait_unstaged(&self, ids: &[String], limit: &str) -> Result<(), LedgerError> {
         for chunk in statement_sized_chunks(ids) {
             let sql = sql::hold_releasing(chunk.len());
             on_pool!(&self.pool, p => {

@@ -17,7 +17,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use super::due_counts::{self, DueChanges};
 use super::error::{LedgerError, QueryContext};
 use super::record::db_ms;
-use super::record::{INSERT_COLUMNS, Retry, Row};
+use super::record::{INSERT_COLUMNS, Republish, Row};
 use super::sql;
 
 /// A row either backend can read: by name from rusqlite, by sqlx on
@@ -505,19 +505,23 @@ impl Tx<'_> {
         }
     }
 
-    /// Claimed tasks `ids` wait for limit `held_by` instead.
-    pub(super) async fn hold(&mut self, ids: &[&str], held_by: &str) -> Result<(), LedgerError> {
+    /// Claimed tasks `ids` wait for limit `limit` instead.
+    pub(super) async fn wait_for_limit(
+        &mut self,
+        ids: &[&str],
+        limit: &str,
+    ) -> Result<(), LedgerError> {
         let sql = sql::hold_releasing(ids.len());
         match self {
             Tx::Sqlite(tx) => {
-                let mut parameters: Vec<&dyn ToSql> = vec![&held_by];
+                let mut parameters: Vec<&dyn ToSql> = vec![&limit];
                 parameters.extend(ids.iter().map(|id| id as &dyn ToSql));
                 tx.execute(&sql, &parameters)
                     .map(|_| ())
                     .context("holding due tasks for a limit")
             }
             Tx::Postgres(t) => {
-                let mut query = sqlx::query(&sql).bind(held_by);
+                let mut query = sqlx::query(&sql).bind(limit);
                 for id in ids {
                     query = query.bind(*id);
                 }
@@ -641,24 +645,24 @@ impl Tx<'_> {
         }
     }
 
-    pub(super) async fn schedule_retry(
+    pub(super) async fn schedule_republish(
         &mut self,
         id: &str,
         revision: u64,
-        retry: &Retry,
+        republish: &Republish,
         holder: i64,
     ) -> Result<(), LedgerError> {
-        let retry_at = db_ms(retry.retry_at_ms);
-        let publish_alone = i64::from(retry.publish_alone);
-        let refused = i64::from(retry.refused);
+        let again_at = db_ms(republish.again_at_ms);
+        let publish_alone = i64::from(republish.publish_alone);
+        let refused = i64::from(republish.refused);
         let revision = db_ms(revision);
         match self {
             Tx::Sqlite(tx) => tx
                 .execute(
                     sql::SCHEDULE_RETRY,
                     &[
-                        &retry_at,
-                        &retry.error,
+                        &again_at,
+                        &republish.error,
                         &publish_alone,
                         &refused,
                         &id,
@@ -667,10 +671,10 @@ impl Tx<'_> {
                     ],
                 )
                 .map(|_| ())
-                .context("scheduling a retry"),
+                .context("recording a failed publish to be tried again"),
             Tx::Postgres(t) => sqlx::query(sql::SCHEDULE_RETRY)
-                .bind(retry_at)
-                .bind(&retry.error)
+                .bind(again_at)
+                .bind(&republish.error)
                 .bind(publish_alone)
                 .bind(refused)
                 .bind(id)
@@ -679,7 +683,7 @@ impl Tx<'_> {
                 .execute(&mut **t)
                 .await
                 .map(|_| ())
-                .context("scheduling a retry"),
+                .context("recording a failed publish to be tried again"),
         }
     }
 

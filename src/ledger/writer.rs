@@ -28,7 +28,7 @@ use super::error::LedgerError;
 use super::pass::{Pass, PassInput, pass_in};
 use super::plan::{PageFound, PlanWrite, plan_in};
 use super::record::db_ms;
-use super::record::{Retry, Row};
+use super::record::{Republish, Row};
 use super::sql::statement_sized_chunks;
 use super::transaction::{Store, Tx};
 
@@ -55,10 +55,10 @@ enum Write {
         revision: u64,
         reply: Reply<()>,
     },
-    Retry {
+    Republish {
         id: String,
         revision: u64,
-        retry: Retry,
+        republish: Republish,
         reply: Reply<()>,
     },
     Failed {
@@ -181,11 +181,16 @@ impl Handle {
         .await
     }
 
-    pub async fn retry(&self, id: String, revision: u64, retry: Retry) -> Result<(), LedgerError> {
-        self.send(|reply| Write::Retry {
+    pub async fn republish(
+        &self,
+        id: String,
+        revision: u64,
+        republish: Republish,
+    ) -> Result<(), LedgerError> {
+        self.send(|reply| Write::Republish {
             id,
             revision,
-            retry,
+            republish,
             reply,
         })
         .await
@@ -242,7 +247,7 @@ impl Handle {
 struct Group {
     admits: Vec<(Box<Row>, Option<String>, Reply<Admission>)>,
     published: Vec<((String, i64), Reply<()>)>,
-    retries: Vec<(String, u64, Retry, Reply<()>)>,
+    republishes: Vec<(String, u64, Republish, Reply<()>)>,
     failed: Vec<(String, Option<u64>, String, Reply<()>)>,
     delivered: Vec<(Vec<String>, u64, Reply<()>)>,
     claims: Vec<ClaimAsked>,
@@ -282,12 +287,12 @@ impl Group {
                     revision,
                     reply,
                 } => group.published.push(((id, db_ms(revision)), reply)),
-                Write::Retry {
+                Write::Republish {
                     id,
                     revision,
-                    retry,
+                    republish,
                     reply,
-                } => group.retries.push((id, revision, retry, reply)),
+                } => group.republishes.push((id, revision, republish, reply)),
                 Write::Failed {
                     id,
                     revision,
@@ -359,7 +364,7 @@ impl Group {
             let _ = reply.send(answer);
         }
         let others = (self.published.into_iter().map(|(_, reply)| reply))
-            .chain(self.retries.into_iter().map(|(.., reply)| reply))
+            .chain(self.republishes.into_iter().map(|(.., reply)| reply))
             .chain(self.failed.into_iter().map(|(.., reply)| reply))
             .chain(self.delivered.into_iter().map(|(.., reply)| reply));
         for reply in others {
@@ -436,8 +441,9 @@ impl Writer {
                 .mark_published(chunk, now_ms, trim_on_publish, self.payload_copy_bytes)
                 .await?;
         }
-        for (id, revision, retry, _) in &group.retries {
-            tx.schedule_retry(id, *revision, retry, self.holder).await?;
+        for (id, revision, republish, _) in &group.republishes {
+            tx.schedule_republish(id, *revision, republish, self.holder)
+                .await?;
         }
         let mut failed_pending = 0;
         for (id, revision, reason, _) in &group.failed {
@@ -537,7 +543,7 @@ mod tests {
 
     use super::*;
     use crate::cascade::CascadeSettings;
-    use crate::ledger::{HeldFor, StoreSettings};
+    use crate::ledger::{StoreSettings, WaitsFor};
     use crate::task::{Task, TaskState};
 
     /// A SQLite ledger with the release stage, in a folder of its own
@@ -783,7 +789,7 @@ mod tests {
         }
         let revision = u64::try_from(rows[0].revision).unwrap();
         let paced = |id: &str, revision| ClaimAsk {
-            held_for: Some(held_for("pace")),
+            waits_for: Some(waits_for("pace")),
             ..ClaimAsk::of(id.to_owned(), revision)
         };
         let asks = vec![
@@ -797,20 +803,20 @@ mod tests {
         let stored = async |i: usize| ledger.get(&rows[i].id).await.unwrap().unwrap();
         let (released, held, other) = (stored(0).await, stored(1).await, stored(2).await);
         assert_eq!(
-            (released.state.as_str(), released.held_by),
+            (released.state.as_str(), released.waited_for),
             ("releasing", None)
         );
         assert_eq!(
-            (held.state.as_str(), held.held_by.as_deref()),
+            (held.state.as_str(), held.waited_for.as_deref()),
             ("waiting", Some("pace"))
         );
-        assert_eq!((other.state.as_str(), other.held_by), ("pending", None));
+        assert_eq!((other.state.as_str(), other.waited_for), ("pending", None));
         ledger.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    fn held_for(limit: &str) -> HeldFor {
-        HeldFor {
+    fn waits_for(limit: &str) -> WaitsFor {
+        WaitsFor {
             limit: limit.to_owned(),
             destination: "d".to_owned(),
         }
@@ -859,7 +865,7 @@ mod tests {
             let asks = rows
                 .iter()
                 .map(|r| ClaimAsk {
-                    held_for: Some(held_for("pace")),
+                    waits_for: Some(waits_for("pace")),
                     ..ClaimAsk::of(r.id.clone(), 1)
                 })
                 .collect();
@@ -877,7 +883,10 @@ mod tests {
         // Ten seconds on the bucket is full again, but a task waits.
         assert_eq!(claim(&rows[3..], now_ms + 10_000).await, [Finding::Waiting]);
         let stored = ledger.get(&rows[0].id).await.unwrap().unwrap();
-        assert_eq!((stored.state.as_str(), stored.held_by), ("releasing", None));
+        assert_eq!(
+            (stored.state.as_str(), stored.waited_for),
+            ("releasing", None)
+        );
         // A pass with a token for one of the two waiting: "d" still waits.
         let pass = async |now_ms| {
             let mut input = input(now_ms);
@@ -1036,7 +1045,7 @@ mod tests {
         assert_eq!(counts, recount, "after quarantines");
 
         let mut asks = [0, 1, 2, 6].map(|i| ClaimAsk::of(id(i), 1)).to_vec();
-        asks[2].held_for = Some(held_for("pace"));
+        asks[2].waits_for = Some(waits_for("pace"));
         let findings = ledger.claim_release(asks, None).await.unwrap();
         assert_eq!(
             findings,

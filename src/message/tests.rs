@@ -7,7 +7,7 @@ use lapin::types::{AMQPValue, FieldTable};
 
 use super::*;
 use crate::cascade::{Cascade, CascadeSettings};
-use crate::task::Task;
+use crate::task::{Itinerary, Task, TaskParts};
 
 fn cascade(levels: u32) -> Cascade {
     CascadeSettings {
@@ -41,14 +41,11 @@ prop_compose! {
     ) -> (Task, u32) {
         let cascade = cascade(levels);
         let delay = Duration::from_millis(delay_ms.min(cascade.max_delay_ms()));
-        let route = cascade.route(delay, &destination).unwrap();
-        let task = Task {
+        let itinerary = Itinerary::new(&cascade, &id, &destination, delay, accepted_at_ms).unwrap();
+        let parts = TaskParts {
             id,
             client_id: false,
             destination,
-            deliver_at_ms: accepted_at_ms + route.delay_ms,
-            accepted_at_ms,
-            route,
             payload,
             content_type: "application/json".to_owned(),
             headers: headers
@@ -61,6 +58,7 @@ prop_compose! {
             leeway_ms: 0,
             carried: None,
         };
+        let task = Task::new(parts, itinerary);
         (task, levels)
     }
 }

@@ -189,8 +189,9 @@ pub struct Metrics {
     pub limit_waiting: Family<LimitLabel, Gauge>,
     /// Tasks the limiter released, per limit matching them.
     pub limit_released: Family<LimitLabel, Counter>,
-    /// How long past its due time each task a limit held was released.
-    pub limit_held: Histogram,
+    /// How long past its due time each task that waited for a limit was
+    /// released (exported under its old name too).
+    pub limit_waited: Histogram,
     /// Tasks on their way due within the next minute and hour (every
     /// replica's, from the ledger's counts, read every few seconds).
     pub tasks_due_next_minute: Gauge,
@@ -441,11 +442,19 @@ impl Metrics {
             limit_released.clone(),
         );
         // 1 ms to about 18 h.
-        let limit_held = Histogram::new(exponential_buckets(0.001, 2.0, 27));
+        let limit_waited = Histogram::new(exponential_buckets(0.001, 2.0, 27));
+        registry.register(
+            "limit_waited_seconds",
+            "How long past its due time each task that waited for a release limit was released",
+            limit_waited.clone(),
+        );
+        // The same histogram under its old name, for dashboards and alerts
+        // that read it (CHANGELOG.md): "held" is a task held to its
+        // millisecond, not one waiting for a limit.
         registry.register(
             "limit_held_seconds",
-            "How long past its due time each task a release limit held was released",
-            limit_held.clone(),
+            "Deprecated: limit_waited_seconds under its old name, to be removed",
+            limit_waited.clone(),
         );
         let tasks_due_next_minute = Gauge::default();
         registry.register(
@@ -489,7 +498,7 @@ impl Metrics {
         registry.register(
             "tasks_staged",
             "Tasks staged in the ledger until their moment: a burst's that reached the release \
-             stage well before their time (given a lead), or that the levels had no room for as \
+             stage well before their time (given a head start), or that the levels had no room for as \
              they were admitted",
             tasks_staged.clone(),
         );
@@ -640,7 +649,7 @@ impl Metrics {
             queue_depth_polled,
             limit_waiting,
             limit_released,
-            limit_held,
+            limit_waited,
             tasks_due_next_minute,
             tasks_due_next_hour,
             recent_lateness: Default::default(),

@@ -67,7 +67,7 @@ impl LimitsView {
 
     /// The limit a due task for `destination` waits for (the first by
     /// name that matches), if any does.
-    pub fn holder(&self, destination: &str) -> Option<String> {
+    pub fn limit_for(&self, destination: &str) -> Option<String> {
         self.read()
             .limits
             .iter()

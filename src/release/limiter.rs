@@ -273,7 +273,7 @@ impl Limiter {
             metrics.delivered(at_ms, lateness_ms);
             metrics.tasks_delivered.inc();
         }
-        metrics.limit_held.observe(lateness_ms as f64 / 1000.0);
+        metrics.limit_waited.observe(lateness_ms as f64 / 1000.0);
         for limit in self
             .view
             .read()

@@ -94,7 +94,7 @@ impl DuePublisher {
     /// was published but for the broker's dead-lettering history, with the
     /// routing key it is delivered with ([`message::released`]); a late
     /// confirm is awaited. A task whose exchange does not exist, or
-    /// returns it, is parked in the unroutable queue rather than failing
+    /// returns it, is kept in the unroutable queue rather than failing
     /// again and again.
     pub(super) async fn publish(&self, message: &Inbound) -> Result<Released, PublishError> {
         let message = message::released(

@@ -7,7 +7,7 @@
 //! early and waits, unacknowledged, for its time ([`super::hold`]): a
 //! cancel or a move until then still applies, and a replica that dies
 //! gives what it held back to the queue. A message that arrives more than
-//! the lead and two units before its time (a burst's, given a lead:
+//! the lead and two units before its time (a burst's, given a head start:
 //! the scheduler's `burst`) is not held: its task is staged in the ledger in the
 //! claim's transaction and the message acknowledged, and the staged release
 //! lets it go at its moment ([`super::staged`]). For each group of due
@@ -53,7 +53,7 @@ use super::strands::ShardStrands;
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Settle};
 use crate::cascade::{Cascade, destination_of};
 use crate::clock;
-use crate::ledger::{ClaimAsk, Finding, HeldFor, Ledger};
+use crate::ledger::{ClaimAsk, Finding, Ledger, WaitsFor};
 use crate::message::{self, Message, Probe};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -99,7 +99,7 @@ pub enum Verdict {
     Wait,
     /// Claimed, and a release limit matches its destination: it waits in
     /// the ledger for the limiter ([`super::limiter`]); acknowledged.
-    Held,
+    Waits,
     /// Claimed well before its time: staged in the ledger until its moment
     /// ([`super::staged`]); acknowledged.
     Staged,
@@ -114,7 +114,7 @@ impl Verdict {
             Verdict::Deliver
             | Verdict::Forward
             | Verdict::Wait
-            | Verdict::Held
+            | Verdict::Waits
             | Verdict::Staged => None,
         }
     }
@@ -124,7 +124,7 @@ impl Verdict {
 pub fn judge(finding: Finding, revision: u64) -> Verdict {
     match finding {
         Finding::Claimed => Verdict::Deliver,
-        Finding::Waiting => Verdict::Held,
+        Finding::Waiting => Verdict::Waits,
         Finding::Staged => Verdict::Staged,
         Finding::Absent => Verdict::Forward,
         Finding::Found {
@@ -201,7 +201,7 @@ fn judge_all<'a>(messages: impl Iterator<Item = &'a mut Judged>, findings: Vec<F
 struct DueMessage<'a> {
     due: Due<'a>,
     judged: Judged,
-    held_for: Option<HeldFor>,
+    waits_for: Option<WaitsFor>,
     published: Option<(Result<Released, PublishError>, u64)>,
 }
 
@@ -210,7 +210,7 @@ impl DueMessage<'_> {
     fn ask(&self) -> Option<ClaimAsk> {
         let (id, revision) = self.judged.asked()?.clone();
         Some(ClaimAsk {
-            held_for: self.held_for.clone(),
+            waits_for: self.waits_for.clone(),
             ..ClaimAsk::of(id, revision)
         })
     }
@@ -432,7 +432,7 @@ impl ReleaseStage {
     }
 
     /// Stages in the ledger each message of a window that arrived more
-    /// than [`Cascade::stage_after_ms`] before its time (a burst's lead),
+    /// than [`Cascade::stage_after_ms`] before its time (a burst's head start),
     /// until its moment ([`super::staged`]): acknowledged then, as is a copy
     /// the claim proves needless. The others are returned, held as before.
     async fn stage_early<'a>(
@@ -541,7 +541,7 @@ impl ReleaseStage {
             .map(|due| {
                 let identity = message::identity(&due.message.properties);
                 DueMessage {
-                    held_for: self.held_for(&due),
+                    waits_for: self.waits_for(&due),
                     judged: Judged::new(entered.enter(identity.as_ref()), identity),
                     due,
                     published: None,
@@ -555,7 +555,7 @@ impl ReleaseStage {
         let overdue = group
             .last()
             .is_some_and(|m| m.due.at_us <= clock::mono_us());
-        let limited = group.iter().any(|m| m.held_for.is_some());
+        let limited = group.iter().any(|m| m.waits_for.is_some());
         let limits = (overdue && limited).then(|| self.limits.pass_input(clock::now_ms()));
         let asks = group.iter().filter_map(DueMessage::ask).collect();
         let findings = match self.ledger.claim_release(asks, limits).await {
@@ -580,10 +580,10 @@ impl ReleaseStage {
     }
 
     /// The release limit that holds `due`'s destination now, if any.
-    fn held_for(&self, due: &Due<'_>) -> Option<HeldFor> {
+    fn waits_for(&self, due: &Due<'_>) -> Option<WaitsFor> {
         let destination = destination_of(&due.message.routing_key, self.cascade.levels())?;
-        Some(HeldFor {
-            limit: self.limits.holder(destination)?,
+        Some(WaitsFor {
+            limit: self.limits.limit_for(destination)?,
             destination: destination.to_owned(),
         })
     }
@@ -594,12 +594,12 @@ impl ReleaseStage {
     fn tell_limits(&self, group: &[DueMessage<'_>]) {
         let mut straight = Vec::new();
         for message in group {
-            let Some(held_for) = &message.held_for else {
+            let Some(waits_for) = &message.waits_for else {
                 continue;
             };
             match message.judged.verdict {
-                Verdict::Held => self.limits.now_waiting(&held_for.destination),
-                Verdict::Deliver => straight.push(held_for.destination.as_str()),
+                Verdict::Waits => self.limits.now_waiting(&waits_for.destination),
+                Verdict::Deliver => straight.push(waits_for.destination.as_str()),
                 _ => {}
             }
         }
@@ -643,7 +643,7 @@ impl ReleaseStage {
         } in group
         {
             let (message, verdict) = (due.message, judged.verdict);
-            let settle = if verdict == Verdict::Held {
+            let settle = if verdict == Verdict::Waits {
                 Settle::Ack
             } else if let Some(reason) = verdict.dropped() {
                 self.metrics.dropped_at_release(reason);

@@ -233,7 +233,7 @@ impl StagedRelease {
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut free = Vec::with_capacity(tasks.len());
         for task in tasks {
-            match limits.holder(&task.destination) {
+            match limits.limit_for(&task.destination) {
                 Some(limit) => {
                     limits.now_waiting(&task.destination);
                     held.entry(limit).or_default().push(task.id);
@@ -242,7 +242,7 @@ impl StagedRelease {
             }
         }
         for (limit, ids) in held {
-            if let Err(error) = self.ledger.hold_unstaged(&ids, &limit).await {
+            if let Err(error) = self.ledger.wait_unstaged(&ids, &limit).await {
                 warn!(%error, limit, "staged tasks a limit holds stay taken until their lease runs out");
             }
         }

@@ -34,12 +34,12 @@ use super::answers::{ChangeError, Idempotency, SubmitError, Submitted};
 use crate::broker::{LateConfirm, PublishError, Published};
 use crate::cascade::{Cascade, LossWindow};
 use crate::clock::Reading;
-use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Reschedule, Retry, StoredTask};
+use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Republish, Reschedule, StoredTask};
 use crate::message;
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::release::{Broker, LimitsView, ReleaseHandles};
-use crate::task::{Task, TaskState};
+use crate::task::{Itinerary, Task, TaskState};
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
@@ -50,9 +50,9 @@ const LEASE_WATCH_POLL: Duration = Duration::from_secs(1);
 /// Pending tasks published concurrently per round; confirms are pipelined.
 const FORWARD_BATCH: u32 = 256;
 const PRUNE_BATCH: u32 = 1000;
-/// A retry after a failed publish waits this much per attempt so far, up to the cap.
-const RETRY_STEP_MS: u64 = 500;
-const RETRY_CAP_MS: u64 = 10_000;
+/// A failed publish is tried again after this much per attempt so far, up to the cap.
+const REPUBLISH_STEP_MS: u64 = 500;
+const REPUBLISH_CAP_MS: u64 = 10_000;
 /// Beyond the confirm timeout, how long a publisher keeps its lease on a task.
 const LEASE_MARGIN_MS: u64 = 2_000;
 /// The lease of a task whose confirm is late, renewed at half of it while
@@ -62,7 +62,7 @@ const LATE_LEASE_MS: u64 = 60_000;
 /// Refusals of a task published alone after which it is quarantined.
 pub const MAX_REFUSALS: u32 = 3;
 
-/// A task as it is taken in: its route (a burst's lead given), its message
+/// A task as it is taken in: its route (a burst's head start given), its message
 /// (checked to fit), and whether it skips the chain.
 pub(super) struct Prepared<'t> {
     pub task: Cow<'t, Task>,
@@ -226,7 +226,7 @@ impl Bookkeeper {
             }
             Err(publish_error) => {
                 debug!(task_id = %task.id, error = %publish_error, "kept pending for the forwarder");
-                self.record_retry(&task.id, task.revision, &publish_error, now_ms, false)
+                self.record_failed_publish(&task.id, task.revision, &publish_error, now_ms, false)
                     .await;
                 TaskState::Pending
             }
@@ -271,15 +271,18 @@ impl Bookkeeper {
         let delay = delay + Duration::from_millis(offset);
         // The destination never changes, so the route can be planned before
         // the row is changed.
-        let route = self
-            .cascade
-            .route(delay, &current.destination)
-            .map_err(ChangeError::Route)?;
-        let route = self.cascade.in_task_shard(route, id);
+        let itinerary = Itinerary::new(
+            &self.cascade,
+            id,
+            &current.destination,
+            delay,
+            self.delay_start_ms(now),
+        )
+        .map_err(ChangeError::Route)?;
         let change = Move {
-            deliver_at_ms: self.delay_start_ms(now) + route.delay_ms,
-            delay_ms: route.delay_ms,
-            routing_key: route.routing_key,
+            deliver_at_ms: itinerary.deliver_at_ms,
+            delay_ms: itinerary.route.delay_ms,
+            routing_key: itinerary.route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,
         };
         let moved = match self
@@ -571,16 +574,16 @@ impl Bookkeeper {
                     );
                     self.quarantine(&stored.id, revision, why).await;
                 } else {
-                    let retry_at = retry_at(crate::clock::now_ms(), attempts);
-                    self.record_retry(&stored.id, revision, error, retry_at, true)
+                    let again_at = republish_at(crate::clock::now_ms(), attempts);
+                    self.record_failed_publish(&stored.id, revision, error, again_at, true)
                         .await;
                 }
                 false
             }
             Err(error) => {
                 self.metrics.forwarded("failed");
-                let retry_at = retry_at(crate::clock::now_ms(), attempts);
-                self.record_retry(&stored.id, revision, &error, retry_at, false)
+                let again_at = republish_at(crate::clock::now_ms(), attempts);
+                self.record_failed_publish(&stored.id, revision, &error, again_at, false)
                     .await;
                 false
             }
@@ -596,27 +599,27 @@ impl Bookkeeper {
         }
     }
 
-    /// Leaves the task pending for the forwarder from `retry_at_ms` on.
-    async fn record_retry(
+    /// Leaves the task pending for the forwarder from `again_at_ms` on.
+    async fn record_failed_publish(
         &self,
         id: &str,
         revision: u64,
         error: &PublishError,
-        retry_at_ms: u64,
+        again_at_ms: u64,
         refused: bool,
     ) {
         if error.may_have_landed() {
             self.metrics.publish_unconfirmed.inc();
         }
-        let retry = Retry {
-            retry_at_ms,
+        let republish = Republish {
+            again_at_ms,
             error: error.to_string(),
             publish_alone: error.is_suspect(),
             refused,
         };
         if let Err(error) = self
             .ledger
-            .retry_later(id.to_owned(), revision, retry)
+            .republish_later(id.to_owned(), revision, republish)
             .await
         {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
@@ -641,15 +644,15 @@ impl Bookkeeper {
         self.metrics.publish_late.inc();
         let now_ms = crate::clock::now_ms();
         let waiting = PublishError::Timeout(Duration::from_millis(self.lease_ms - LEASE_MARGIN_MS));
-        let lease = move |now_ms: u64| Retry {
-            retry_at_ms: now_ms + LATE_LEASE_MS,
+        let lease = move |now_ms: u64| Republish {
+            again_at_ms: now_ms + LATE_LEASE_MS,
             error: format!("{waiting}; awaiting the broker's late answer"),
             publish_alone: false,
             refused: false,
         };
         let leased = self
             .ledger
-            .retry_later(id.to_owned(), revision, lease(now_ms));
+            .republish_later(id.to_owned(), revision, lease(now_ms));
         if let Err(error) = leased.await {
             warn!(task_id = %id, %error, "the forwarder takes this task when its lease ends");
         }
@@ -665,7 +668,7 @@ impl Bookkeeper {
                 tokio::select! {
                     outcome = &mut outcome => break outcome,
                     _ = renew.tick() => {
-                        let renewed = ledger.retry_later(
+                        let renewed = ledger.republish_later(
                             id.clone(),
                             revision,
                             lease(crate::clock::now_ms()),
@@ -688,9 +691,9 @@ impl Bookkeeper {
                     } else {
                         debug!(task_id = %id, %error, "late publish failed; the forwarder retries it");
                     }
-                    let retry_at = retry_at(crate::clock::now_ms(), attempts);
+                    let again_at = republish_at(crate::clock::now_ms(), attempts);
                     bookkeeper
-                        .record_retry(&id, revision, &error, retry_at, false)
+                        .record_failed_publish(&id, revision, &error, again_at, false)
                         .await;
                 }
             }
@@ -698,9 +701,9 @@ impl Bookkeeper {
     }
 }
 
-/// A retry after a failed publish waits longer the more attempts it took.
-fn retry_at(now_ms: u64, attempts: u64) -> u64 {
-    now_ms + (RETRY_STEP_MS * attempts).min(RETRY_CAP_MS)
+/// A failed publish is tried again later the more attempts it took.
+fn republish_at(now_ms: u64, attempts: u64) -> u64 {
+    now_ms + (REPUBLISH_STEP_MS * attempts).min(REPUBLISH_CAP_MS)
 }
 
 /// Ends, once a [`LEASE_WATCH_POLL`], the leases of replicas that are gone

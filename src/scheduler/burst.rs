@@ -1,4 +1,4 @@
-//! Leads for tasks that fall due together: each task's wait in the levels
+//! Head starts for tasks that fall due together: each task's wait in the levels
 //! is planned by this replica's [`LevelLoad`] (the pure rules are in
 //! `crate::cascade`'s `spread`), so that a burst passes the levels over
 //! the burst window before its instant instead of one level's dead-letter
@@ -38,9 +38,10 @@ impl Bursts {
     }
 
     /// How `task` goes when the levels its own route passes are planned
-    /// full in the units it would leave them: with a lead, or straight into
-    /// the ledger, staged until its moment (`None`: its route stands).
-    pub fn lead(&self, cascade: &Cascade, task: &Task, now_ms: u64) -> Option<Lead> {
+    /// full in the units it would leave them: with a head start through
+    /// the levels, or straight into the ledger, staged until its moment
+    /// (`None`: its route stands).
+    pub fn head_start(&self, cascade: &Cascade, task: &Task, now_ms: u64) -> Option<HeadStart> {
         if !task.route.held || task.route.delay_units == 0 {
             return None;
         }
@@ -58,20 +59,18 @@ impl Bursts {
             );
         match planned {
             Planned::Levels(wait) if wait == task.route.delay_units => None,
-            Planned::Levels(wait) => {
-                let route = cascade.with_wait(&task.route, wait, &task.destination);
-                Some(Lead::Levels(Box::new(Task {
-                    route: cascade.in_task_shard(route, &task.id),
-                    ..task.clone()
-                })))
-            }
-            Planned::Ledger => Some(Lead::Ledger),
+            Planned::Levels(wait) => Some(HeadStart::Levels(Box::new(
+                task.with_head_start(cascade, wait),
+            ))),
+            Planned::Ledger => Some(HeadStart::Ledger),
         }
     }
 }
 
-/// How a task of a burst goes instead of its own route.
-pub(super) enum Lead {
+/// How a task of a burst goes instead of its own route: its head start.
+/// (A schedule's *lead* is how long before its instant an occurrence is
+/// made a task: `crate::recurrence`'s.)
+pub(super) enum HeadStart {
     /// Through the levels with a shorter wait: staged by the release stage
     /// when it arrives, until its moment.
     Levels(Box<Task>),

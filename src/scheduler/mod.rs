@@ -66,7 +66,7 @@ use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskState};
 use bookkeeper::{Bookkeeper, Prepared};
-use burst::Lead;
+use burst::HeadStart;
 
 enum Mode {
     Stateless,
@@ -212,21 +212,21 @@ impl Scheduler {
         Ok(submitted)
     }
 
-    /// `task` as it goes into the chain (with a lead through the levels if
+    /// `task` as it goes into the chain (with a head start through the levels if
     /// it is part of a burst, or staged in the ledger if the levels have no
     /// room for it) and its message, built once and checked now, before
     /// anything is recorded, then published. A task the broker could never
     /// take is refused here, staged or not.
     fn prepare<'t>(&self, task: &'t Task, now: &Reading) -> Result<Prepared<'t>, SubmitError> {
-        let lead = self
+        let head_start = self
             .inner
             .bursts
             .as_ref()
-            .and_then(|bursts| bursts.lead(&self.inner.cascade, task, now.wall_ms));
-        let (task, staged) = match lead {
+            .and_then(|bursts| bursts.head_start(&self.inner.cascade, task, now.wall_ms));
+        let (task, staged) = match head_start {
             None => (Cow::Borrowed(task), false),
-            Some(Lead::Levels(led)) => (Cow::Owned(*led), false),
-            Some(Lead::Ledger) => (Cow::Borrowed(task), true),
+            Some(HeadStart::Levels(ahead)) => (Cow::Owned(*ahead), false),
+            Some(HeadStart::Ledger) => (Cow::Borrowed(task), true),
         };
         let message = crate::message::of_task_at(&task.message(), now);
         self.inner

@@ -13,7 +13,7 @@
 //! change or to another replica wrote nothing of it; one killed before the
 //! commit wrote nothing at all, and its lease runs out.
 //!
-//! The horizon follows the load ([`crate::schedule::planning_horizon`]):
+//! The horizon follows the load ([`crate::recurrence::planning_horizon`]):
 //! an instant many schedules share is planned early enough for all of its
 //! occurrences to be tasks before it.
 
@@ -26,7 +26,7 @@ use super::bookkeeper::Bookkeeper;
 use crate::clock::{Reading, format_epoch_ms};
 use crate::ledger::{Admission, Advance, Entry, Planned, PlannedSchedule, StoredSchedule};
 use crate::message::{FieldValue, Message, OCCURRENCE_HEADER, SCHEDULE_HEADER};
-use crate::schedule::{Step, Timing, occurrence_body, occurrence_id, planning_horizon, step};
+use crate::recurrence::{Step, Timing, occurrence_body, occurrence_id, planning_horizon, step};
 use crate::stop::Named;
 use crate::task::{Task, TaskState, fingerprint};
 

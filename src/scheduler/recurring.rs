@@ -12,7 +12,7 @@ use super::Scheduler;
 use super::answers::ChangeError;
 use crate::ledger::{LedgerError, ScheduleChange, StoredSchedule};
 use crate::metrics::StateLabel;
-use crate::schedule::{
+use crate::recurrence::{
     ScheduleError, SchedulePatch, ScheduleRequest, Timing, ValidSchedule, occurrence_id,
 };
 

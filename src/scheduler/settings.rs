@@ -29,7 +29,7 @@ impl Default for ScheduleSettings {
         Self {
             lead_ms: 30_000,
             poll_ms: 1_000,
-            plan_rate: crate::schedule::PLAN_RATE_PER_S,
+            plan_rate: crate::recurrence::PLAN_RATE_PER_S,
         }
     }
 }

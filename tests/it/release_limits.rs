@@ -147,9 +147,11 @@ async fn a_paced_destination_arrives_at_its_rate_in_due_order_and_another_on_tim
     let (_, waiting) = app.get("/v1/tasks?state=waiting&limit=1").await;
     let task = &waiting["tasks"][0];
     assert_eq!(
-        (&task["state"], &task["held_by"]),
+        (&task["state"], &task["waited_for"]),
         (&json!("waiting"), &json!("paced"))
     );
+    // The field's old name, kept for a release (CHANGELOG.md).
+    assert_eq!(task["held_by"], task["waited_for"]);
 
     let received = receive(&mut paced, 3_000, Duration::from_secs(5)).await;
     assert_once_never_early(&received, &paced_ids);

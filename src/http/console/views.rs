@@ -371,7 +371,7 @@ fn timeline(
         let what = "released, but no queue was bound for it: in the unroutable queue";
         events.push((Some(at), what.to_owned()));
     }
-    if let Some(limit) = &task.held_by {
+    if let Some(limit) = &task.waited_for {
         let what = if task.state == TaskState::Waiting {
             format!("waits for release limit {limit}")
         } else {
@@ -632,7 +632,7 @@ mod tests {
             revision: 1,
             delivered_at_ms,
             cancelled_at_ms: None,
-            held_by: None,
+            waited_for: None,
             release_at_ms: None,
             staged_by: None,
         }
@@ -720,9 +720,9 @@ mod tests {
 
     #[test]
     fn an_unroutable_task_is_not_said_delivered() {
-        let mut parked = task(13_500, Some(13_501));
-        parked.state = TaskState::Unroutable;
-        let events = timeline(&parked, &[], true);
+        let mut unroutable = task(13_500, Some(13_501));
+        unroutable.state = TaskState::Unroutable;
+        let events = timeline(&unroutable, &[], true);
         let last = &events.last().unwrap().1;
         assert!(last.contains("unroutable queue"), "{events:?}");
         assert!(!events.iter().any(|(_, what)| what.contains("delivered")));
