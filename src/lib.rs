@@ -7,8 +7,11 @@
 //! far apart. `tests/layout.rs` checks both, and each claim in bold below.
 //! Each module's first lines say what it may touch.
 //!
-//! - [`cli`]: the command line. It parses arguments, loads the
-//!   configuration, calls [`operations`] or [`service`], and prints.
+//! - [`cli`]: the command line. What each command takes (`args`), the
+//!   run that loads the configuration and dispatches (`run`), the
+//!   operator's commands, which call [`operations`] (`operator`), those
+//!   that act through a running service's API (`api`), and what they print
+//!   (`describe`).
 //!   `main.rs` only calls [`cli::main`].
 //! - [`service`]: three visible stages: builds each component from its own
 //!   settings section, runs them (HTTP or HTTPS, an optional metrics
@@ -34,7 +37,9 @@
 //!   `release_limits` (pace, pause, hold by destination), `forecast` (what
 //!   falls due, per bucket), `bulk` (cancel or move by filter, and the
 //!   operations that do it), the web
-//!   `console` (server-rendered, signed in by cookie, same permissions),
+//!   `console` (server-rendered, one router and one layout for every page,
+//!   reading the metrics registry rather than its text, signed in by cookie,
+//!   same permissions),
 //!   topology, health, the metrics scrape; the clients and certificate
 //!   read again on SIGHUP and when their files change (`reload`); the gate
 //!   in front of all but the
@@ -70,20 +75,27 @@
 //! - [`scheduler`]: takes a task in, in one of two modes fixed at start-up
 //!   (stateless, or with a ledger, whose bookkeeper records every task,
 //!   forwards pending ones, awaits late confirms, moves tasks and prunes,
-//!   and publishes again what the release stage never saw: a minute late,
-//!   or the stranded margin late within `cascade`'s `loss` window after a
-//!   failover);
+//!   and publishes again what the release stage never saw a minute late);
 //!   cancels tasks; keeps recurring schedules (`recurring`: changes
 //!   withdrawing what was made) and plans them (`planner`: each occurrence
 //!   a task a lead before its time, a page of schedules at a time, the lead
 //!   following the load by `recurrence`'s `lead`);
-//!   gives the tasks of a burst head starts through the levels (`burst`, by
-//!   `cascade`'s `spread`); reads the forecast and keeps its per-minute
+//!   gives the tasks of a burst head starts through the levels (by
+//!   [`chain`]); reads the forecast and keeps its per-minute
 //!   counts folded (`forecast`); works bulk operations page by page under
 //!   a lease (`bulk`); answers the API's questions on release limits
 //!   (`limits`), readiness and inspection; and says, in one place, which
 //!   background work runs and starts it (`background`), the release
 //!   side's included.
+//! - [`chain`]: the cascade at run time, its side of the seam a way of
+//!   delaying meets (the Development page says what it owes): a burst's
+//!   head starts through the levels (`burst`, by `cascade`'s `spread`),
+//!   the level keepers, a probe through every level and the drain of a
+//!   level that stopped dead-lettering (`strands`; the verdict, pure, is
+//!   `cascade`'s `strand`, the probe's message `message`'s `probe`), told what reaches the release stage through
+//!   `release::ArrivalWatch`, and what a lost node's levels may have lost,
+//!   published again (`failover`, by `cascade`'s `loss`). The control
+//!   plane above and beside it names none of the cascade's internals.
 //! - [`release`]: the release side, from a due message leaving the cascade
 //!   to its destination. The release stage consumes the release queue,
 //!   holds a due task to its millisecond (`hold`: when to release, by
@@ -94,11 +106,9 @@
 //!   at their moments (`staged`); the limiter releases what waits for a
 //!   release limit in due order as the limits allow (`limiter`, by
 //!   `limit_view`, what this replica knows of them); all three publish
-//!   through one `publisher`; the unroutable watch (`unroutable`); the
-//!   level keepers, a probe through every level and the drain of a level
-//!   that stopped dead-lettering (`strands`; the verdict, pure, is
-//!   `cascade`'s `strand`, the probe's message `message`'s `probe`).
-//!   `side` builds them from the handles they share. It sees the broker
+//!   through one `publisher`; the unroutable watch (`unroutable`).
+//!   `side` builds them from the handles they share; what arrives is told
+//!   to the way of delaying (`watch`). It sees the broker
 //!   through the [`release::Broker`] port (publishing, and consuming a
 //!   queue as [`broker::Windows`]), which tests replace.
 //! - [`metrics`]: the Prometheus registry, and the poller that reads queue
@@ -190,6 +200,7 @@ pub mod auth;
 pub mod broker;
 pub mod bulk;
 pub mod cascade;
+pub(crate) mod chain;
 pub mod cli;
 pub mod clock;
 pub mod config;

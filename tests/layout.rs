@@ -421,6 +421,70 @@ fn a_tasks_shard_is_chosen_only_where_its_itinerary_is_made() {
     assert_eq!(choosers, ["broker/migrate.rs", "task/model.rs"]);
 }
 
+/// The control plane reaches a way of delaying through the seam the
+/// Development page describes (`Cascade`'s methods, `Route`,
+/// `TopologyPlan`, `release::ArrivalWatch`), never through the cascade's
+/// internals: those are the cascade's run time's (`chain`), the broker's
+/// (which declares and moves the chain's objects) and `message`'s.
+#[test]
+fn the_control_plane_names_none_of_the_cascades_internals() {
+    let internals = [
+        "LossWindow",
+        "LevelLoad",
+        "Planned",
+        "Evidence",
+        "LevelWatch",
+        "digit_position",
+        "levels_left",
+        "probe_units",
+        "units_below",
+        "destination_of",
+        "digit_pattern",
+        "ledger_marker_name",
+        "level_exchange_name",
+        "level_queue_name",
+        "poison_queue_name",
+        "release_queue_name",
+        "unroutable_exchange_name",
+        "unroutable_queue_name",
+        "unroutable_seen_queue_name",
+    ];
+    let control_plane = ["scheduler/", "release/", "ingress/", "http/", "operations/"];
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut named = Vec::new();
+    for file in &files {
+        let shown = shown(file);
+        if !control_plane.iter().any(|room| shown.starts_with(room)) {
+            continue;
+        }
+        let Some(text) = product_text(file) else {
+            continue;
+        };
+        for (at, _) in text.match_indices("crate::cascade::") {
+            let rest = &text[at + "crate::cascade::".len()..];
+            let items = match rest.strip_prefix('{') {
+                Some(group) => group_items(group),
+                None => vec![
+                    rest.chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect(),
+                ],
+            };
+            for item in items {
+                let item = item.trim().to_owned();
+                if internals.contains(&item.as_str()) {
+                    named.push(format!("{shown}: {item}"));
+                }
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "the cascade's internals named by the control plane: {named:?}"
+    );
+}
+
 /// Logs show what they name as text: an AMQP property logged with `?`
 /// read `message_id=Some(ShortString("nb-bad-1"))`, a list of ids as Rust's
 /// debug form of a vector.

@@ -254,6 +254,12 @@ impl Cascade {
         }
     }
 
+    /// The destination a routing key of this chain ends with (its digits
+    /// dropped); `None` for a key that is not one of this chain's.
+    pub fn destination_in<'k>(&self, routing_key: &'k str) -> Option<&'k str> {
+        destination_of(routing_key, self.levels())
+    }
+
     /// `route` (of a held task) waiting `units` in the levels instead, a
     /// burst's head start ([`super::LevelLoad`]): the same delay granted, the
     /// release stage holding (or staging) it for the rest.

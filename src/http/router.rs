@@ -57,7 +57,7 @@ pub fn router(
         .merge(openapi::router())
         // Signed in by its own cookie, not the gate's header.
         .merge(if console {
-            console::router().merge(console::parked_router())
+            console::router()
         } else {
             Router::new()
         })

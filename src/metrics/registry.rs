@@ -756,6 +756,34 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// Messages in level queue `queue` (level `level`) as last read; 0
+    /// before the first read. For the console, which reads the registry,
+    /// not the text it exports.
+    pub fn level_queue_messages(&self, level: u32, queue: &str) -> u64 {
+        let label = LevelLabel {
+            level,
+            queue: queue.to_owned(),
+        };
+        self.level_messages
+            .get(&label)
+            .map_or(0, |gauge| u64::try_from(gauge.get()).unwrap_or(0))
+    }
+
+    /// For a level this replica found stranded and drains: the messages it
+    /// sent on. `None` for a level not stranded.
+    pub fn stranded_level_drained(&self, level: u32, queue: &str) -> Option<u64> {
+        let label = LevelLabel {
+            level,
+            queue: queue.to_owned(),
+        };
+        let stranded = self.level_stranded.get(&label).map(|gauge| gauge.get());
+        (stranded == Some(1)).then(|| {
+            self.level_drained
+                .get(&label)
+                .map_or(0, |drained| drained.get())
+        })
+    }
+
     /// The parked messages of each queue, as the ledger counts them now;
     /// a queue with none is no longer listed.
     pub fn set_parked(&self, per_queue: impl IntoIterator<Item = (String, u64)>) {

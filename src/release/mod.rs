@@ -15,14 +15,15 @@
 //!   task whose released message reached no queue; [`record`], what a
 //!   release path writes to the ledger after it published; [`in_flight`],
 //!   what this replica is releasing now.
-//! - [`strands`]: the level keepers, a probe through every level and the
-//!   drain of a level that stopped dead-lettering.
+//! - [`watch`]: what the way of delaying learns from what arrives
+//!   ([`ArrivalWatch`]: the cascade's level keepers, in `crate::chain`).
 //! - [`broker`]: the port to the broker the release side and the
 //!   scheduler use ([`Broker`]), which tests replace.
 //!
 //! [`side`] builds all of them from the handles they share; the
 //! scheduler's `background` starts each. This room knows tasks, the
-//! ledger and the broker port; it takes nothing from the scheduler.
+//! ledger and the broker port; it takes nothing from the scheduler, nor
+//! from the cascade's run time (`crate::chain`).
 
 mod broker;
 pub(crate) mod hold;
@@ -34,8 +35,8 @@ mod record;
 mod side;
 mod stage;
 mod staged;
-mod strands;
 mod unroutable;
+mod watch;
 
 pub(crate) use broker::Broker;
 #[cfg(test)]
@@ -43,3 +44,4 @@ pub(crate) use broker::PublishAlone;
 pub(crate) use limit_view::{LimitStatus, LimitsView};
 pub(crate) use side::{ReleaseHandles, ReleaseSide};
 pub use stage::{RELEASE_WINDOW, RELEASE_WINDOWS};
+pub(crate) use watch::{Arrival, ArrivalWatch};

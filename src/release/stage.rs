@@ -49,12 +49,12 @@ use super::hold::{self, Offsets};
 use super::in_flight::InFlight;
 use super::limit_view::LimitsView;
 use super::publisher::{DuePublisher, Released};
-use super::strands::ShardStrands;
+use super::watch::{Arrival, ArrivalWatch};
 use crate::broker::{ConsumeLimits, Inbound, PublishError, Settle};
-use crate::cascade::{Cascade, destination_of};
+use crate::cascade::Cascade;
 use crate::clock;
 use crate::ledger::{ClaimAsk, Finding, Ledger, WaitsFor};
-use crate::message::{self, Message, Probe};
+use crate::message::{self, Message};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
 
@@ -229,8 +229,9 @@ pub(crate) struct ReleaseStage {
     pub(super) offsets: Arc<std::sync::Mutex<Offsets>>,
     /// The release limits, as the limiter last read them.
     pub(super) limits: LimitsView,
-    /// Where a level probe that arrives is noted (see [`super::strands`]).
-    pub(super) strands: ShardStrands,
+    /// What the way of delaying learns from what arrives (a level probe
+    /// is the cascade's own: `crate::chain`'s level keepers).
+    pub(super) watch: Arc<dyn ArrivalWatch>,
     /// Told when this replica stages tasks: the staged release looks again
     /// for the earliest moment.
     pub(super) staged_wake: Arc<tokio::sync::Notify>,
@@ -359,20 +360,20 @@ impl ReleaseStage {
         messages: &[Inbound],
         shutdown: &CancellationToken,
     ) -> Vec<Settle> {
-        self.strands.tasks_arrived(messages);
-        // A probe is taken off; a task is given back unless its release
-        // says otherwise.
+        self.watch.arrived(messages);
+        // The watch's own are taken off; a task is given back unless its
+        // release says otherwise.
         let mut settles = vec![Settle::Ack; messages.len()];
         let mut notices: Vec<Message> = Vec::new();
         let mut tasks = Vec::with_capacity(messages.len());
         for (place, message) in messages.iter().enumerate() {
-            // Noted (or handed on) as they arrive, not after the window's
-            // tasks are released: a claim that waits (a deadlock broken off
-            // and run again) must not make a probe look late and its level
-            // stranded.
-            match Probe::read(&message.properties) {
-                Some(probe) => notices.extend(self.strands.probe_arrived(&probe)),
-                None => {
+            // Sorted (and a probe noted, or handed on) as they arrive, not
+            // after the window's tasks are released: a claim that waits (a
+            // deadlock broken off and run again) must not make a probe look
+            // late and its level stranded.
+            match self.watch.sort(message) {
+                Arrival::Own(notice) => notices.extend(notice.map(|notice| *notice)),
+                Arrival::Task => {
                     settles[place] = Settle::Requeue;
                     tasks.push((place, message));
                 }
@@ -494,7 +495,7 @@ impl ReleaseStage {
         if staged > 0 {
             self.metrics.tasks_staged.inc_by(staged);
             self.staged_wake.notify_one();
-            self.strands
+            self.watch
                 .burst_seen(usize::try_from(staged).unwrap_or(usize::MAX));
         }
         (settled, rest)
@@ -581,7 +582,7 @@ impl ReleaseStage {
 
     /// The release limit that holds `due`'s destination now, if any.
     fn waits_for(&self, due: &Due<'_>) -> Option<WaitsFor> {
-        let destination = destination_of(&due.message.routing_key, self.cascade.levels())?;
+        let destination = self.cascade.destination_in(&due.message.routing_key)?;
         Some(WaitsFor {
             limit: self.limits.limit_for(destination)?,
             destination: destination.to_owned(),

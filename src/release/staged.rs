@@ -30,7 +30,7 @@ use super::limit_view::LimitsView;
 use super::publisher::{DuePublisher, Released};
 use super::record::{LedgerReleases, PutBack};
 use super::stage::CLAIM_AHEAD;
-use super::strands::ShardStrands;
+use super::watch::ArrivalWatch;
 use crate::broker::PublishError;
 use crate::clock;
 use crate::ledger::{Ledger, StoredTask, UnstageInput};
@@ -68,7 +68,7 @@ pub(crate) struct StagedRelease {
     pub(super) ledger: Ledger,
     pub(super) in_flight: InFlight,
     pub(super) limits: LimitsView,
-    pub(super) strands: ShardStrands,
+    pub(super) watch: Arc<dyn ArrivalWatch>,
     /// Told when the release stage stages tasks.
     pub(super) wake: Arc<tokio::sync::Notify>,
 }
@@ -184,7 +184,7 @@ impl StagedRelease {
         _permit: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
-        self.strands.burst_seen(tasks.len());
+        self.watch.burst_seen(tasks.len());
         let tasks = self.hold_limited(tasks).await;
         // In flight, as the cascade's windows are, until recorded: a copy of
         // one of these that comes down the cascade meanwhile (a resend after

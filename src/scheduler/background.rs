@@ -9,10 +9,10 @@
 //! | the lease watch               | scheduler    |                                   |
 //! | the forecast's counts         | scheduler    |                                   |
 //! | the resender                  | scheduler    | the release stage, resend on      |
-//! | the failover resender         | scheduler    | the release stage, resend on      |
+//! | the failover resender         | chain        | the release stage, resend on      |
 //! | the bulk operations' worker   | scheduler    | the release stage                 |
 //! | the schedules' planner        | scheduler    | the release stage                 |
-//! | a level keeper (a shard each) | release      | the release stage, probes on      |
+//! | a level keeper (a shard each) | chain        | the release stage, probes on      |
 //! | the unroutable watch          | release      | the release stage                 |
 //! | the limiter                   | release      | the release stage                 |
 //! | the staged release            | release      | the release stage                 |
@@ -21,11 +21,14 @@
 //! The service starts its own (the signal watch, the reloader, the AMQP
 //! ingresses and the retry intake) beside these.
 
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 
 use super::bookkeeper::{self, Bookkeeper};
 use super::settings::SchedulerSettings;
 use super::{Mode, Scheduler};
+use crate::chain::{ShardStrands, level_keepers};
 use crate::release::ReleaseSide;
 use crate::stop::Named;
 
@@ -80,8 +83,8 @@ fn ledger_upkeep(
     ]
 }
 
-/// The resenders, the bulk operations' worker, and the release room's
-/// work (built by [`ReleaseSide`]).
+/// The resenders, the bulk operations' worker, the cascade's level
+/// keepers, and the release room's work (built by [`ReleaseSide`]).
 fn release_side(
     bookkeeper: &Bookkeeper,
     settings: &SchedulerSettings,
@@ -97,20 +100,23 @@ fn release_side(
         ));
         work.push(Named::spawn(
             "the failover resender",
-            bookkeeper.clone().resend_after_failovers(shutdown.clone()),
+            bookkeeper.failover_resender().run(shutdown.clone()),
         ));
     }
     work.push(Named::spawn(
         "the bulk operations' worker",
         super::bulk_worker::work_operations(bookkeeper.clone(), shutdown.clone()),
     ));
-    let side = ReleaseSide::new(bookkeeper.release_handles(settings.resend_after));
-    for (keeper, every) in side.level_keepers {
+    // The cascade's level keepers hear what reaches the release stage.
+    let strands = ShardStrands::new(bookkeeper.cascade(), bookkeeper.metrics());
+    let keeping = bookkeeper.keeper_handles(settings.resend_after);
+    for (keeper, every) in level_keepers(&strands, &keeping) {
         work.push(Named::spawn(
             "a level keeper",
             keeper.run(every, shutdown.clone()),
         ));
     }
+    let side = ReleaseSide::new(bookkeeper.release_handles(Arc::new(strands)));
     work.push(Named::spawn(
         "the unroutable watch",
         side.unroutable_watch.run(shutdown.clone()),

@@ -32,13 +32,14 @@ use tracing::{debug, error, info, warn};
 
 use super::answers::{ChangeError, Idempotency, SubmitError, Submitted};
 use crate::broker::{LateConfirm, PublishError, Published};
-use crate::cascade::{Cascade, LossWindow};
+use crate::cascade::Cascade;
+use crate::chain::{FailoverResender, KeeperHandles};
 use crate::clock::Reading;
 use crate::ledger::{Admission, ChangeKey, Entry, Ledger, Move, Republish, Reschedule, StoredTask};
 use crate::message;
 use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::release::{Broker, LimitsView, ReleaseHandles};
+use crate::release::{ArrivalWatch, Broker, LimitsView, ReleaseHandles};
 use crate::task::{Itinerary, Task, TaskState};
 
 /// How often the forwarder looks for pending tasks when it found none.
@@ -309,8 +310,9 @@ impl Bookkeeper {
         self.cascade.delay_start_ms(now.wall)
     }
 
-    /// What the release side is built from (see `crate::release::side`).
-    pub fn release_handles(&self, resend_after: Duration) -> ReleaseHandles {
+    /// What the release side is built from (see `crate::release::side`),
+    /// told of what arrives through `watch`.
+    pub fn release_handles(&self, watch: Arc<dyn ArrivalWatch>) -> ReleaseHandles {
         ReleaseHandles {
             broker: self.broker.clone(),
             ledger: self.ledger.clone(),
@@ -318,8 +320,33 @@ impl Bookkeeper {
             metrics: self.metrics.clone(),
             limits: self.limits.clone(),
             staged_wake: self.staged_wake.clone(),
+            watch,
+        }
+    }
+
+    /// What the cascade's level keepers read and write.
+    pub fn keeper_handles(&self, resend_after: Duration) -> KeeperHandles {
+        KeeperHandles {
+            broker: self.broker.clone(),
+            ledger: self.ledger.clone(),
+            metrics: self.metrics.clone(),
             resend_after,
         }
+    }
+
+    /// The failover resender of this replica.
+    pub fn failover_resender(&self) -> FailoverResender {
+        FailoverResender {
+            broker: self.broker.clone(),
+            ledger: self.ledger.clone(),
+            cascade: self.cascade.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The view of the chain as a whole (every shard).
+    pub fn cascade(&self) -> &Arc<Cascade> {
+        &self.cascade
     }
 
     /// Publishes again each task still `scheduled` `after` past its due
@@ -366,62 +393,6 @@ impl Bookkeeper {
                     }
                 }
                 Err(error) => warn!(%error, "cannot look for tasks the release stage never saw"),
-            }
-        }
-    }
-
-    /// Publishes again, until `shutdown`, each task still `scheduled` the
-    /// stranded margin after its due time if that falls in the window a
-    /// failover makes suspect (see [`LossWindow`]): the resender's minute
-    /// is for what the broker loses at any time, this for what it loses
-    /// when a node goes. Looks every [`RESEND_POLL`], which is also how
-    /// long before the loss the window may begin.
-    pub(super) async fn resend_after_failovers(self, shutdown: CancellationToken) {
-        let margin_ms = self.cascade.stranded_margin_ms();
-        let horizon_ms = self.cascade.watched_span_ms();
-        let reason = format!(
-            "not seen at the release stage {margin_ms} ms after its due time, shortly after \
-             delayline lost its connection to RabbitMQ: published again"
-        );
-        let mut window = LossWindow::default();
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(RESEND_POLL) => {}
-            }
-            let now_ms = crate::clock::now_ms();
-            let status = self.broker.status();
-            let was_closed = !window.is_open();
-            window.observe(now_ms, status.sessions, status.node.is_some(), horizon_ms);
-            if was_closed && window.is_open() {
-                info!(
-                    horizon_ms,
-                    margin_ms,
-                    "connected again after a failover: tasks not seen at the release stage \
-                     the margin after their due time are published again"
-                );
-            }
-            let Some(span) = window.due(now_ms, margin_ms) else {
-                continue;
-            };
-            match self
-                .ledger
-                .resend_unreleased(span, 0, now_ms, &reason)
-                .await
-            {
-                Ok(ids) => {
-                    window.looked(span.1);
-                    if !ids.is_empty() {
-                        self.metrics.tasks_resent.inc_by(ids.len() as u64);
-                        warn!(
-                            tasks = ids.len(),
-                            task_ids = %ids[..ids.len().min(20)].join(","),
-                            margin_ms,
-                            "tasks not seen at the release stage after a failover: published again"
-                        );
-                    }
-                }
-                Err(error) => warn!(%error, "cannot look for tasks a failover may have lost"),
             }
         }
     }

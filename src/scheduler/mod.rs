@@ -27,7 +27,6 @@ mod background;
 mod bookkeeper;
 mod bulk;
 mod bulk_worker;
-mod burst;
 mod due_counts;
 mod forecast;
 mod limits;
@@ -61,12 +60,12 @@ pub(crate) use crate::release::{Broker, LimitStatus};
 
 use crate::broker::Published;
 use crate::cascade::Cascade;
+use crate::chain::{Bursts, HeadStart};
 use crate::clock::Reading;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskState};
 use bookkeeper::{Bookkeeper, Prepared};
-use burst::HeadStart;
 
 enum Mode {
     Stateless,
@@ -96,7 +95,7 @@ struct Inner {
     write_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
     /// Leads for tasks that fall due together (with a ledger only: what
     /// arrives early is staged there).
-    bursts: Option<burst::Bursts>,
+    bursts: Option<Bursts>,
 }
 
 /// How long readiness reuses the ledger's last check that it can write.
@@ -116,7 +115,7 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         settings: SchedulerSettings,
     ) -> Self {
-        let bursts = ledger.as_ref().and_then(|_| burst::Bursts::new(&cascade));
+        let bursts = ledger.as_ref().and_then(|_| Bursts::new(&cascade));
         let mode = match ledger {
             None => Mode::Stateless,
             Some(ledger) => Mode::Ledger(Bookkeeper::new(

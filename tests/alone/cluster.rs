@@ -41,7 +41,7 @@ fn leaders(alive: &BrokerNode) -> Vec<(String, String)> {
 /// starts, so that this subscriber is the one installed.
 fn keep_logs() {
     let filter = std::env::var("DLTEST_LOG")
-        .unwrap_or_else(|_| "warn,delayline::release::strands=info".to_owned());
+        .unwrap_or_else(|_| "warn,delayline::chain::strands=info".to_owned());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false)

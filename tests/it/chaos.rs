@@ -149,7 +149,7 @@ async fn every_accepted_task_arrives_through_every_fault() {
         serve_command(&settings, port)
             .env(
                 "RUST_LOG",
-                "info,delayline::scheduler=debug,delayline::release=debug,delayline::broker=debug",
+                "info,delayline::scheduler=debug,delayline::release=debug,delayline::chain=debug,delayline::broker=debug",
             )
             .stderr(file.try_clone().unwrap())
             .stdout(file)

@@ -15,8 +15,8 @@
 mod assets;
 mod pages;
 mod parked;
+mod router;
 pub(super) mod sessions;
 mod views;
 
-pub use pages::router;
-pub use parked::parked_router;
+pub use router::router;

@@ -232,17 +232,9 @@ async fn readiness(state: &AppState, caller: &Caller) -> super::views::Readiness
     }
 }
 
-/// A value of the text exposition of `/metrics`.
-fn sample(scrape: &str, series: &str) -> Option<f64> {
-    scrape.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
 /// Messages held per level, every shard's together, as the metrics last
 /// read them from the broker.
-fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
+fn levels(state: &AppState) -> Vec<(u32, u64)> {
     let cascade = state.scheduler.cascade();
     (0..cascade.levels())
         .rev()
@@ -250,12 +242,9 @@ fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
             let messages = cascade
                 .every_shard()
                 .map(|shard| {
-                    let series = format!(
-                        "delayline_level_queue_messages{{level=\"{level}\",queue=\"{}\"}}",
-                        shard.level_queue(level)
-                    );
-                    // A gauge of whole messages: a count, not a float.
-                    sample(scrape, &series).unwrap_or(0.0).max(0.0).round() as u64
+                    state
+                        .metrics
+                        .level_queue_messages(level, &shard.level_queue(level))
                 })
                 .sum();
             (level, messages)
@@ -265,19 +254,14 @@ fn levels(state: &AppState, scrape: &str) -> Vec<(u32, u64)> {
 
 /// The levels this replica found stranded and drains, in every shard, each
 /// with its queue and the messages it sent on, as the metrics say.
-fn stranded_levels(state: &AppState, scrape: &str) -> Vec<(u32, String, u64)> {
+fn stranded_levels(state: &AppState) -> Vec<(u32, String, u64)> {
     let cascade = state.scheduler.cascade();
     let levels = cascade
         .every_shard()
         .flat_map(|shard| (0..shard.levels()).map(move |level| (level, shard.level_queue(level))));
     levels
         .filter_map(|(level, queue)| {
-            let labels = format!("{{level=\"{level}\",queue=\"{queue}\"}}");
-            if sample(scrape, &format!("delayline_level_stranded{labels}")) != Some(1.0) {
-                return None;
-            }
-            let drained = sample(scrape, &format!("delayline_level_drained_total{labels}"));
-            let drained = drained.unwrap_or(0.0).max(0.0).round() as u64;
+            let drained = state.metrics.stranded_level_drained(level, &queue)?;
             Some((level, queue, drained))
         })
         .collect()
@@ -320,30 +304,29 @@ async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response
         ),
     ];
     let ready = readiness(&state, &session.caller).await;
-    let scrape = state.metrics.encode().unwrap_or_default();
-    let count = |series: &str| sample(&scrape, series).map_or("-".to_owned(), |v| v.to_string());
+    let metrics = &state.metrics;
     let counts = vec![
         (
             "release queue backlog",
-            count("delayline_release_queue_messages"),
+            metrics.release_queue_messages.get().to_string(),
         ),
         (
             "unroutable queue",
-            count("delayline_unroutable_queue_messages"),
+            metrics.unroutable_messages.get().to_string(),
         ),
         (
             "delivered (this replica)",
-            count("delayline_tasks_delivered_total"),
+            metrics.tasks_delivered.get().to_string(),
         ),
         (
             "failed (this replica)",
-            count("delayline_tasks_failed_total"),
+            metrics.tasks_failed.get().to_string(),
         ),
     ];
     let data = super::views::Overview {
         chain,
         ready,
-        levels: levels(&state, &scrape),
+        levels: levels(&state),
         counts,
         recent: state.metrics.recent_lateness(crate::clock::now_ms()),
         due: due_charts(&state, &session.caller, crate::clock::now_ms()).await,
@@ -395,8 +378,7 @@ async fn levels_json(State(state): State<AppState>, headers: HeaderMap) -> Respo
     if let Err(login) = session(&state, &headers) {
         return login.into_response();
     }
-    let scrape = state.metrics.encode().unwrap_or_default();
-    let levels: Vec<serde_json::Value> = levels(&state, &scrape)
+    let levels: Vec<serde_json::Value> = levels(&state)
         .into_iter()
         .map(|(level, messages)| serde_json::json!({"level": level, "messages": messages}))
         .collect();
@@ -833,14 +815,12 @@ async fn problems(
         (Ok(failed), Ok(unroutable)) => (failed, unroutable),
         (Err(error), _) | (_, Err(error)) => return refused(error.into()),
     };
-    let scrape = state.metrics.encode().unwrap_or_default();
-    let unroutable_messages = sample(&scrape, "delayline_unroutable_queue_messages")
-        .map_or("unknown".to_owned(), |n| n.to_string());
+    let unroutable_messages = state.metrics.unroutable_messages.get().to_string();
     let view = super::views::Problems {
         failed: &failed,
         unroutable: &unroutable,
         unroutable_messages,
-        stranded: stranded_levels(&state, &scrape),
+        stranded: stranded_levels(&state),
         may_requeue: session.caller.may(Permission::Admin),
         csrf: &session.csrf,
         notice: notice.into_notice(),
@@ -871,8 +851,8 @@ async fn requeue(
     Redirect::to(&format!("/console/problems?{query}")).into_response()
 }
 
-/// Everything under `/console`.
-pub fn router() -> axum::Router<AppState> {
+/// The console's pages but the Parked page (`super::parked`).
+pub(super) fn routes() -> axum::Router<AppState> {
     use axum::routing::{get, post};
     axum::Router::new()
         .route("/console", get(overview))
@@ -891,9 +871,4 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/limits/{name}/{action}", post(pause_limit))
         .route("/console/problems", get(problems))
         .route("/console/problems/requeue", post(requeue))
-        .route(super::assets::STYLE_PATH, get(super::assets::style))
-        .route(super::assets::SCRIPT_PATH, get(super::assets::script))
-        .layer(axum::middleware::map_response(
-            super::assets::with_security_headers,
-        ))
 }

@@ -217,14 +217,12 @@ async fn bulk(
     back(form.queue.as_deref(), outcome, action)
 }
 
-/// The Parked page's routes, with the console's security headers.
-pub fn parked_router() -> axum::Router<AppState> {
+/// The Parked page's routes, part of the console's one router (and its
+/// security headers).
+pub(super) fn routes() -> axum::Router<AppState> {
     use axum::routing::{get, post};
     axum::Router::new()
         .route("/console/parked", get(parked_page))
         .route("/console/parked/bulk", post(bulk))
         .route("/console/parked/{id}/{action}", post(one))
-        .layer(axum::middleware::map_response(
-            super::assets::with_security_headers,
-        ))
 }

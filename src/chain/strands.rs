@@ -35,12 +35,12 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Broker;
 use crate::broker::{ConsumeLimits, Inbound, Published, Settle};
 use crate::cascade::{Cascade, Evidence, LevelWatch, digit_position, levels_left};
 use crate::ledger::Ledger;
 use crate::message::{self, Message, Probe};
 use crate::metrics::{LevelLabel, Metrics};
+use crate::release::{Arrival, ArrivalWatch, Broker};
 
 /// Tasks staged or released from the ledger at once that show a burst.
 const BURST_TASKS: usize = 16;
@@ -61,7 +61,7 @@ const DRAIN_LIMITS: ConsumeLimits = ConsumeLimits {
 
 /// What this replica's probes say, shared by the prober and the release stage.
 #[derive(Clone)]
-pub(super) struct Strands {
+pub(crate) struct Strands {
     watch: Arc<Mutex<LevelWatch>>,
     cascade: Arc<Cascade>,
     /// This replica's name on its probes: fresh for each replica, not each
@@ -137,7 +137,7 @@ impl Strands {
 /// shard would publish the same tasks again once for each (and, on
 /// PostgreSQL, deadlock on the same rows).
 #[derive(Clone, Default)]
-pub(super) struct Resends(Arc<Mutex<HashMap<u32, (usize, CancellationToken)>>>);
+pub(crate) struct Resends(Arc<Mutex<HashMap<u32, (usize, CancellationToken)>>>);
 
 impl Resends {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (usize, CancellationToken)>> {
@@ -174,7 +174,7 @@ impl Resends {
 /// queue, so its probes are judged against each other alone (a probe of
 /// one shard can overtake another shard's for reasons of its own queue).
 #[derive(Clone)]
-pub(super) struct ShardStrands {
+pub(crate) struct ShardStrands {
     shards: Arc<[Strands]>,
     cascade: Arc<Cascade>,
     metrics: Arc<Metrics>,
@@ -258,19 +258,74 @@ impl ShardStrands {
     }
 }
 
+/// What the release stage tells the level keepers (see
+/// [`crate::release::ArrivalWatch`]): a probe is the watch's own.
+impl ArrivalWatch for ShardStrands {
+    fn arrived(&self, messages: &[Inbound]) {
+        self.tasks_arrived(messages);
+    }
+
+    fn sort(&self, message: &Inbound) -> Arrival {
+        match Probe::read(&message.properties) {
+            Some(probe) => Arrival::Own(self.probe_arrived(&probe).map(Box::new)),
+            None => Arrival::Task,
+        }
+    }
+
+    fn burst_seen(&self, tasks: usize) {
+        ShardStrands::burst_seen(self, tasks);
+    }
+}
+
+/// What the level keepers read and write.
+pub(crate) struct KeeperHandles {
+    pub broker: Arc<dyn Broker>,
+    pub ledger: Ledger,
+    pub metrics: Arc<Metrics>,
+    /// How long a task that passed no stranded level may be overdue before
+    /// the ledger's own resender publishes it again (`store.resend_after_ms`).
+    pub resend_after: Duration,
+}
+
+/// Every shard's level keeper, with how often it probes; none when the
+/// chain sends no probes (`cascade.level_probe_ms = 0`).
+pub(crate) fn level_keepers(
+    strands: &ShardStrands,
+    handles: &KeeperHandles,
+) -> Vec<(LevelKeeper, Duration)> {
+    let Some(every) = strands.cascade.level_probe() else {
+        return Vec::new();
+    };
+    strands
+        .each()
+        .map(|shard| {
+            let keeper = LevelKeeper {
+                broker: handles.broker.clone(),
+                ledger: handles.ledger.clone(),
+                cascade: shard.cascade(),
+                metrics: handles.metrics.clone(),
+                strands: shard.clone(),
+                resend_after: handles.resend_after,
+                resends: strands.resends(),
+            };
+            (keeper, every)
+        })
+        .collect()
+}
+
 /// Probes the levels of one shard, and drains those found stranded.
 #[derive(Clone)]
 pub(crate) struct LevelKeeper {
-    pub(super) broker: Arc<dyn Broker>,
-    pub(super) ledger: Ledger,
-    pub(super) cascade: Arc<Cascade>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) strands: Strands,
+    broker: Arc<dyn Broker>,
+    ledger: Ledger,
+    cascade: Arc<Cascade>,
+    metrics: Arc<Metrics>,
+    strands: Strands,
     /// How long a task that passed no stranded level may be overdue before
     /// the ledger's own resender publishes it again (`store.resend_after_ms`).
-    pub(super) resend_after: Duration,
+    resend_after: Duration,
     /// Shared by every shard's keeper (see [`Resends`]).
-    pub(super) resends: Resends,
+    resends: Resends,
 }
 
 impl LevelKeeper {

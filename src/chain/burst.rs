@@ -14,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::cascade::{Cascade, LevelLoad, Planned};
 use crate::task::Task;
 
-pub(super) struct Bursts {
+pub(crate) struct Bursts {
     load: Mutex<LevelLoad>,
     /// Tasks a level passes a second, as planned.
     rate: u32,
@@ -70,7 +70,7 @@ impl Bursts {
 /// How a task of a burst goes instead of its own route: its head start.
 /// (A schedule's *lead* is how long before its instant an occurrence is
 /// made a task: `crate::recurrence`'s.)
-pub(super) enum HeadStart {
+pub(crate) enum HeadStart {
     /// Through the levels with a shorter wait: staged by the release stage
     /// when it arrives, until its moment.
     Levels(Box<Task>),
