@@ -96,7 +96,7 @@ pub enum Verdict {
     /// it back when a channel died after the first copy was published, before
     /// it was recorded): back to the queue, to be judged once the first is
     /// recorded (then as a duplicate), not published twice.
-    Wait,
+    Requeue,
     /// Claimed, and a release limit matches its destination: it waits in
     /// the ledger for the limiter ([`super::limiter`]); acknowledged.
     Waits,
@@ -113,7 +113,7 @@ impl Verdict {
             Verdict::DropDuplicate => Some("duplicate"),
             Verdict::Deliver
             | Verdict::Forward
-            | Verdict::Wait
+            | Verdict::Requeue
             | Verdict::Waits
             | Verdict::Staged => None,
         }
@@ -181,7 +181,7 @@ fn judge_all<'a>(messages: impl Iterator<Item = &'a mut Judged>, findings: Vec<F
     for judged in messages {
         judged.verdict = match (judged.asked(), &judged.identity) {
             (None, None) => Verdict::Forward,
-            (None, Some(_)) => Verdict::Wait,
+            (None, Some(_)) => Verdict::Requeue,
             (Some((id, revision)), _) => {
                 let verdict = judge(findings.next().unwrap_or(Finding::Absent), *revision);
                 if verdict == Verdict::Deliver && !seen.insert(id.clone()) {
@@ -756,7 +756,7 @@ mod tests {
             [
                 Verdict::Forward,
                 Verdict::Deliver,
-                Verdict::Wait,
+                Verdict::Requeue,
                 Verdict::DropDuplicate,
                 judge(Finding::Absent, 2),
             ]

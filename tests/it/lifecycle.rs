@@ -340,17 +340,22 @@ async fn json_logs_carry_the_task_id_on_every_line_about_a_task() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
-    let settings = with_ledger(test_settings(3, 10, QueueType::Quorum), Backend::Sqlite);
-    let _cleanup = Cleanup::for_settings(&settings);
+/// The real binary's log from its start until it was ready, and its stop.
+async fn serve_until_ready_and_read_log(settings: &delayline::config::Settings) -> String {
     let port = free_port();
-    let child = serve_command(&settings, port)
+    let child = serve_command(settings, port)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
-    let log = stop_and_read_log(child).await;
+    stop_and_read_log(child).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_carry_no_colours_off_a_terminal_and_start_with_the_chain() {
+    let settings = with_ledger(test_settings(3, 10, QueueType::Quorum), Backend::Sqlite);
+    let _cleanup = Cleanup::for_settings(&settings);
+    let log = serve_until_ready_and_read_log(&settings).await;
     assert!(
         !log.contains('\u{1b}'),
         "escape codes in a piped log:\n{log}"
@@ -379,13 +384,7 @@ async fn a_postgresql_server_without_autovacuum_is_named_at_start() {
         .fetch_one(&mut server)
         .await
         .unwrap();
-    let port = free_port();
-    let child = serve_command(&settings, port)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_ready_at(&reqwest::Client::new(), &format!("http://127.0.0.1:{port}")).await;
-    let log = stop_and_read_log(child).await;
+    let log = serve_until_ready_and_read_log(&settings).await;
     let warned = log.contains("PostgreSQL runs with autovacuum off");
     assert_eq!(
         warned,
