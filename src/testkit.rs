@@ -20,13 +20,19 @@ use crate::broker::{BrokerError, connect};
 /// delivery costs.
 pub use crate::metrics::Metrics;
 
-/// The wall clock, in microseconds since the epoch.
+/// The system's wall clock, in microseconds since the epoch: stepped or
+/// not, as a process started now reads it ([`crate::clock::system_now`]).
 pub fn now_us() -> i64 {
-    crate::clock::now()
+    crate::clock::system_now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| {
             i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
         })
+}
+
+/// The system's wall clock in milliseconds since the epoch (see [`now_us`]).
+pub fn now_ms() -> u64 {
+    u64::try_from(now_us() / 1000).unwrap_or(0)
 }
 
 /// The value at quantile `q` of `sorted` (nearest rank); NaN when empty.

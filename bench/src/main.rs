@@ -18,6 +18,7 @@ mod instant;
 mod ledger;
 mod load;
 mod paced;
+mod phases;
 mod plot;
 mod queue_pass;
 mod rabbitmqctl;
@@ -29,6 +30,8 @@ mod schedules;
 mod shards;
 mod sut;
 mod timer;
+
+use phases::Phase;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -62,12 +65,11 @@ struct Args {
     /// Publishing channels, for both the raw ceiling and the service.
     #[arg(long, default_value_t = 4)]
     channels: usize,
-    /// Only these phases (ingest, routing, precision, hold, drain, overload,
-    /// backlog, ledger, schedules, timer, record-cost, limits, forecast,
-    /// replicas); all by default. `shards`, `burst`, `instant`, `retries`
-    /// and `queue-pass` run only when named.
-    #[arg(long, value_delimiter = ',')]
-    phases: Vec<String>,
+    /// Only these phases (see `phases::Phase`); all by default but
+    /// `shards`, `burst`, `instant`, `retries` and `queue-pass`, which run
+    /// only when named.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    phases: Vec<Phase>,
     /// The hold phase's chains (hold-100ms-up, hold-1s-up, hold-1s-hold);
     /// all by default.
     #[arg(long, value_delimiter = ',')]
@@ -292,7 +294,6 @@ async fn main() -> anyhow::Result<()> {
     if args.ingest_same_delay {
         load::use_same_delay();
     }
-    let run = |phase: &str| args.phases.is_empty() || args.phases.iter().any(|p| p == phase);
     let seconds = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
     std::fs::create_dir_all(&args.out)?;
     if args.replot {
@@ -324,552 +325,10 @@ async fn main() -> anyhow::Result<()> {
         queue_pass: Vec::new(),
     };
 
-    if run("ingest") {
-        let stores = args
-            .stores
-            .iter()
-            .map(|name| {
-                let (store, auth) = match name.strip_suffix("+auth") {
-                    Some(store) => (store, true),
-                    None => (name.as_str(), false),
-                };
-                Ok((Store::parse(store, &args.postgres_url)?, auth, name.clone()))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let broker = cpu::broker_pid();
-        for (store, auth, label) in stores {
-            let sut = ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &store, auth)
-                .await?;
-            let progress = bar("ingest");
-            if results.raw_ceiling_tasks_per_sec.is_none() {
-                // The ceiling is the best the broker does into the cascade's
-                // entry at any depth of pipelining, over the service's
-                // channels and four times as many; a plain quorum queue,
-                // same messages, is measured beside it, not counted in it.
-                let wider = args.channels * 4;
-                let reference = load::PlainReference::declare(
-                    &args.amqp_uri,
-                    format!("{}.plain-reference", sut.cascade.prefix()),
-                )
-                .await?;
-                for channels in [args.channels, wider] {
-                    for in_flight in [64, 256, 1024] {
-                        progress.set_message(format!(
-                            "ingest: raw AMQP, {channels} channels, {in_flight} in flight"
-                        ));
-                        let meter = cpu::Meter::start(broker, sut.pid());
-                        let mut raw = load::raw_amqp(
-                            &args.amqp_uri,
-                            &sut.cascade,
-                            load::RawTarget::Cascade,
-                            channels,
-                            in_flight,
-                            seconds,
-                            &progress,
-                        )
-                        .await?;
-                        raw.cpu = meter.finish(raw.tasks);
-                        let best = results
-                            .raw_ceiling_tasks_per_sec
-                            .unwrap_or(0.0)
-                            .max(raw.tasks_per_sec);
-                        results.raw_ceiling_tasks_per_sec = Some(best);
-                        results.ingest.push(raw);
-                    }
-                    progress.set_message(format!("ingest: plain queue, {channels} channels"));
-                    let meter = cpu::Meter::start(broker, sut.pid());
-                    let mut plain = load::raw_amqp(
-                        &args.amqp_uri,
-                        &sut.cascade,
-                        load::RawTarget::PlainQueue(&reference.queue),
-                        channels,
-                        1024,
-                        seconds,
-                        &progress,
-                    )
-                    .await?;
-                    plain.cpu = meter.finish(plain.tasks);
-                    results.ingest.push(plain);
-                    reference.purge().await?;
-                }
-                reference.delete().await?;
-            }
-            let ingress = sut.ingress.is_some() && !auth;
-            if ingress && args.ingress_first {
-                ingest_over_ingress(&args, &sut, &label, seconds, &progress, &mut results).await?;
-            }
-            let summary =
-                ingest_over_http(&args, &sut, &label, seconds, &progress, &mut results).await?;
-            if ingress && !args.ingress_first {
-                ingest_over_ingress(&args, &sut, &label, seconds, &progress, &mut results).await?;
-            }
-            progress.finish_and_clear();
-            results.stores.push(summary);
-            sut.stop().await?;
+    for phase in Phase::ALL {
+        if args.runs(phase) {
+            phase.run(&args, seconds, &mut results).await?;
         }
-    }
-
-    if run("routing") {
-        // A topology of its own, so that its level queues start as empty as
-        // the side queues the steps before it are measured into.
-        let sut =
-            ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::None, false)
-                .await?;
-        let progress = bar("routing");
-        let steps = routing::split(
-            &args.amqp_uri,
-            &sut.cascade,
-            args.channels,
-            seconds,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-        results.ingest.extend(steps);
-        sut.stop().await?;
-    }
-
-    if run("precision") {
-        let (low, high) = if args.quick { (50, 500) } else { (200, 5000) };
-        // (unit, min delay, max delay): delays span several units, starting above one unit.
-        let scenarios = if args.quick {
-            [(1000, 1_000, 4_000), (10, 100, 2_100)]
-        } else {
-            [(1000, 1_000, 11_000), (10, 100, 5_100)]
-        };
-        for (unit_ms, min_delay, max_delay) in scenarios {
-            let levels = if unit_ms >= 1000 { 20 } else { 24 };
-            let setup = Setup {
-                levels,
-                unit_ms,
-                queue_type: QueueType::Quorum,
-                store: Store::None,
-                release_stage: false,
-                precision_ms: None,
-                auth: false,
-                shards: 1,
-            };
-            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
-            for (label, tasks) in [("low", low), ("high", high)] {
-                let progress = bar(&format!("precision {unit_ms} ms {label}"));
-                let label = format!("{unit_ms}ms-{label}");
-                let delays = Delays {
-                    tasks,
-                    min_ms: min_delay,
-                    max_ms: max_delay,
-                };
-                let precision =
-                    delivery::precision(&mut sut, &args.amqp_uri, &label, delays, &progress)
-                        .await?;
-                progress.finish_and_clear();
-                results.precision.push(precision);
-            }
-            sut.stop().await?;
-        }
-        // What the release stage adds at a low rate: the default ledger with
-        // the stage off and on, the same tasks, one after the other.
-        let (min_delay, max_delay) = if args.quick {
-            (100, 2_100)
-        } else {
-            (100, 5_100)
-        };
-        for release_stage in [false, true] {
-            let setup = Setup {
-                levels: 24,
-                unit_ms: 10,
-                queue_type: QueueType::Quorum,
-                store: Store::Sqlite,
-                release_stage,
-                precision_ms: None,
-                auth: false,
-                shards: 1,
-            };
-            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
-            let label = if release_stage {
-                "10ms-release"
-            } else {
-                "10ms-sqlite"
-            };
-            let progress = bar(&format!("precision {label}"));
-            let delays = Delays {
-                tasks: low,
-                min_ms: min_delay,
-                max_ms: max_delay,
-            };
-            let precision =
-                delivery::precision(&mut sut, &args.amqp_uri, label, delays, &progress).await?;
-            progress.finish_and_clear();
-            results.precision.push(precision);
-            // The same tasks from a plugin-style producer, through the ingress.
-            if let Some(exchange) = sut.ingress.as_ref().map(|i| i.exchange.clone()) {
-                let progress = bar("precision 10ms-ingress");
-                let intake = delivery::Intake::Ingress(&exchange);
-                let precision = delivery::precision_over(
-                    &mut sut,
-                    &args.amqp_uri,
-                    "10ms-ingress",
-                    delays,
-                    intake,
-                    &progress,
-                )
-                .await?;
-                progress.finish_and_clear();
-                results.precision.push(precision);
-            }
-            sut.stop().await?;
-        }
-    }
-
-    if run("hold") {
-        hold_phase(&args, &mut results).await?;
-    }
-
-    if run("drain") {
-        let tasks = if args.quick { 2_000 } else { 20_000 };
-        // The cascade alone (both queue types), then the default ledger with
-        // the release stage off and on: the stage's cost is the last two side by side.
-        for (queue_type, store, release_stage) in [
-            (QueueType::Quorum, Store::None, false),
-            (QueueType::Classic, Store::None, false),
-            (QueueType::Quorum, Store::Sqlite, false),
-            (QueueType::Quorum, Store::Sqlite, true),
-        ] {
-            let setup = Setup {
-                levels: 16,
-                unit_ms: 10,
-                queue_type,
-                store: store.clone(),
-                release_stage,
-                precision_ms: None,
-                auth: false,
-                shards: 1,
-            };
-            let mut sut = ServiceUnderTest::spawn(&args.amqp_uri, args.channels, &setup).await?;
-            let label = format!(
-                "{}{}{}",
-                queue_type.as_str(),
-                if store == Store::None { "" } else { "+sqlite" },
-                if release_stage { "+release" } else { "" }
-            );
-            let progress = bar(&format!("drain ({label})"));
-            let drain = delivery::burst(&mut sut, &args.amqp_uri, &label, tasks, &progress).await?;
-            progress.finish_and_clear();
-            results.drain.push(drain);
-            sut.stop().await?;
-        }
-        // The cascade alone (quorum, no ledger): its dead-letter rate sizes
-        // the default cascade for other delay mixes.
-        if let Some(cascade) = results.drain.first() {
-            // The default chain, with its release stage: held, a unit's lead.
-            let default = delayline::cascade::CascadeSettings {
-                release_stage: Some(true),
-                ..delayline::cascade::CascadeSettings::default()
-            }
-            .validate()?;
-            results.capacity = capacity::size_on(&default, cascade.hops_per_sec);
-        }
-    }
-
-    if run("overload") {
-        // The default configuration; its capacity measured first, then twice
-        // that offered, open loop.
-        let sut =
-            ServiceUnderTest::spawn_default(&args.amqp_uri, args.channels, &Store::Sqlite, false)
-                .await?;
-        let progress = bar("overload: capacity");
-        let mut capacity = load::http(&sut.base, None, "sqlite", 64, 1, seconds, &progress).await?;
-        // Listed with the ingest rows, but not a point of the ingest curves.
-        capacity.path = "http single (capacity)".to_owned();
-        progress.set_message("overload: 2x capacity, open loop");
-        let overload = load::overload(
-            &sut.base,
-            "sqlite",
-            capacity.tasks_per_sec,
-            capacity.tasks_per_sec * 2.0,
-            seconds,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-        results.ingest.push(capacity);
-        results.overload.push(overload);
-        sut.stop().await?;
-    }
-
-    if run("backlog") {
-        let tasks = args
-            .scale
-            .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
-        results.backlog = Some(backlog_phase(&args, tasks, &mut results.precision).await?);
-    }
-
-    if run("ledger") {
-        let tasks = args
-            .ledger_tasks
-            .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-        let schema = ledger::Schema {
-            dropped: &args.ledger_drop_index,
-            sql: args.ledger_sql.as_deref(),
-            label: args.ledger_label.as_deref(),
-        };
-        results.ledger = ledger::phase(tasks, &schema, args.ledger_same_delay).await?;
-    }
-
-    if run("limits") {
-        let progress = bar("limits");
-        if let Some(step) = args
-            .limits_steps
-            .iter()
-            .find(|step| !paced::STEPS.contains(&step.as_str()))
-        {
-            anyhow::bail!("--limits-steps: no step {step} (of {:?})", paced::STEPS);
-        }
-        let options = paced::Options {
-            quick: args.quick,
-            steps: &args.limits_steps,
-            rates: &args.limits_rates,
-            burst_secs: args.limits_burst_secs,
-        };
-        let limits = paced::phase(&args.amqp_uri, args.channels, &options, &progress).await?;
-        progress.finish_and_clear();
-        for paced in &limits.paced {
-            println!(
-                "limits: paced at {}/s ({}), achieved {:.1}/s over 10 s (ratio {:.3}, {} tasks)",
-                paced.configured_per_sec,
-                paced.source,
-                paced.achieved_per_sec,
-                paced.ratio,
-                paced.tasks
-            );
-        }
-        if let Some(b) = &limits.beside {
-            println!(
-                "limits: unlimited destination at {}/s, lateness ms p50/p99/max: alone {:.1}/{:.1}/{:.1}, beside {} waiting {:.1}/{:.1}/{:.1}",
-                b.rate_per_sec,
-                b.alone_p50_ms,
-                b.alone_p99_ms,
-                b.alone_max_ms,
-                b.waiting,
-                b.beside_p50_ms,
-                b.beside_p99_ms,
-                b.beside_max_ms
-            );
-        }
-        for o in limits.outage.iter().chain(&limits.outage_unlimited) {
-            let rate = o
-                .configured_per_sec
-                .map_or("no limit".to_owned(), |rate| format!("{rate}/s"));
-            println!(
-                "limits: outage drain of {} at {rate}: first {:.0} ms after restart, achieved {:.1}/s (ratio {}), drained in {:.1} s",
-                o.tasks,
-                o.first_after_restart_ms,
-                o.achieved_per_sec,
-                o.ratio.map_or("-".to_owned(), |r| format!("{r:.3}")),
-                o.drain_seconds
-            );
-        }
-        results.limits = Some(limits);
-    }
-
-    if args.phases.iter().any(|p| p == "shards") {
-        let progress = bar("shards");
-        results.shards = shards::phase(
-            &args.amqp_uri,
-            args.channels,
-            &args.shards,
-            args.shards_rate,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-        for r in &results.shards {
-            println!(
-                "shards: {} shard(s), {} tasks due at once: {:.0}/s over 10 s; leaders {:?}",
-                r.shards, r.tasks, r.due_per_sec, r.leaders
-            );
-        }
-    }
-
-    if args.phases.iter().any(|p| p == "burst") {
-        let progress = bar("burst");
-        results.burst = burst::phase(
-            &args.amqp_uri,
-            args.channels,
-            burst::Timing {
-                ahead: Duration::from_secs(args.burst_ahead_s),
-                leeway: Duration::from_secs(args.burst_leeway_s),
-            },
-            &args.burst_sizes,
-            &args.burst_modes,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-    }
-
-    if args.phases.iter().any(|p| p == "instant") {
-        let progress = bar("instant");
-        results.instant = instant::phase(
-            &args.amqp_uri,
-            args.channels,
-            &args.instant_sizes,
-            args.instant_made_s,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-    }
-
-    if args.phases.iter().any(|p| p == "retries") {
-        let progress = bar("retries");
-        results.retries = retries::phase(
-            &args.amqp_uri,
-            args.channels,
-            &args.retries_sizes,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-    }
-
-    if args.phases.iter().any(|p| p == "queue-pass") {
-        let prefix = format!("delayline-bench-{}", std::process::id());
-        results.queue_pass = queue_pass::phase(
-            &args.amqp_uri,
-            &prefix,
-            &args.pass_types,
-            args.channels,
-            args.pass_in_flight,
-            seconds,
-        )
-        .await?;
-        for p in &results.queue_pass {
-            println!(
-                "queue-pass: {} queue, {} in flight over {} channels: {:.0}/s through \
-                 (published {:.0}/s), {} of {} consumed; broker {:.0} µs a message",
-                p.queue_type,
-                p.in_flight,
-                p.channels,
-                p.passed_per_sec,
-                p.published_per_sec,
-                p.consumed,
-                p.published,
-                p.cpu.broker_us.unwrap_or(f64::NAN)
-            );
-        }
-    }
-
-    if run("replicas") {
-        let progress = bar("replicas");
-        let seconds = args.seconds.unwrap_or(if args.quick { 2 } else { 10 });
-        results.replicas = replicas::phase(
-            &args.amqp_uri,
-            args.channels,
-            &args.postgres_url,
-            args.quick,
-            seconds,
-            args.replicas_shards,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-        for r in &results.replicas {
-            println!(
-                "replicas: {} on PostgreSQL, {} shard(s): intake {:.0} tasks/s ({} errors, {:.0} µs service CPU a task); \
-                 {} due at once: first {:.0} ms after, {:.0}/s, last {:.0} ms after{}; missing {}, duplicates {}",
-                r.replicas,
-                r.shards,
-                r.intake_per_sec,
-                r.intake_errors,
-                r.intake_service_cpu_us,
-                r.due_tasks,
-                r.first_after_due_ms,
-                r.due_per_sec,
-                r.last_after_due_ms,
-                if r.killed_one {
-                    ", one replica SIGKILLed 500 ms after"
-                } else {
-                    ""
-                },
-                r.missing,
-                r.duplicates
-            );
-        }
-    }
-
-    if run("forecast") {
-        let tasks = args
-            .scale
-            .unwrap_or(if args.quick { 20_000 } else { 1_000_000 });
-        let stores = [Store::Sqlite, Store::parse("postgres", &args.postgres_url)?];
-        let progress = bar("forecast");
-        results.forecast = forecast::phase(&args.amqp_uri, args.channels, tasks, &stores).await?;
-        progress.finish_and_clear();
-        for run in &results.forecast {
-            println!(
-                "forecast ({}): {} tasks over 24 h, 1-minute buckets: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; one destination p99 {:.1} ms; counted {}; fill {:.1} s, fold {:.1} s; bulk cancel of {} in {:.1} s, forecast p99 meanwhile {:.1} ms",
-                run.store,
-                run.tasks,
-                run.p50_ms,
-                run.p99_ms,
-                run.max_ms,
-                run.one_destination_p99_ms,
-                run.counted,
-                run.fill_seconds,
-                run.fold_seconds,
-                run.bulk_cancelled,
-                run.bulk_seconds,
-                run.during_bulk_p99_ms
-            );
-        }
-    }
-
-    if run("timer") {
-        let timers = timer::phase(1_000.0, if args.quick { 2.0 } else { 10.0 }).await?;
-        for timer in &timers {
-            println!(
-                "timer ({}): {} waits at {}/s, late p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
-                timer.waiter,
-                timer.waits,
-                timer.waits_per_sec,
-                timer.late_p50_us,
-                timer.late_p90_us,
-                timer.late_p99_us,
-                timer.late_max_us
-            );
-        }
-        results.timer = timers;
-    }
-
-    if run("record-cost") {
-        let calls = if args.quick { 1_000_000 } else { 10_000_000 };
-        let costs = record_cost::phase(calls);
-        for cost in &costs {
-            println!(
-                "record-cost: a delivery recorded in {:.0} ns ({} thread(s) at once, {} each)",
-                cost.ns_per_delivery, cost.threads, cost.calls
-            );
-        }
-        results.record_cost = costs;
-    }
-
-    if run("schedules") {
-        let held = args
-            .schedules_held
-            .unwrap_or(if args.quick { 10_000 } else { 100_000 });
-        let (idle, ticks) = if args.quick { (5, 5) } else { (30, 20) };
-        let progress = bar("schedules");
-        let measured = schedules::phase(
-            &args.amqp_uri,
-            args.channels,
-            (held, args.schedules_spread),
-            Duration::from_secs(idle),
-            ticks,
-            &progress,
-        )
-        .await?;
-        progress.finish_and_clear();
-        results.schedules = Some(measured);
     }
 
     print_report(&results);
@@ -1455,4 +914,15 @@ fn print_backlog(b: &backlog::Backlog) {
         "  ({} rows paged through; deleting the backlog took {:.0} s)",
         b.deep_rows, b.teardown_seconds
     );
+}
+
+impl Args {
+    /// Whether `phase` runs: named, or none named and it runs by default.
+    fn runs(&self, phase: Phase) -> bool {
+        if self.phases.is_empty() {
+            phase.by_default()
+        } else {
+            self.phases.contains(&phase)
+        }
+    }
 }

@@ -129,7 +129,8 @@ async fn a_bulk_cancel_of_20000_tasks_falling_due_leaves_each_delivered_or_cance
 /// back); to a time, that time, as `PATCH` with `deliver_at` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_move_lands_each_task_where_a_single_move_would() {
-    use delayline::clock::{format_epoch_ms, now_ms, parse_epoch_ms};
+    use delayline::clock::{format_epoch_ms, parse_epoch_ms};
+    use delayline::testkit::now_ms;
     let settings = settings();
     let prefix = settings.cascade.prefix.clone();
     let app = TestApp::spawn(settings).await;
@@ -205,7 +206,7 @@ async fn a_bulk_move_is_idempotent_and_under_access_control() {
     let mut consumer = TestConsumer::bind(&mut app, &destination).await;
     app.http = bearer_client("tok-mover");
     let ids = submit(&app, &destination, &[20_000; 100]).await;
-    let submitted_at = delayline::clock::now_ms();
+    let submitted_at = delayline::testkit::now_ms();
 
     let post = async |token: &str, key: &str, body: &Value| {
         let response = bearer_client(token)

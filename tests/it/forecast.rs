@@ -8,8 +8,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use delayline::cascade::QueueType;
-use delayline::clock::{format_epoch_ms, now_ms, parse_epoch_ms};
+use delayline::clock::{format_epoch_ms, parse_epoch_ms};
 use delayline::config::Settings;
+use delayline::testkit::now_ms;
 use serde_json::{Value, json};
 
 use crate::common::{

@@ -201,7 +201,7 @@ async fn after_sigkill_leased_tasks_go_on_at_the_restart_not_after_their_lease()
         .unwrap()
         .execute(
             "UPDATE tasks SET next_attempt_at_ms = ?1 WHERE state = 'pending'",
-            [delayline::clock::now_ms() as i64 + 60_000],
+            [delayline::testkit::now_ms() as i64 + 60_000],
         )
         .unwrap();
     assert_eq!(leased, 10);
@@ -239,7 +239,7 @@ async fn a_killed_replica_s_leased_tasks_go_on_through_another_at_once_not_after
     let (mut cut_off_replica, _, accepted) =
         pending_in_a_cut_off_service(&settings, "leased-pg", &delays).await;
     // Each as a publish awaiting its confirm leaves it: leased a minute on.
-    let until = delayline::clock::now_ms() + 60_000;
+    let until = delayline::testkit::now_ms() + 60_000;
     crate::common::ledger_sql(
         &settings,
         Backend::Postgres,

@@ -70,7 +70,7 @@ async fn load(
     let mut n = 0u64;
     while !stop.is_cancelled() {
         n += 1;
-        let sent_ms = delayline::clock::now_ms();
+        let sent_ms = delayline::testkit::now_ms();
         let posted = http
             .post(format!("{base}/v1/tasks"))
             .json(
@@ -94,7 +94,7 @@ async fn load(
             continue;
         }
         let url = format!("{base}/v1/tasks/{id}");
-        let changed_ms = delayline::clock::now_ms();
+        let changed_ms = delayline::testkit::now_ms();
         let change = match n % 10 {
             3 => Some((http.delete(&url), Expect::Cancelled)),
             7 => Some((

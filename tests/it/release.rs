@@ -628,7 +628,7 @@ async fn a_task_no_queue_takes_is_seen_unroutable_and_delivered_once_requeued() 
 
     // The runbook's remedy: bind, then requeue; it is delivered and seen so.
     let mut late = TestConsumer::bind(&mut app, "#.nobody.home").await;
-    let requeued_at = delayline::clock::now_ms();
+    let requeued_at = delayline::testkit::now_ms();
     let (ok, output) = run_delayline(&settings, &["requeue-unroutable"]).await;
     assert!(ok, "{output}");
     assert!(

@@ -9,9 +9,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use delayline::cascade::QueueType;
-use delayline::clock::{format_epoch_ms, now_ms};
+use delayline::clock::format_epoch_ms;
 use delayline::config::Settings;
 use delayline::message::DELIVER_AT_HEADER;
+use delayline::testkit::now_ms;
 use serde_json::{Value, json};
 
 use crate::common::{
