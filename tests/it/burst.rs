@@ -7,11 +7,12 @@
 //! unit (and, where a test says so, a lower level rate, so that a few
 //! hundred tasks make a burst).
 
+use delayline::testkit::now_ms;
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use delayline::cascade::QueueType;
-use delayline::clock::{epoch_ms, format_epoch_ms, parse_epoch_ms};
+use delayline::clock::{format_epoch_ms, parse_epoch_ms};
 use delayline::config::Settings;
 use serde_json::{Value, json};
 
@@ -65,10 +66,6 @@ fn ids(tasks: &[Value]) -> HashSet<String> {
         .iter()
         .map(|task| task["id"].as_str().unwrap().to_owned())
         .collect()
-}
-
-fn now_ms() -> u64 {
-    epoch_ms(SystemTime::now())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 //! after an outage; two replicas sharing PostgreSQL making one task per
 //! occurrence; refusals naming the field; access control; the CLI.
 
+use delayline::testkit::now_ms;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -885,10 +886,6 @@ async fn series_of(http: &reqwest::Client, base: &str, series: &str) -> Option<f
         .await
         .unwrap();
     sample(&scrape, series)
-}
-
-fn now_ms() -> u64 {
-    epoch_ms(std::time::SystemTime::now())
 }
 
 /// Tasks to `crowd.tick` on their way, by the forecast of `base`.
