@@ -156,6 +156,9 @@ impl Components {
             metrics.ledger_commit_group.clone(),
         )
         .await?;
+        if let Some(ledger) = &ledger {
+            ledger.warn_of_database_settings().await;
+        }
         // Before this process takes a lease of its own; bounded and never
         // fatal: a ledger another process keeps locked leaves the leases
         // to run out, as before.

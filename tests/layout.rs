@@ -461,21 +461,9 @@ fn the_control_plane_names_none_of_the_cascades_internals() {
         let Some(text) = product_text(file) else {
             continue;
         };
-        for (at, _) in text.match_indices("crate::cascade::") {
-            let rest = &text[at + "crate::cascade::".len()..];
-            let items = match rest.strip_prefix('{') {
-                Some(group) => group_items(group),
-                None => vec![
-                    rest.chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect(),
-                ],
-            };
-            for item in items {
-                let item = item.trim().to_owned();
-                if internals.contains(&item.as_str()) {
-                    named.push(format!("{shown}: {item}"));
-                }
+        for item in paths_into_cascade(&text) {
+            if internals.contains(&item.as_str()) {
+                named.push(format!("{shown}: {item}"));
             }
         }
     }
@@ -483,6 +471,61 @@ fn the_control_plane_names_none_of_the_cascades_internals() {
         named.is_empty(),
         "the cascade's internals named by the control plane: {named:?}"
     );
+}
+
+/// Every name a path into the cascade's module reaches, however the path
+/// starts (`crate::cascade::X`, or `cascade::X` after `use crate::cascade;`,
+/// `super::cascade::`) and however deep it goes (`cascade::plan::X`,
+/// `cascade::{plan::{X, Y}}`): a check that read only `crate::cascade::X`
+/// let the other spellings through.
+fn paths_into_cascade(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for (at, _) in text.match_indices("cascade::") {
+        let before = text[..at].chars().next_back();
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            names.extend(names_on_path(&text[at + "cascade::".len()..]));
+        }
+    }
+    names
+}
+
+/// The names a path's rest reaches: `a::b::C` gives a, b and C; a group
+/// (`{a::B, C}`) every name in it, up to its closing brace.
+fn names_on_path(rest: &str) -> Vec<String> {
+    let is_name = |c: char| c.is_alphanumeric() || c == '_';
+    if rest.starts_with('{') {
+        let mut depth = 0;
+        let group: String = rest
+            .chars()
+            .take_while(|c| {
+                depth += i32::from(*c == '{') - i32::from(*c == '}');
+                depth > 0
+            })
+            .collect();
+        return group
+            .split(|c: char| !is_name(c))
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect();
+    }
+    let name: String = rest.chars().take_while(|c| is_name(*c)).collect();
+    let mut names = vec![name.clone()];
+    if let Some(deeper) = rest[name.len()..].strip_prefix("::") {
+        names.extend(names_on_path(deeper));
+    }
+    names
+}
+
+#[test]
+fn a_path_into_the_cascade_is_read_however_it_is_spelled() {
+    let text = "use crate::cascade;\nfn f(l: cascade::LevelLoad, b: Bar) {}\n\
+                use super::cascade::{plan::{Planned, x}, y};\nlet w = crate::cascade::spread::LossWindow;";
+    let names = paths_into_cascade(text);
+    for name in ["LevelLoad", "Planned", "x", "y", "LossWindow", "spread"] {
+        assert!(names.contains(&name.to_owned()), "{name} in {names:?}");
+    }
+    assert!(!names.contains(&"Bar".to_owned()), "{names:?}");
+    assert!(paths_into_cascade("my_cascade::LevelLoad").is_empty());
 }
 
 /// Logs show what they name as text: an AMQP property logged with `?`

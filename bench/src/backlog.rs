@@ -728,3 +728,87 @@ async fn page_deep(
     }
     Ok((Latency::of(ms), seen))
 }
+
+/// The phase's section of the report.
+pub fn print(b: &Backlog) {
+    println!(
+        "\nbacklog: {} tasks on {} due in {:.1}-{:.1} h, ingested in {:.0} s ({:.0}/s, {} refused and sent again)",
+        b.tasks,
+        b.ledger,
+        b.spread.from_ms as f64 / 3.6e6,
+        b.spread.to_ms as f64 / 3.6e6,
+        b.ingest_seconds,
+        b.ingest_tasks_per_sec,
+        b.refused
+    );
+    let rates: Vec<String> = b
+        .admission
+        .iter()
+        .map(|r| format!("{:.0}", r.tasks_per_sec))
+        .collect();
+    println!(
+        "  admitted a second every 5 %: {}; the last over the first {:.2}",
+        rates.join(" "),
+        b.admission_last_over_first
+    );
+    for (when, broker) in [("before", &b.broker_before), ("loaded", &b.broker_loaded)] {
+        println!(
+            "  broker {when:<7} memory {:>8.0} MiB  disk {:>8.0} MiB  messages {:>9}",
+            broker.memory_mib, broker.disk_mib, broker.messages
+        );
+    }
+    let rss: Vec<String> = b
+        .service_rss
+        .iter()
+        .map(|s| format!("{:.0}", s.rss_mib))
+        .collect();
+    println!(
+        "  service RSS MiB every 5 %: {}; peak {:.0} MiB",
+        rss.join(" "),
+        b.service_peak_rss_mib
+    );
+    println!(
+        "  ledger on disk: {:.0} MiB, {:.0} bytes a task",
+        b.ledger_mib, b.ledger_bytes_a_task
+    );
+    for (what, l) in [
+        ("GET /v1/tasks/{id}", &b.get_task),
+        ("GET /v1/tasks?due_before (100)", &b.first_page),
+        ("pages of 1000 by cursor", &b.deep_pages),
+        ("GET /metrics", &b.scrape),
+    ] {
+        println!(
+            "  {what:<32} n={:<5} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
+        );
+    }
+    println!("  console pages, {} tasks in the ledger:", b.tasks);
+    for (what, l) in &b.console {
+        println!(
+            "    {what:<36} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
+        );
+    }
+    for (what, l) in &b.forecast {
+        println!(
+            "  forecast, {what:<32} n={:<3} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  not 200: {}",
+            l.samples, l.p50_ms, l.p99_ms, l.max_ms, l.errors
+        );
+    }
+    for (what, cost) in &b.passes {
+        println!(
+            "  ledger pass {what:<24} {:>5} passes, mean {:>8.2} ms, p99 at most {:>8.1} ms",
+            cost.passes, cost.mean_ms, cost.p99_at_most_ms
+        );
+    }
+    if let Some(r) = &b.restart {
+        println!(
+            "  restart: stopped in {:.1} s; ready {:.1} s after the start, the task due meanwhile released {:.1} s after it",
+            r.stop_seconds, r.ready_seconds, r.first_release_seconds
+        );
+    }
+    println!(
+        "  ({} rows paged through; deleting the backlog took {:.0} s)",
+        b.deep_rows, b.teardown_seconds
+    );
+}

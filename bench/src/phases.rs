@@ -7,7 +7,13 @@ use std::time::Duration;
 
 use delayline::cascade::QueueType;
 
-use crate::*;
+use crate::delivery::Delays;
+use crate::sut::{ServiceUnderTest, Setup, Store};
+use crate::{
+    Args, Results, backlog_phase, bar, burst, capacity, cpu, delivery, forecast, hold_phase,
+    ingest_over_http, ingest_over_ingress, instant, ledger, load, paced, queue_pass, record_cost,
+    replicas, retries, routing, schedules, shards, timer,
+};
 
 /// Every phase, as `--phases` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -67,7 +67,6 @@ pub async fn open(
     let holder = holders::draw();
     let closing = CancellationToken::new();
     if let Pool::Postgres(pool) = &pool {
-        warn_without_autovacuum(pool).await;
         let held = holders::hold(pool, holder, crate::clock::now_ms()).await?;
         let keep = holders::keep(pool.clone(), holder, Some(held), closing.clone());
         tokio::spawn(keep);
@@ -113,6 +112,16 @@ async fn read_identity(pool: &Pool) -> Result<String, LedgerError> {
 }
 
 impl Ledger {
+    /// Says at a service's start what in the database's own settings will
+    /// hurt the ledger over time (PostgreSQL without autovacuum). The
+    /// service calls it, not `open`: an operator's one-off command has no
+    /// use for a warning about months of running.
+    pub async fn warn_of_database_settings(&self) {
+        if let Pool::Postgres(pool) = &self.pool {
+            warn_without_autovacuum(pool).await;
+        }
+    }
+
     pub fn target(&self) -> &str {
         &self.target
     }

@@ -16,7 +16,7 @@ use delayline::testkit::now_ms;
 use serde_json::{Value, json};
 
 use crate::common::{
-    Backend, Received, TestApp, TestConsumer, amqp_uri, eventually, free_port, queue_depth,
+    Backend, Received, TestApp, TestConsumer, amqp_uri, eventually, free_port, queue_depth, sample,
     spawn_binary, test_settings, wait_ready_at, with_ledger,
 };
 
@@ -189,6 +189,15 @@ async fn a_paced_destination_arrives_at_its_rate_in_due_order_and_another_on_tim
         status["waiting"] == 0 && status["released"] == 3_000
     })
     .await;
+    // How long they waited, under the histogram's name and its deprecated
+    // one (CHANGELOG.md), which dashboards and alerts may still read.
+    let scrape = app.scrape().await;
+    let waited = sample(&scrape, "delayline_limit_waited_seconds_count");
+    assert!(waited.is_some_and(|count| count >= 3_000.0), "{waited:?}");
+    assert_eq!(
+        sample(&scrape, "delayline_limit_held_seconds_count"),
+        waited
+    );
     println!(
         "paced: 3,000 over {} ms, at most {most} in a second",
         last - first
