@@ -166,9 +166,12 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
         asked["destination"].as_str()
     );
     assert!(task.route.routing_key.ends_with(&task.destination));
-    // Whole units of quorum queues, less a millisecond a hop.
+    // Whole units of quorum queues, less a millisecond a hop and 1 % for
+    // a clock catching up.
     let hops = u64::from(task.route.delay_units.count_ones());
-    assert_eq!(task.route.delay_ms, task.route.delay_units * 100 - hops);
+    let spent = task.route.delay_units * 100;
+    let fast = crate::cascade::ttl_fast_by_ms(spent);
+    assert_eq!(task.route.delay_ms, spent - hops - fast);
     // With a leeway (either field), at the moment its id drew in the
     // window, never before.
     if let Some(window) = asked["leeway_ms"].as_u64() {
@@ -389,17 +392,20 @@ proptest! {
         // Never early: rounded up to the precision; what the levels do not
         // hold, the release stage holds, and only below one unit. Without
         // the stage, what the quorum levels are sure to keep: a millisecond
-        // less for each set digit, which may cost up to `levels` ms more.
+        // less for each set digit and 1 % of the whole (`least_ms`), which
+        // may cost up to `levels` ms more than a unit.
         let precision_ms = cascade.precision_ms();
-        let hops = digits[..levels as usize].iter().filter(|d| **d == "1").count() as u64;
-        let (lost, slack) = if route.held { (0, 0) } else { (hops, u64::from(levels)) };
+        let slack = if route.held { 0 } else { u64::from(levels) };
         prop_assert!(u128::from(route.delay_ms) * 1_000_000 >= u128::from(delay_ns));
         prop_assert!(u128::from(route.delay_ms) * 1_000_000 < u128::from(delay_ns) + u128::from(precision_ms + slack) * 1_000_000);
-        prop_assert_eq!(route.delay_ms, route.delay_units * unit_ms - lost + route.hold_ms);
+        if route.held {
+            prop_assert_eq!(route.delay_ms, route.delay_units * unit_ms + route.hold_ms);
+        } else {
+            prop_assert_eq!(route.delay_ms, cascade.least_ms(route.delay_units));
+        }
         if !route.held && route.delay_units > 0 {
             // The fewest units that keep it that long.
-            let fewer = route.delay_units - 1;
-            let fewer_keep = fewer * unit_ms - u64::from(fewer.count_ones());
+            let fewer_keep = cascade.least_ms(route.delay_units - 1);
             prop_assert!(u128::from(fewer_keep) * 1_000_000 < u128::from(delay_ns));
         }
         if route.held {

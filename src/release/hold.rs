@@ -29,6 +29,7 @@
 
 use std::collections::HashMap;
 
+pub use crate::cascade::TTL_FAST_PPM;
 use crate::message::Stamp;
 
 /// How long a sample bounds a clock's offset.
@@ -38,10 +39,6 @@ const SLOT_US: u64 = 1_000_000;
 /// The most two monotonic clocks' rates are taken to differ by, in parts
 /// per million: what a sample's bound grows by as it ages.
 pub const DRIFT_PPM: u64 = 100;
-/// How much faster than real time a broker's TTLs may run, in parts per
-/// million: Erlang's time correction (no time warp mode) adjusts its clock's
-/// rate by up to 1 %.
-pub const TTL_FAST_PPM: u64 = 10_000;
 /// Past this many senders, the ones heard from least recently are forgotten.
 const MAX_SOURCES: usize = 1024;
 
