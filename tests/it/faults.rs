@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::nodes::{BrokerNode, NodeOptions, within};
+use crate::common::nodes::{BrokerNode, NodeOptions, rabbitmq_root, within};
 use crate::common::{
     Backend, Cleanup, TestApp, TestConsumer, TestUser, amqp_uri, close_connections_named,
     connections_named, eventually, queue_depth, rabbitmqctl_json, sample, steady_load,
@@ -230,6 +230,65 @@ async fn tasks_that_can_never_be_published_are_quarantined_and_delay_no_one() {
         cc["attempts"]
     );
     assert!(consumer.next(Duration::from_millis(200)).await.is_none());
+    app.stop().await.unwrap();
+}
+
+/// A quorum queue's TTLs run up to 1 % fast while its node's Erlang clock
+/// catches up with a step of its host's wall clock (no time warp mode, the
+/// machine's RabbitMQ 3.10): a stateless chain of quorum levels, with no
+/// release stage to hold what comes early, still delivers nothing before
+/// its `deliver_at` (`Cascade::least_ms` allows for it; before it did, such
+/// tasks came up to 4 ms early in `migrate::`'s tests against such a node).
+/// The node's wall clock is stepped 10 s ahead, its monotonic clock left
+/// alone, as a paused VM's is. RabbitMQ 4.3 here runs Erlang in multi time
+/// warp mode, which follows a step at once, and libfaketime cannot be
+/// preloaded into its folder's node: on that run the test says so and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_quorum_chain_is_never_early_while_the_brokers_clock_catches_up() {
+    if rabbitmq_root().is_some() {
+        println!(
+            "not on RabbitMQ 4: its node runs in multi time warp mode and cannot preload libfaketime"
+        );
+        return;
+    }
+    let node = BrokerNode::start(&NodeOptions {
+        steppable_clock: true,
+        ..NodeOptions::default()
+    });
+    node.step_clock("+10s");
+    // Erlang starts catching up some seconds after the step (seen: 8 to
+    // 10 s); until then the node's TTLs run at the host's pace.
+    let caught_up_from = within(Duration::from_secs(60), async || {
+        let behind = tokio::task::block_in_place(|| node.erlang_clock_offset_ms());
+        assert!(behind < -5_000, "the node's clock is {behind} ms off");
+        behind > -9_990
+    })
+    .await;
+    assert!(caught_up_from, "the node never began to catch up");
+    // Levels of 1 s; each task waits in one level alone (2, 4 or 8 units),
+    // so that the 1 % its TTL may lose (20 to 80 ms) is not hidden by the
+    // dead-lettering of several hops.
+    let mut settings = test_settings(4, 1000, QueueType::Quorum);
+    settings.amqp.uri = node.uri().into();
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("fast");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    let mut ids = HashSet::new();
+    for delay_ms in [1_990u64, 3_990, 7_990].repeat(5) {
+        let body = json!({"destination": "fast", "delay_ms": delay_ms});
+        let (status, accepted) = app.post("/v1/tasks", &body).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.insert(accepted["id"].as_str().unwrap().to_owned());
+    }
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(15))
+        .await;
+    let still = node.erlang_clock_offset_ms();
+    assert!(
+        still < 0,
+        "the node caught up too soon to tell ({still} ms)"
+    );
     app.stop().await.unwrap();
 }
 

@@ -25,7 +25,17 @@ pub struct NodeOptions {
     pub dead_letter_confirm_timeout_ms: Option<u64>,
     /// Also an `amqps` listener (on a port of its own).
     pub tls: Option<NodeTls>,
+    /// The node's wall clock is the host's plus the offset its
+    /// `clock-offset` file holds (libfaketime, read at every call; its
+    /// monotonic clock left alone, as a paused VM's is), so that a test
+    /// can step it ([`BrokerNode::step_clock`]). The machine's RabbitMQ
+    /// only: libfaketime cannot be preloaded into the RabbitMQ 4 folder's
+    /// node (its `sem_open` is refused there).
+    pub steppable_clock: bool,
 }
+
+/// libfaketime, as Debian installs it (`bash tests/run` does).
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// The TLS listener's PEM files, and whether clients may log in by
 /// certificate (SASL EXTERNAL, the user named by the certificate's CN).
@@ -171,6 +181,13 @@ impl BrokerNode {
             None => "[].".to_owned(),
         };
         std::fs::write(dir.join("advanced.config"), advanced).unwrap();
+        if options.steppable_clock {
+            assert!(
+                Path::new(FAKETIME).exists(),
+                "needs libfaketime: `bash tests/run` installs it (apt-get install -y faketime)"
+            );
+            std::fs::write(dir.join("clock-offset"), "+0").unwrap();
+        }
         // The rabbitmq user of wherever the node runs.
         let status = rabbitmq_program("chown")
             .args(["-R", "rabbitmq:rabbitmq", inside.to_str().unwrap()])
@@ -183,6 +200,13 @@ impl BrokerNode {
             // chroot passes the environment on.
             Some(_) => rabbitmq_program("rabbitmq-server"),
         };
+        if options.steppable_clock {
+            server
+                .env("LD_PRELOAD", FAKETIME)
+                .env("FAKETIME_TIMESTAMP_FILE", path("clock-offset"))
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("DONT_FAKE_MONOTONIC", "1");
+        }
         let status = server
             .arg("-detached")
             .env("RABBITMQ_NODENAME", &name)
@@ -211,6 +235,22 @@ impl BrokerNode {
     fn wait_started(&self) {
         let pid_file = self.inside.join("pid").display().to_string();
         self.ctl(&["wait", &pid_file, "--timeout", "120"]);
+    }
+
+    /// Sets the node's wall clock to the host's plus `offset` (libfaketime's
+    /// form: `+10s`); the node must have been started with a steppable clock.
+    pub fn step_clock(&self, offset: &str) {
+        std::fs::write(self.dir.join("clock-offset"), offset).unwrap();
+    }
+
+    /// How far the node's Erlang clock is from its host's wall clock, in
+    /// ms: below 0 while it catches up with a step forward.
+    pub fn erlang_clock_offset_ms(&self) -> i64 {
+        let said = self.ctl(&[
+            "eval",
+            "erlang:system_time(millisecond) - os:system_time(millisecond).",
+        ]);
+        said.trim().parse().unwrap_or_else(|_| panic!("{said}"))
     }
 
     pub fn uri(&self) -> String {
