@@ -265,9 +265,10 @@ async fn a_stateless_quorum_chain_is_never_early_while_the_brokers_clock_catches
     })
     .await;
     assert!(caught_up_from, "the node never began to catch up");
-    // Levels of 1 s; each task waits in one level alone (2, 4 or 8 units),
-    // so that the 1 % its TTL may lose (20 to 80 ms) is not hidden by the
-    // dead-lettering of several hops.
+    // Levels of 1 s, delays just under 2, 4 and 8 units: routed as though
+    // TTLs were exact, each would wait in one level alone, so that the 1 %
+    // its TTL may lose (20 to 80 ms) is not hidden by the dead-lettering of
+    // several hops (with the allowance they take a unit more).
     let mut settings = test_settings(4, 1000, QueueType::Quorum);
     settings.amqp.uri = node.uri().into();
     let app = TestApp::spawn(settings).await;
