@@ -170,7 +170,7 @@ fn accepted_as_asked(task: &Task, asked: &Value) {
     // a clock catching up.
     let hops = u64::from(task.route.delay_units.count_ones());
     let spent = task.route.delay_units * 100;
-    let fast = crate::cascade::ttl_fast_by_ms(spent);
+    let fast = crate::cascade::ttl_fast_by(spent);
     assert_eq!(task.route.delay_ms, spent - hops - fast);
     // With a leeway (either field), at the moment its id drew in the
     // window, never before.

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use delayline::testkit::{now_us, quantile};
 
 use crate::arrivals::consume;
+use crate::cpu::{CpuPerTask, Meter};
 use crate::load::{RawTarget, raw_amqp, submit_due_from};
 use crate::sut::{ServiceUnderTest, Setup, Store};
 
@@ -77,6 +78,14 @@ pub struct BurstRun {
     pub after_moment_p99_ms: f64,
     #[serde(default)]
     pub after_moment_max_ms: f64,
+    /// CPU a message of each process while the ceiling was measured (the
+    /// bench publishing and consuming) and from the instant to the last
+    /// arrival (the service publishing, the bench consuming): on two shared
+    /// cores, why the release's ratio to the ceiling is what it is.
+    #[serde(default)]
+    pub ceiling_cpu: CpuPerTask,
+    #[serde(default)]
+    pub release_cpu: CpuPerTask,
 }
 
 /// When the burst falls due: its instant this long after the first
@@ -149,10 +158,27 @@ pub async fn phase(
                 run.after_moment_p99_ms,
                 run.after_moment_max_ms
             );
+            print_cpu(&run);
             runs.push(run);
         }
     }
     Ok(runs)
+}
+
+/// CPU a message of each process, at the ceiling and in the release.
+fn print_cpu(run: &BurstRun) {
+    let us = |value: Option<f64>| value.map_or("?".to_owned(), |us| format!("{us:.1}"));
+    let (ceiling, release) = (&run.ceiling_cpu, &run.release_cpu);
+    println!(
+        "burst cpu a message, µs: ceiling: broker {}, bench {}, service {}; \
+         release: broker {}, service {}, bench {}",
+        us(ceiling.broker_us),
+        us(ceiling.load_generator_us),
+        us(ceiling.service_us),
+        us(release.broker_us),
+        us(release.service_us),
+        us(release.load_generator_us),
+    );
 }
 
 /// One run's size, way of admitting and lead before the instant.
@@ -200,12 +226,14 @@ async fn one(
 ) -> anyhow::Result<BurstRun> {
     let (tasks, mode) = (plan.tasks, plan.mode);
     let mut ceiling_arrivals = consume(sut, "ceiling", amqp_uri).await?;
+    let broker = crate::cpu::broker_pid();
     let business = sut.cascade.business_exchange().to_owned();
     let target = RawTarget::Exchange {
         label: "business",
         exchange: &business,
         key: Some("ceiling"),
     };
+    let meter = Meter::start(broker, sut.pid());
     let ceiling = raw_amqp(
         amqp_uri,
         &sut.cascade,
@@ -216,6 +244,7 @@ async fn one(
         progress,
     )
     .await?;
+    let ceiling_cpu = meter.finish(ceiling.tasks);
     tokio::spawn(async move { while ceiling_arrivals.recv().await.is_some() {} });
     let mut receiver = consume(sut, "burst", amqp_uri).await?;
     let start_us = now_us();
@@ -240,7 +269,12 @@ async fn one(
         submit_due_from(bases, "burst", (0, tasks), (due_ms, leeway_ms)).await?;
     }
     let admitted_us = now_us();
+    // None arrives before the instant: the release's CPU is metered from it.
+    let to_instant = (due_ms as i64 * 1000 - now_us()).max(0) as u64;
+    tokio::time::sleep(Duration::from_micros(to_instant)).await;
+    let meter = Meter::start(broker, sut.pid());
     let got = arrivals(&mut receiver, tasks, due_ms + leeway_ms).await;
+    let release_cpu = meter.finish(got.len() as u64);
     let scrape = scrape(&sut.base).await.unwrap_or_default();
     let mut run = summary(
         mode,
@@ -253,6 +287,7 @@ async fn one(
     if leeway_ms > 0 {
         spread_over_window(&mut run, &got, (due_ms, leeway_ms));
     }
+    (run.ceiling_cpu, run.release_cpu) = (ceiling_cpu, release_cpu);
     Ok(run)
 }
 
@@ -354,6 +389,8 @@ fn summary(
         busiest_second_over_mean: 0.0,
         after_moment_p99_ms: 0.0,
         after_moment_max_ms: 0.0,
+        ceiling_cpu: CpuPerTask::default(),
+        release_cpu: CpuPerTask::default(),
     }
 }
 

@@ -31,9 +31,7 @@ pub(crate) use names::{
 pub use plan::{ArgValue, BindingSpec, BindingTarget, ExchangeKind, ExchangeSpec, TopologyPlan};
 pub(crate) use plan::{Arguments, QueueSpec};
 pub(crate) use route::{Route, RouteError, destination_of, validate_destination};
-pub use settings::{
-    Cascade, CascadeSettings, DeliveryKey, QueueType, TTL_FAST_PPM, ttl_fast_by_ms,
-};
+pub use settings::{Cascade, CascadeSettings, DeliveryKey, QueueType, TTL_FAST_PPM, ttl_fast_by};
 pub(crate) use settings::{MAX_LEVELS, MAX_NAME_BYTES, MAX_SHARDS, SettingsError};
 pub use spread::{LevelLoad, Planned};
 pub use strand::{Evidence, LevelWatch};

@@ -114,7 +114,7 @@ mod tests {
             // worth of milliseconds and that 1 % more than the remaining
             // time needs.
             let slack = |wanted: u64| match quorum {
-                true => u64::from(new_levels) + 2 * crate::cascade::ttl_fast_by_ms(wanted + new_unit + u64::from(new_levels)),
+                true => u64::from(new_levels) + 2 * crate::cascade::ttl_fast_by(wanted + new_unit + u64::from(new_levels)),
                 false => 0,
             };
             let digits: Vec<String> = (0..old_levels)

@@ -21,9 +21,11 @@ pub const MAX_QUEUE_TTL_MS: u64 = 315_360_000_000;
 /// instead: see "A broker's clock running fast" in docs/cascade.md.
 pub const TTL_FAST_PPM: u64 = 10_000;
 
-/// The most TTLs adding up to `ms` may have expired early.
-pub fn ttl_fast_by_ms(ms: u64) -> u64 {
-    ms.div_ceil(1_000_000 / TTL_FAST_PPM)
+/// The most TTLs adding up to `spent` may have expired early, in the same
+/// unit as `spent` (the route counts milliseconds, the release stage's hold
+/// microseconds).
+pub fn ttl_fast_by(spent: u64) -> u64 {
+    spent.div_ceil(1_000_000 / TTL_FAST_PPM)
 }
 
 /// More levels than this could not be written as a 64-bit number of units.
@@ -643,7 +645,7 @@ impl Cascade {
         match self.queue_type() {
             QueueType::Quorum => spent
                 .saturating_sub(u64::from(units.count_ones()))
-                .saturating_sub(ttl_fast_by_ms(spent)),
+                .saturating_sub(ttl_fast_by(spent)),
             QueueType::Classic => spent,
         }
     }

@@ -98,15 +98,20 @@ const QUEUE_DELIVERY_HEADERS: [&str; 2] = ["x-delivery-count", "x-acquired-count
 
 /// A header a queue adds when it delivers a message again.
 pub fn is_queue_delivery_header(name: &str) -> bool {
-    QUEUE_DELIVERY_HEADERS.contains(&name.to_ascii_lowercase().as_str())
+    QUEUE_DELIVERY_HEADERS
+        .iter()
+        .any(|header| name.eq_ignore_ascii_case(header))
 }
 
 /// A header RabbitMQ adds while dead-lettering (case as the broker may spell it).
 pub fn is_dead_letter_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    DEAD_LETTER_HEADER_PREFIXES
-        .iter()
-        .any(|prefix| lower.starts_with(prefix))
+    // Compared in place: these run on every header of every message
+    // released or published again, and a lowercase copy is an allocation.
+    DEAD_LETTER_HEADER_PREFIXES.iter().any(|prefix| {
+        name.as_bytes()
+            .get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
+    })
 }
 
 /// `CC` or `BCC`: RabbitMQ routes copies of a message by them.

@@ -44,7 +44,8 @@ pub(crate) use probe::{Probe, drained};
 pub(crate) use publish::properties_of;
 pub(crate) use publish::republished;
 pub(crate) use publish::{
-    Message, as_published, of_task_at, poisoned, refused, released, restamped, set_aside, taken_in,
+    Message, as_published, of_task_at, poisoned, refused, released, released_of_task, restamped,
+    set_aside, taken_in,
 };
 pub use publish::{TaskMessage, of_task};
 #[cfg(test)]

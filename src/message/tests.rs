@@ -5,6 +5,7 @@ use proptest::prelude::*;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 
+use super::headers::{DELIVERY_KEY_HEADER, EXPIRATION_HEADER, HOLD_HEADER, ORIGINAL_ID_HEADER};
 use super::*;
 use crate::cascade::{Cascade, CascadeSettings};
 use crate::task::{Itinerary, Task, TaskParts};
@@ -196,5 +197,151 @@ fn reserved_names_are_delaylines_the_brokers_and_routing_headers() {
     }
     for name in ["tenant", "cc", "x-delay", "x-delayline-routing-key"] {
         assert!(!is_reserved_header(name), "{name}");
+    }
+}
+
+/// Header names a released message is built from or leaves behind, in
+/// the cases a client or the broker may spell them, beside a client's own.
+fn release_header_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(DELIVER_TO_HEADER.to_owned()),
+        Just(DELIVERY_KEY_HEADER.to_owned()),
+        Just(EXPIRATION_HEADER.to_owned()),
+        Just(EXPIRATION_HEADER.to_ascii_uppercase()),
+        Just(HOLD_HEADER.to_owned()),
+        Just(ORIGINAL_ID_HEADER.to_owned()),
+        Just("X-Delayline-Message-Id".to_owned()),
+        Just("x-death".to_owned()),
+        Just("X-First-Death-Queue".to_owned()),
+        Just("x-last-death-reason".to_owned()),
+        Just("x-delivery-count".to_owned()),
+        Just("X-Acquired-Count".to_owned()),
+        "[a-z][a-z0-9-]{0,12}",
+    ]
+}
+
+prop_compose! {
+    /// Properties of a message taken in over AMQP, with any of the headers
+    /// a release reads or drops.
+    fn carried()(
+        headers in proptest::collection::btree_map(
+            release_header_name(),
+            prop_oneof![
+                "[ -~]{0,10}".prop_map(|s| AMQPValue::LongString(s.into())),
+                any::<i64>().prop_map(AMQPValue::LongLongInt),
+            ],
+            0..8,
+        ),
+        expiration in proptest::option::of("[0-9]{1,6}"),
+        message_id in proptest::option::of("[a-z0-9]{1,8}"),
+        user_id in proptest::option::of("[a-z]{1,8}"),
+        priority in proptest::option::of(0u8..10),
+    ) -> BasicProperties {
+        let mut table = FieldTable::default();
+        for (name, value) in headers {
+            table.insert(name.as_str().into(), value);
+        }
+        let mut properties = BasicProperties::default().with_headers(table);
+        if let Some(expiration) = expiration {
+            properties = properties.with_expiration(expiration.as_str().into());
+        }
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.as_str().into());
+        }
+        if let Some(user) = user_id {
+            properties = properties.with_user_id(user.as_str().into());
+        }
+        if let Some(priority) = priority {
+            properties = properties.with_priority(priority);
+        }
+        properties
+    }
+}
+
+/// [`released`] as it was written before it took the headers apart in one
+/// pass: the reference the one-pass version must equal.
+fn released_as_before(
+    routing_key: &str,
+    payload: Vec<u8>,
+    properties: &BasicProperties,
+    cascade: &Cascade,
+) -> Message {
+    use super::publish::{rebuilt, without_headers};
+    use super::read::text_header;
+    let exchange = text_header(properties, DELIVER_TO_HEADER);
+    let key = text_header(properties, DELIVERY_KEY_HEADER);
+    let expiration = text_header(properties, EXPIRATION_HEADER);
+    let original_id = text_header(properties, ORIGINAL_ID_HEADER);
+    let dropped = [
+        DELIVERY_KEY_HEADER,
+        EXPIRATION_HEADER,
+        HOLD_HEADER,
+        ORIGINAL_ID_HEADER,
+    ];
+    let mut kept = without_headers(properties, &dropped);
+    if let Some(original) = original_id {
+        kept = rebuilt(&kept, Some(original.as_str()).filter(|id| !id.is_empty()));
+    }
+    if let Some(expiration) = expiration {
+        kept = kept.with_expiration(expiration.as_str().into());
+    }
+    Message {
+        exchange: exchange.unwrap_or_else(|| cascade.business_exchange().to_owned()),
+        routing_key: key.unwrap_or_else(|| cascade.delivered_routing_key(routing_key).to_owned()),
+        payload,
+        properties: kept,
+    }
+}
+
+fn same_message(a: &Message, b: &Message) -> Result<(), TestCaseError> {
+    prop_assert_eq!(&a.exchange, &b.exchange);
+    prop_assert_eq!(&a.routing_key, &b.routing_key);
+    prop_assert_eq!(&a.payload, &b.payload);
+    prop_assert_eq!(&a.properties, &b.properties);
+    Ok(())
+}
+
+proptest! {
+    /// The one-pass release keeps, drops and restores what the release
+    /// always did, whatever headers a message carries.
+    #[test]
+    fn a_release_in_one_pass_is_the_release_as_before(
+        properties in carried(),
+        levels in 1u32..=8,
+        key in "[01](\\.[01]){0,7}\\.[a-z]{1,6}",
+    ) {
+        let cascade = cascade(levels);
+        let payload = b"{}".to_vec();
+        let new = released(&key, payload.clone(), &properties, &cascade);
+        let old = released_as_before(&key, payload, &properties, &cascade);
+        same_message(&new, &old)?;
+    }
+
+    /// A task's release message built straight from the task is the one
+    /// its cascade message was released as, stamped or not, taken in over
+    /// AMQP or over HTTP, to the business exchange or its own.
+    #[test]
+    fn a_task_released_straight_is_its_cascade_message_released(
+        (mut task, levels) in task(),
+        carried in proptest::option::of(carried()),
+        exchange in proptest::option::of("[a-z]{1,8}"),
+        release_stage in any::<bool>(),
+    ) {
+        task.carried = carried;
+        task.exchange = exchange;
+        let cascade = CascadeSettings {
+            levels,
+            unit_ms: 10,
+            release_stage: Some(release_stage),
+            ..CascadeSettings::default()
+        }
+        .validate()
+        .unwrap();
+        task.route = cascade.route(Duration::from_millis(task.granted_delay_ms()), &task.destination).unwrap();
+        prop_assert_eq!(task.route.held, release_stage);
+        let through = of_task(&task.message());
+        let before = released(&through.routing_key, through.payload, &through.properties, &cascade);
+        let straight = released_of_task(&task.message(), task.payload.clone(), &cascade);
+        same_message(&straight, &before)?;
     }
 }

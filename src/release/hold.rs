@@ -22,14 +22,14 @@
 //!
 //! The broker's TTLs are not exact either: an Erlang node correcting its
 //! clock after the host's clock stepped runs up to 1 % fast until it has
-//! caught up ([`TTL_FAST_PPM`]), and expires messages that much early. A
+//! caught up ([`crate::cascade::TTL_FAST_PPM`]), and expires messages that much early. A
 //! sample therefore allows the levels' time to have been that much shorter.
 //! A message stamped by this process's own clock needs no sample: it is
 //! released at its due time exactly, however early the broker let it go.
 
 use std::collections::HashMap;
 
-pub use crate::cascade::TTL_FAST_PPM;
+use crate::cascade::ttl_fast_by;
 use crate::message::Stamp;
 
 /// How long a sample bounds a clock's offset.
@@ -139,11 +139,6 @@ pub fn claim_groups<T>(mut items: Vec<T>, at_us: impl Fn(&T) -> u64, span_us: u6
 /// The most two clocks may drift apart over `us`.
 fn drift_over(us: u64) -> u64 {
     us.div_ceil(1_000_000 / DRIFT_PPM)
-}
-
-/// The most TTLs adding up to `least_us` may have expired early.
-fn ttl_fast_by(least_us: u64) -> u64 {
-    least_us.div_ceil(1_000_000 / TTL_FAST_PPM)
 }
 
 /// Arrival, less the earliest the message could have arrived by its
@@ -266,7 +261,7 @@ mod tests {
         fn never_early_whatever_the_clocks_say(
             offset in -1_000_000_000_000i64..1_000_000_000_000,
             drift_ppm in -(DRIFT_PPM as i64)..=DRIFT_PPM as i64,
-            fast_ppm in prop_oneof![Just(0u64), 0u64..=TTL_FAST_PPM],
+            fast_ppm in prop_oneof![Just(0u64), 0u64..=crate::cascade::TTL_FAST_PPM],
             mut messages in proptest::collection::vec(message(), 1..40),
         ) {
             // What the levels really took: their TTLs, run `fast_ppm` fast.

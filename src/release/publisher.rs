@@ -110,12 +110,11 @@ impl DuePublisher {
     /// is published as, built from its row at `now_ms`; the error says
     /// why it can never be.
     pub fn message_of(&self, stored: &StoredTask, now_ms: u64) -> Result<message::Message, String> {
-        let task = stored.rerouted(&self.cascade, now_ms)?;
-        let cascade = message::of_task(&task.message());
-        Ok(message::released(
-            &cascade.routing_key,
-            cascade.payload,
-            &cascade.properties,
+        let mut task = stored.rerouted(&self.cascade, now_ms)?;
+        let payload = std::mem::take(&mut task.payload);
+        Ok(message::released_of_task(
+            &task.message(),
+            payload,
             &self.cascade,
         ))
     }

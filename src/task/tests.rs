@@ -135,7 +135,7 @@ fn soonest_out_ns(routing_key: &str, cascade: &Cascade, sent_ns: u128) -> u128 {
     // A quorum queue's clock may run fast while its node catches up.
     let fast_ns = match cascade.queue_type() {
         crate::cascade::QueueType::Quorum => {
-            u128::from(crate::cascade::ttl_fast_by_ms(ttls_ms.iter().sum())) * 1_000_000
+            u128::from(crate::cascade::ttl_fast_by(ttls_ms.iter().sum())) * 1_000_000
         }
         crate::cascade::QueueType::Classic => 0,
     };

@@ -50,7 +50,7 @@ async fn tasks_arrive_never_early_and_intact(
         let spent = units * unit_ms;
         let lost = match queue_type {
             QueueType::Quorum => {
-                u64::from(units.count_ones()) + delayline::cascade::ttl_fast_by_ms(spent)
+                u64::from(units.count_ones()) + delayline::cascade::ttl_fast_by(spent)
             }
             QueueType::Classic => 0,
         };
