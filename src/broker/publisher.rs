@@ -32,6 +32,7 @@
 //! take it (frames are buffered during a block), and a caller with a ledger
 //! must not publish it again before knowing.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -445,7 +446,29 @@ impl Publisher {
         if let std::task::Poll::Ready(outcome) = futures_util::poll!(publish.as_mut()) {
             return outcome.map(|()| Published::Confirmed);
         }
-        self.bounded(tokio::spawn(publish)).await
+        self.bounded_in_place(publish).await
+    }
+
+    /// The publish's outcome within the confirm timeout, awaited where it
+    /// was made; one still unconfirmed then goes on in a task of its own, a
+    /// late confirm. A task of its own for every publish cost a burst's
+    /// release a spawn and a second wake per message.
+    async fn bounded_in_place<F>(&self, mut publish: Pin<Box<F>>) -> Result<Published, PublishError>
+    where
+        F: Future<Output = Result<(), PublishError>> + Send + 'static,
+    {
+        let timeout = self.shared.options.confirm_timeout;
+        match tokio::time::timeout(timeout, publish.as_mut()).await {
+            Ok(outcome) => outcome.map(|()| Published::Confirmed),
+            Err(_) => {
+                let limit = self.shared.options.late_confirm_limit;
+                Ok(Published::Late(LateConfirm {
+                    publish: tokio::spawn(publish),
+                    limit,
+                    remaining: limit.saturating_sub(timeout),
+                }))
+            }
+        }
     }
 
     /// The publish's outcome within the confirm timeout, or a late confirm.
