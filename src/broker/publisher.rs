@@ -460,18 +460,13 @@ impl Publisher {
         let timeout = self.shared.options.confirm_timeout;
         match tokio::time::timeout(timeout, publish.as_mut()).await {
             Ok(outcome) => outcome.map(|()| Published::Confirmed),
-            Err(_) => {
-                let limit = self.shared.options.late_confirm_limit;
-                Ok(Published::Late(LateConfirm {
-                    publish: tokio::spawn(publish),
-                    limit,
-                    remaining: limit.saturating_sub(timeout),
-                }))
-            }
+            Err(_) => Ok(self.late(tokio::spawn(publish))),
         }
     }
 
-    /// The publish's outcome within the confirm timeout, or a late confirm.
+    /// The publish's outcome within the confirm timeout, or a late confirm,
+    /// for a publish already in a task of its own: one published alone,
+    /// whose channel must go back to the idle ones however its caller ends.
     async fn bounded(
         &self,
         mut publish: JoinHandle<Result<(), PublishError>>,
@@ -483,15 +478,19 @@ impl Publisher {
                 reason: format!("the publish task ended abnormally: {error}"),
                 refused: false,
             }),
-            Err(_) => {
-                let limit = self.shared.options.late_confirm_limit;
-                Ok(Published::Late(LateConfirm {
-                    publish,
-                    limit,
-                    remaining: limit.saturating_sub(timeout),
-                }))
-            }
+            Err(_) => Ok(self.late(publish)),
         }
+    }
+
+    /// A publish the confirm timeout ran out on, awaited up to the late
+    /// confirm limit.
+    fn late(&self, publish: JoinHandle<Result<(), PublishError>>) -> Published {
+        let limit = self.shared.options.late_confirm_limit;
+        Published::Late(LateConfirm {
+            publish,
+            limit,
+            remaining: limit.saturating_sub(self.shared.options.confirm_timeout),
+        })
     }
 
     /// A connection of its own for publishing messages one at a time, on the

@@ -17,7 +17,7 @@ pub const MAX_QUEUE_TTL_MS: u64 = 315_360_000_000;
 /// per million: Erlang's time correction in its no time warp mode (RabbitMQ
 /// 3.x on Erlang/OTP 25) speeds the node's clock by up to 1 % until it has
 /// caught up with a step of the host's wall clock (a paused VM's, for one).
-/// A node in multi time warp mode (4.3 here) follows a step at once
+/// A node in multi time warp mode (4.3 here) is documented to follow a step at once
 /// instead: see "A broker's clock running fast" in docs/cascade.md.
 pub const TTL_FAST_PPM: u64 = 10_000;
 

@@ -241,13 +241,14 @@ async fn tasks_that_can_never_be_published_are_quarantined_and_delay_no_one() {
 /// tasks came up to 4 ms early in `migrate::`'s tests against such a node).
 /// The node's wall clock is stepped 10 s ahead, its monotonic clock left
 /// alone, as a paused VM's is. RabbitMQ 4.3 here runs Erlang in multi time
-/// warp mode, which follows a step at once, and libfaketime cannot be
-/// preloaded into its folder's node: on that run the test says so and ends.
+/// warp mode, documented to follow a step at once, and its folder's node
+/// does not start under libfaketime (see `NodeOptions::steppable_clock`):
+/// on that run the test says so and ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stateless_quorum_chain_is_never_early_while_the_brokers_clock_catches_up() {
     if rabbitmq_root().is_some() {
         println!(
-            "not on RabbitMQ 4: its node runs in multi time warp mode and cannot preload libfaketime"
+            "not on RabbitMQ 4: its node runs in multi time warp mode and does not start under libfaketime"
         );
         return;
     }

@@ -29,8 +29,9 @@ pub struct NodeOptions {
     /// `clock-offset` file holds (libfaketime, read at every call; its
     /// monotonic clock left alone, as a paused VM's is), so that a test
     /// can step it ([`BrokerNode::step_clock`]). The machine's RabbitMQ
-    /// only: libfaketime cannot be preloaded into the RabbitMQ 4 folder's
-    /// node (its `sem_open` is refused there).
+    /// only: the RabbitMQ 4 folder has no libfaketime of its own, and with
+    /// one installed there its `rabbitmq-server` hung in `su` under it
+    /// (RELIABILITY.md, "A broker's clock stepped").
     pub steppable_clock: bool,
 }
 
