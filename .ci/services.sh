@@ -149,6 +149,17 @@ ensure_faketime() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
 }
 
+# Prometheus and promtool (the alert rules' checks and unit tests), from
+# Debian's package; its service is not started.
+ensure_prometheus() {
+  if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+    return 0
+  fi
+  echo "ci: installing Debian's prometheus"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}
+
 # The OpenAPI linter (Redocly CLI, from npm), pinned like the Python tools, in
 # a folder of its own outside the checkout.
 REDOCLY_VERSION=2.77.0

@@ -27,7 +27,7 @@ use crate::metrics::MetricsSettings;
 use crate::operations::OperatorSettings;
 use crate::scheduler::{ScheduleSettings, SchedulerSettings};
 use crate::stop::StopSettings;
-use crate::telemetry::LogSettings;
+use crate::telemetry::{LogSettings, TraceSettings};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -38,6 +38,7 @@ pub struct Settings {
     pub store: StoreSettings,
     pub metrics: MetricsSettings,
     pub log: LogSettings,
+    pub trace: TraceSettings,
     pub auth: AuthSettings,
     pub schedules: ScheduleSettings,
     pub console: ConsoleSettings,
@@ -104,6 +105,7 @@ impl Settings {
             self.store.validate(),
             self.schedules.validate(),
             self.stop.validate(),
+            self.trace.validate(),
         ] {
             section.map_err(ConfigError::Invalid)?;
         }
@@ -168,11 +170,17 @@ impl Settings {
         Ok(ingresses)
     }
 
-    /// The retry policies `[[retry]]` describes, validated for `cascade`;
-    /// `None` when there are none. A retry is a task delivered by the
-    /// release stage to the queue it failed in (so: a ledger, and the stage).
+    /// The retry policies `[[retry]]` describes, validated for `cascade`,
+    /// with the broker objects they share; `None` without the release
+    /// stage. A retry is a task delivered by the release stage to the queue
+    /// it failed in (so: a ledger, and the stage). With the stage, the
+    /// objects are there even with no section: policies can be set at run
+    /// time, over the API.
     pub fn retries(&self, cascade: &Cascade) -> Result<Option<Retries>, ConfigError> {
-        if !self.retry.is_empty() && !cascade.release_stage() {
+        if !cascade.release_stage() {
+            if self.retry.is_empty() {
+                return Ok(None);
+            }
             return Err(ConfigError::Invalid(
                 "[[retry]] needs the release stage (a ledger, and cascade.release_stage not \
                  false): it keeps every retry and parked message, and delivers each retry back \
@@ -180,7 +188,7 @@ impl Settings {
                     .into(),
             ));
         }
-        Ok(Retries::new(&self.retry, cascade)?)
+        Ok(Some(Retries::new(&self.retry, cascade)?))
     }
 
     /// The cascade `[cascade]` describes, validated; the release stage, when
@@ -353,6 +361,8 @@ mod tests {
             jitter: 0.1,
             max_attempts: 3,
             park_to: None,
+            max_lateness: None,
+            give_up_after: None,
         }];
         settings.store.url = "none".to_owned().into();
         let cascade = settings.cascade().unwrap();

@@ -31,7 +31,7 @@ fn now() -> SystemTime {
 }
 
 /// The codes a task body can be refused with (all 400 or 422).
-const PARSE_CODES: [&str; 8] = [
+const PARSE_CODES: [&str; 9] = [
     "malformed_json",
     "invalid_request",
     "invalid_destination",
@@ -40,6 +40,7 @@ const PARSE_CODES: [&str; 8] = [
     "invalid_payload",
     "invalid_header",
     "invalid_id",
+    "invalid_deadline",
 ];
 
 fn refused_with_a_code(error: &TaskError) {
@@ -115,6 +116,29 @@ fn leeway() -> impl Strategy<Value = (String, Value)> {
     ]
 }
 
+/// A deadline field (with, sometimes, an expired destination), valid or
+/// not: an RFC 3339 time, or how late, in milliseconds or as a duration.
+fn deadline() -> impl Strategy<Value = Vec<(String, Value)>> {
+    let field = prop_oneof![
+        (0u64..300_000_000_000_000).prop_map(|ms| (
+            "deadline".to_owned(),
+            json!(crate::clock::format_epoch_ms(ms))
+        )),
+        ".{0,30}".prop_map(|text| ("deadline".to_owned(), json!(text))),
+        any::<u64>().prop_map(|ms| ("max_lateness_ms".to_owned(), json!(ms))),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| ("max_lateness_ms".to_owned(), json!(f))),
+        "[0-9]{1,6}(ms|s|m|h)?".prop_map(|text| ("max_lateness".to_owned(), json!(text))),
+    ];
+    let elsewhere =
+        prop::option::of(destination().prop_map(|d| ("expired_destination".to_owned(), json!(d))));
+    (prop::collection::vec(field, 0..3), elsewhere).prop_map(|(mut fields, elsewhere)| {
+        fields.extend(elsewhere);
+        fields
+    })
+}
+
 /// Header values of every kind a caller may send.
 fn header_value() -> impl Strategy<Value = Value> {
     prop_oneof![
@@ -140,13 +164,17 @@ fn near_valid_task() -> impl Strategy<Value = Value> {
         prop::option::of(any_json()),
         prop::option::of("[ -~]{0,300}"),
         prop::option::of(leeway()),
+        deadline(),
     )
         .prop_map(
-            |(destination, (field, delay), headers, payload, id, leeway)| {
+            |(destination, (field, delay), headers, payload, id, leeway, deadline)| {
                 let mut task = json!({"destination": destination, "headers": headers});
                 task[field] = delay;
                 if let Some((field, window)) = leeway {
                     task[field] = window;
+                }
+                for (field, value) in deadline {
+                    task[field] = value;
                 }
                 if let Some(payload) = payload {
                     task["payload"] = payload;
@@ -630,9 +658,146 @@ proptest! {
         let failed = crate::message::attempt(&properties);
         prop_assert_eq!(failed, attempt_oracle(&attempt), "{:?}", attempt);
         let next = failed.saturating_add(1);
-        let back = crate::message::for_retry(&properties, "q", next);
+        let back = crate::message::for_retry(&properties, "q", next, None);
         prop_assert_eq!(crate::message::attempt(&back), next);
         let kept = back.headers().clone().unwrap_or_default();
         prop_assert!(!kept.inner().contains_key("x-death"));
+    }
+}
+
+proptest! {
+    /// With the release stage, a near-valid task with deadline fields is
+    /// refused with a code, or accepted with a deadline no earlier than its
+    /// moment and no later than an RFC 3339 time can say (its answer shows
+    /// it as one), and an expired destination only beside a deadline.
+    #[test]
+    fn a_deadline_is_refused_with_a_code_or_kept_within_what_can_be_shown(
+        value in near_valid_task(),
+    ) {
+        let staged = crate::cascade::sharded_for_tests(32, 100, 1);
+        let body = serde_json::to_vec(&value).unwrap();
+        match Task::parse(&body, &staged, now()) {
+            Err(error) => refused_with_a_code(&error),
+            Ok(task) => {
+                if let Some(deadline) = task.deadline_ms {
+                    prop_assert!(deadline >= task.deliver_at_ms, "{value}");
+                    prop_assert!(deadline <= crate::task::deadline::LATEST_MS);
+                    let shown = task.accepted(crate::task::TaskState::Pending).deadline;
+                    let shown = shown.as_deref().and_then(crate::clock::parse_epoch_ms);
+                    prop_assert_eq!(shown, Some(deadline));
+                }
+                prop_assert!(task.expired_destination.is_none() || task.deadline_ms.is_some());
+            }
+        }
+    }
+
+    /// A retry time a consumer asks for, in headers of any kind: read
+    /// without panicking; a wait is never in the past; a number given as
+    /// the time is that instant.
+    #[test]
+    fn a_consumers_retry_headers_read_without_panicking(
+        at in prop::option::of(delay_header()),
+        after in prop::option::of(delay_header()),
+    ) {
+        use crate::message::{RETRY_AFTER_HEADER, RETRY_AT_HEADER, RETRY_QUEUE_HEADER};
+        let mut headers = lapin::types::FieldTable::default();
+        headers.insert(RETRY_QUEUE_HEADER.into(), AMQPValue::LongString("q".into()));
+        for (name, value) in [(RETRY_AT_HEADER, &at), (RETRY_AFTER_HEADER, &after)] {
+            if let Some(value) = value {
+                headers.insert(name.into(), value.clone());
+            }
+        }
+        let properties = lapin::BasicProperties::default().with_headers(headers);
+        let now_ms = 1_767_225_600_250;
+        let asked = crate::message::asked_retry(&properties, now_ms);
+        let Some(Ok(asked)) = asked else { return Ok(()) };
+        prop_assert_eq!(asked.queue.as_str(), "q");
+        match (&at, &after) {
+            (None, Some(_)) => prop_assert!(asked.at_ms >= now_ms),
+            (Some(AMQPValue::LongLongInt(ms)), None) => {
+                prop_assert_eq!(i64::try_from(asked.at_ms).ok(), Some(*ms));
+            }
+            (Some(_), None) => {}
+            both => prop_assert!(false, "both or neither taken: {:?}", both),
+        }
+    }
+}
+
+/// A retry policy's body, each field valid, absent or random (what
+/// `PUT /v1/retries/policies/{name}` reads; admins only, but untrusted all
+/// the same).
+fn near_valid_policy() -> impl Strategy<Value = Value> {
+    let duration = prop_oneof![
+        Just(json!("1s")),
+        Just(json!("250ms")),
+        Just(json!("1500us")),
+        Just(json!("99999999999y")),
+        Just(json!("0s")),
+        "[0-9]{1,12}(ns|us|ms|s|m|h|d)".prop_map(Value::from),
+        any_json(),
+    ];
+    let number = prop_oneof![
+        any::<f64>()
+            .prop_map(|n| serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number)),
+        any::<i64>().prop_map(Value::from),
+        any_json(),
+    ];
+    let fields = (
+        prop::option::of(duration.clone()),
+        prop::option::of(number.clone()),
+        prop::option::of(duration.clone()),
+        prop::option::of(number.clone()),
+        prop::option::of(number),
+        prop::option::of(duration),
+        prop::option::of(prop_oneof![
+            Just(json!(["orders"])),
+            Just(json!(["a", "a"])),
+            any_json()
+        ]),
+    );
+    fields.prop_map(
+        |(initial, multiplier, max_delay, jitter, attempts, give_up, queues)| {
+            let mut body = json!({"queues": ["orders"]});
+            let named = [
+                ("initial", initial),
+                ("multiplier", multiplier),
+                ("max_delay", max_delay),
+                ("jitter", jitter),
+                ("max_attempts", attempts),
+                ("give_up_after", give_up),
+                ("queues", queues),
+            ];
+            for (name, value) in named {
+                if let Some(value) = value {
+                    body[name] = value;
+                }
+            }
+            body
+        },
+    )
+}
+
+proptest! {
+    /// A policy body is refused, naming a setting, or becomes a policy
+    /// whose every wait is at least 1 ms, within the chain, and grows.
+    #[test]
+    fn a_retry_policy_body_is_refused_or_keeps_its_promises(value in near_valid_policy()) {
+        let chain = crate::cascade::sharded_for_tests(20, 10, 1);
+        let Ok(mut settings) = serde_json::from_value::<crate::ingress::RetrySettings>(value) else {
+            return Ok(());
+        };
+        settings.name = "p".into();
+        match settings.validate(&chain) {
+            Err(error) => prop_assert!(!error.setting.is_empty()),
+            Ok(policy) => {
+                prop_assert!(policy.initial_ms >= 1 && policy.max_delay_ms >= policy.initial_ms);
+                prop_assert!(policy.multiplier >= 1.0 && (0.0..=1.0).contains(&policy.jitter));
+                prop_assert!(policy.max_attempts >= 1);
+                for failed in 1..=policy.max_attempts.min(64) {
+                    let wait = policy.backoff_ms(failed, 1.0);
+                    prop_assert!(wait >= policy.initial_ms && wait <= chain.max_delay_ms());
+                }
+            }
+        }
     }
 }

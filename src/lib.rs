@@ -29,12 +29,13 @@
 //!   timings, the operator's). Each section is defined, defaulted and
 //!   validated by the room it configures, in that room's `settings.rs`
 //!   (`cascade`, `broker`, `ledger`, `auth`, `http`, `scheduler`,
-//!   `ingress`, `metrics`; `telemetry`'s in its one file). Nothing listed
+//!   `ingress`, `metrics`, `telemetry`). Nothing listed
 //!   below imports it.
 //! - [`http`]: the axum API, one module (and router) per resource: tasks in
 //!   (`tasks`, with the batch's pure rules in `batch`), inspection,
 //!   `changes` (cancel and move), `schedules` (recurring schedules),
-//!   `release_limits` (pace, pause, hold by destination), `forecast` (what
+//!   `release_limits` (pace, pause, hold by destination), `retry_policies`
+//!   (retry policies set, changed and removed at run time), `forecast` (what
 //!   falls due, per bucket), `bulk` (cancel or move by filter, and the
 //!   operations that do it), the web
 //!   `console` (server-rendered, one router and one layout for every page,
@@ -65,7 +66,9 @@
 //!   read in [`message`]), and the consumer that takes messages in through
 //!   the scheduler, acknowledging each once its task is committed
 //!   (`intake_runner`); and retries: the policies and their refusals
-//!   (`retry`, pure), the intake that schedules a dead-lettered message
+//!   (`retry`, pure), which are in force together, the configuration's and
+//!   those set at run time (`policy_set`, pure), kept fresh from the ledger
+//!   on every replica (`policies`), the intake that schedules a dead-lettered message
 //!   back to the queue it failed in after its backoff or parks it in the
 //!   ledger (`retry_runner`); what both runners share (`consumer`: windows,
 //!   the refused copy); and replaying or
@@ -170,7 +173,12 @@
 //!   destination topic patterns, permissions, rate limits and quotas. No
 //!   HTTP and no broker; the one I/O is reading the clients file.
 //! - [`telemetry`], [`probe`]: logs, and the health check that containers
-//!   run.
+//!   run. Telemetry also makes the spans of a traced task's life (`spans`:
+//!   which phases, their times and ids, children of the producer's trace
+//!   context, pure; the `traceparent` rules are its) and sends them to an
+//!   OpenTelemetry collector (`otlp`, off unless configured); the scheduler
+//!   records a task's acceptance, the release side its delay, hold and
+//!   delivery, the retry intake a parked message.
 //! - [`stop`]: a stop that ends in bounded time: the `[stop]` section, and
 //!   waiting for named background work until a deadline, naming what was
 //!   still running when it passed.

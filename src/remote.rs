@@ -278,27 +278,49 @@ fn row(schedule: &Value) -> String {
     )
 }
 
+/// A retry policy as `GET /v1/retries` shows it, in a line of its table.
+fn policy_line(policy: &Value) -> String {
+    let queues: Vec<&str> = (policy["queues"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let or_dash = |name: &str| match &policy[name] {
+        Value::Null => "-".to_owned(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    format!(
+        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+        policy["name"].as_str().unwrap_or("?"),
+        queues.join(","),
+        policy["initial_ms"],
+        policy["multiplier"],
+        policy["max_delay_ms"],
+        policy["jitter"],
+        policy["max_attempts"],
+        or_dash("give_up_after_ms"),
+        or_dash("park_to"),
+        or_dash("source"),
+        or_dash("changed_by"),
+        or_dash("changed_at"),
+    )
+}
+
 impl Remote {
     /// `GET /v1/retries` as a table: a policy a line, then the broker objects.
     pub async fn list_retries(&self) -> Result<String, RemoteError> {
         let retries = self.call(reqwest::Method::GET, "/v1/retries").await?;
         let mut table = String::from(
-            "policy\tqueues\tinitial ms\tmultiplier\tmax delay ms\tjitter\tattempts\tpark to\n",
+            "policy\tqueues\tinitial ms\tmultiplier\tmax delay ms\tjitter\tattempts\t\
+             give up after ms\tpark to\tsource\tchanged by\tchanged at\n",
         );
         for policy in retries["policies"].as_array().into_iter().flatten() {
-            let queues: Vec<&str> = (policy["queues"].as_array().into_iter().flatten())
-                .filter_map(Value::as_str)
-                .collect();
+            table += &policy_line(policy);
+        }
+        for aside in retries["set_aside"].as_array().into_iter().flatten() {
             table += &format!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
-                policy["name"].as_str().unwrap_or("?"),
-                queues.join(","),
-                policy["initial_ms"],
-                policy["multiplier"],
-                policy["max_delay_ms"],
-                policy["jitter"],
-                policy["max_attempts"],
-                policy["park_to"].as_str().unwrap_or("-"),
+                "not in force here: {}: {}\n",
+                aside["name"].as_str().unwrap_or("?"),
+                aside["reason"].as_str().unwrap_or("?")
             );
         }
         let renamed: Vec<(&String, &Value)> = (retries["destinations"].as_object().into_iter())
@@ -323,8 +345,112 @@ impl Remote {
         Ok(table)
     }
 
+    /// Sets retry policy `name` (`PUT /v1/retries/policies/{name}`); what
+    /// it is now, in a line.
+    pub async fn set_retry_policy(&self, name: &str, body: &Value) -> Result<String, RemoteError> {
+        let path = format!("/v1/retries/policies/{name}");
+        let policy = self.send(reqwest::Method::PUT, &path, Some(body)).await?;
+        Ok(policy_line(&policy))
+    }
+
+    pub async fn remove_retry_policy(&self, name: &str) -> Result<String, RemoteError> {
+        let path = format!("/v1/retries/policies/{name}");
+        self.call(reqwest::Method::DELETE, &path).await?;
+        Ok(format!(
+            "retry policy {name}: removed; its queues' dead letters are refused until another \
+             policy covers them\n"
+        ))
+    }
+
+    /// `GET /v1/retries/changes` as a table, newest first.
+    pub async fn retry_policy_changes(&self, limit: u32) -> Result<String, RemoteError> {
+        let path = format!("/v1/retries/changes?limit={limit}");
+        let changes = self.call(reqwest::Method::GET, &path).await?;
+        let mut table = String::from("at\tpolicy\tchange\tchanged by\tsettings\n");
+        for change in changes["changes"].as_array().into_iter().flatten() {
+            table += &format!(
+                "{}\t{}\t{}\t{}\t{}\n",
+                change["at"].as_str().unwrap_or("?"),
+                change["policy"].as_str().unwrap_or("?"),
+                change["change"].as_str().unwrap_or("?"),
+                change["changed_by"].as_str().unwrap_or("-"),
+                match &change["settings"] {
+                    Value::Null => "-".to_owned(),
+                    settings => settings.to_string(),
+                }
+            );
+        }
+        Ok(table)
+    }
+
     /// `GET /v1/parked` as two tables: the count per queue, then the
     /// newest messages (of `queue`, when given), up to `limit`.
+    /// The parked messages by group, as a table.
+    pub async fn parked_groups(&self) -> Result<String, RemoteError> {
+        let groups = self.call(reqwest::Method::GET, "/v1/parked/groups").await?;
+        let mut text = String::from("queue\treason\tfirst failed\tparked\tnewest\n");
+        for group in groups["groups"].as_array().into_iter().flatten() {
+            let field = |name: &str| group[name].as_str().unwrap_or("?").to_owned();
+            text += &format!(
+                "{}\t{}\t{}\t{}\t{}\n",
+                field("queue"),
+                field("reason"),
+                field("first_failed_hour"),
+                group["parked"],
+                field("newest_parked_at"),
+            );
+        }
+        Ok(text)
+    }
+
+    /// The expired tasks (one page, in due order), as a table.
+    pub async fn list_expired(
+        &self,
+        destination: Option<&str>,
+        limit: u32,
+    ) -> Result<String, RemoteError> {
+        let mut query = vec![
+            ("state", "expired".to_owned()),
+            ("limit", limit.to_string()),
+        ];
+        query.extend(destination.map(|d| ("destination", d.to_owned())));
+        let query = reqwest::Url::parse_with_params("http://tasks/", &query)
+            .ok()
+            .and_then(|url| url.query().map(str::to_owned))
+            .unwrap_or_default();
+        let page = self
+            .call(reqwest::Method::GET, &format!("/v1/tasks?{query}"))
+            .await?;
+        let mut text = String::from("id	destination	due	deadline	expired at	why\n");
+        for task in page["tasks"].as_array().into_iter().flatten() {
+            let field = |name: &str| task[name].as_str().unwrap_or("-").to_owned();
+            text += &format!(
+                "{}\t{}\t{}\t{}\t{}\t{}\n",
+                field("id"),
+                field("destination"),
+                field("deliver_at"),
+                field("deadline"),
+                field("expired_at"),
+                field("last_error"),
+            );
+        }
+        if page["next_cursor"].is_string() {
+            text += "(more: --limit up to 1000, or the API's `cursor`)\n";
+        }
+        Ok(text)
+    }
+
+    /// Replays expired task `id`: the new task, due now.
+    pub async fn replay_task(&self, id: &str) -> Result<String, RemoteError> {
+        let path = format!("/v1/tasks/{}/replay", path_segment(id));
+        let task = self.call(reqwest::Method::POST, &path).await?;
+        Ok(format!(
+            "replayed {id} as {}, due {}\n",
+            task["id"].as_str().unwrap_or("?"),
+            task["deliver_at"].as_str().unwrap_or("?")
+        ))
+    }
+
     pub async fn list_parked(
         &self,
         queue: Option<&str>,
@@ -372,20 +498,25 @@ impl Remote {
     pub async fn act_on_parked(
         &self,
         action: &str,
-        id: Option<&str>,
-        queue: Option<&str>,
+        which: ParkedWhich,
+        after: Option<&str>,
     ) -> Result<String, RemoteError> {
-        let done = match id {
-            Some(id) if action == "replay" => {
-                let path = format!("/v1/parked/{id}/replay");
-                self.call(reqwest::Method::POST, &path).await?
+        let done = match which {
+            ParkedWhich::One(id) if action == "replay" => {
+                let path = format!("/v1/parked/{}/replay", path_segment(&id));
+                let body = after.map(|after| serde_json::json!({ "delay": after }));
+                self.send(reqwest::Method::POST, &path, body.as_ref())
+                    .await?
             }
-            Some(id) => {
-                let path = format!("/v1/parked/{id}");
+            ParkedWhich::One(id) => {
+                let path = format!("/v1/parked/{}", path_segment(&id));
                 self.call(reqwest::Method::DELETE, &path).await?
             }
-            None => {
-                let body = serde_json::json!({"filter": {"queue": queue}, "action": action});
+            ParkedWhich::Filter(mut filter) => {
+                if let Some(fields) = filter.as_object_mut() {
+                    fields.retain(|_, value| !value.is_null());
+                }
+                let body = serde_json::json!({"filter": filter, "action": action});
                 self.send(reqwest::Method::POST, "/v1/parked/bulk", Some(&body))
                     .await?
             }
@@ -400,4 +531,24 @@ impl Remote {
             done["changed"], done["matched"], done["unchanged"]
         ))
     }
+}
+
+/// `text` as one path segment: unreserved bytes as they are, every other
+/// byte percent-encoded (a task id may hold `/`, `?` or spaces).
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(byte).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+/// Which parked messages a command acts on: one by id, or those a
+/// `POST /v1/parked/bulk` filter matches.
+pub enum ParkedWhich {
+    One(String),
+    Filter(serde_json::Value),
 }

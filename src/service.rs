@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::http::serve::{ConnectionLimits, https_config, serve};
+use crate::telemetry::TaskTracer;
 use axum_server::tls_rustls::RustlsConfig;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -23,7 +24,7 @@ use crate::cascade::Cascade;
 use crate::cascade::TopologyPlan;
 use crate::config::Settings;
 use crate::http::{AppState, MetricsRoute, Reloader, metrics_router, router};
-use crate::ingress::{Ingress, IngressRunner, Retries, RetryRunner, plan_with};
+use crate::ingress::{Ingress, IngressRunner, Retries, RetryBook, RetryRunner, plan_with};
 use crate::ledger::{self, Ledger, LedgerError};
 use crate::metrics::{Metrics, poll_queue_depths};
 use crate::scheduler::{Broker, Scheduler};
@@ -85,6 +86,9 @@ pub enum Stop {
     /// The forwarder finishes its round, the release stage its window, the
     /// pollers their tick.
     Background,
+    /// The spans made so far are sent (when spans are sent at all): every
+    /// release that made one has finished.
+    Spans,
     /// Only now the broker connection closes: nothing publishes any more.
     Broker,
     /// Closing the connection decided every late confirm: record them.
@@ -94,9 +98,10 @@ pub enum Stop {
 }
 
 /// The order a running service stops in (see [`Stop`]).
-pub const STOP_ORDER: [Stop; 5] = [
+pub const STOP_ORDER: [Stop; 6] = [
     Stop::Listeners,
     Stop::Background,
+    Stop::Spans,
     Stop::Broker,
     Stop::LateConfirms,
     Stop::Ledger,
@@ -113,7 +118,7 @@ struct Components {
     metrics: Arc<Metrics>,
     ledger: Option<Ledger>,
     ingresses: Vec<Ingress>,
-    retries: Option<Arc<Retries>>,
+    retries: Option<Retries>,
 }
 
 impl Components {
@@ -148,12 +153,15 @@ impl Components {
             };
         let broker_tls = BrokerTls::from_settings(&settings.amqp.tls)?;
         let ingresses = settings.ingresses(&cascade)?;
-        let retries = settings.retries(&cascade)?.map(Arc::new);
+        let retries = settings.retries(&cascade)?;
         let metrics = Arc::new(Metrics::new());
         let ledger = ledger::open(
             &settings.store,
             cascade.release_stage(),
-            metrics.ledger_commit_group.clone(),
+            crate::ledger::CommitObservers {
+                group_size: metrics.ledger_commit_group.clone(),
+                seconds: metrics.ledger_commit_seconds.clone(),
+            },
         )
         .await?;
         if let Some(ledger) = &ledger {
@@ -192,11 +200,45 @@ impl Components {
     /// What the broker supervisor declares: the chain, with the ingresses'
     /// objects, claimed for the ledger when there is one.
     fn plan(&self) -> TopologyPlan {
-        let plan = plan_with(&self.cascade, &self.ingresses, self.retries.as_deref());
+        let plan = plan_with(&self.cascade, &self.ingresses, self.retries.as_ref());
         match &self.ledger {
             Some(ledger) => plan.owned_by(ledger.identity()),
             None => plan,
         }
+    }
+
+    /// The retry policies in force, and their objects: none without the
+    /// release stage.
+    fn retry_book(&mut self, scheduler: &Scheduler) -> Option<Arc<RetryBook>> {
+        let ledger = scheduler.own_ledger().cloned();
+        let retries = self.retries.take()?;
+        Some(Arc::new(RetryBook::new(
+            retries,
+            self.cascade.clone(),
+            ledger,
+        )))
+    }
+
+    /// The broker supervisor, started: its publisher, its task, and the
+    /// token that stops it.
+    fn start_broker(
+        &self,
+        settings: &Settings,
+    ) -> (
+        Publisher,
+        JoinHandle<Result<(), BrokerError>>,
+        CancellationToken,
+    ) {
+        let broker_shutdown = CancellationToken::new();
+        let options = PublisherOptions::from_settings(
+            &settings.amqp,
+            &self.cascade,
+            self.metrics.confirm_latency.clone(),
+            self.broker_tls.clone(),
+        );
+        let (publisher, supervisor) =
+            Publisher::start(options, self.plan(), broker_shutdown.clone());
+        (publisher, supervisor, broker_shutdown)
     }
 
     /// Starts the broker supervisor, the scheduler's background work, the
@@ -207,22 +249,17 @@ impl Components {
         settings: &Settings,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(Running, Api), ServiceError> {
-        let broker_shutdown = CancellationToken::new();
-        let plan = self.plan();
-        let options = PublisherOptions::from_settings(
-            &settings.amqp,
-            &self.cascade,
-            self.metrics.confirm_latency.clone(),
-            self.broker_tls.clone(),
-        );
-        let (publisher, supervisor) = Publisher::start(options, plan, broker_shutdown.clone());
+        let (publisher, supervisor, broker_shutdown) = self.start_broker(settings);
         let broker: Arc<dyn Broker> = Arc::new(publisher.clone());
+        let spans_shutdown = CancellationToken::new();
+        let (tracer, spans) = TaskTracer::start(&settings.trace, spans_shutdown.clone());
         let scheduler = Scheduler::new(
             broker.clone(),
             self.ledger.take(),
             self.cascade.clone(),
             self.metrics.clone(),
             settings.scheduler(),
+            tracer,
         );
         let mut running = Running {
             stop_serving: CancellationToken::new(),
@@ -233,11 +270,14 @@ impl Components {
             broker_shutdown,
             supervisor,
             scheduler: scheduler.clone(),
+            spans_shutdown,
+            spans,
         };
         running.background = scheduler.spawn_background(running.background_shutdown.clone());
         running.spawn_pollers(settings, publisher, &self, &scheduler);
+        let book = self.retry_book(&scheduler);
         let ingresses = std::mem::take(&mut self.ingresses);
-        running.spawn_ingresses(ingresses, &broker, &self, &scheduler);
+        running.spawn_ingresses((ingresses, book.clone()), &broker, &self, &scheduler);
         let reloader = Reloader {
             auth: self.auth.clone(),
             tls: (self.tls.clone()).map(|config| (config, settings.http.tls.clone())),
@@ -247,7 +287,7 @@ impl Components {
         running.spawn_watches(shutdown, reloader);
         let state = AppState::new(scheduler, self.metrics.clone(), &settings.http, self.auth)
             .with_operator(settings.operator(&self.cascade))
-            .with_retries(self.retries.clone());
+            .with_retries(book);
         let limits = settings.http.connection_limits();
         let metrics_route = match &self.metrics_listener {
             Some(_) => MetricsRoute::Elsewhere,
@@ -303,6 +343,9 @@ struct Running {
     broker_shutdown: CancellationToken,
     supervisor: JoinHandle<Result<(), BrokerError>>,
     scheduler: Scheduler,
+    spans_shutdown: CancellationToken,
+    /// The task sending spans to a collector, when one is configured.
+    spans: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -338,7 +381,7 @@ impl Running {
     /// the listeners: no new task is taken in while the service drains.
     fn spawn_ingresses(
         &mut self,
-        ingresses: Vec<Ingress>,
+        (ingresses, book): (Vec<Ingress>, Option<Arc<RetryBook>>),
         broker: &Arc<dyn Broker>,
         components: &Components,
         scheduler: &Scheduler,
@@ -353,9 +396,13 @@ impl Running {
             };
             self.spawn("an AMQP ingress", runner.run(self.stop_serving.clone()));
         }
-        if let Some(retries) = &components.retries {
+        if let Some(book) = book {
+            // Policies set at run time, read again every second until the
+            // service stops; the intake reads the ones in force per message.
+            let fresh = book.clone().keep_fresh(self.background_shutdown.clone());
+            self.spawn("the retry policies' refresh", fresh);
             let runner = RetryRunner {
-                retries: retries.clone(),
+                book,
                 cascade: components.cascade.clone(),
                 scheduler: scheduler.clone(),
                 broker: broker.clone(),
@@ -443,6 +490,18 @@ impl Running {
                 Stop::Background => {
                     self.background_shutdown.cancel();
                     join_until(std::mem::take(&mut self.background), deadline).await
+                }
+                Stop::Spans => {
+                    self.spans_shutdown.cancel();
+                    match self.spans.take() {
+                        Some(exporter) => {
+                            let sent = async {
+                                let _ = exporter.await;
+                            };
+                            within(deadline, sent, "the spans' last export").await
+                        }
+                        None => Vec::new(),
+                    }
                 }
                 Stop::Broker if self.supervisor.is_finished() => Vec::new(),
                 Stop::Broker => {
@@ -669,7 +728,8 @@ mod tests {
     fn the_service_stops_outside_in_and_closes_the_ledger_last() {
         let position = |step| STOP_ORDER.iter().position(|s| *s == step).unwrap();
         assert!(position(Stop::Listeners) < position(Stop::Background));
-        assert!(position(Stop::Background) < position(Stop::Broker));
+        assert!(position(Stop::Background) < position(Stop::Spans));
+        assert!(position(Stop::Spans) < position(Stop::Broker));
         assert!(position(Stop::Broker) < position(Stop::LateConfirms));
         assert!(position(Stop::LateConfirms) < position(Stop::Ledger));
         assert_eq!(STOP_ORDER.last(), Some(&Stop::Ledger));

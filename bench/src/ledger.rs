@@ -147,8 +147,8 @@ async fn default_ledger(
         url: Secret::from(format!("sqlite://{}", path.display())),
         ..StoreSettings::default()
     };
-    let histogram = prometheus_client::metrics::histogram::Histogram::new([1.0]);
-    let ledger = delayline::ledger::open(&settings, true, histogram)
+    let commits = delayline::ledger::CommitObservers::unobserved();
+    let ledger = delayline::ledger::open(&settings, true, commits)
         .await?
         .context("the ledger is on")?;
     // Before the writer's first statement: it prepares against this schema.

@@ -21,6 +21,14 @@ use serde::{Deserialize, Serialize};
 
 /// Set once, before any ingest, by `--ingest-same-delay`.
 static SAME_DELAY: AtomicBool = AtomicBool::new(false);
+/// Set once, before any ingest, by `--ingest-deadline`.
+static DEADLINES: AtomicBool = AtomicBool::new(false);
+
+/// Gives every ingest task a deadline from now on (a minute's
+/// `max_lateness_ms`): what a deadline costs on the way in.
+pub fn use_deadlines() {
+    DEADLINES.store(true, Ordering::Relaxed);
+}
 
 /// Gives every ingest task the same delay from now on: due times that grow
 /// with time, so the ledger's due-order indexes take each task at their end
@@ -44,10 +52,16 @@ pub fn task_body(n: u64) -> Vec<u8> {
     task_body_due_in(n, ingest_delay_ms(n))
 }
 
-/// Task `n`'s body with the delay `delay_ms`.
+/// Task `n`'s body with the delay `delay_ms` (and, with
+/// `--ingest-deadline`, a deadline a minute after it is due).
 pub fn task_body_due_in(n: u64, delay_ms: u64) -> Vec<u8> {
+    let deadline = if DEADLINES.load(Ordering::Relaxed) {
+        r#","max_lateness_ms":60000"#
+    } else {
+        ""
+    };
     format!(
-        r#"{{"destination":"bench.ingest","delay_ms":{delay_ms},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}},"headers":{{"tenant":"t-{}"}}}}"#,
+        r#"{{"destination":"bench.ingest","delay_ms":{delay_ms}{deadline},"payload":{{"n":{n},"note":"a payload of about a hundred bytes, like a small business event"}},"headers":{{"tenant":"t-{}"}}}}"#,
         n % 16
     )
     .into_bytes()

@@ -18,6 +18,7 @@ mod instant;
 mod ledger;
 mod load;
 mod paced;
+mod parked;
 mod phases;
 mod plot;
 mod queue_pass;
@@ -129,6 +130,11 @@ struct Args {
     /// instead of spreading them over an hour.
     #[arg(long)]
     ingest_same_delay: bool,
+    /// The ingest phase gives every HTTP task a deadline (`max_lateness_ms`
+    /// of a minute), to measure what deadlines cost on the ingest path
+    /// against runs without.
+    #[arg(long)]
+    ingest_deadline: bool,
     /// The ingest phase measures the AMQP ingress before HTTP, on the
     /// service's fresh ledger and chain, instead of after HTTP's tasks.
     #[arg(long)]
@@ -186,6 +192,10 @@ struct Args {
     /// The retries phase's sizes: messages a consumer rejects at once.
     #[arg(long, value_delimiter = ',', default_values_t = [10_000])]
     retries_sizes: Vec<usize>,
+    /// The parked phase's sizes: messages parked at once, then replayed by
+    /// group.
+    #[arg(long, value_delimiter = ',', default_values_t = [100_000])]
+    parked_sizes: Vec<usize>,
     /// The queue-pass phase's queue types, measured in this order.
     #[arg(long, value_delimiter = ',', default_value = "quorum,classic,stream")]
     pass_types: Vec<String>,
@@ -203,6 +213,9 @@ struct Results {
     quick: bool,
     /// Every ingest task had the same delay (`--ingest-same-delay`).
     ingest_same_delay: bool,
+    /// Every HTTP ingest task had a deadline (`--ingest-deadline`).
+    #[serde(default)]
+    ingest_deadline: bool,
     ingest: Vec<Throughput>,
     raw_ceiling_tasks_per_sec: Option<f64>,
     /// Per ledger: the best HTTP rates against the raw ceiling, and the service's cost.
@@ -235,6 +248,8 @@ struct Results {
     instant: Vec<instant::InstantRun>,
     /// Messages rejected at once: the retry intake, and the retries' spread.
     retries: Vec<retries::RetriesRun>,
+    /// Messages parked at once, then replayed by group.
+    parked: Vec<parked::ParkedRun>,
     /// What a pass through a queue (publish, consume, acknowledge) costs
     /// the broker, per queue type.
     queue_pass: Vec<queue_pass::Pass>,
@@ -295,6 +310,9 @@ async fn main() -> anyhow::Result<()> {
     if args.ingest_same_delay {
         load::use_same_delay();
     }
+    if args.ingest_deadline {
+        load::use_deadlines();
+    }
     let seconds = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
     std::fs::create_dir_all(&args.out)?;
     if args.replot {
@@ -304,6 +322,7 @@ async fn main() -> anyhow::Result<()> {
         machine: machine(),
         quick: args.quick,
         ingest_same_delay: args.ingest_same_delay,
+        ingest_deadline: args.ingest_deadline,
         ingest: Vec::new(),
         raw_ceiling_tasks_per_sec: None,
         stores: Vec::new(),
@@ -323,6 +342,7 @@ async fn main() -> anyhow::Result<()> {
         burst: Vec::new(),
         instant: Vec::new(),
         retries: Vec::new(),
+        parked: Vec::new(),
         queue_pass: Vec::new(),
     };
 

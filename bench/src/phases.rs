@@ -11,8 +11,8 @@ use crate::delivery::Delays;
 use crate::sut::{ServiceUnderTest, Setup, Store};
 use crate::{
     Args, Results, backlog_phase, bar, burst, capacity, cpu, delivery, forecast, hold_phase,
-    ingest_over_http, ingest_over_ingress, instant, ledger, load, paced, queue_pass, record_cost,
-    replicas, retries, routing, schedules, shards, timer,
+    ingest_over_http, ingest_over_ingress, instant, ledger, load, paced, parked, queue_pass,
+    record_cost, replicas, retries, routing, schedules, shards, timer,
 };
 
 /// Every phase, as `--phases` names them.
@@ -31,6 +31,7 @@ pub enum Phase {
     Burst,
     Instant,
     Retries,
+    Parked,
     QueuePass,
     Replicas,
     Forecast,
@@ -41,7 +42,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the order they run.
-    pub const ALL: [Phase; 19] = [
+    pub const ALL: [Phase; 20] = [
         Phase::Ingest,
         Phase::Routing,
         Phase::Precision,
@@ -55,6 +56,7 @@ impl Phase {
         Phase::Burst,
         Phase::Instant,
         Phase::Retries,
+        Phase::Parked,
         Phase::QueuePass,
         Phase::Replicas,
         Phase::Forecast,
@@ -69,7 +71,12 @@ impl Phase {
     pub fn by_default(self) -> bool {
         !matches!(
             self,
-            Phase::Shards | Phase::Burst | Phase::Instant | Phase::Retries | Phase::QueuePass
+            Phase::Shards
+                | Phase::Burst
+                | Phase::Instant
+                | Phase::Retries
+                | Phase::Parked
+                | Phase::QueuePass
         )
     }
 
@@ -94,6 +101,7 @@ impl Phase {
             Phase::Burst => burst(args, seconds, results).await,
             Phase::Instant => instant(args, seconds, results).await,
             Phase::Retries => retries(args, seconds, results).await,
+            Phase::Parked => parked(args, results).await,
             Phase::QueuePass => queue_pass(args, seconds, results).await,
             Phase::Replicas => replicas(args, seconds, results).await,
             Phase::Forecast => forecast(args, seconds, results).await,
@@ -517,6 +525,14 @@ async fn retries(args: &Args, _seconds: Duration, results: &mut Results) -> anyh
         &progress,
     )
     .await?;
+    progress.finish_and_clear();
+    Ok(())
+}
+
+async fn parked(args: &Args, results: &mut Results) -> anyhow::Result<()> {
+    let progress = bar("parked");
+    results.parked =
+        parked::phase(&args.amqp_uri, args.channels, &args.parked_sizes, &progress).await?;
     progress.finish_and_clear();
     Ok(())
 }

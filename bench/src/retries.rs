@@ -159,7 +159,7 @@ fn text(value: &str) -> AMQPValue {
 }
 
 /// `count` messages to `exchange` with `key`, confirmed, ids `r-0`…
-async fn publish_all(
+pub(crate) async fn publish_all(
     channel: &lapin::Channel,
     exchange: &str,
     key: &str,

@@ -66,6 +66,9 @@ pub struct ServiceUnderTest {
 /// The retries phase's queue (under the chain's prefix), and its policy's
 /// first wait and jitter.
 pub const RETRIED_QUEUE: &str = "retried";
+/// The parked phase's queue (under the chain's prefix): its policy parks a
+/// message after its first attempt.
+pub const PARKED_QUEUE: &str = "parked";
 pub const RETRY_INITIAL_S: u64 = 5;
 pub const RETRY_JITTER: f64 = 0.2;
 
@@ -184,12 +187,15 @@ impl ServiceUnderTest {
                 std::fs::create_dir_all(&data_dir)?;
                 let config = data_dir.join("ingress.toml");
                 let retried = format!("{}.{RETRIED_QUEUE}", cascade.prefix());
+                let parked = format!("{}.{PARKED_QUEUE}", cascade.prefix());
                 std::fs::write(
                     &config,
                     format!(
                         "[[ingress]]\nexchange = {:?}\n\n[[retry]]\nname = \"bench\"\n\
                          queues = [{retried:?}]\ninitial = \"{RETRY_INITIAL_S}s\"\n\
-                         jitter = {RETRY_JITTER}\nmax_attempts = 3\n",
+                         jitter = {RETRY_JITTER}\nmax_attempts = 3\n\n\
+                         [[retry]]\nname = \"bench-parked\"\nqueues = [{parked:?}]\n\
+                         max_attempts = 1\n",
                         settings.exchange
                     ),
                 )?;
@@ -209,9 +215,12 @@ impl ServiceUnderTest {
                     jitter: RETRY_JITTER,
                     max_attempts: 3,
                     park_to: None,
+                    max_lateness: None,
+                    give_up_after: None,
                 }],
                 &cascade,
-            )?,
+            )
+            .map(Some)?,
             false => None,
         };
         if let Some(token) = &token {

@@ -117,6 +117,8 @@ impl PublisherOptions {
 /// of publishing the message again.
 pub struct LateConfirm {
     publish: JoinHandle<Result<(), PublishError>>,
+    /// The connection it was published on, told when the limit runs out.
+    session: std::sync::Weak<Session>,
     /// The whole wait allowed, counted from the publish.
     limit: Duration,
     /// What is left of it when the confirm timeout ran out.
@@ -137,7 +139,12 @@ impl LateConfirm {
                 reason: format!("the publish task ended abnormally: {error}"),
                 refused: false,
             }),
-            Err(_) => Err(PublishError::Timeout(self.limit)),
+            Err(_) => {
+                if let Some(session) = self.session.upgrade() {
+                    session.unanswered();
+                }
+                Err(PublishError::Timeout(self.limit))
+            }
         }
     }
 }
@@ -221,6 +228,9 @@ struct Session {
     alone_permits: Arc<tokio::sync::Semaphore>,
     /// The broker's reason for blocking, from its `connection.blocked`.
     blocked_reason: Mutex<Option<String>>,
+    /// Told when a publish went unanswered past the late confirm limit
+    /// while the connection was not blocked.
+    stalled: tokio::sync::Notify,
 }
 
 struct Shared {
@@ -411,13 +421,14 @@ impl Publisher {
             .map_err(|_| self.shared.unavailable())?;
         let channel = session.alone_channel().await?;
         let latency = self.shared.options.confirm_latency.clone();
+        let holder = session.clone();
         let publish = tokio::spawn(async move {
             let outcome = publish_confirmed(channel.clone(), message, latency).await;
             session.idle(channel);
             drop(permit);
             outcome
         });
-        self.bounded(publish).await
+        self.bounded(publish, &holder).await
     }
 
     /// The session to publish `message` on: connected, not blocked, and
@@ -446,21 +457,25 @@ impl Publisher {
         if let std::task::Poll::Ready(outcome) = futures_util::poll!(publish.as_mut()) {
             return outcome.map(|()| Published::Confirmed);
         }
-        self.bounded_in_place(publish).await
+        self.bounded_in_place(publish, &session).await
     }
 
     /// The publish's outcome within the confirm timeout, awaited where it
     /// was made; one still unconfirmed then goes on in a task of its own, a
     /// late confirm. A task of its own for every publish cost a burst's
     /// release a spawn and a second wake per message.
-    async fn bounded_in_place<F>(&self, mut publish: Pin<Box<F>>) -> Result<Published, PublishError>
+    async fn bounded_in_place<F>(
+        &self,
+        mut publish: Pin<Box<F>>,
+        session: &Arc<Session>,
+    ) -> Result<Published, PublishError>
     where
         F: Future<Output = Result<(), PublishError>> + Send + 'static,
     {
         let timeout = self.shared.options.confirm_timeout;
         match tokio::time::timeout(timeout, publish.as_mut()).await {
             Ok(outcome) => outcome.map(|()| Published::Confirmed),
-            Err(_) => Ok(self.late(tokio::spawn(publish))),
+            Err(_) => Ok(self.late(tokio::spawn(publish), session)),
         }
     }
 
@@ -470,6 +485,7 @@ impl Publisher {
     async fn bounded(
         &self,
         mut publish: JoinHandle<Result<(), PublishError>>,
+        session: &Arc<Session>,
     ) -> Result<Published, PublishError> {
         let timeout = self.shared.options.confirm_timeout;
         match tokio::time::timeout(timeout, &mut publish).await {
@@ -478,16 +494,21 @@ impl Publisher {
                 reason: format!("the publish task ended abnormally: {error}"),
                 refused: false,
             }),
-            Err(_) => Ok(self.late(publish)),
+            Err(_) => Ok(self.late(publish, session)),
         }
     }
 
     /// A publish the confirm timeout ran out on, awaited up to the late
     /// confirm limit.
-    fn late(&self, publish: JoinHandle<Result<(), PublishError>>) -> Published {
+    fn late(
+        &self,
+        publish: JoinHandle<Result<(), PublishError>>,
+        session: &Arc<Session>,
+    ) -> Published {
         let limit = self.shared.options.late_confirm_limit;
         Published::Late(LateConfirm {
             publish,
+            session: Arc::downgrade(session),
             limit,
             remaining: limit.saturating_sub(self.shared.options.confirm_timeout),
         })
@@ -640,6 +661,18 @@ impl Session {
         status.connected() && !status.blocked()
     }
 
+    /// A publish went unanswered past the late confirm limit. Unless the
+    /// broker blocks publishing (an alarm holds every node's publishes
+    /// alike), the node is taken for one that can no longer confirm (cut
+    /// off from its quorum, or left running apart after a partition): the
+    /// next publish would wait as long, so the supervisor connects again,
+    /// another node first.
+    fn unanswered(&self) {
+        if self.blocked().is_none() {
+            self.stalled.notify_one();
+        }
+    }
+
     fn blocked(&self) -> Option<String> {
         if !self.connection.status().blocked() {
             return None;
@@ -743,6 +776,7 @@ async fn establish(
             idle_alone: Mutex::new(Vec::new()),
             alone_permits: Arc::new(tokio::sync::Semaphore::new(ALONE_IN_FLIGHT)),
             blocked_reason: Mutex::new(None),
+            stalled: tokio::sync::Notify::new(),
         }),
         Err(error) => {
             close(&connection).await;
@@ -820,6 +854,11 @@ async fn connection_lost(session: &Session) -> String {
                 if !connection.status().connected() {
                     return "the connection is no longer open".to_owned();
                 }
+            }
+            () = session.stalled.notified() => {
+                return "a publish went unanswered past amqp.late_confirm_limit_ms: the node \
+                        may be cut off from its peers"
+                    .to_owned();
             }
         }
     }

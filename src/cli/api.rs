@@ -1,5 +1,5 @@
 //! The commands that act through a running service's API
-//! (`crate::remote`): schedules, limits, forecast, bulk, retries list,
+//! (`crate::remote`): schedules, limits, forecast, bulk, retry policies,
 //! parked; each builds its request and prints what the service answered.
 
 use super::args::*;
@@ -12,14 +12,72 @@ pub(super) async fn parked(
 ) -> anyhow::Result<String> {
     Ok(match action {
         ParkedCommand::List { queue, limit } => remote.list_parked(queue.as_deref(), limit).await?,
-        ParkedCommand::Replay(target) => {
-            let (id, queue) = (target.id.as_deref(), target.queue.as_deref());
-            remote.act_on_parked("replay", id, queue).await?
+        ParkedCommand::Replay {
+            target,
+            group,
+            after,
+        } => {
+            let which = parked_which(&target, &group);
+            remote
+                .act_on_parked("replay", which, after.as_deref())
+                .await?
         }
-        ParkedCommand::Discard(target) => {
-            let (id, queue) = (target.id.as_deref(), target.queue.as_deref());
-            remote.act_on_parked("discard", id, queue).await?
+        ParkedCommand::Discard { target, group } => {
+            let which = parked_which(&target, &group);
+            remote.act_on_parked("discard", which, None).await?
         }
+        ParkedCommand::Groups => remote.parked_groups().await?,
+    })
+}
+
+/// One parked message by id, or the filter of `POST /v1/parked/bulk`.
+fn parked_which(target: &ParkedTarget, group: &ParkedGroupArgs) -> crate::remote::ParkedWhich {
+    match &target.id {
+        Some(id) => crate::remote::ParkedWhich::One(id.clone()),
+        None => crate::remote::ParkedWhich::Filter(serde_json::json!({
+            "queue": target.queue,
+            "reason": group.reason,
+            "first_failed_hour": group.first_failed_hour,
+        })),
+    }
+}
+
+/// `delayline retries …` but `check`, through the running service's API.
+pub(super) async fn retries(
+    remote: &crate::remote::Remote,
+    action: RetriesCommand,
+) -> anyhow::Result<String> {
+    Ok(match action {
+        RetriesCommand::List | RetriesCommand::Check { .. } => remote.list_retries().await?,
+        RetriesCommand::Set(policy) => {
+            let body = without_nulls(serde_json::json!({
+                "queues": policy.queues,
+                "initial": policy.initial,
+                "multiplier": policy.multiplier,
+                "max_delay": policy.max_delay,
+                "jitter": policy.jitter,
+                "max_attempts": policy.max_attempts,
+                "give_up_after": policy.give_up_after,
+                "max_lateness": policy.max_lateness,
+                "park_to": policy.park_to,
+            }));
+            remote.set_retry_policy(&policy.name, &body).await?
+        }
+        RetriesCommand::Remove { name } => remote.remove_retry_policy(&name).await?,
+        RetriesCommand::Changes { limit } => remote.retry_policy_changes(limit).await?,
+    })
+}
+
+/// `delayline tasks …`, through the running service's API.
+pub(super) async fn tasks(
+    remote: &crate::remote::Remote,
+    action: TasksCommand,
+) -> anyhow::Result<String> {
+    Ok(match action {
+        TasksCommand::Expired { destination, limit } => {
+            remote.list_expired(destination.as_deref(), limit).await?
+        }
+        TasksCommand::Replay { id } => remote.replay_task(&id).await?,
     })
 }
 

@@ -159,9 +159,9 @@ pub enum Command {
         #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
-    /// Retry policies: `list` them through the running service's API
-    /// (`admin` permission); `check` a queue's wiring to the retry exchange
-    /// on the broker.
+    /// Retry policies: `list`, `set`, `remove` them and see their `changes`
+    /// through the running service's API (`admin` permission); `check` a
+    /// queue's wiring to the retry exchange on the broker.
     Retries {
         #[command(subcommand)]
         action: RetriesCommand,
@@ -181,6 +181,20 @@ pub enum Command {
         #[arg(long, global = true)]
         url: Option<String>,
         /// A client token (`admin` permission).
+        #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Expired tasks (their deadline passed before they could be
+    /// delivered): `expired` lists them (`read` permission), `replay`
+    /// takes one in again as a new task due now (`submit` permission),
+    /// through the running service's API.
+    Tasks {
+        #[command(subcommand)]
+        action: TasksCommand,
+        /// The service's base URL, instead of http.bind.
+        #[arg(long, global = true)]
+        url: Option<String>,
+        /// A client token.
         #[arg(long, global = true, env = "DELAYLINE_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
@@ -213,8 +227,26 @@ pub enum ScheduleCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum RetriesCommand {
-    /// Every policy: its queues, backoff and attempts (see `GET /v1/retries`).
+    /// Every policy in force: its queues, backoff and attempts, where it
+    /// comes from and who changed it last (see `GET /v1/retries`).
     List,
+    /// Set a policy while the service runs (new, or changed whole: a field
+    /// not given takes its default), kept in the ledger and in force on
+    /// every replica within a second. A policy of the configuration file is
+    /// changed there.
+    Set(RetryPolicyArgs),
+    /// Remove a policy set at run time: its queues' dead letters are
+    /// refused until another policy covers them.
+    Remove {
+        /// The policy's name.
+        name: String,
+    },
+    /// Who changed which policy at run time, and when, newest first.
+    Changes {
+        /// How many (1 to 500).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Whether each queue is wired to the retry exchange, as the broker
     /// shows it: the exchange exists and is delayline's, the intake exists,
     /// a policy covers the queue, and its argument or policy names the
@@ -224,6 +256,60 @@ pub enum RetriesCommand {
         /// A queue to check (repeatable); default every queue of every policy.
         #[arg(long = "queue", value_name = "NAME")]
         queues: Vec<String>,
+    },
+}
+
+/// A retry policy, as `[[retry]]` writes it.
+#[derive(Debug, clap::Args)]
+pub struct RetryPolicyArgs {
+    /// The policy's name (1 to 128 bytes of A-Z, a-z, 0-9, '_', '-', '.').
+    pub name: String,
+    /// A queue it covers (repeatable; at least one).
+    #[arg(long = "queue", value_name = "NAME", required = true)]
+    pub queues: Vec<String>,
+    /// The wait before the first retry (`1s`).
+    #[arg(long)]
+    pub initial: Option<String>,
+    /// Each retry waits this many times the one before.
+    #[arg(long)]
+    pub multiplier: Option<f64>,
+    /// The longest wait, before jitter (`5m`).
+    #[arg(long)]
+    pub max_delay: Option<String>,
+    /// A wait is lengthened by up to this fraction of itself (0 to 1).
+    #[arg(long)]
+    pub jitter: Option<f64>,
+    /// Deliveries in all, the first included.
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// How long a message may keep failing, from its first failure (`1h`).
+    #[arg(long)]
+    pub give_up_after: Option<String>,
+    /// How late after its time a retry may still be delivered (`5m`).
+    #[arg(long)]
+    pub max_lateness: Option<String>,
+    /// A queue a parked message is also published to.
+    #[arg(long)]
+    pub park_to: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TasksCommand {
+    /// The expired tasks, in due order, with their deadline and why each
+    /// expired.
+    Expired {
+        /// Only this destination's.
+        #[arg(long)]
+        destination: Option<String>,
+        /// How many (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Take an expired task in again, once, as a new task due now (its id
+    /// is the task's with `~replay`); a second replay answers the first.
+    Replay {
+        /// The expired task's id.
+        id: String,
     },
 }
 
@@ -240,9 +326,39 @@ pub enum ParkedCommand {
     },
     /// Send one parked message (by id), or every one of a queue, back to
     /// its queue now, on its first attempt again.
-    Replay(ParkedTarget),
+    Replay {
+        #[command(flatten)]
+        target: ParkedTarget,
+        #[command(flatten)]
+        group: ParkedGroupArgs,
+        /// One message by id only: back after this long instead of now
+        /// (`10m`, `1h30m`).
+        #[arg(long, requires = "id")]
+        after: Option<String>,
+    },
     /// Discard one parked message (by id), or every one of a queue.
-    Discard(ParkedTarget),
+    Discard {
+        #[command(flatten)]
+        target: ParkedTarget,
+        #[command(flatten)]
+        group: ParkedGroupArgs,
+    },
+    /// The parked messages by group: queue, reason, and the hour their
+    /// first attempt failed in, with counts.
+    Groups,
+}
+
+/// With `--queue`: only one group of the queue's (as `parked groups`
+/// shows them).
+#[derive(Debug, clap::Args)]
+pub struct ParkedGroupArgs {
+    /// Only those whose last attempt ended so (`rejected`, `expired`, …).
+    #[arg(long, requires = "queue")]
+    pub reason: Option<String>,
+    /// Only those whose first attempt failed in this hour (RFC 3339, any
+    /// time in the hour).
+    #[arg(long, requires = "queue")]
+    pub first_failed_hour: Option<String>,
 }
 
 /// One parked message, or a queue's all.

@@ -63,6 +63,12 @@ pub(super) async fn deprovision_chain(
     let retries = settings.retries(cascade)?;
     let plan = plan_with(cascade, &settings.ingresses(cascade)?, retries.as_ref());
     let operator = settings.operator(cascade);
+    let retries = match retries {
+        Some(retries) => {
+            Some(crate::operations::wiring::in_force(&operator, cascade, retries).await?)
+        }
+        None => None,
+    };
     let now_ms = crate::clock::now_ms();
     let done = deprovision::deprovision(
         &operator,
@@ -143,11 +149,12 @@ pub(super) async fn check_retry_wiring(
 ) -> anyhow::Result<ExitCode> {
     let Some(retries) = settings.retries(cascade)? else {
         anyhow::bail!(
-            "no [[retry]] policy is configured: the retry exchange is declared only with one \
-             (give the service's --config)"
+            "retries need the release stage (a ledger, and cascade.release_stage not false): \
+             without it no retry exchange is declared (give the service's --config)"
         );
     };
     let operator = settings.operator(cascade);
+    let retries = crate::operations::wiring::in_force(&operator, cascade, retries).await?;
     let checked = crate::operations::wiring::check(&operator, &retries, queues).await?;
     let mut broken = false;
     for (queue, findings) in &checked {

@@ -99,7 +99,8 @@ async fn run(command: Command, settings: Settings, cascade: Cascade) -> anyhow::
         | Command::Bulk { .. }
         | Command::Schedules { .. }
         | Command::Retries { .. }
-        | Command::Parked { .. }) => out!("{}", through_api(&settings, through_the_api).await?),
+        | Command::Parked { .. }
+        | Command::Tasks { .. }) => out!("{}", through_api(&settings, through_the_api).await?),
         Command::Route { delay, destination } => {
             out!("{}", describe_route(&cascade, delay, &destination)?)
         }
@@ -124,8 +125,9 @@ async fn through_api(settings: &Settings, command: Command) -> anyhow::Result<St
         Command::Schedules { action, url, token } => {
             schedules(settings, action, url, token).await?
         }
-        Command::Retries { url, token, .. } => remote(url, token)?.list_retries().await?,
+        Command::Retries { action, url, token } => retries(&remote(url, token)?, action).await?,
         Command::Parked { action, url, token } => parked(&remote(url, token)?, action).await?,
+        Command::Tasks { action, url, token } => tasks(&remote(url, token)?, action).await?,
         _ => anyhow::bail!("not a command of the service's API"),
     })
 }

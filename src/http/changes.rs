@@ -33,6 +33,7 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         TaskState::Releasing | TaskState::Delivered | TaskState::Unroutable => ErrorCode::TooLate,
         TaskState::Cancelled => ErrorCode::TaskCancelled,
         TaskState::Failed => ErrorCode::TaskFailed,
+        TaskState::Expired => ErrorCode::TooLate,
         // A changeable task is never answered this way.
         TaskState::Pending | TaskState::Scheduled | TaskState::Waiting | TaskState::Staged => {
             ErrorCode::Internal
@@ -46,6 +47,7 @@ fn unchangeable(task: &StoredTask, change: &str) -> ApiError {
         }
         TaskState::Cancelled => "it was cancelled",
         TaskState::Failed => "it failed and is never delivered",
+        TaskState::Expired => "its deadline passed: it expired and is never delivered",
         TaskState::Pending | TaskState::Scheduled | TaskState::Waiting | TaskState::Staged => {
             "it changed meanwhile; retry"
         }

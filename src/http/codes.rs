@@ -24,6 +24,7 @@ pub enum ErrorCode {
     LimitNotFound,
     OperationNotFound,
     ParkedNotFound,
+    RetryPolicyNotFound,
     NotFound,
     MethodNotAllowed,
     BodyTimeout,
@@ -31,9 +32,12 @@ pub enum ErrorCode {
     TooLate,
     TaskCancelled,
     TaskFailed,
+    TaskNotExpired,
     PayloadNotKept,
     ScheduleExists,
     ScheduleChanged,
+    RetryPolicyConfigured,
+    RetryQueueTaken,
     PayloadTooLarge,
     UriTooLong,
     UnsupportedMediaType,
@@ -46,8 +50,10 @@ pub enum ErrorCode {
     HeadersTooLarge,
     InvalidId,
     InvalidExchange,
+    InvalidDeadline,
     InvalidSchedule,
     InvalidLimit,
+    InvalidRetryPolicy,
     BatchTooLarge,
     RateLimited,
     QuotaExceeded,
@@ -71,7 +77,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 59] = [
+    pub const ALL: [ErrorCode; 65] = [
         ErrorCode::BadRequest,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidIdempotencyKey,
@@ -87,6 +93,7 @@ impl ErrorCode {
         ErrorCode::LimitNotFound,
         ErrorCode::OperationNotFound,
         ErrorCode::ParkedNotFound,
+        ErrorCode::RetryPolicyNotFound,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTimeout,
@@ -94,9 +101,12 @@ impl ErrorCode {
         ErrorCode::TooLate,
         ErrorCode::TaskCancelled,
         ErrorCode::TaskFailed,
+        ErrorCode::TaskNotExpired,
         ErrorCode::PayloadNotKept,
         ErrorCode::ScheduleExists,
         ErrorCode::ScheduleChanged,
+        ErrorCode::RetryPolicyConfigured,
+        ErrorCode::RetryQueueTaken,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UriTooLong,
         ErrorCode::UnsupportedMediaType,
@@ -109,8 +119,10 @@ impl ErrorCode {
         ErrorCode::HeadersTooLarge,
         ErrorCode::InvalidId,
         ErrorCode::InvalidExchange,
+        ErrorCode::InvalidDeadline,
         ErrorCode::InvalidSchedule,
         ErrorCode::InvalidLimit,
+        ErrorCode::InvalidRetryPolicy,
         ErrorCode::BatchTooLarge,
         ErrorCode::RateLimited,
         ErrorCode::QuotaExceeded,
@@ -151,6 +163,10 @@ impl ErrorCode {
             ErrorCode::LimitNotFound => "limit_not_found",
             ErrorCode::OperationNotFound => "operation_not_found",
             ErrorCode::ParkedNotFound => "parked_not_found",
+            ErrorCode::RetryPolicyNotFound => "retry_policy_not_found",
+            ErrorCode::RetryPolicyConfigured => "retry_policy_configured",
+            ErrorCode::RetryQueueTaken => "retry_queue_taken",
+            ErrorCode::InvalidRetryPolicy => "invalid_retry_policy",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::BodyTimeout => "body_timeout",
@@ -158,6 +174,7 @@ impl ErrorCode {
             ErrorCode::TooLate => "too_late",
             ErrorCode::TaskCancelled => "task_cancelled",
             ErrorCode::TaskFailed => "task_failed",
+            ErrorCode::TaskNotExpired => "task_not_expired",
             ErrorCode::PayloadNotKept => "payload_not_kept",
             ErrorCode::ScheduleExists => "schedule_exists",
             ErrorCode::ScheduleChanged => "schedule_changed",
@@ -173,6 +190,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::InvalidId => "invalid_id",
             ErrorCode::InvalidExchange => "invalid_exchange",
+            ErrorCode::InvalidDeadline => "invalid_deadline",
             ErrorCode::InvalidSchedule => "invalid_schedule",
             ErrorCode::InvalidLimit => "invalid_limit",
             ErrorCode::BatchTooLarge => "batch_too_large",
@@ -215,6 +233,7 @@ impl ErrorCode {
             | ErrorCode::LimitNotFound
             | ErrorCode::OperationNotFound
             | ErrorCode::ParkedNotFound
+            | ErrorCode::RetryPolicyNotFound
             | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -222,9 +241,12 @@ impl ErrorCode {
             | ErrorCode::TooLate
             | ErrorCode::TaskCancelled
             | ErrorCode::TaskFailed
+            | ErrorCode::TaskNotExpired
             | ErrorCode::PayloadNotKept
             | ErrorCode::ScheduleExists
-            | ErrorCode::ScheduleChanged => StatusCode::CONFLICT,
+            | ErrorCode::ScheduleChanged
+            | ErrorCode::RetryPolicyConfigured
+            | ErrorCode::RetryQueueTaken => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -237,8 +259,10 @@ impl ErrorCode {
             | ErrorCode::HeadersTooLarge
             | ErrorCode::InvalidId
             | ErrorCode::InvalidExchange
+            | ErrorCode::InvalidDeadline
             | ErrorCode::InvalidSchedule
             | ErrorCode::InvalidLimit
+            | ErrorCode::InvalidRetryPolicy
             | ErrorCode::BatchTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::RequestHeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -308,6 +332,18 @@ impl ErrorCode {
             ErrorCode::ParkedNotFound => {
                 "`/v1/parked/{id}`: never parked, or replayed or discarded since"
             }
+            ErrorCode::RetryPolicyNotFound => {
+                "`/v1/retries/policies/{name}`: never set over the API, or removed since (a policy of the configuration file is not the API's)"
+            }
+            ErrorCode::RetryPolicyConfigured => {
+                "`PUT` or `DELETE /v1/retries/policies/{name}` of a policy of the configuration file (`[[retry]]`): change it there"
+            }
+            ErrorCode::RetryQueueTaken => {
+                "`PUT /v1/retries/policies/{name}` naming a queue another policy covers (a queue is in one policy at most); nothing is changed"
+            }
+            ErrorCode::InvalidRetryPolicy => {
+                "a retry policy's `queues`, `initial`, `multiplier`, `max_delay` (with `jitter`, beyond the chain's longest delay), `jitter`, `max_attempts`, `park_to`, `max_lateness` or `give_up_after`, or its name; the message names the field and nothing is changed"
+            }
             ErrorCode::OperationNotFound => {
                 "`GET /v1/operations/{id}`: never started, or another client's operation"
             }
@@ -320,7 +356,7 @@ impl ErrorCode {
                 "the key or client id was accepted before with another body (for `PATCH`: another change, or another task)"
             }
             ErrorCode::TooLate => {
-                "cancel or move of a task that is `releasing`, `delivered` or `unroutable`"
+                "cancel or move of a task that is `releasing`, `delivered`, `unroutable` or `expired`"
             }
             ErrorCode::TaskCancelled => "move of a cancelled task",
             ErrorCode::ScheduleExists => {
@@ -330,6 +366,9 @@ impl ErrorCode {
                 "a change of a schedule that other requests kept changing meanwhile; read it again and retry"
             }
             ErrorCode::TaskFailed => "cancel or move of a failed task",
+            ErrorCode::TaskNotExpired => {
+                "`POST /v1/tasks/{id}/replay` of a task that did not expire (only an expired task is replayed)"
+            }
             ErrorCode::PayloadNotKept => {
                 "move of a task whose ledger row keeps only part of its payload (published before the release stage)"
             }
@@ -360,6 +399,9 @@ impl ErrorCode {
             ErrorCode::InvalidId => "empty, over 255 bytes, control characters",
             ErrorCode::InvalidExchange => {
                 "`exchange` is not a valid exchange name, or the release stage is off (only it delivers elsewhere than the business exchange)"
+            }
+            ErrorCode::InvalidDeadline => {
+                "`deadline`, `max_lateness_ms` or `max_lateness`: not a time or a duration, more than one of them, a deadline before the task is due (with a leeway, its window's end), or the release stage is off (only it can hold a task back)"
             }
             ErrorCode::InvalidSchedule => {
                 "a schedule's `id` or timing: a cron expression that does not parse or never fires, an unknown time zone, an interval below the unit, an end before the start, neither or both of `cron` and `every`; the message names the field"

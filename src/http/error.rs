@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use tracing::error;
 
-use crate::ingress::ParkedError;
+use crate::ingress::{ParkedError, PolicyConflict, PolicyError};
 use crate::operations::OperationError;
 use crate::recurrence::ScheduleError;
 use crate::scheduler::LedgerError;
@@ -93,6 +93,7 @@ impl From<TaskError> for ApiError {
             TaskError::InvalidHeader(_) => ErrorCode::InvalidHeader,
             TaskError::InvalidId(_) => ErrorCode::InvalidId,
             TaskError::InvalidExchange(_) => ErrorCode::InvalidExchange,
+            TaskError::InvalidDeadline(_) => ErrorCode::InvalidDeadline,
         };
         ApiError::new(code, error.to_string())
     }
@@ -274,6 +275,23 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+impl From<PolicyError> for ApiError {
+    fn from(error: PolicyError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            PolicyError::LedgerDisabled => ErrorCode::LedgerDisabled,
+            PolicyError::NotFound(_) => ErrorCode::RetryPolicyNotFound,
+            PolicyError::Invalid(_) => ErrorCode::InvalidRetryPolicy,
+            PolicyError::Conflict(PolicyConflict::Configured(_)) => {
+                ErrorCode::RetryPolicyConfigured
+            }
+            PolicyError::Conflict(PolicyConflict::QueueTaken { .. }) => ErrorCode::RetryQueueTaken,
+            PolicyError::Ledger(ledger) => return ledger.into(),
+        };
+        ApiError::new(code, message)
     }
 }
 

@@ -50,7 +50,8 @@ pub struct TaskView {
     pub payload_truncated: bool,
     /// Publishing attempts so far.
     pub attempts: u64,
-    /// Why the last attempt failed, while the task is pending.
+    /// Why the last attempt failed, while the task is pending; why it
+    /// expired (state `expired`) or failed.
     pub last_error: Option<String>,
     /// 1, plus one per reschedule.
     pub revision: u64,
@@ -72,6 +73,18 @@ pub struct TaskView {
     /// its due time, or later by the staging replica's clock.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub release_at: Option<String>,
+    /// Its deadline, when it has one: never published to its destination
+    /// after it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(format = DateTime)]
+    pub deadline: Option<String>,
+    /// Where its message goes instead once its deadline passed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub expired_destination: Option<String>,
+    /// When it expired (state `expired`): its deadline had passed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(format = DateTime)]
+    pub expired_at: Option<String>,
     /// The API client that submitted it; absent while the API is open.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub client: Option<String>,
@@ -88,6 +101,9 @@ impl From<StoredTask> for TaskView {
             waited_for: stored.waited_for.clone(),
             held_by: stored.waited_for.clone(),
             release_at: stored.release_at_ms.map(format_epoch_ms),
+            deadline: stored.deadline_ms.map(format_epoch_ms),
+            expired_at: stored.expired_at_ms.map(format_epoch_ms),
+            expired_destination: stored.expired_destination.clone(),
             state: stored.state,
             deliver_at: format_epoch_ms(stored.deliver_at_ms),
             leeway_ms: (stored.leeway_ms > 0).then_some(stored.leeway_ms),

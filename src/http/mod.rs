@@ -2,7 +2,7 @@
 //!
 //! One module per resource, each with its own `router()`: `tasks` (taking
 //! tasks in), `inspect` (reading them back), `changes` (cancelling and
-//! moving them), `schedules` (recurring schedules), `topology`, `health` (the
+//! moving them), `expired` (replaying an expired task), `schedules` (recurring schedules), `topology`, `health` (the
 //! probes), `scrape` (`/metrics`); `auth` is the gate in front of all but the
 //! probes, `extract` the JSON body extractor, `error` the error shape,
 //! `fallback` what no route serves; `serve` the accept loop, with `wire`
@@ -16,6 +16,7 @@ pub(crate) mod changes;
 pub mod codes;
 mod console;
 mod error;
+mod expired;
 mod extract;
 mod fallback;
 mod forecast;
@@ -26,6 +27,7 @@ pub mod openapi;
 mod release_limits;
 mod reload;
 mod retries;
+mod retry_policies;
 mod router;
 mod schedules;
 mod scrape;

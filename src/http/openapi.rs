@@ -45,6 +45,7 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::changes::cancel_task,
         super::changes::cancel_batch,
         super::changes::reschedule_task,
+        super::expired::replay_task,
         super::schedules::create_schedule,
         super::schedules::list_schedules,
         super::schedules::get_schedule,
@@ -63,12 +64,17 @@ pub static ERROR_CODES: LazyLock<Vec<(u16, &'static str)>> = LazyLock::new(|| {
         super::release_limits::resume_limit,
         super::topology::topology,
         super::unroutable::requeue_route,
-        super::retries::retries,
+        super::retry_policies::retries,
+        super::retry_policies::get_policy,
+        super::retry_policies::put_policy,
+        super::retry_policies::delete_policy,
+        super::retry_policies::changes,
         super::retries::list,
         super::retries::one,
         super::retries::replay,
         super::retries::discard,
         super::retries::bulk,
+        super::retries::groups,
         super::health::healthz,
         super::health::readyz,
         super::scrape::metrics,
@@ -178,6 +184,13 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
             statuses.extend([409, 413, 422]);
         }
     }
+    // `?limit=`; `retry_policy_not_found`, `retry_policy_configured` and
+    // `retry_queue_taken`; both: `ledger_disabled`, `release_stage_disabled`.
+    match path {
+        "/v1/retries/changes" => statuses.extend([400, 501]),
+        "/v1/retries/policies/{name}" => statuses.extend([404, 409, 501]),
+        _ => {}
+    }
     if path.contains("{id}") {
         statuses.push(404);
     }
@@ -186,6 +199,10 @@ fn error_statuses(path: &str, method: &str) -> Vec<u16> {
     }
     if path == "/v1/tasks/{id}" && method != "get" {
         statuses.push(409);
+    }
+    if path == "/v1/tasks/{id}/replay" {
+        // `task_not_expired`; the client's rate and quota, as a new task's.
+        statuses.extend([409, 429]);
     }
     statuses.sort_unstable();
     statuses.dedup();

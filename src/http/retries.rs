@@ -1,7 +1,7 @@
-//! `GET /v1/retries` (the retry policies) and `/v1/parked` (what they gave
-//! up on: listed per queue, newest first, replayed or discarded one at a
-//! time or by filter). Parked messages are every queue's, so all of it
-//! needs the `admin` permission.
+//! `/v1/parked`: what the retry policies gave up on, listed per queue,
+//! newest first, by group, replayed or discarded one at a time or by
+//! filter. Parked messages are every queue's, so all of it needs the
+//! `admin` permission. (The policies themselves: `retry_policies`.)
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -14,64 +14,9 @@ use super::extract::JsonBody;
 use super::state::AppState;
 use crate::auth::{Caller, Permission};
 use crate::clock::{Reading, format_epoch_ms};
-use crate::ingress::{Parked, ParkedAction, RetryPolicy, Unparked};
-use crate::scheduler::{ParkedFilter, ParkedMessage, ParkedQueue};
+use crate::ingress::{Parked, ParkedAction, Unparked};
+use crate::scheduler::{HOUR_MS, ParkedFilter, ParkedGroup, ParkedMessage, ParkedQueue};
 use crate::task::{TaskError, deserialize_whole, require_object};
-
-/// The retry policies and the broker objects they share.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RetriesView {
-    pub policies: Vec<RetryPolicy>,
-    /// The exchange a consumer's queue names as its `x-dead-letter-exchange`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exchange: Option<String>,
-    /// The quorum queue delayline takes dead-lettered messages from.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
-    /// Where a message no policy covers goes, with the reason in headers.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused_queue: Option<String>,
-    /// The header a retried delivery carries: which attempt it is.
-    pub attempt_header: &'static str,
-    /// Each covered queue's destination: what its retries are listed,
-    /// filtered, limited and forecast by (the queue's own name, or an
-    /// escaped form of it, starting with `_`, for one that cannot be a
-    /// destination).
-    pub destinations: std::collections::BTreeMap<String, String>,
-}
-
-#[utoipa::path(get, summary = "The retry policies", path = "/v1/retries", tag = "retries",
-    description = "Which queues each policy covers, its backoff (`initial_ms`, `multiplier`, `max_delay_ms`, \
-        `jitter`), `max_attempts` and `park_to`, and the exchange a covered queue dead-letters to. Needs `admin`.",
-    responses((status = 200, description = "the policies (none configured: an empty list)", body = RetriesView)))]
-pub async fn retries(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<Json<RetriesView>, ApiError> {
-    require(&caller, Permission::Admin)?;
-    let retries = state.retries.as_deref();
-    let max_bytes = state.scheduler.cascade().max_destination_bytes();
-    let queues = retries
-        .into_iter()
-        .flat_map(|r| &r.policies)
-        .flat_map(|p| &p.queues);
-    let destinations = queues
-        .map(|queue| {
-            (
-                queue.clone(),
-                crate::ingress::retry_destination(queue, max_bytes),
-            )
-        })
-        .collect();
-    Ok(Json(RetriesView {
-        destinations,
-        policies: retries.map(|r| r.policies.clone()).unwrap_or_default(),
-        exchange: retries.map(|r| r.exchange.clone()),
-        queue: retries.map(|r| r.queue.clone()),
-        refused_queue: retries.map(|r| r.refused_queue.clone()),
-        attempt_header: crate::message::ATTEMPT_HEADER,
-    }))
-}
 
 /// A parked message, as the API shows it.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -84,6 +29,8 @@ pub struct ParkedView {
     pub reason: String,
     pub attempts: u32,
     pub parked_at: String,
+    /// The hour its first attempt failed in (its group's).
+    pub first_failed_hour: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,6 +52,7 @@ impl From<&ParkedMessage> for ParkedView {
             reason: parked.reason.clone(),
             attempts: parked.attempts,
             parked_at: format_epoch_ms(parked.parked_at_ms),
+            first_failed_hour: format_epoch_ms(parked.first_failed_hour_ms()),
             message_id: parked.message_id.clone(),
             correlation_id: text(parked.properties.correlation_id()),
             content_type: text(parked.properties.content_type()),
@@ -150,6 +98,9 @@ pub struct ParkedQuery {
     queue: Option<String>,
     /// Only those whose last attempt ended so (`rejected`, `expired`, …).
     reason: Option<String>,
+    /// Only those whose first attempt failed in this hour (RFC 3339; any
+    /// time in the hour).
+    first_failed_hour: Option<String>,
     /// At most this many (1 to 500, 50 by default).
     limit: Option<u32>,
     /// A previous page's `next`.
@@ -181,10 +132,12 @@ pub async fn list(
         return Err(ApiError::new(ErrorCode::InvalidQuery, "limit: 1 to 500"));
     }
     let ledger = state.scheduler.own_ledger().ok_or_else(no_ledger)?;
-    let filter = ParkedFilter {
-        queue: query.queue,
-        reason: query.reason,
-    };
+    let filter = parked_filter(
+        query.queue,
+        query.reason,
+        query.first_failed_hour,
+        ErrorCode::InvalidQuery,
+    )?;
     let before = query.before.as_deref().map(parse_cursor).transpose()?;
     let page = ledger.parked(&filter, before, limit).await?;
     let next = (page.len() == limit as usize)
@@ -252,21 +205,44 @@ pub(super) async fn act_on_one(
 }
 
 #[utoipa::path(post, summary = "Replay a parked message", path = "/v1/parked/{id}/replay", tag = "retries",
-    description = "Back to the queue it failed in, now, on its first attempt again (a task: release limits hold it). \
-        Needs `admin`.",
+    description = "Back to the queue it failed in, on its first attempt again (a task: release limits hold it): \
+        now, or, with a body of one of `delay_ms`, `delay` or `deliver_at` (as a move's), then. Needs `admin`.",
     params(("id" = String, Path)),
+    request_body(content = Option<crate::task::RescheduleRequest>, description = "when; now without a body"),
     responses((status = 200, description = "what was done", body = Unparked),
         (status = 404, description = "`parked_not_found`")))]
 pub async fn replay(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<Json<Unparked>, ApiError> {
     require(&caller, Permission::Admin)?;
     let now = crate::clock::read();
+    let after_ms = replay_after_ms(&state, &body, &now)?;
     Ok(Json(
-        act_on_one(&state, &id, ParkedAction::Replay, &now).await?,
+        act_on_one(&state, &id, ParkedAction::Replay { after_ms }, &now).await?,
     ))
+}
+
+/// How long from now a replay's body asks it to wait: none without one,
+/// else exactly one of `delay_ms`, `delay` or `deliver_at`, as a move's.
+pub(super) fn replay_after_ms(
+    state: &AppState,
+    body: &[u8],
+    now: &Reading,
+) -> Result<u64, ApiError> {
+    // No body, or an empty object (what clients sent before a time could
+    // be given): now.
+    let empty = body.iter().all(u8::is_ascii_whitespace)
+        || serde_json::from_slice::<serde_json::Value>(body)
+            .is_ok_and(|value| value.as_object().is_some_and(serde_json::Map::is_empty));
+    if empty {
+        return Ok(0);
+    }
+    let start_ms = state.scheduler.cascade().delay_start_ms(now.wall);
+    let asked = crate::task::parse_new_delay(body, start_ms)?;
+    Ok(u64::try_from(asked.delay.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[utoipa::path(delete, summary = "Discard a parked message", path = "/v1/parked/{id}", tag = "retries",
@@ -297,7 +273,9 @@ pub struct ParkedBulk {
 }
 
 /// Which parked messages: of `queue` (every queue when absent), whose last
-/// attempt ended for `reason` (any when absent).
+/// attempt ended for `reason` (any when absent), whose first attempt
+/// failed in the hour of `first_failed_hour` (any when absent): a group of
+/// `GET /v1/parked/groups`, or several.
 #[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParkedBulkFilter {
@@ -305,6 +283,86 @@ pub struct ParkedBulkFilter {
     pub queue: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
+    /// RFC 3339: any time in the hour.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub first_failed_hour: Option<String>,
+}
+
+/// The ledger's filter of parked messages, the hour read from RFC 3339
+/// (any time in it); one that is not is refused with `code` (a query's
+/// `invalid_query`, a body's `invalid_request`).
+pub(super) fn parked_filter(
+    queue: Option<String>,
+    reason: Option<String>,
+    first_failed_hour: Option<String>,
+    code: ErrorCode,
+) -> Result<ParkedFilter, ApiError> {
+    let hour = match first_failed_hour {
+        None => None,
+        Some(text) => {
+            let at = crate::clock::parse_epoch_ms(&text).ok_or_else(|| {
+                ApiError::new(
+                    code,
+                    format!("first_failed_hour: {text:?} is not an RFC 3339 time"),
+                )
+            })?;
+            Some(at - at % HOUR_MS)
+        }
+    };
+    Ok(ParkedFilter {
+        queue,
+        reason,
+        first_failed_hour_ms: hour,
+    })
+}
+
+/// One group of parked messages: a queue, a reason, the hour their first
+/// attempts failed in, with counts.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ParkedGroupView {
+    pub queue: String,
+    pub reason: String,
+    /// The hour their first attempts failed in (on the hour).
+    pub first_failed_hour: String,
+    pub parked: u64,
+    pub oldest_parked_at: String,
+    pub newest_parked_at: String,
+}
+
+/// `GET /v1/parked/groups`' answer.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ParkedGroups {
+    /// By queue, reason and hour.
+    pub groups: Vec<ParkedGroupView>,
+}
+
+#[utoipa::path(get, summary = "Parked messages by group", path = "/v1/parked/groups", tag = "retries",
+    description = "Every group of parked messages (a queue, the reason their last attempt ended, the hour their \
+        first attempt failed in), with counts: the way operators clear a failure after fixing its cause, by \
+        replaying or discarding a group (`POST /v1/parked/bulk` with the group as its filter). Needs `admin`.",
+    responses((status = 200, description = "by queue, reason and hour", body = ParkedGroups)))]
+pub async fn groups(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<ParkedGroups>, ApiError> {
+    require(&caller, Permission::Admin)?;
+    let ledger = state.scheduler.own_ledger().ok_or_else(no_ledger)?;
+    let groups = ledger.parked_groups().await?;
+    Ok(Json(ParkedGroups {
+        groups: groups.iter().map(group_view).collect(),
+    }))
+}
+
+fn group_view(group: &ParkedGroup) -> ParkedGroupView {
+    ParkedGroupView {
+        queue: group.queue.clone(),
+        reason: group.reason.clone(),
+        first_failed_hour: format_epoch_ms(group.first_failed_hour_ms),
+        parked: group.parked,
+        oldest_parked_at: format_epoch_ms(group.oldest_parked_at_ms),
+        newest_parked_at: format_epoch_ms(group.newest_parked_at_ms),
+    }
 }
 
 /// Replays or discards by filter; the console's buttons act through it.
@@ -341,10 +399,12 @@ pub async fn bulk(
             ),
         )
     })?;
-    let filter = ParkedFilter {
-        queue: request.filter.queue,
-        reason: request.filter.reason,
-    };
+    let filter = parked_filter(
+        request.filter.queue,
+        request.filter.reason,
+        request.filter.first_failed_hour,
+        ErrorCode::InvalidRequest,
+    )?;
     let now = crate::clock::read();
     Ok(Json(act_on_filter(&state, filter, action, &now).await?))
 }
@@ -352,9 +412,9 @@ pub async fn bulk(
 pub fn router() -> axum::Router<AppState> {
     use axum::routing::{get, post};
     axum::Router::new()
-        .route("/v1/retries", get(retries))
         .route("/v1/parked", get(list))
         .route("/v1/parked/bulk", post(bulk))
+        .route("/v1/parked/groups", get(groups))
         .route("/v1/parked/{id}", get(one).delete(discard))
         .route("/v1/parked/{id}/replay", post(replay))
 }

@@ -12,8 +12,8 @@ use super::limits::BodyLimits;
 use super::settings::HttpSettings;
 use super::state::AppState;
 use super::{
-    auth, bulk, changes, console, fallback, forecast, health, inspect, openapi, release_limits,
-    retries, schedules, scrape, tasks, topology, unroutable,
+    auth, bulk, changes, console, expired, fallback, forecast, health, inspect, openapi,
+    release_limits, retries, retry_policies, schedules, scrape, tasks, topology, unroutable,
 };
 
 /// Where `GET /metrics` is served.
@@ -38,13 +38,15 @@ pub fn router(
         .merge(tasks::router(state.clone()))
         .merge(inspect::router())
         .merge(changes::router())
+        .merge(expired::router())
         .merge(schedules::router())
         .merge(release_limits::router())
         .merge(forecast::router())
         .merge(bulk::router())
         .merge(topology::router())
         .merge(unroutable::router())
-        .merge(retries::router());
+        .merge(retries::router())
+        .merge(retry_policies::router());
     if metrics_route == MetricsRoute::WithApi {
         gated = gated.merge(scrape::router());
     }

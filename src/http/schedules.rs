@@ -64,6 +64,8 @@ pub struct ScheduleView {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub leeway_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_lateness_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     #[schema(value_type = Option<BTreeMap<String, FieldValue>>)]
     pub headers: Option<BTreeMap<String, Box<RawValue>>>,
     /// The next occurrences due (RFC 3339, UTC), whether already planned
@@ -124,6 +126,7 @@ impl From<ScheduleState> for ScheduleView {
             payload_base64: stored.content.payload_base64,
             content_type: stored.content.content_type,
             leeway_ms: stored.content.leeway_ms,
+            max_lateness_ms: stored.content.max_lateness_ms,
             headers: stored.content.headers,
             last_occurrence: last_fell_due.map(format_epoch_ms),
             occurrences: fell_due,

@@ -8,7 +8,7 @@ use super::console::sessions::Sessions;
 use super::limits;
 use super::settings::HttpSettings;
 use crate::auth::Authenticator;
-use crate::ingress::Retries;
+use crate::ingress::RetryBook;
 use crate::metrics::Metrics;
 use crate::operations::OperatorSettings;
 use crate::scheduler::Scheduler;
@@ -31,8 +31,9 @@ pub struct AppState {
     pub(super) https: bool,
     /// For operations that take a connection of their own (a requeue).
     pub(super) operator: Option<Arc<OperatorSettings>>,
-    /// The retry policies, when there are any.
-    pub(super) retries: Option<Arc<Retries>>,
+    /// The retry policies in force, and their broker objects: none
+    /// without the release stage.
+    pub(super) retries: Option<Arc<RetryBook>>,
 }
 
 impl AppState {
@@ -64,7 +65,7 @@ impl AppState {
     }
 
     /// The retry policies `GET /v1/retries` shows.
-    pub fn with_retries(mut self, retries: Option<Arc<Retries>>) -> Self {
+    pub fn with_retries(mut self, retries: Option<Arc<RetryBook>>) -> Self {
         self.retries = retries;
         self
     }

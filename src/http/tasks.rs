@@ -72,7 +72,7 @@ fn idempotency(
 
 /// Takes `tasks` from the caller's rate and quota (a client's; an open API
 /// has neither).
-fn admit_tasks(state: &AppState, caller: &Caller, tasks: u64) -> Result<(), ApiError> {
+pub(super) fn admit_tasks(state: &AppState, caller: &Caller, tasks: u64) -> Result<(), ApiError> {
     match caller {
         Caller::Client(client) if tasks > 0 => admit(state, client, tasks),
         _ => Ok(()),
@@ -112,7 +112,7 @@ async fn admit_unless_replays(
 
 /// Gives back the quota `reserved` tasks took beyond the `accepted` ones
 /// (refused, or replays of tasks already counted), and counts the accepted.
-fn settle(state: &AppState, caller: &Caller, reserved: u64, accepted: u64) {
+pub(super) fn settle(state: &AppState, caller: &Caller, reserved: u64, accepted: u64) {
     if let Caller::Client(client) = caller {
         if client.max_scheduled.is_some() {
             state
@@ -126,23 +126,46 @@ fn settle(state: &AppState, caller: &Caller, reserved: u64, accepted: u64) {
     }
 }
 
-/// A task parsed, checked against the caller's destinations, and marked as
-/// the caller's.
+/// The request's W3C trace context (`traceparent`, `tracestate`), given to
+/// each task it makes (see [`crate::message::trace_headers`]).
+#[derive(Clone, Copy)]
+struct Trace<'a> {
+    parent: Option<&'a str>,
+    state: Option<&'a str>,
+}
+
+impl<'a> Trace<'a> {
+    fn of(headers: &'a HeaderMap) -> Trace<'a> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        Trace {
+            parent: text(crate::message::TRACEPARENT_HEADER),
+            state: text(crate::message::TRACESTATE_HEADER),
+        }
+    }
+}
+
+/// A task parsed, checked against the caller's destinations, marked as the
+/// caller's, and given the request's trace context.
 fn parse_for(
     state: &AppState,
     caller: &Caller,
-    body: &[u8],
+    (body, trace): (&[u8], Trace<'_>),
     now: &Reading,
     at: &str,
 ) -> Result<Task, ApiError> {
     let mut task = Task::parse_at(body, state.scheduler.cascade(), now.wall, at)?;
+    let carried = crate::message::trace_headers(trace.parent, trace.state, &task.headers);
+    task.headers.extend(carried);
     check_destination(caller, &task.destination)?;
+    if let Some(expired_destination) = &task.expired_destination {
+        check_destination(caller, expired_destination)?;
+    }
     check_exchange(caller, task.exchange.as_deref())?;
     task.client = caller.client_name().map(str::to_owned);
     Ok(task)
 }
 
-async fn submit(
+pub(super) async fn submit(
     state: &AppState,
     task: &Task,
     idempotency: Idempotency,
@@ -163,10 +186,18 @@ async fn submit(
         })
 }
 
+/// The W3C trace context headers, as the OpenAPI document describes them.
+const TRACEPARENT_DOC: &str = "W3C trace context: carried to each task the request makes (unless \
+     the task's own headers hold one) and on to the consumer; one that is not a valid traceparent \
+     is not carried";
+const TRACESTATE_DOC: &str = "W3C trace context: carried with the traceparent";
+
 #[utoipa::path(post, summary = "Schedule a task", path = "/v1/tasks", tag = "tasks",
     request_body = crate::task::TaskRequest,
     params(("Idempotency-Key" = Option<String>, Header,
-            description = "1 to 255 visible ASCII bytes: a repeat of the request is answered, not scheduled again")),
+            description = "1 to 255 visible ASCII bytes: a repeat of the request is answered, not scheduled again"),
+        ("traceparent" = Option<String>, Header, description = TRACEPARENT_DOC),
+        ("tracestate" = Option<String>, Header, description = TRACESTATE_DOC)),
     responses(
         (status = 202, description = "accepted (`Idempotent-Replayed: true` on a recognised repeat)", body = crate::task::TaskAccepted,
          headers(("Idempotent-Replayed" = String, description = "`true` on a recognised repeat"))),
@@ -181,7 +212,8 @@ pub async fn create_task(
     let _intake = state.intake.admit(1)?;
     // The request's one instant: its due time and its hold stamp both count from it.
     let now = crate::clock::read();
-    let parsed = parse_for(&state, &caller, &body, &now, "").and_then(|task| {
+    let trace = Trace::of(&headers);
+    let parsed = parse_for(&state, &caller, (&body, trace), &now, "").and_then(|task| {
         let idempotency = idempotency(
             &caller,
             headers.get(IDEMPOTENCY_KEY),
@@ -199,14 +231,19 @@ pub async fn create_task(
     };
     let accepted = submitted.as_ref().is_ok_and(|s| !s.replayed);
     settle(&state, &caller, reserved, u64::from(accepted));
-    let submitted = submitted?;
+    Ok(accepted_answer(submitted?))
+}
+
+/// `202` with the accepted task, marked `Idempotent-Replayed` when the
+/// request repeated one accepted before.
+pub(super) fn accepted_answer(submitted: Submitted) -> Response {
     let mut response = (StatusCode::ACCEPTED, Json(submitted.accepted)).into_response();
     if submitted.replayed {
         response
             .headers_mut()
             .insert(REPLAYED, HeaderValue::from_static("true"));
     }
-    Ok(response)
+    response
 }
 
 /// One task's outcome in a batch: `task` when accepted, `error` otherwise.
@@ -243,7 +280,7 @@ impl BatchItem {
 fn parse_each(
     state: &AppState,
     caller: &Caller,
-    tasks: &[&serde_json::value::RawValue],
+    (tasks, trace): (&[&serde_json::value::RawValue], Trace<'_>),
     now: &Reading,
 ) -> Vec<batch::Parsed> {
     let has_ledger = state.scheduler.has_ledger();
@@ -253,7 +290,7 @@ fn parse_each(
         .map(|(index, raw)| {
             let body = raw.get().as_bytes();
             let at = format!("/tasks/{index}");
-            let task = parse_for(state, caller, body, now, &at)?;
+            let task = parse_for(state, caller, (body, trace), now, &at)?;
             let idempotency = idempotency(caller, None, body, &task, has_ledger)?;
             Ok((task, idempotency))
         })
@@ -266,6 +303,8 @@ fn parse_each(
 /// idempotency key.
 #[utoipa::path(post, summary = "Schedule many tasks in one request", path = "/v1/tasks/batch", tag = "tasks",
     request_body = crate::task::BatchRequest,
+    params(("traceparent" = Option<String>, Header, description = TRACEPARENT_DOC),
+        ("tracestate" = Option<String>, Header, description = TRACESTATE_DOC)),
     responses((status = 200, description = "one result per task, in order", body = BatchResponse)))]
 pub async fn create_batch(
     State(state): State<AppState>,
@@ -293,7 +332,7 @@ pub async fn create_batch(
         ));
     }
     let now = crate::clock::read();
-    let parsed = parse_each(&state, &caller, &request.tasks, &now);
+    let parsed = parse_each(&state, &caller, (&request.tasks, Trace::of(&headers)), &now);
     // The rate and quota are taken for the whole batch or not at all: a 429
     // means that nothing in it was taken.
     let valid = parsed.iter().filter(|item| item.is_ok()).count();

@@ -13,7 +13,6 @@ use axum::http::{Request, StatusCode};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use http_body_util::BodyExt;
-use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -143,6 +142,12 @@ fn cascade() -> Arc<Cascade> {
     Arc::new(crate::cascade::for_tests(12, 100, QueueType::Quorum))
 }
 
+/// A scheduler without a ledger, on `broker`.
+fn stateless_scheduler(broker: Arc<ScriptedBroker>, metrics: Arc<Metrics>) -> Scheduler {
+    let tracer = crate::telemetry::TaskTracer::off();
+    Scheduler::new(broker, None, cascade(), metrics, settings(), tracer)
+}
+
 fn settings() -> SchedulerSettings {
     SchedulerSettings {
         confirm_timeout: Duration::from_secs(1),
@@ -182,7 +187,7 @@ fn app_with(
 fn stateless(broker: ScriptedBroker) -> Harness {
     let broker = Arc::new(broker);
     let metrics = Arc::new(Metrics::new());
-    let scheduler = Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+    let scheduler = stateless_scheduler(broker.clone(), metrics.clone());
     Harness {
         app: app(scheduler, metrics),
         broker,
@@ -231,10 +236,14 @@ async fn with_ledger_and_auth(
         data_dir: dir.display().to_string(),
         ..StoreSettings::default()
     };
-    let ledger = ledger::open(&store, cascade.release_stage(), Histogram::new([1.0]))
-        .await
-        .unwrap()
-        .unwrap();
+    let ledger = ledger::open(
+        &store,
+        cascade.release_stage(),
+        ledger::CommitObservers::unobserved(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let broker = Arc::new(broker);
     let metrics = Arc::new(Metrics::new());
     let scheduler = Scheduler::new(
@@ -243,6 +252,7 @@ async fn with_ledger_and_auth(
         cascade,
         metrics.clone(),
         settings(),
+        crate::telemetry::TaskTracer::off(),
     );
     Harness {
         app: app_with(scheduler, metrics, auth),
@@ -814,7 +824,7 @@ async fn a_console_session_ends_when_its_token_is_removed() {
     );
     let metrics = Arc::new(Metrics::new());
     let broker = Arc::new(ScriptedBroker::ready());
-    let scheduler = Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+    let scheduler = stateless_scheduler(broker.clone(), metrics.clone());
     let http = HttpSettings::default();
     let harness = Harness {
         app: router(
@@ -875,8 +885,7 @@ async fn the_console_is_served_only_when_enabled() {
     for enabled in [true, false] {
         let metrics = Arc::new(Metrics::new());
         let broker = Arc::new(ScriptedBroker::ready());
-        let scheduler =
-            Scheduler::new(broker.clone(), None, cascade(), metrics.clone(), settings());
+        let scheduler = stateless_scheduler(broker.clone(), metrics.clone());
         let http = HttpSettings::default();
         let auth = Arc::new(crate::auth::Authenticator::open());
         let harness = Harness {

@@ -123,6 +123,8 @@ pub fn take(
         client: None,
         exchange: ingress.declared_kind.map(|_| ingress.deliver_to.clone()),
         leeway_ms: 0,
+        deadline_ms: None,
+        expired_destination: None,
         carried: Some(carried),
     };
     Ok(Taken {
@@ -135,11 +137,12 @@ pub fn take(
 /// default exchange) after `delay_ms`, waiting with `carried` (see
 /// [`message::for_retry`]); `id` is the attempt's own (a replay's is
 /// derived from what it replays, so that doing it again is one task).
+/// With `max_lateness_ms`, its deadline is that long after it is due.
 pub(super) fn retry_task(
     cascade: &Cascade,
     id: String,
     queue: &str,
-    delay_ms: u64,
+    (delay_ms, max_lateness_ms): (u64, Option<u64>),
     (payload, carried): (&[u8], BasicProperties),
     now: SystemTime,
 ) -> Result<Task, Refusal> {
@@ -168,6 +171,8 @@ pub(super) fn retry_task(
         client: None,
         exchange: Some(String::new()),
         leeway_ms: 0,
+        deadline_ms: max_lateness_ms.map(|ms| itinerary.deliver_at_ms.saturating_add(ms)),
+        expired_destination: None,
         carried: Some(carried),
     };
     Ok(Task::new(parts, itinerary))

@@ -19,7 +19,9 @@
 //! pure); [`retry_runner`] takes each message in and schedules it back to the
 //! queue it died in after the policy's backoff (a task, by the default
 //! exchange), or parks it in the ledger after its last attempt; [`parked`]
-//! replays or discards parked messages; [`wiring`] judges whether a
+//! replays or discards parked messages; [`policies`] keeps the policies in
+//! force fresh (the configuration's and those set at run time in the
+//! ledger, which [`policy_set`] combines, pure); [`wiring`] judges whether a
 //! queue is wired to the retry exchange (pure). The message's side (where it died,
 //! its attempt, what comes back) is `message`'s `retry`.
 //!
@@ -34,6 +36,8 @@ mod intake_runner;
 mod names;
 pub use names::retry_destination;
 mod parked;
+mod policies;
+mod policy_set;
 mod retry;
 mod retry_runner;
 mod settings;
@@ -43,5 +47,7 @@ pub use settings::{Ingress, IngressSettings, plan_with};
 
 pub(crate) use intake_runner::IngressRunner;
 pub(crate) use parked::{PARKED_PAGE, Parked, ParkedAction, ParkedError, Unparked};
+pub(crate) use policies::{PolicyError, REFRESH_EVERY, RetryBook, validated};
+pub use policy_set::{InForce, PolicyConflict, PolicySet, PolicySource, SetAside};
 pub use retry::{Retries, RetryError, RetryPolicy, RetryRefusal, RetrySettings};
 pub(crate) use retry_runner::RetryRunner;

@@ -28,22 +28,26 @@ pub const PARKED_PAGE: u32 = 500;
 /// Replay (back to its queue, now) or discard (deleted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParkedAction {
-    Replay,
+    /// Back to its queue `after_ms` from now (0: now).
+    Replay {
+        after_ms: u64,
+    },
     Discard,
 }
 
 impl ParkedAction {
+    /// `replay` (now) or `discard`.
     pub fn parse(text: &str) -> Option<ParkedAction> {
         match text {
-            "replay" => Some(ParkedAction::Replay),
+            "replay" => Some(ParkedAction::Replay { after_ms: 0 }),
             "discard" => Some(ParkedAction::Discard),
             _ => None,
         }
     }
 
-    fn outcome(self) -> &'static str {
+    pub fn outcome(self) -> &'static str {
         match self {
-            ParkedAction::Replay => "replayed",
+            ParkedAction::Replay { .. } => "replayed",
             ParkedAction::Discard => "discarded",
         }
     }
@@ -146,8 +150,8 @@ impl Parked<'_> {
         // by another call is not replayed, nor counted, again); for a
         // discard, the rows it deleted.
         let (mine, changed): (Vec<bool>, u64) = match action {
-            ParkedAction::Replay => {
-                let replays = page.iter().map(|parked| self.replay(parked, now));
+            ParkedAction::Replay { after_ms } => {
+                let replays = page.iter().map(|parked| self.replay(parked, after_ms, now));
                 let mine: Vec<bool> = join_all(replays)
                     .await
                     .into_iter()
@@ -175,15 +179,20 @@ impl Parked<'_> {
         })
     }
 
-    /// A task of `parked`, due now, committed; whether this call made it
-    /// (`false`: an earlier, interrupted replay did).
-    async fn replay(&self, parked: &ParkedMessage, now: &Reading) -> Result<bool, ParkedError> {
+    /// A task of `parked`, due `after_ms` from now, committed; whether this
+    /// call made it (`false`: an earlier, interrupted replay did).
+    async fn replay(
+        &self,
+        parked: &ParkedMessage,
+        after_ms: u64,
+        now: &Reading,
+    ) -> Result<bool, ParkedError> {
         let carried = message::for_replay(&parked.properties, &parked.queue);
         let task = retry_task(
             self.cascade,
             format!("replay-{}", parked.id),
             &parked.queue,
-            0,
+            (after_ms, None),
             (&parked.payload, carried),
             now.wall,
         )

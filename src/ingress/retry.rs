@@ -11,7 +11,12 @@
 //! deliveries failed. Attempt `n` failed (`n` < `max_attempts`) comes back
 //! as attempt `n + 1` after `min(initial × multiplier^(n-1), max_delay)`,
 //! lengthened by up to `jitter` of itself (never shortened: a backoff is a
-//! least wait); attempt `max_attempts` failed is parked.
+//! least wait); attempt `max_attempts` failed is parked, and so is one whose
+//! retry would come back later than `give_up_after` from its first failure.
+//!
+//! A policy comes from a `[[retry]]` section of the configuration or from
+//! the API (the same fields, as JSON); [`super::policy_set`] says which
+//! are in force together.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,11 +24,14 @@ use super::names::check_name;
 use crate::cascade::{Arguments, MAX_NAME_BYTES, TopologyPlan};
 use crate::cascade::{BindingSpec, BindingTarget, Cascade, ExchangeKind, ExchangeSpec};
 
-/// One `[[retry]]` section, as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One `[[retry]]` section, as written (over the API: as JSON, named by
+/// the path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySettings {
-    /// How the policy is named in the API, the console and metrics.
+    /// How the policy is named in the API, the console and metrics (over
+    /// the API, the path names it).
+    #[serde(default)]
     pub name: String,
     /// The queues it covers, by name: each dead-letters to the retry
     /// exchange. A queue is in one policy at most.
@@ -49,6 +57,17 @@ pub struct RetrySettings {
     /// the default exchange); parked messages are in the ledger either way.
     #[serde(default)]
     pub park_to: Option<String>,
+    /// How late after its time a retry may still be delivered (`5m`): a
+    /// retry that cannot be by then (the broker down, delayline stopped)
+    /// is never delivered, and expires in the ledger instead, where it
+    /// can be replayed. None: however late.
+    #[serde(default)]
+    pub max_lateness: Option<String>,
+    /// How long a message may keep failing, from its first failure (`1h`):
+    /// a retry that would come back later is not made, and the message is
+    /// parked, whatever attempts it has left. None: only `max_attempts`.
+    #[serde(default)]
+    pub give_up_after: Option<String>,
 }
 
 fn default_initial() -> String {
@@ -88,6 +107,22 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub park_to: Option<String>,
+    /// How late after its time a retry may still be delivered; absent:
+    /// however late.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_lateness_ms: Option<u64>,
+    /// How long a message may keep failing, from its first failure; absent:
+    /// until its attempts run out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub give_up_after_ms: Option<u64>,
+}
+
+/// A failed delivery: which attempt it was, and how long ago the message's
+/// first attempt failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub failed: u32,
+    pub failing_for_ms: u64,
 }
 
 /// Every policy, and the broker objects they share.
@@ -107,8 +142,9 @@ pub struct Retries {
 pub enum Verdict {
     /// Back to its queue as `attempt`, after `delay_ms`.
     Retry { attempt: u32, delay_ms: u64 },
-    /// Parked after `attempts` deliveries.
-    Park { attempts: u32 },
+    /// Parked after `attempts` deliveries: its last, or the last before
+    /// `give_up_after` (`gave_up`).
+    Park { attempts: u32, gave_up: bool },
 }
 
 /// Why the retry intake refuses a dead-lettered message; it goes to the
@@ -117,12 +153,31 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RetryRefusal {
     #[error(
-        "it was not dead-lettered (no x-death header): publish to a queue that dead-letters \
-         to the retry exchange, not to the exchange itself"
+        "it was not dead-lettered (no x-death header), nor does it name the queue it failed in \
+         (x-delayline-retry-queue, with x-delayline-retry-at or x-delayline-retry-after-ms): \
+         reject it in a queue that dead-letters to the retry exchange, or publish it there with \
+         those headers"
     )]
     NotDeadLettered,
-    #[error("no [[retry]] policy covers queue {0:?}")]
+    #[error(
+        "no retry policy covers queue {0:?} (none in the configuration, none set over the API)"
+    )]
     NoPolicy(String),
+    /// A message published to the retry exchange with a retry time whose
+    /// headers do not say one.
+    #[error("{0}")]
+    BadAsk(String),
+    /// A retry time further than the policy waits at most: refused rather
+    /// than brought back earlier than asked.
+    #[error(
+        "a retry {asked_ms} ms away was asked for; policy {policy:?} waits at most {max_ms} ms \
+         (its max_delay)"
+    )]
+    WaitTooLong {
+        policy: String,
+        asked_ms: u64,
+        max_ms: u64,
+    },
     /// Its retry cannot be a task (too large, or too long a wait): the
     /// intake's refusal, by its code.
     #[error("{reason}")]
@@ -135,13 +190,32 @@ impl RetryRefusal {
         match self {
             RetryRefusal::NotDeadLettered => "not_dead_lettered",
             RetryRefusal::NoPolicy(_) => "no_retry_policy",
+            RetryRefusal::BadAsk(_) => "bad_retry_headers",
+            RetryRefusal::WaitTooLong { .. } => "retry_wait_too_long",
             RetryRefusal::Task { code, .. } => code,
         }
     }
 }
 
 impl RetrySettings {
-    fn validate(self, cascade: &Cascade) -> Result<RetryPolicy, RetryError> {
+    /// Some queue, each once, each a name a queue may have (`park_to` too).
+    fn check_queues(&self) -> Result<(), String> {
+        if self.queues.is_empty() {
+            return Err("names no queue".into());
+        }
+        for queue in self.queues.iter().chain(&self.park_to) {
+            check_name(queue)?;
+        }
+        let queues = &self.queues;
+        match (1..queues.len()).find(|&i| queues[..i].contains(&queues[i])) {
+            Some(twice) => Err(format!("names queue {:?} twice", queues[twice])),
+            None => Ok(()),
+        }
+    }
+
+    /// The policy this section describes for `cascade`, or the first
+    /// setting that is wrong, and why.
+    pub fn validate(self, cascade: &Cascade) -> Result<RetryPolicy, RetryError> {
         let refuse = |setting: &'static str, reason: String| RetryError {
             policy: self.name.clone(),
             setting,
@@ -153,12 +227,8 @@ impl RetrySettings {
                 format!("must be 1 to {MAX_NAME_BYTES} bytes"),
             ));
         }
-        if self.queues.is_empty() {
-            return Err(refuse("queues", "names no queue".into()));
-        }
-        for queue in self.queues.iter().chain(&self.park_to) {
-            check_name(queue).map_err(|reason| refuse("queues", reason))?;
-        }
+        self.check_queues()
+            .map_err(|reason| refuse("queues", reason))?;
         let duration = |setting: &'static str, text: &str| {
             humantime::parse_duration(text)
                 .map_err(|e| refuse(setting, format!("{text:?} is not a duration: {e}")))
@@ -169,6 +239,14 @@ impl RetrySettings {
                 })
         };
         let initial_ms = duration("initial", &self.initial)?;
+        let max_lateness_ms = match &self.max_lateness {
+            Some(text) => Some(duration("max_lateness", text)?),
+            None => None,
+        };
+        let give_up_after_ms = match &self.give_up_after {
+            Some(text) => Some(duration("give_up_after", text)?),
+            None => None,
+        };
         let max_delay_ms = duration("max_delay", &self.max_delay)?;
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return Err(refuse(
@@ -211,7 +289,27 @@ impl RetrySettings {
             jitter: self.jitter,
             max_attempts: self.max_attempts,
             park_to: self.park_to,
+            max_lateness_ms,
+            give_up_after_ms,
         })
+    }
+}
+
+/// A name for a policy set at run time: it is a path's word, so 1 to 128
+/// bytes of `A-Z a-z 0-9 _ - .` (a configured one may be any text).
+pub fn check_run_time_name(name: &str) -> Result<(), RetryError> {
+    let fits = !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    match fits {
+        true => Ok(()),
+        false => Err(RetryError {
+            policy: name.to_owned(),
+            setting: "name",
+            reason: format!("must be 1 to {MAX_NAME_BYTES} bytes of A-Z, a-z, 0-9, '_', '-', '.'"),
+        }),
     }
 }
 
@@ -236,28 +334,60 @@ impl RetryPolicy {
         lengthened(base, self.jitter, draw)
     }
 
-    /// What becomes of a message whose attempt `failed` failed.
-    pub fn verdict(&self, failed: u32, draw: f64) -> Verdict {
+    /// What becomes of a message whose consumer asked it back `delay_ms`
+    /// from now after `failure`: parked as any would be; otherwise back
+    /// after exactly that wait (no backoff, no jitter), which must be within
+    /// the policy's `max_delay`: a longer one is refused, never shortened (a
+    /// retry never comes back early).
+    pub fn verdict_asked(&self, failure: Failure, delay_ms: u64) -> Result<Verdict, RetryRefusal> {
+        if failure.failed < self.max_attempts && delay_ms > self.max_delay_ms {
+            return Err(RetryRefusal::WaitTooLong {
+                policy: self.name.clone(),
+                asked_ms: delay_ms,
+                max_ms: self.max_delay_ms,
+            });
+        }
+        Ok(self.settle(failure, delay_ms))
+    }
+
+    /// What becomes of a message after `failure`, its wait drawn with
+    /// `draw` (see [`RetryPolicy::backoff_ms`]).
+    pub fn verdict(&self, failure: Failure, draw: f64) -> Verdict {
+        self.settle(failure, self.backoff_ms(failure.failed, draw))
+    }
+
+    /// Parked after its last attempt, or when its retry `delay_ms` away
+    /// would come back later than `give_up_after` from its first failure;
+    /// otherwise back after `delay_ms`.
+    fn settle(&self, failure: Failure, delay_ms: u64) -> Verdict {
+        let Failure {
+            failed,
+            failing_for_ms,
+        } = failure;
         if failed >= self.max_attempts {
-            return Verdict::Park { attempts: failed };
+            return Verdict::Park {
+                attempts: failed,
+                gave_up: false,
+            };
+        }
+        let back_after = failing_for_ms.saturating_add(delay_ms);
+        if self.give_up_after_ms.is_some_and(|most| back_after > most) {
+            return Verdict::Park {
+                attempts: failed,
+                gave_up: true,
+            };
         }
         Verdict::Retry {
             attempt: failed + 1,
-            delay_ms: self.backoff_ms(failed, draw),
+            delay_ms,
         }
     }
 }
 
 impl Retries {
-    /// The policies `sections` describe for `cascade`; `None` when there
-    /// are none (nothing is declared or consumed then).
-    pub fn new(
-        sections: &[RetrySettings],
-        cascade: &Cascade,
-    ) -> Result<Option<Retries>, RetryError> {
-        if sections.is_empty() {
-            return Ok(None);
-        }
+    /// The policies `sections` describe for `cascade` (none: policies
+    /// come only from the API), and the broker objects every policy shares.
+    pub fn new(sections: &[RetrySettings], cascade: &Cascade) -> Result<Retries, RetryError> {
         let mut policies: Vec<RetryPolicy> = Vec::with_capacity(sections.len());
         for section in sections {
             let policy = section.clone().validate(cascade)?;
@@ -283,12 +413,12 @@ impl Retries {
             policies.push(policy);
         }
         let exchange = format!("{}.retry", cascade.prefix());
-        Ok(Some(Retries {
+        Ok(Retries {
             policies,
             queue: format!("{exchange}.intake"),
             refused_queue: format!("{exchange}.refused"),
             exchange,
-        }))
+        })
     }
 
     /// The policy covering `queue`.
@@ -346,6 +476,8 @@ mod tests {
             jitter: 0.2,
             max_attempts: 4,
             park_to: None,
+            max_lateness: None,
+            give_up_after: None,
         }
     }
 
@@ -353,10 +485,88 @@ mod tests {
         section("orders", &["orders"]).validate(&chain()).unwrap()
     }
 
+    /// Attempt `failed` failed, the message's first failure just now.
+    fn fresh(failed: u32) -> Failure {
+        Failure {
+            failed,
+            failing_for_ms: 0,
+        }
+    }
+
+    #[test]
+    fn give_up_after_parks_a_message_whose_retry_would_come_back_after_it() {
+        let mut section = section("orders", &["orders"]);
+        section.give_up_after = Some("5s".into());
+        section.jitter = 0.0;
+        let policy = section.validate(&chain()).unwrap();
+        let after = |failed, failing_for_ms| {
+            policy.verdict(
+                Failure {
+                    failed,
+                    failing_for_ms,
+                },
+                0.0,
+            )
+        };
+        // 1 s, then 2 s: back at 1 s and 3 s, within 5 s.
+        assert_eq!(
+            after(1, 0),
+            Verdict::Retry {
+                attempt: 2,
+                delay_ms: 1000
+            }
+        );
+        assert_eq!(
+            after(2, 3000),
+            Verdict::Retry {
+                attempt: 3,
+                delay_ms: 2000
+            }
+        );
+        // The third would wait 4 s, back at 7.5 s: parked with attempts left.
+        assert_eq!(
+            after(3, 3500),
+            Verdict::Park {
+                attempts: 3,
+                gave_up: true
+            }
+        );
+        // An asked wait is judged the same way, and never refused for it.
+        let asked = policy.verdict_asked(
+            Failure {
+                failed: 1,
+                failing_for_ms: 4500,
+            },
+            600,
+        );
+        assert_eq!(
+            asked,
+            Ok(Verdict::Park {
+                attempts: 1,
+                gave_up: true
+            })
+        );
+        assert_eq!(
+            policy.verdict_asked(
+                Failure {
+                    failed: 1,
+                    failing_for_ms: 4500
+                },
+                500
+            ),
+            Ok(Verdict::Retry {
+                attempt: 2,
+                delay_ms: 500
+            })
+        );
+    }
+
     #[test]
     fn a_failing_message_comes_back_after_1_2_4_seconds_then_is_parked() {
         let policy = policy();
-        let waits: Vec<Verdict> = (1..=4).map(|failed| policy.verdict(failed, 0.0)).collect();
+        let waits: Vec<Verdict> = (1..=4)
+            .map(|failed| policy.verdict(fresh(failed), 0.0))
+            .collect();
         assert_eq!(
             waits,
             [
@@ -372,7 +582,10 @@ mod tests {
                     attempt: 4,
                     delay_ms: 4000
                 },
-                Verdict::Park { attempts: 4 },
+                Verdict::Park {
+                    attempts: 4,
+                    gave_up: false
+                },
             ]
         );
         assert_eq!(policy.backoff_ms(1, 1.0), 1200);
@@ -397,7 +610,7 @@ mod tests {
         let mut fractional = section("fractional", &["q"]);
         fractional.initial = "1500us".into();
         fractional.max_delay = "2ms".into();
-        let taken = Retries::new(&[fractional], &chain).unwrap().unwrap();
+        let taken = Retries::new(&[fractional], &chain).unwrap();
         assert_eq!(taken.policies[0].initial_ms, 2, "rounded up");
         assert_eq!(bad(|s| s.initial = "soon".into()).setting, "initial");
         assert_eq!(bad(|s| s.queues = vec!["amq.x".into()]).setting, "queues");
@@ -411,15 +624,21 @@ mod tests {
             twice.to_string().contains("\"orders\" is in policy \"a\""),
             "{twice}"
         );
-        assert_eq!(Retries::new(&[], &chain), Ok(None));
+        assert!(Retries::new(&[], &chain).unwrap().policies.is_empty());
+        assert_eq!(
+            bad(|s| s.queues = vec!["a".into(), "b".into(), "a".into()]).setting,
+            "queues"
+        );
+        assert_eq!(
+            bad(|s| s.give_up_after = Some("never".into())).setting,
+            "give_up_after"
+        );
     }
 
     #[test]
     fn the_policies_declare_an_exchange_an_intake_and_a_refused_queue() {
         let chain = chain();
-        let retries = Retries::new(&[section("a", &["orders"])], &chain)
-            .unwrap()
-            .unwrap();
+        let retries = Retries::new(&[section("a", &["orders"])], &chain).unwrap();
         let mut plan = chain.plan();
         retries.plan_into(&chain, &mut plan);
         assert!(plan.exchanges.iter().any(|e| e.name == "delayline.retry"));
@@ -457,6 +676,8 @@ mod tests {
                 jitter,
                 max_attempts,
                 park_to: None,
+                max_lateness_ms: None,
+                give_up_after_ms: None,
             };
             let wait = policy.backoff_ms(failed, draw);
             let plain = policy.backoff_ms(failed, 0.0);
@@ -465,16 +686,84 @@ mod tests {
             prop_assert!(wait <= lengthened(policy.max_delay_ms, jitter, 1.0));
             // Each retry waits at least as long as the one before.
             prop_assert!(policy.backoff_ms(failed + 1, 0.0) >= plain);
-            match policy.verdict(failed, draw) {
+            match policy.verdict(fresh(failed), draw) {
                 Verdict::Retry { attempt, delay_ms } => {
                     prop_assert!(failed < max_attempts);
                     prop_assert_eq!(attempt, failed + 1);
                     prop_assert_eq!(delay_ms, wait);
                 }
-                Verdict::Park { attempts } => {
-                    prop_assert!(failed >= max_attempts);
+                Verdict::Park { attempts, gave_up } => {
+                    prop_assert!(failed >= max_attempts && !gave_up);
                     prop_assert_eq!(attempts, failed);
                 }
+            }
+        }
+
+        /// A wait the consumer asks for is kept exactly (never shortened:
+        /// one beyond `max_delay` is refused), and the attempts run out
+        /// as for a rejection.
+        #[test]
+        fn an_asked_wait_is_kept_exactly_or_refused_never_shortened(
+            max_delay in 1u64..100_000,
+            asked in 0u64..200_000,
+            max_attempts in 1u32..40,
+            failed in 1u32..60,
+        ) {
+            let policy = RetryPolicy {
+                name: "p".into(),
+                queues: vec!["q".into()],
+                initial_ms: 1,
+                multiplier: 2.0,
+                max_delay_ms: max_delay,
+                jitter: 0.5,
+                max_attempts,
+                park_to: None,
+                max_lateness_ms: None,
+                give_up_after_ms: None,
+            };
+            match policy.verdict_asked(fresh(failed), asked) {
+                Ok(Verdict::Retry { attempt, delay_ms }) => {
+                    prop_assert!(failed < max_attempts && asked <= max_delay);
+                    prop_assert_eq!((attempt, delay_ms), (failed + 1, asked));
+                }
+                Ok(Verdict::Park { attempts, gave_up }) => {
+                    prop_assert!(failed >= max_attempts && !gave_up);
+                    prop_assert_eq!(attempts, failed);
+                }
+                Err(refusal) => {
+                    prop_assert!(failed < max_attempts && asked > max_delay);
+                    prop_assert_eq!(refusal.code(), "retry_wait_too_long");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// With `give_up_after`, no retry comes back later than it from the
+        /// first failure; one that would is parked with attempts left, and
+        /// only then.
+        #[test]
+        fn no_retry_comes_back_after_give_up_after(
+            give_up_after in 1u64..100_000,
+            failing_for in 0u64..200_000,
+            failed in 1u32..10,
+            draw in 0.0f64..=1.0,
+            asked in proptest::option::of(0u64..60_000),
+        ) {
+            let mut policy = policy();
+            policy.give_up_after_ms = Some(give_up_after);
+            let failure = Failure { failed, failing_for_ms: failing_for };
+            let (verdict, wait) = match asked {
+                None => (policy.verdict(failure, draw), policy.backoff_ms(failed, draw)),
+                Some(asked) => (policy.verdict_asked(failure, asked).unwrap(), asked),
+            };
+            let back_after = failing_for + wait;
+            match verdict {
+                Verdict::Retry { .. } => prop_assert!(back_after <= give_up_after),
+                Verdict::Park { gave_up: true, .. } => {
+                    prop_assert!(back_after > give_up_after && failed < policy.max_attempts);
+                }
+                Verdict::Park { gave_up: false, .. } => prop_assert!(failed >= policy.max_attempts),
             }
         }
     }

@@ -78,12 +78,10 @@ pub fn judge(retries: &Retries, queue: &str, observed: &Observed) -> Vec<Finding
             .iter()
             .find(|p| p.queues.iter().any(|q| q == queue))
         {
-            Some(policy) => {
-                Finding::Ok(format!("[[retry]] policy {:?} covers {queue}", policy.name))
-            }
+            Some(policy) => Finding::Ok(format!("retry policy {:?} covers {queue}", policy.name)),
             None => Finding::Problem(format!(
-                "no [[retry]] policy covers {queue}: what it dead-letters goes to {} and is \
-             never retried",
+                "no retry policy covers {queue} (none in the configuration, none set over the \
+                 API): what it dead-letters goes to {} and is never retried",
                 retries.refused_queue
             )),
         },
@@ -176,6 +174,8 @@ mod tests {
                 jitter: 0.0,
                 max_attempts: 3,
                 park_to: None,
+                max_lateness_ms: None,
+                give_up_after_ms: None,
             }],
             exchange: "d.retry".into(),
             queue: "d.retry.intake".into(),
@@ -254,7 +254,7 @@ mod tests {
                 "orders",
                 "not bound to the intake",
             ),
-            (wired(), "payments", "no [[retry]] policy covers payments"),
+            (wired(), "payments", "no retry policy covers payments"),
             (
                 Observed {
                     queue_exists: false,

@@ -147,6 +147,9 @@ mod tests {
             held_by: None,
             release_at_ms: None,
             staged_by: None,
+            deadline_ms: None,
+            expired_at_ms: None,
+            expired_destination: None,
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Move {
     pub routing_key: String,
     /// The new copy is leased to the request that publishes it until then.
     pub lease_until_ms: u64,
+    /// Its deadline, moved with it ([`crate::task::deadline::moved`]).
+    pub deadline_ms: Option<u64>,
 }
 
 /// A reschedule request's idempotency: its key and the request's fingerprint.
@@ -235,6 +237,7 @@ impl Ledger {
                     .bind(from.as_str())
                     .bind(owner)
                     .bind(holder)
+                    .bind(change.deadline_ms.map(db_ms))
                     .fetch_optional(&mut *tx)
                     .await
                     .context("moving a task")?;

@@ -30,7 +30,7 @@ impl TaskFilter {
 }
 
 /// States few tasks are in, each with an index of its own (`tasks_pending`,
-/// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`,
+/// `tasks_failed`, `tasks_unroutable`, `tasks_cancelled`, `tasks_expired`,
 /// `tasks_waiting_in_due_order`, `tasks_staged_in_due_order`): listing them goes
 /// through that index, not through every task in due order.
 pub(super) fn is_rare(state: TaskState) -> bool {
@@ -40,6 +40,7 @@ pub(super) fn is_rare(state: TaskState) -> bool {
             | TaskState::Failed
             | TaskState::Unroutable
             | TaskState::Cancelled
+            | TaskState::Expired
             | TaskState::Waiting
             | TaskState::Staged
     )

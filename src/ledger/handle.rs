@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::histogram::Histogram;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -17,7 +16,7 @@ use super::record::{Entry, Lease, Republish, Row};
 use super::settings::{Location, StoreSettings};
 use super::sql;
 use super::transaction::Store;
-use super::writer::{self, PendingCount};
+use super::writer::{self, CommitObservers, PendingCount};
 use crate::task::Task;
 
 /// A cheap, cloneable handle to the ledger.
@@ -46,15 +45,29 @@ const WRITE_CHECK_BYTES: usize = 4096;
 /// How often the pending count is read back from the database.
 const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 
+/// A SQLite ledger with the release stage in a folder of its own, for
+/// tests; the caller removes the folder.
+#[cfg(test)]
+pub(crate) async fn scratch_sqlite() -> (Ledger, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("delayline-ledger-{}", uuid::Uuid::new_v4()));
+    let settings = StoreSettings {
+        url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
+        ..StoreSettings::default()
+    };
+    let opened = open(&settings, true, CommitObservers::unobserved()).await;
+    let ledger = opened.expect("a SQLite ledger").expect("not stateless");
+    (ledger, dir)
+}
+
 /// Opens (and migrates) the ledger `settings` name, or `None` in the
-/// stateless mode (`store.url = "none"`). `commit_group_size` observes how
-/// many writes each transaction commits. With `release_stage`, a task's
+/// stateless mode (`store.url = "none"`). `commits` observes each group
+/// commit. With `release_stage`, a task's
 /// whole payload is kept until it is delivered (a move publishes it again),
 /// not only until it is published.
 pub async fn open(
     settings: &StoreSettings,
     release_stage: bool,
-    commit_group_size: Histogram,
+    commits: CommitObservers,
 ) -> Result<Option<Ledger>, LedgerError> {
     let Some(location) = Location::parse(settings)? else {
         return Ok(None);
@@ -82,7 +95,7 @@ pub async fn open(
             store,
             settings.payload_copy_bytes,
             release_stage,
-            commit_group_size,
+            commits,
             pending.clone(),
             holder,
         )?,

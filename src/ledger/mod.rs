@@ -28,7 +28,9 @@
 //! PostgreSQL's changes into those counts; [`operations`] keeps bulk
 //! operations (the one file that writes that table) and reads their pages;
 //! [`parked`] keeps the messages retry policies gave up on (the one file
-//! that writes the parked table). The text of every statement on tasks
+//! that writes the parked table); [`retry_policies`] keeps the retry
+//! policies set at run time and who changed them (the one file that writes
+//! their tables). The text of every statement on tasks
 //! is in [`sql`], and only there (`tests/layout.rs` checks it); the
 //! schedules' own table is written in [`schedules`], but for the planner's
 //! steps, which [`plan`] writes in the group commit with their tasks (their
@@ -39,8 +41,8 @@
 //! `pool` (connections, migrations) → `settings`; [`handle`] (the
 //! [`Ledger`], opened) → `pool`, `writer` → `admit`, `claim`, `plan` →
 //! `transaction` → `sql` → `filter`, `record`, and `transaction` →
-//! `due_counts`; `tasks`, `change`, `release`, `staged`, `schedules` and `parked` add
-//! methods to the handle.
+//! `due_counts`; `tasks`, `change`, `release`, `staged`, `schedules`, `parked`
+//! and `retry_policies` add methods to the handle.
 
 // The two macros every file below uses: first, so that they are in scope.
 #[macro_use]
@@ -65,6 +67,7 @@ mod plan;
 mod pool;
 mod record;
 mod release;
+mod retry_policies;
 mod schedules;
 mod settings;
 mod sql;
@@ -81,12 +84,15 @@ pub(crate) use error::LedgerError;
 pub(crate) use filter::TaskFilter;
 pub use handle::{Ledger, open};
 pub(crate) use operations::{PageDone, PagedTask, StoredOperation};
-pub(crate) use parked::{ParkedFilter, ParkedMessage, ParkedQueue};
+pub(crate) use parked::{HOUR_MS, ParkedFilter, ParkedGroup, ParkedMessage, ParkedQueue};
 pub(crate) use pass::{PassInput, StoredLimit};
 pub(crate) use plan::Advance;
 pub(crate) use pool::{Migrated, migrate_only};
 pub use record::Entry;
 pub(crate) use record::{Republish, StoredTask};
+pub(crate) use release::Expiry;
+pub(crate) use retry_policies::{PolicyPut, RetryPolicyChange, StoredRetryPolicy};
 pub(crate) use schedules::{Planned, PlannedSchedule, ScheduleChange, StoredSchedule};
 pub use settings::StoreSettings;
 pub(crate) use settings::is_unmade;
+pub use writer::CommitObservers;

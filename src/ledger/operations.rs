@@ -286,8 +286,7 @@ impl Ledger {
 mod tests {
     use super::StoredOperation;
     use crate::ledger::pool::{migrated_sqlite, query_plan, sorts_the_range};
-    use crate::ledger::{StoreSettings, sql};
-    use prometheus_client::metrics::histogram::Histogram;
+    use crate::ledger::sql;
 
     fn operation(id: &str, created_at_ms: i64) -> StoredOperation {
         StoredOperation {
@@ -314,15 +313,7 @@ mod tests {
     /// pruned with the ledger's retention, a running one never.
     #[tokio::test]
     async fn finished_operations_are_pruned_and_running_ones_taken() {
-        let dir = std::env::temp_dir().join(format!("delayline-ops-{}", uuid::Uuid::new_v4()));
-        let settings = StoreSettings {
-            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
-            ..StoreSettings::default()
-        };
-        let ledger = crate::ledger::open(&settings, true, Histogram::new([1.0]))
-            .await
-            .unwrap()
-            .unwrap();
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         assert!(
             ledger
                 .take_operation(1_000, 31_000)

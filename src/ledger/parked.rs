@@ -32,14 +32,42 @@ pub struct ParkedMessage {
     pub payload: Vec<u8>,
     pub properties: BasicProperties,
     pub parked_at_ms: u64,
+    /// When its first attempt failed; `None` for one parked before this
+    /// was kept (its group is then the hour it was parked in).
+    pub first_failed_at_ms: Option<u64>,
+}
+
+impl ParkedMessage {
+    /// The hour its failure began (epoch ms, on the hour): its group's.
+    pub fn first_failed_hour_ms(&self) -> u64 {
+        let at = self.first_failed_at_ms.unwrap_or(self.parked_at_ms);
+        at - at % HOUR_MS
+    }
+}
+
+/// Parked messages are grouped by the hour their failure began.
+pub const HOUR_MS: u64 = 3_600_000;
+
+/// Parked messages of one queue, one reason and one hour of first failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParkedGroup {
+    pub queue: String,
+    pub reason: String,
+    /// The hour their first attempts failed in (epoch ms, on the hour).
+    pub first_failed_hour_ms: u64,
+    pub parked: u64,
+    pub oldest_parked_at_ms: u64,
+    pub newest_parked_at_ms: u64,
 }
 
 /// Which parked messages: of one queue (or every queue), with one reason
-/// (or any).
+/// (or any), whose failure began in one hour (or any).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ParkedFilter {
     pub queue: Option<String>,
     pub reason: Option<String>,
+    /// The hour (epoch ms, on the hour) their first attempt failed in.
+    pub first_failed_hour_ms: Option<u64>,
 }
 
 /// A queue's parked messages: how many, and the newest's time.
@@ -50,12 +78,24 @@ pub struct ParkedQueue {
     pub newest_at_ms: u64,
 }
 
-const COLUMNS: &str =
-    "id, queue, policy, reason, attempts, message_id, payload, properties, parked_at_ms";
+const COLUMNS: &str = "id, queue, policy, reason, attempts, message_id, payload, properties, \
+     parked_at_ms, first_failed_at_ms";
 
 const INSERT_PARKED: &str = "INSERT INTO parked (id, queue, policy, reason, attempts, \
-     message_id, payload, properties, parked_at_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING";
+     message_id, payload, properties, parked_at_ms, first_failed_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING";
+
+/// The hour a parked row's failure began (see `ParkedMessage::first_failed_hour_ms`).
+const FIRST_FAILED_HOUR: &str = "(COALESCE(first_failed_at_ms, parked_at_ms) / 3600000 * 3600000)";
+
+/// Each group of parked messages: queue, reason, hour of first failure.
+fn parked_groups() -> String {
+    format!(
+        "SELECT queue, reason, {FIRST_FAILED_HOUR} AS hour, COUNT(*), MIN(parked_at_ms), \
+         MAX(parked_at_ms) FROM parked GROUP BY queue, reason, hour \
+         ORDER BY queue, reason, hour"
+    )
+}
 
 const PARKED_PER_QUEUE: &str = "SELECT queue, COUNT(*), MAX(parked_at_ms) FROM parked \
      GROUP BY queue ORDER BY queue";
@@ -66,6 +106,7 @@ fn select_page() -> String {
     format!(
         "SELECT {COLUMNS} FROM parked \
          WHERE ($1 IS NULL OR queue = $1) AND ($2 IS NULL OR reason = $2) \
+         AND ($6 IS NULL OR {FIRST_FAILED_HOUR} = $6) \
          AND (parked_at_ms < $3 OR (parked_at_ms = $3 AND id < $4)) \
          ORDER BY parked_at_ms DESC, id DESC LIMIT $5"
     )
@@ -90,6 +131,7 @@ struct Row {
     payload: Vec<u8>,
     properties: Vec<u8>,
     parked_at_ms: i64,
+    first_failed_at_ms: Option<i64>,
 }
 
 impl Row {
@@ -109,6 +151,9 @@ impl Row {
             payload: self.payload,
             properties,
             parked_at_ms: u64::try_from(self.parked_at_ms).unwrap_or(0),
+            first_failed_at_ms: self
+                .first_failed_at_ms
+                .and_then(|ms| u64::try_from(ms).ok()),
         })
     }
 }
@@ -127,6 +172,7 @@ impl Ledger {
             .bind(&parked.payload)
             .bind(&properties)
             .bind(db_ms(parked.parked_at_ms))
+            .bind(parked.first_failed_at_ms.map(db_ms))
             .execute(p)
             .await
             .map(|_| ()))
@@ -153,6 +199,7 @@ impl Ledger {
             .bind(at_ms)
             .bind(&id)
             .bind(i64::from(limit))
+            .bind(filter.first_failed_hour_ms.map(db_ms))
             .fetch_all(p)
             .await)
         .context("reading parked messages")?;
@@ -180,6 +227,29 @@ impl Ledger {
                 parked: u64::try_from(parked).unwrap_or(0),
                 newest_at_ms: u64::try_from(newest).unwrap_or(0),
             })
+            .collect())
+    }
+
+    /// Every group of parked messages (queue, reason, hour of first
+    /// failure), with counts, by queue, reason and hour.
+    pub async fn parked_groups(&self) -> Result<Vec<ParkedGroup>, LedgerError> {
+        let sql = parked_groups();
+        let rows: Vec<(String, String, i64, i64, i64, i64)> =
+            on_pool!(&self.pool, p => sqlx::query_as(&sql).fetch_all(p).await)
+                .context("grouping parked messages")?;
+        let ms = |value: i64| u64::try_from(value).unwrap_or(0);
+        Ok(rows
+            .into_iter()
+            .map(
+                |(queue, reason, hour, parked, oldest, newest)| ParkedGroup {
+                    queue,
+                    reason,
+                    first_failed_hour_ms: ms(hour),
+                    parked: ms(parked),
+                    oldest_parked_at_ms: ms(oldest),
+                    newest_parked_at_ms: ms(newest),
+                },
+            )
             .collect())
     }
 

@@ -13,7 +13,7 @@ use crate::task::{Itinerary, Task, TaskAccepted, TaskParts, TaskState};
 /// The columns a new row is inserted with, the first of [`Row`]'s fields in
 /// their order (a test holds them to [`COLUMNS`]); the others start at
 /// their defaults.
-pub(super) const INSERT_COLUMNS: [&str; 24] = [
+pub(super) const INSERT_COLUMNS: [&str; 26] = [
     "id",
     "idempotency_key",
     "fingerprint",
@@ -38,6 +38,8 @@ pub(super) const INSERT_COLUMNS: [&str; 24] = [
     "leeway_ms",
     "release_at_ms",
     "staged_by",
+    "deadline_ms",
+    "expired_destination",
 ];
 
 /// Declares [`Row`], one field per column of `tasks`, with [`COLUMNS`] and
@@ -111,6 +113,11 @@ row! {
     release_at_ms: Option<i64>,
     /// The process that staged it (its clock's name).
     staged_by: Option<String>,
+    /// After when it is never published to its destination (migration
+    /// 0022 on PostgreSQL); NULL: however late.
+    deadline_ms: Option<i64>,
+    /// Where its message goes instead once the deadline passed.
+    expired_destination: Option<String>,
     publish_alone: i64,
     refusals: i64,
     revision: i64,
@@ -118,6 +125,8 @@ row! {
     cancelled_at_ms: Option<i64>,
     /// The limit that held it, once one did.
     held_by: Option<String>,
+    /// When it expired (its deadline passed before it was published).
+    expired_at_ms: Option<i64>,
 }
 
 /// A task as the ledger knows it.
@@ -172,6 +181,13 @@ pub struct StoredTask {
     pub release_at_ms: Option<u64>,
     /// The process that staged it (its clock's name).
     pub staged_by: Option<String>,
+    /// After when it is never published to its destination
+    /// ([`crate::task::deadline`]).
+    pub deadline_ms: Option<u64>,
+    /// When it expired: its deadline passed before it was published.
+    pub expired_at_ms: Option<u64>,
+    /// Where its message goes instead once the deadline passed.
+    pub expired_destination: Option<String>,
 }
 
 impl StoredTask {
@@ -229,6 +245,38 @@ impl StoredTask {
             client: self.client.clone(),
             exchange: self.exchange.clone(),
             leeway_ms: self.leeway_ms,
+            deadline_ms: self.deadline_ms,
+            expired_destination: self.expired_destination.clone(),
+            carried: self.carried.clone(),
+        };
+        Ok(Task::new(parts, itinerary))
+    }
+
+    /// The task that replays this one, expired: a new task
+    /// ([`crate::task::replay_id`]) with its destination, exchange, payload
+    /// and headers, due at `now_ms`, without a deadline (it is asked for
+    /// now, by someone who knows it is late). The error says why the row
+    /// cannot be replayed.
+    pub fn replayed(&self, cascade: &Cascade, now_ms: u64) -> Result<Task, String> {
+        let payload = self
+            .whole_payload()
+            .ok_or("the ledger does not hold the whole payload")?;
+        let id = crate::task::replay_id(&self.id);
+        let itinerary = Itinerary::new(cascade, &id, &self.destination, Default::default(), now_ms)
+            .map_err(|error| format!("cannot be routed: {error}"))?;
+        let parts = TaskParts {
+            id,
+            client_id: true,
+            destination: self.destination.clone(),
+            payload: payload.to_vec(),
+            content_type: self.content_type.clone(),
+            headers: self.headers.clone().into_iter().collect(),
+            revision: 1,
+            client: self.client.clone(),
+            exchange: self.exchange.clone(),
+            leeway_ms: 0,
+            deadline_ms: None,
+            expired_destination: None,
             carried: self.carried.clone(),
         };
         Ok(Task::new(parts, itinerary))
@@ -244,6 +292,8 @@ impl StoredTask {
             deliver_at: format_epoch_ms(self.deliver_at_ms),
             leeway_ms: (self.leeway_ms > 0).then_some(self.leeway_ms),
             due_at: crate::task::leeway_due_at(&self.id, self.deliver_at_ms, self.leeway_ms),
+            deadline: self.deadline_ms.map(format_epoch_ms),
+            expired_destination: self.expired_destination.clone(),
             state: self.state,
         }
     }
@@ -346,6 +396,9 @@ impl Row {
             held_by: None,
             release_at_ms: None,
             staged_by: None,
+            deadline_ms: task.deadline_ms.map(db_ms),
+            expired_destination: task.expired_destination.clone(),
+            expired_at_ms: None,
         }
     }
 
@@ -394,6 +447,9 @@ impl Row {
             waited_for: self.held_by,
             release_at_ms: self.release_at_ms.map(ms),
             staged_by: self.staged_by,
+            deadline_ms: self.deadline_ms.map(ms),
+            expired_at_ms: self.expired_at_ms.map(ms),
+            expired_destination: self.expired_destination,
         })
     }
 }
@@ -458,6 +514,9 @@ mod tests {
             waited_for: None,
             release_at_ms: None,
             staged_by: None,
+            deadline_ms: None,
+            expired_at_ms: None,
+            expired_destination: None,
         }
     }
 
@@ -518,7 +577,7 @@ mod tests {
     fn a_new_row_inserts_the_first_columns_in_the_rows_order() {
         let inserted = INSERT_COLUMNS.join(", ");
         assert!(COLUMNS.starts_with(&format!("{inserted}, ")), "{COLUMNS}");
-        assert_eq!(COLUMNS.split(", ").count(), 30);
+        assert_eq!(COLUMNS.split(", ").count(), 33);
         assert!(
             INSERT_COLUMNS.contains(&"staged_by"),
             "a task may enter staged"

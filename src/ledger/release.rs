@@ -10,9 +10,21 @@ use super::claim::{ClaimAsk, Finding};
 use super::error::{LedgerError, QueryContext};
 use super::handle::Ledger;
 use super::pass::PassInput;
-use super::record::db_ms;
+use super::record::{Row, StoredTask, db_ms, decode_all};
 use super::sql;
 use crate::task::TaskState;
+
+/// A task that expired: its deadline passed before it was published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    pub id: String,
+    /// The revision that expired (a newer one, moved since, stays).
+    pub revision: u64,
+    /// When, epoch milliseconds.
+    pub at_ms: u64,
+    /// Why, and where its message went instead, in the ledger's words.
+    pub why: String,
+}
 
 impl Ledger {
     /// Takes each task asked about at the release stage: a task that is
@@ -126,6 +138,75 @@ impl Ledger {
             .await
             .map(|done| done.rows_affected()))
         .context("counting unroutable tasks as delivered again")
+    }
+
+    /// Tasks whose deadline passed before they were published to their
+    /// destination: each `expired` as its [`Expiry`] says, unless it
+    /// reached a final state first (a task delivered is never also
+    /// expired). How many changed. Rare, so a statement each rather than
+    /// a group.
+    pub async fn mark_expired(&self, tasks: &[Expiry]) -> Result<u64, LedgerError> {
+        let mut marked = 0;
+        for task in tasks {
+            marked += on_pool!(&self.pool, p => sqlx::query(sql::MARK_EXPIRED)
+                .bind(db_ms(task.at_ms))
+                .bind(&task.why)
+                .bind(&task.id)
+                .bind(db_ms(task.revision))
+                .execute(p)
+                .await
+                .map(|done| done.rows_affected()))
+            .context("marking tasks expired")?;
+        }
+        Ok(marked)
+    }
+
+    /// Whether any waiting task's deadline passed before `now_ms`: a read,
+    /// so that the limiter's sweep takes no write lock (which the group
+    /// writer needs) unless there is something to write.
+    pub async fn any_waiting_past_deadline(&self, now_ms: u64) -> Result<bool, LedgerError> {
+        let any: Option<String> = on_pool!(&self.pool, p =>
+            sqlx::query_scalar(sql::ANY_WAITING_PAST_DEADLINE)
+            .bind(db_ms(now_ms))
+            .fetch_optional(p)
+            .await)
+        .context("looking for waiting tasks past their deadline")?;
+        Ok(any.is_some())
+    }
+
+    /// Waiting tasks whose deadline passed before `now_ms` (their limit
+    /// paused, or its backlog too long) become `expired`: the limit of
+    /// each.
+    pub async fn expire_waiting(&self, now_ms: u64) -> Result<Vec<String>, LedgerError> {
+        let limits: Vec<Option<String>> = on_pool!(&self.pool, p =>
+            sqlx::query_scalar(sql::EXPIRE_WAITING)
+            .bind(db_ms(now_ms))
+            .fetch_all(p)
+            .await)
+        .context("expiring waiting tasks past their deadline")?;
+        Ok(limits.into_iter().flatten().collect())
+    }
+
+    /// At most `most` waiting tasks whose deadline passed before `now_ms`
+    /// and whose message goes to an expired destination, taken under a
+    /// lease until `lease_until_ms` (as the limiter's releases are) for it
+    /// to be sent there.
+    pub async fn take_waiting_past_deadline(
+        &self,
+        now_ms: u64,
+        lease_until_ms: u64,
+        most: u32,
+    ) -> Result<Vec<StoredTask>, LedgerError> {
+        let sql = sql::take_waiting_past_deadline();
+        let rows: Vec<Row> = on_pool!(&self.pool, p => sqlx::query_as(&sql)
+            .bind(db_ms(now_ms))
+            .bind(db_ms(lease_until_ms))
+            .bind(self.holder)
+            .bind(i64::from(most))
+            .fetch_all(p)
+            .await)
+        .context("taking waiting tasks past their deadline")?;
+        decode_all(rows)
     }
 
     /// The tasks the release stage delivered, confirmed by the business

@@ -227,10 +227,12 @@ pub fn select(ids: usize) -> String {
     )
 }
 
-/// A new revision, pending and leased (to `$8`), only from `$6` and only
-/// while the whole payload is kept (the new copy is built from it).
+/// A new revision, pending and leased (to `$8`), with its deadline moved
+/// (`$9`), only from `$6` and only while the whole payload is kept (the
+/// new copy is built from it).
 pub const MOVE: &str = "UPDATE tasks SET revision = revision + 1, deliver_at_ms = $1, delay_ms = $2, \
-     routing_key = $3, next_attempt_at_ms = $4, leased_by = $8, state = 'pending', \
+     routing_key = $3, next_attempt_at_ms = $4, leased_by = $8, deadline_ms = $9, \
+     state = 'pending', \
      attempts = attempts + 1, \
      last_error = NULL, published_at_ms = NULL, publish_alone = 0, refusals = 0, held_by = NULL, \
      release_at_ms = NULL \
@@ -380,6 +382,45 @@ pub const SUPERSEDED: &str =
 pub const MARK_UNROUTABLE: &str = "UPDATE tasks SET state = 'unroutable', \
      delivered_at_ms = COALESCE(delivered_at_ms, $3) \
      WHERE id = $1 AND revision = $2 AND state IN ('releasing', 'delivered')";
+/// Task `$3` in revision `$4`, whose deadline passed before it was
+/// published to its destination: `expired` at `$1`, with why (`$2`), from
+/// any state on its way (never from one it reached: delivered, cancelled).
+/// Its whole payload stays: an expired task may be replayed.
+pub const MARK_EXPIRED: &str = "UPDATE tasks SET state = 'expired', expired_at_ms = $1, \
+     last_error = $2, next_attempt_at_ms = 0 \
+     WHERE id = $3 AND revision = $4 AND (state = 'pending' OR state = 'scheduled' \
+     OR state = 'releasing' OR state = 'waiting' OR state = 'staged')";
+
+/// Whether any waiting task's deadline passed before `$1`: a read, so that
+/// the limiter's sweep takes no write lock (which the group writer needs)
+/// unless there is something to write.
+pub const ANY_WAITING_PAST_DEADLINE: &str = "SELECT id FROM tasks \
+     WHERE state = 'waiting' AND deadline_ms IS NOT NULL AND deadline_ms < $1 LIMIT 1";
+
+/// Waiting tasks whose deadline passed before `$1` (their limit paused, or
+/// its backlog too long), and whose message goes nowhere else: `expired`
+/// then, by the index of waiting tasks' deadlines. Returns each one's limit.
+pub const EXPIRE_WAITING: &str = "UPDATE tasks SET state = 'expired', expired_at_ms = $1, \
+     last_error = 'its deadline passed while it waited for release limit ' || \
+     COALESCE(held_by, '?') \
+     WHERE state = 'waiting' AND deadline_ms IS NOT NULL AND deadline_ms < $1 \
+     AND expired_destination IS NULL \
+     RETURNING held_by";
+
+/// At most `$4` waiting tasks whose deadline passed before `$1` and whose
+/// message goes to an expired destination: taken (`releasing`, leased
+/// until `$2` to `$3`, as the limiter's releases are) for it to be sent
+/// there.
+pub fn take_waiting_past_deadline() -> String {
+    format!(
+        "UPDATE tasks SET state = 'releasing', next_attempt_at_ms = $2, leased_by = $3 \
+         WHERE state = 'waiting' AND id IN ( \
+             SELECT id FROM tasks WHERE state = 'waiting' AND deadline_ms IS NOT NULL \
+             AND deadline_ms < $1 AND expired_destination IS NOT NULL LIMIT $4) \
+         RETURNING {COLUMNS}"
+    )
+}
+
 /// A requeued task counts as delivered when it is requeued: the moment it
 /// was released into the unroutable queue was no delivery.
 pub const REQUEUE_UNROUTABLE: &str =
@@ -819,7 +860,10 @@ mod tests {
     fn fixed_statements_number_their_parameters_from_one() {
         for (sql, count) in [
             (SCHEDULE_RETRY.to_owned(), 7),
-            (MOVE.to_owned(), 8),
+            (MOVE.to_owned(), 9),
+            (MARK_EXPIRED.to_owned(), 4),
+            (EXPIRE_WAITING.to_owned(), 1),
+            (take_waiting_past_deadline(), 4),
             (release_waiting(2), 4),
             (unstage(), 6),
             (claim_pending(), 4),

@@ -196,6 +196,8 @@ fn insert_parameters(r: &Row) -> [&dyn ToSql; INSERT_COLUMNS.len()] {
         &r.leeway_ms,
         &r.release_at_ms,
         &r.staged_by,
+        &r.deadline_ms,
+        &r.expired_destination,
     ]
 }
 
@@ -278,7 +280,9 @@ impl Tx<'_> {
                         .bind(r.leased_by)
                         .bind(r.leeway_ms)
                         .bind(r.release_at_ms)
-                        .bind(&r.staged_by);
+                        .bind(&r.staged_by)
+                        .bind(r.deadline_ms)
+                        .bind(&r.expired_destination);
                 }
                 query.fetch_all(&mut **t).await.context("recording tasks")
             }

@@ -103,6 +103,25 @@ pub(super) struct Handle {
     writes: mpsc::Sender<Write>,
 }
 
+/// What the group commit reports: how many writes each transaction
+/// commits, and how long each took (from its first statement to its
+/// commit, retries of a conflict included).
+#[derive(Clone)]
+pub struct CommitObservers {
+    pub group_size: Histogram,
+    pub seconds: Histogram,
+}
+
+impl CommitObservers {
+    /// For a command or a test, whose commits nobody observes.
+    pub fn unobserved() -> CommitObservers {
+        CommitObservers {
+            group_size: Histogram::new([1.0]),
+            seconds: Histogram::new([1.0]),
+        }
+    }
+}
+
 /// Starts the writer. It keeps `pending` up to date with what it commits.
 /// The payload is cut down to `payload_copy_bytes` when a task is published,
 /// or, with `keep_payload_until_delivered` (the release stage, where a
@@ -115,7 +134,7 @@ pub(super) fn spawn(
     store: Store,
     payload_copy_bytes: u32,
     keep_payload_until_delivered: bool,
-    group_sizes: Histogram,
+    commits: CommitObservers,
     pending: Arc<PendingCount>,
     holder: i64,
 ) -> Result<Handle, LedgerError> {
@@ -125,7 +144,7 @@ pub(super) fn spawn(
         store,
         payload_copy_bytes,
         keep_payload_until_delivered,
-        group_sizes,
+        commits,
         pending,
         holder,
     };
@@ -377,7 +396,7 @@ struct Writer {
     store: Store,
     payload_copy_bytes: u32,
     keep_payload_until_delivered: bool,
-    group_sizes: Histogram,
+    commits: CommitObservers,
     pending: Arc<PendingCount>,
     /// Written beside each lease the group's statements take.
     holder: i64,
@@ -387,9 +406,11 @@ impl Writer {
     async fn run(mut self, mut queue: mpsc::Receiver<Write>) {
         let mut writes = Vec::with_capacity(MAX_GROUP);
         while queue.recv_many(&mut writes, MAX_GROUP).await > 0 {
-            self.group_sizes.observe(writes.len() as f64);
+            self.commits.group_size.observe(writes.len() as f64);
             let group = Group::of(std::mem::take(&mut writes));
+            let started = std::time::Instant::now();
             let outcome = self.transact_until_settled(&group).await;
+            (self.commits.seconds).observe(started.elapsed().as_secs_f64());
             group.answer(outcome);
         }
     }
@@ -543,23 +564,8 @@ mod tests {
 
     use super::*;
     use crate::cascade::CascadeSettings;
-    use crate::ledger::{StoreSettings, WaitsFor};
+    use crate::ledger::WaitsFor;
     use crate::task::{Task, TaskState};
-
-    /// A SQLite ledger with the release stage, in a folder of its own
-    /// (removed by the caller).
-    async fn sqlite_ledger() -> (crate::ledger::Ledger, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("delayline-writer-{}", uuid::Uuid::new_v4()));
-        let settings = StoreSettings {
-            url: format!("sqlite://{}", dir.join("ledger.db").display()).into(),
-            ..StoreSettings::default()
-        };
-        let ledger = super::super::open(&settings, true, Histogram::new([1.0]))
-            .await
-            .unwrap()
-            .unwrap();
-        (ledger, dir)
-    }
 
     fn row() -> Row {
         let cascade = CascadeSettings::default().validate().unwrap();
@@ -576,7 +582,7 @@ mod tests {
     /// console counts a destination of millions only that far.
     #[tokio::test]
     async fn the_count_a_cancel_could_change_stops_at_its_cap() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         for _ in 0..12 {
             ledger.writes.admit(row(), None).await.unwrap();
         }
@@ -603,7 +609,7 @@ mod tests {
     #[tokio::test]
     async fn a_task_admitted_staged_waits_for_no_broker_and_is_taken_in_admission_order() {
         use crate::ledger::{Entry, UnstageInput};
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let own = crate::clock::source();
         let lease = crate::ledger::record::Lease {
             until_ms: 0,
@@ -663,7 +669,7 @@ mod tests {
     #[tokio::test]
     async fn a_staged_task_is_taken_back_at_its_moment_and_a_lease_that_runs_out_stages_it_again() {
         use crate::ledger::{Cancel, UnstageInput};
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let rows = [row(), row(), row()];
         for row in &rows {
             ledger.writes.admit(row.clone(), None).await.unwrap();
@@ -782,7 +788,7 @@ mod tests {
     /// claimed (here: an older revision) is not held.
     #[tokio::test]
     async fn a_claim_holds_what_a_limit_names_in_its_own_commit() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let rows = [row(), row(), row()];
         for row in &rows {
             ledger.writes.admit(row.clone(), None).await.unwrap();
@@ -830,7 +836,7 @@ mod tests {
     async fn a_claim_lets_go_what_the_limits_allow_and_holds_the_rest() {
         use crate::auth::DestinationPattern;
         use crate::limit::{Limit, Rate};
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let now_ms = crate::clock::now_ms();
         let limit = Limit {
             name: "pace".to_owned(),
@@ -909,6 +915,7 @@ mod tests {
             delay_ms: 2_000,
             routing_key: row.routing_key.clone(),
             lease_until_ms: 0,
+            deadline_ms: None,
         };
         let moved = ledger.reschedule(&row.id, &change, None, None, 0).await;
         assert!(
@@ -922,7 +929,7 @@ mod tests {
     /// found in the new revision (stale, dropped), in either order.
     #[tokio::test]
     async fn a_window_with_both_revisions_of_a_moved_task_claims_only_the_new_one() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let moved = [row(), row()];
         for row in &moved {
             ledger.writes.admit(row.clone(), None).await.unwrap();
@@ -958,7 +965,7 @@ mod tests {
     /// mark sent beside it still takes.
     #[tokio::test]
     async fn a_scheduled_mark_for_an_old_revision_leaves_the_task_pending() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let (moved, kept) = (row(), row());
         for row in [&moved, &kept] {
             ledger.writes.admit(row.clone(), None).await.unwrap();
@@ -1012,7 +1019,7 @@ mod tests {
     /// by the triggers.
     #[tokio::test]
     async fn the_writer_counts_what_falls_due_as_the_triggers_would() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let now_ms = i64::try_from(crate::clock::now_ms()).unwrap();
         let rows: Vec<Row> = (0..8_i64)
             .map(|i| Row {
@@ -1087,7 +1094,7 @@ mod tests {
     /// task found recorded by an earlier replay of the same message.
     #[tokio::test]
     async fn a_replayed_parked_message_goes_in_the_write_that_records_its_task() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let parked = |id: &str| crate::ledger::ParkedMessage {
             id: id.to_owned(),
             queue: "q".to_owned(),
@@ -1098,6 +1105,7 @@ mod tests {
             payload: b"x".to_vec(),
             properties: lapin::BasicProperties::default(),
             parked_at_ms: 1,
+            first_failed_at_ms: None,
         };
         let is_parked = async |id: &str| ledger.parked_message(id).await.unwrap().is_some();
         for id in ["first", "conflict", "again"] {
@@ -1135,7 +1143,7 @@ mod tests {
     /// nothing had happened (no transaction left open, nothing half written).
     #[tokio::test]
     async fn a_failed_group_is_rolled_back_and_the_next_one_commits() {
-        let (ledger, dir) = sqlite_ledger().await;
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
         let mut refused = row();
         refused.state = "not a state".to_owned();
         let failure = ledger

@@ -7,6 +7,16 @@
 pub const DELAY_HEADER: &str = "x-delay-ms";
 /// Epoch milliseconds before which the message is never delivered.
 pub const DELIVER_AT_HEADER: &str = "x-deliver-at-ms";
+/// Epoch milliseconds after which the task is never published to its
+/// destination (its deadline): the release stage expires it instead. Kept
+/// on delivery, as the due time is.
+pub const DEADLINE_HEADER: &str = "x-delayline-deadline-ms";
+/// Where a task's message goes instead when its deadline passes (a
+/// destination, the routing key at its exchange). Removed on delivery.
+pub const EXPIRED_TO_HEADER: &str = "x-delayline-expired-to";
+/// On a message an expired task sent to its `expired_destination`: when it
+/// expired, epoch milliseconds.
+pub const EXPIRED_AT_HEADER: &str = "x-delayline-expired-at-ms";
 /// The task's revision the message was published with: the release stage
 /// drops a copy older than the ledger's (the task was moved since).
 pub const REVISION_HEADER: &str = "x-delayline-revision";
@@ -59,9 +69,24 @@ pub const PLUGIN_DELIVER_AT_HEADER: &str = "x-deliver-at";
 /// this delivery is (2 for the first retry). A message without it is on
 /// its first attempt.
 pub const ATTEMPT_HEADER: &str = "x-delayline-attempt";
+/// On a message a retry policy brings back: when its first attempt
+/// failed, epoch milliseconds (kept through its later attempts; parked
+/// messages are grouped by its hour).
+pub const FIRST_FAILED_HEADER: &str = "x-delayline-first-failed-at-ms";
 /// While a retried message waits: the `message_id` it had (empty when it
 /// had none); restored on delivery, and removed.
 pub const ORIGINAL_ID_HEADER: &str = "x-delayline-message-id";
+/// On a message a consumer publishes to the retry exchange itself, instead
+/// of rejecting it, to name when it comes back: the queue it failed in
+/// (which it comes back to).
+pub const RETRY_QUEUE_HEADER: &str = "x-delayline-retry-queue";
+/// With [`RETRY_QUEUE_HEADER`]: when it comes back, epoch milliseconds (a
+/// number) or an RFC 3339 time (a string).
+pub const RETRY_AT_HEADER: &str = "x-delayline-retry-at";
+/// With [`RETRY_QUEUE_HEADER`], instead of [`RETRY_AT_HEADER`]: how long
+/// after the retry intake takes it in, in milliseconds (a 429's
+/// `Retry-After` seconds × 1000).
+pub const RETRY_AFTER_HEADER: &str = "x-delayline-retry-after-ms";
 /// RabbitMQ's dead-letter history: a table per queue and reason, the most
 /// recent first. A retry intake reads the queue and reason of the first.
 pub const DEATH_HEADER: &str = "x-death";
@@ -70,6 +95,11 @@ pub const DEATH_HEADER: &str = "x-death";
 pub const SCHEDULE_HEADER: &str = "x-delayline-schedule";
 /// An occurrence of a recurring schedule: its time (RFC 3339, UTC).
 pub const OCCURRENCE_HEADER: &str = "x-delayline-occurrence";
+
+/// W3C Trace Context: the producer's trace, carried to the consumer as is
+/// (see [`super::trace`]).
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+pub const TRACESTATE_HEADER: &str = "tracestate";
 
 /// delayline's headers of a message taken in over AMQP; a task over HTTP
 /// may not set them.
@@ -127,12 +157,19 @@ pub fn is_reserved_header(name: &str) -> bool {
     lower == DELAY_HEADER
         || lower == DELIVER_AT_HEADER
         || lower == REVISION_HEADER
+        || lower == DEADLINE_HEADER
+        || lower == EXPIRED_TO_HEADER
+        || lower == EXPIRED_AT_HEADER
         || INGRESS_HEADERS.contains(&lower.as_str())
         || lower == HOLD_HEADER
         || lower == PROBE_HEADER
         || lower == SCHEDULE_HEADER
         || lower == OCCURRENCE_HEADER
         || lower == ATTEMPT_HEADER
+        || lower == FIRST_FAILED_HEADER
+        || lower == RETRY_QUEUE_HEADER
+        || lower == RETRY_AT_HEADER
+        || lower == RETRY_AFTER_HEADER
         || lower == ORIGINAL_ID_HEADER
         || is_dead_letter_header(name)
         || ROUTING_HEADERS.contains(&name)

@@ -14,7 +14,8 @@
 //!
 //! What a consumer receives: the caller's headers, [`DELAY_HEADER`] (the
 //! granted delay), [`DELIVER_AT_HEADER`] (the earliest moment of delivery),
-//! [`REVISION_HEADER`], the task id as `message_id`, the content type, the
+//! [`REVISION_HEADER`], [`DEADLINE_HEADER`] when the task has a deadline,
+//! the task id as `message_id`, the content type, the
 //! acceptance time as the AMQP timestamp (whole seconds), persistent.
 
 mod headers;
@@ -26,12 +27,14 @@ mod retry;
 mod stamp;
 #[cfg(test)]
 mod tests;
+mod trace;
 mod value;
 
 pub use headers::{
-    ATTEMPT_HEADER, DELIVER_AT_HEADER, OCCURRENCE_HEADER, POISON_REASON_HEADER,
-    REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER,
-    SCHEDULE_HEADER,
+    ATTEMPT_HEADER, DEADLINE_HEADER, DELIVER_AT_HEADER, EXPIRED_AT_HEADER, FIRST_FAILED_HEADER,
+    OCCURRENCE_HEADER, POISON_REASON_HEADER, REFUSAL_CODE_HEADER, REFUSAL_REASON_HEADER,
+    RETRY_AFTER_HEADER, RETRY_AT_HEADER, RETRY_QUEUE_HEADER, REVISION_HEADER, ROUTING_KEY_HEADER,
+    SCHEDULE_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER,
 };
 #[cfg(test)]
 pub(crate) use headers::{
@@ -44,15 +47,19 @@ pub(crate) use probe::{Probe, drained};
 pub(crate) use publish::properties_of;
 pub(crate) use publish::republished;
 pub(crate) use publish::{
-    Message, as_published, of_task_at, poisoned, refused, released, released_of_task, restamped,
-    set_aside, taken_in,
+    Message, as_published, expired_to, of_task_at, poisoned, refused, released, released_of_task,
+    restamped, set_aside, taken_in,
 };
 pub use publish::{TaskMessage, of_task};
 #[cfg(test)]
 pub(crate) use read::TaskStamp;
 pub(crate) use read::{
-    decode_properties, deliver_at_ms, delivered_to, encode_properties, identity, message_id,
+    deadline_ms, decode_properties, delay_ms, deliver_at_ms, delivered_to, encode_properties,
+    expired_destination, identity, message_id, revision, traceparent,
 };
-pub(crate) use retry::{Death, attempt, for_replay, for_retry, last_death};
+pub(crate) use retry::{
+    Death, asked_retry, attempt, first_failed_ms, for_replay, for_retry, last_death,
+};
 pub(crate) use stamp::Stamp;
+pub(crate) use trace::carried as trace_headers;
 pub use value::FieldValue;

@@ -37,6 +37,11 @@ pub struct TaskMessage<'a> {
     pub headers: &'a [(String, FieldValue)],
     /// Where it is delivered, when not to the business exchange.
     pub exchange: Option<&'a str>,
+    /// Its deadline, epoch milliseconds ([`DEADLINE_HEADER`]).
+    pub deadline_ms: Option<u64>,
+    /// Where its message goes instead once the deadline passed
+    /// ([`EXPIRED_TO_HEADER`]).
+    pub expired_destination: Option<&'a str>,
     /// The properties of a message taken in over AMQP, delivered as they came.
     pub carried: Option<&'a BasicProperties>,
 }
@@ -90,6 +95,13 @@ pub fn properties_of(task: &TaskMessage<'_>, stamp: Option<&Stamp>) -> BasicProp
     );
     headers.insert(DELIVER_AT_HEADER.into(), as_i64(task.deliver_at_ms));
     headers.insert(REVISION_HEADER.into(), as_i64(task.revision));
+    if let Some(deadline_ms) = task.deadline_ms {
+        headers.insert(DEADLINE_HEADER.into(), as_i64(deadline_ms));
+    }
+    if let Some(destination) = task.expired_destination {
+        let destination = AMQPValue::LongString(LongString::from(destination));
+        headers.insert(EXPIRED_TO_HEADER.into(), destination);
+    }
     if let Some(stamp) = stamp {
         headers.insert(HOLD_HEADER.into(), stamp.value());
     }
@@ -261,12 +273,25 @@ pub fn released_of_task(task: &TaskMessage<'_>, payload: Vec<u8>, cascade: &Casc
 /// Headers delayline kept for the release alone: not delivered. The
 /// exchange stays named: a message parked in the unroutable queue goes
 /// back there (`requeue-unroutable`).
-const RELEASE_ONLY_HEADERS: [&str; 4] = [
+const RELEASE_ONLY_HEADERS: [&str; 5] = [
     DELIVERY_KEY_HEADER,
     EXPIRATION_HEADER,
     HOLD_HEADER,
     ORIGINAL_ID_HEADER,
+    EXPIRED_TO_HEADER,
 ];
+
+/// A released message (see [`released`]) sent instead to `destination`
+/// at its exchange, because its task expired at `expired_at_ms`: marked
+/// so ([`EXPIRED_AT_HEADER`]).
+pub fn expired_to(mut message: Message, destination: &str, expired_at_ms: u64) -> Message {
+    let mut headers = message.properties.headers().clone().unwrap_or_default();
+    let at = AMQPValue::LongLongInt(i64::try_from(expired_at_ms).unwrap_or(i64::MAX));
+    headers.insert(EXPIRED_AT_HEADER.into(), at);
+    message.properties = message.properties.with_headers(headers);
+    message.routing_key = destination.to_owned();
+    message
+}
 
 /// [`released`], of properties it may take apart.
 fn released_owned(

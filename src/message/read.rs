@@ -66,6 +66,27 @@ pub fn deliver_at_ms(properties: &BasicProperties) -> Option<u64> {
     header_i64(properties, DELIVER_AT_HEADER).map(|at| u64::try_from(at).unwrap_or(0))
 }
 
+/// The delay a task's message was given ([`DELAY_HEADER`]), if any.
+pub fn delay_ms(properties: &BasicProperties) -> Option<u64> {
+    header_i64(properties, DELAY_HEADER).and_then(|ms| u64::try_from(ms).ok())
+}
+
+/// The W3C `traceparent` a message carries ([`TRACEPARENT_HEADER`]), if any.
+pub fn traceparent(properties: &BasicProperties) -> Option<String> {
+    text_header(properties, TRACEPARENT_HEADER)
+}
+
+/// The deadline a task's message carries ([`DEADLINE_HEADER`]), if any.
+pub fn deadline_ms(properties: &BasicProperties) -> Option<u64> {
+    header_i64(properties, DEADLINE_HEADER).map(|at| u64::try_from(at).unwrap_or(0))
+}
+
+/// Where a task's message goes once its deadline passed
+/// ([`EXPIRED_TO_HEADER`]), if anywhere.
+pub fn expired_destination(properties: &BasicProperties) -> Option<String> {
+    text_header(properties, EXPIRED_TO_HEADER)
+}
+
 /// A whole number in a header, as any client library might have encoded it
 /// (an integer of any width, a timestamp, or digits).
 pub(super) fn header_i64(properties: &BasicProperties, name: &str) -> Option<i64> {

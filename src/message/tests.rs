@@ -57,6 +57,8 @@ prop_compose! {
             client: None,
             exchange: None,
             leeway_ms: 0,
+            deadline_ms: None,
+            expired_destination: None,
             carried: None,
         };
         let task = Task::new(parts, itinerary);

@@ -52,6 +52,15 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExpiredLabel {
+    /// Where its deadline caught the task: `release` (the release stage, as
+    /// its message came out of the cascade), `staged` (the staged release),
+    /// `limiter` (released by a limit past it) or `waiting` (still waiting
+    /// for a limit).
+    pub path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PassLabel {
     /// The ledger's periodic pass: `resend` (the look for tasks the release
     /// stage never saw) or `prune` (deleting rows past their retention).
@@ -122,8 +131,13 @@ pub struct Metrics {
     pub confirm_latency: Histogram,
     pub broker_connected: Gauge,
     pub broker_misconfigured: Gauge,
+    /// 1 when `/readyz` would answer 200, as of the last scrape.
+    pub ready: Gauge,
+    /// 0 when the ledger's last write (or write check) failed.
+    pub ledger_writable: Gauge,
     pub ledger_pending: Gauge,
     pub ledger_commit_group: Histogram,
+    pub ledger_commit_seconds: Histogram,
     /// How long each of the ledger's periodic passes took, by pass: what a
     /// large ledger costs the service in the background.
     pub ledger_pass: Family<PassLabel, Histogram, fn() -> Histogram>,
@@ -163,6 +177,7 @@ pub struct Metrics {
     pub tasks_cancelled: Counter,
     pub tasks_rescheduled: Counter,
     pub release_dropped: Family<ReasonLabel, Counter>,
+    pub tasks_expired: Family<ExpiredLabel, Counter>,
     pub release_unknown: Counter,
     pub tasks_unroutable: Counter,
     pub tasks_staged: Counter,
@@ -255,11 +270,31 @@ impl Metrics {
              only a configuration change ends it",
             broker_misconfigured.clone(),
         );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 when /readyz answers 200 (a task posted now would be accepted), read at each scrape",
+            ready.clone(),
+        );
+        let ledger_writable = Gauge::default();
+        registry.register(
+            "ledger_writable",
+            "0 when the ledger's last write, or its write check, failed (a full disk, a read-only \
+             database); 1 otherwise, and without a ledger",
+            ledger_writable.clone(),
+        );
         let ledger_pending = Gauge::default();
         registry.register(
             "ledger_pending_tasks",
             "Tasks in the ledger not yet confirmed by the broker",
             ledger_pending.clone(),
+        );
+        let ledger_commit_seconds = Histogram::new(exponential_buckets(0.000_25, 2.0, 16));
+        registry.register(
+            "ledger_commit_seconds",
+            "How long each group commit of the ledger took, from its first statement to its \
+             commit (a conflict's retries included)",
+            ledger_commit_seconds.clone(),
         );
         let ledger_commit_group = Histogram::new(exponential_buckets(1.0, 2.0, 10));
         registry.register(
@@ -487,6 +522,13 @@ impl Metrics {
              tasks (stale), or of tasks already delivered (duplicate)",
             release_dropped.clone(),
         );
+        let tasks_expired = Family::<ExpiredLabel, Counter>::default();
+        registry.register(
+            "tasks_expired",
+            "Tasks whose deadline passed before they could be published to their destination: \
+             never published, kept in the ledger as expired",
+            tasks_expired.clone(),
+        );
         let release_unknown = Counter::default();
         registry.register(
             "release_unknown",
@@ -612,8 +654,11 @@ impl Metrics {
             confirm_latency,
             broker_connected,
             broker_misconfigured,
+            ready,
+            ledger_writable,
             ledger_pending,
             ledger_commit_group,
+            ledger_commit_seconds,
             ledger_pass,
             forwarded,
             tasks_failed,
@@ -642,6 +687,7 @@ impl Metrics {
             tasks_cancelled,
             tasks_rescheduled,
             release_dropped,
+            tasks_expired,
             release_unknown,
             tasks_unroutable,
             tasks_staged,
@@ -739,6 +785,13 @@ impl Metrics {
         self.release_dropped
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// `tasks` whose deadline caught them on `path` (see [`ExpiredLabel`]).
+    pub fn expired(&self, path: &'static str, tasks: u64) {
+        self.tasks_expired
+            .get_or_create(&ExpiredLabel { path })
+            .inc_by(tasks);
     }
 
     pub fn forwarded(&self, outcome: &'static str) {
@@ -847,5 +900,231 @@ mod tests {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+}
+
+#[cfg(test)]
+mod reference {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// Each metric the reference's table names (prefixed): its type and
+    /// labels (`{a,b}`, in order).
+    fn documented() -> BTreeMap<String, (String, String)> {
+        let page = include_str!("../../docs/api.md");
+        let section = page.split("## `GET /metrics`").nth(1).unwrap();
+        let section = section.split("\n## ").next().unwrap();
+        let mut found = BTreeMap::new();
+        for line in section.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            for name in cells[1].split('`').skip(1).step_by(2) {
+                let (name, labels) = name.split_once('{').unwrap_or((name, ""));
+                let labels = labels.trim_end_matches('}').to_owned();
+                let kind = cells[2].to_owned();
+                found.insert(format!("delayline_{name}"), (kind, labels));
+            }
+        }
+        found
+    }
+
+    /// A series in every labelled family: one with no series is not
+    /// exported at all. A family added without a line here is exported
+    /// only once it has one, and the reference test says which is missing.
+    fn every_family_touched(metrics: &Metrics) {
+        let level = || LevelLabel {
+            level: 0,
+            queue: "q".into(),
+        };
+        let (outcome, reason) = (OutcomeLabel { outcome: "x" }, ReasonLabel { reason: "x" });
+        drop(
+            metrics
+                .tasks_accepted
+                .get_or_create(&StateLabel { state: "x" }),
+        );
+        drop(metrics.schedules.get_or_create(&StateLabel { state: "x" }));
+        drop(
+            metrics
+                .tasks_rejected
+                .get_or_create(&CodeLabel { code: "x" }),
+        );
+        drop(metrics.ledger_pass.get_or_create(&PassLabel { pass: "x" }));
+        drop(metrics.forwarded.get_or_create(&outcome));
+        drop(metrics.schedule_occurrences.get_or_create(&outcome));
+        drop(metrics.level_messages.get_or_create(&level()));
+        drop(metrics.level_held.get_or_create(&level()));
+        drop(metrics.level_held_seconds.get_or_create(&level()));
+        drop(metrics.level_ttl_seconds.get_or_create(&level()));
+        drop(metrics.level_stranded.get_or_create(&level()));
+        drop(metrics.level_drained.get_or_create(&level()));
+        drop(metrics.level_handed_back.get_or_create(&level()));
+        let leader = LeaderLabel {
+            queue: "q".into(),
+            node: "n".into(),
+        };
+        drop(metrics.queue_leader.get_or_create(&leader));
+        drop(
+            metrics
+                .retired_chain_messages
+                .get_or_create(&VersionLabel { version: 1 }),
+        );
+        drop(metrics.release_dropped.get_or_create(&reason));
+        drop(metrics.auth_refused.get_or_create(&reason));
+        drop(
+            metrics
+                .tasks_expired
+                .get_or_create(&ExpiredLabel { path: "x" }),
+        );
+        let client = || ClientLabel { client: "c".into() };
+        let throttled = ClientCodeLabel {
+            client: "c".into(),
+            code: "x",
+        };
+        drop(metrics.client_throttled.get_or_create(&throttled));
+        drop(metrics.client_accepted.get_or_create(&client()));
+        drop(metrics.client_scheduled.get_or_create(&client()));
+        let ingress = IngressLabel {
+            ingress: "e".into(),
+            outcome: "x",
+        };
+        drop(metrics.ingress_messages.get_or_create(&ingress));
+        let retry = RetryLabel {
+            queue: "q".into(),
+            outcome: "x",
+        };
+        drop(metrics.retry_messages.get_or_create(&retry));
+        drop(
+            metrics
+                .parked_messages
+                .get_or_create(&QueueLabel { queue: "q".into() }),
+        );
+        let limit = || LimitLabel { limit: "l".into() };
+        drop(metrics.limit_waiting.get_or_create(&limit()));
+        drop(metrics.limit_released.get_or_create(&limit()));
+    }
+
+    /// Each metric the registry exports: its type (a counter by the name
+    /// its samples have, `_total`) and its first series' labels.
+    fn exported() -> BTreeMap<String, (String, String)> {
+        let metrics = Metrics::new();
+        every_family_touched(&metrics);
+        let text = metrics.encode().unwrap();
+        let mut found = BTreeMap::new();
+        for rest in text.lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let sample = match kind {
+                "counter" => format!("{name}_total"),
+                "histogram" => format!("{name}_count"),
+                _ => name.to_owned(),
+            };
+            let series = text.lines().find(|l| l.starts_with(&sample)).unwrap();
+            let labels = series[sample.len()..].split(' ').next().unwrap();
+            let labels: Vec<&str> = labels
+                .trim_matches(|c| c == '{' || c == '}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('=').map(|(label, _)| label))
+                .collect();
+            let name = if kind == "counter" {
+                sample
+            } else {
+                name.to_owned()
+            };
+            found.insert(name, (kind.to_owned(), labels.join(",")));
+        }
+        found
+    }
+
+    /// The metrics reference cannot drift: every metric exported is
+    /// documented with its type and labels, and every documented one is
+    /// exported.
+    #[test]
+    fn the_metrics_reference_and_the_registry_agree_on_names_types_and_labels() {
+        let (documented, exported) = (documented(), exported());
+        let names = |map: &BTreeMap<String, (String, String)>| -> Vec<String> {
+            map.keys().cloned().collect()
+        };
+        let undocumented: Vec<_> = names(&exported)
+            .into_iter()
+            .filter(|n| !documented.contains_key(n))
+            .collect();
+        let unexported: Vec<_> = names(&documented)
+            .into_iter()
+            .filter(|n| !exported.contains_key(n))
+            .collect();
+        assert!(
+            undocumented.is_empty() && unexported.is_empty(),
+            "undocumented: {undocumented:?}, documented but not exported: {unexported:?}"
+        );
+        assert_eq!(documented, exported);
+    }
+
+    /// Every series the alert rules' unit tests feed promtool is named and
+    /// labelled as the registry exports it (Prometheus adds `instance` and
+    /// `job`), a histogram's buckets at bounds it has: a rule tested on
+    /// series of another shape would pass its test and never fire.
+    #[test]
+    fn the_alert_rules_tests_feed_series_shaped_as_exported() {
+        let metrics = Metrics::new();
+        every_family_touched(&metrics);
+        let text = metrics.encode().unwrap();
+        let tests = include_str!("../../deploy/prometheus/delayline-alerts.test.yml");
+        let series = tests
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- series: "));
+        let mut checked = 0;
+        for series in series {
+            let series = series.trim_matches('\'');
+            let (name, labels) = series.split_once('{').unwrap();
+            let pairs: Vec<(&str, &str)> = labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(label, value)| (label, value.trim_matches('"')))
+                .collect();
+            let le = pairs.iter().find(|(label, _)| *label == "le");
+            let ours: Vec<&str> = (pairs.iter())
+                .map(|(label, _)| *label)
+                .filter(|label| !["instance", "job", "le"].contains(label))
+                .collect();
+            let exported = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} is not exported"));
+            let exported_labels: Vec<&str> = exported[name.len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .trim_matches(|c| c == '{' || c == '}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('=').map(|(label, _)| label))
+                .filter(|label| *label != "le")
+                .collect();
+            assert_eq!(ours, exported_labels, "{series}");
+            if let Some((_, bound)) = le {
+                let bucket = format!("le=\"{bound}\"");
+                let found = text
+                    .lines()
+                    .any(|l| l.starts_with(name) && l.contains(&bucket));
+                assert!(found, "{name} has no bucket {bound}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 15, "{checked} series");
+    }
+
+    /// Prometheus's conventions: `_total` on counters and only there,
+    /// seconds as the unit of time, no other unit spelt out.
+    #[test]
+    fn metric_names_follow_prometheus_conventions() {
+        for (name, (kind, _)) in exported() {
+            assert_eq!(
+                kind == "counter",
+                name.ends_with("_total"),
+                "{name}: {kind}"
+            );
+            for unit in ["_ms", "_millis", "_milliseconds", "_minutes", "_hours"] {
+                assert!(!name.contains(unit), "{name}: base units only");
+            }
+        }
     }
 }

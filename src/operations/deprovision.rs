@@ -109,8 +109,8 @@ impl std::fmt::Display for Blocker {
             ),
             Blocker::RetriesConfigured { exchange, policies } => write!(
                 f,
-                "{policies} [[retry]] policies are configured: every queue that dead-letters \
-                 to {exchange} would lose what its consumers reject (RabbitMQ drops a \
+                "{policies} retry policies are in force (configured, or set over the API): \
+                 every queue that dead-letters to {exchange} would lose what its consumers reject (RabbitMQ drops a \
                  dead-letter into a missing exchange silently) until delayline declares it again"
             ),
         }
@@ -334,6 +334,8 @@ mod tests {
                     jitter: 0.0,
                     max_attempts: 3,
                     park_to: None,
+                    max_lateness_ms: None,
+                    give_up_after_ms: None,
                 })
                 .collect(),
             exchange: "d.retry".into(),

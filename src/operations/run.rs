@@ -1,8 +1,8 @@
 //! What every command needs: why it failed, a broker connection of its own,
 //! and the ledger.
 
+use crate::ledger::CommitObservers;
 use lapin::Connection;
-use prometheus_client::metrics::histogram::Histogram;
 
 use super::settings::OperatorSettings;
 use crate::auth::AuthError;
@@ -63,7 +63,11 @@ pub(super) async fn open_ledger(
     settings: &OperatorSettings,
 ) -> Result<Option<Ledger>, OperationError> {
     // A command's commits are not observed.
-    let commit_group_size = Histogram::new([1.0]);
     let release_stage = settings.release_stage;
-    Ok(crate::ledger::open(&settings.store, release_stage, commit_group_size).await?)
+    Ok(crate::ledger::open(
+        &settings.store,
+        release_stage,
+        CommitObservers::unobserved(),
+    )
+    .await?)
 }

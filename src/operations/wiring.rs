@@ -4,11 +4,33 @@
 //! the broker has it, tells an exchange's type and bindings and a queue's
 //! arguments and policy. What could not be seen is said, not passed.
 
-use super::run::on_broker;
+use super::run::{on_broker, open_existing_ledger};
 use super::{OperationError, OperatorSettings};
 use crate::broker::{ManagementApi, ManagementError, QueueWiring, exchange_exists, queue_state};
-use crate::ingress::Retries;
+use crate::cascade::Cascade;
 use crate::ingress::wiring::{DeadLetter, Finding, Observed, judge};
+use crate::ingress::{PolicySet, Retries};
+
+/// `retries` with the policies set at run time the ledger keeps, as a
+/// service of `cascade` would apply them beside the configuration's.
+pub async fn in_force(
+    settings: &OperatorSettings,
+    cascade: &Cascade,
+    retries: Retries,
+) -> Result<Retries, OperationError> {
+    let Some(ledger) = open_existing_ledger(settings).await? else {
+        return Ok(retries);
+    };
+    let rows = ledger.retry_policies().await;
+    ledger.close().await;
+    let (stored, _) = crate::ingress::validated(rows?, cascade);
+    let set = PolicySet::new(&retries.policies, stored);
+    let policies = set.in_force().iter().map(|f| f.policy.clone()).collect();
+    Ok(Retries {
+        policies,
+        ..retries
+    })
+}
 
 /// Each queue's wiring, judged: `queues`, or every queue of every policy.
 pub async fn check(

@@ -36,6 +36,10 @@ pub struct ScheduleContent {
     /// Each occurrence's leeway (see the task's `leeway_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leeway_ms: Option<u64>,
+    /// Each occurrence's deadline, as how late after its moment it may
+    /// still be delivered (see the task's `max_lateness_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lateness_ms: Option<u64>,
 }
 
 impl ScheduleContent {
@@ -83,6 +87,8 @@ pub fn occurrence_body(content: &ScheduleContent, id: &str, at_ms: u64) -> Vec<u
         deliver_at: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         leeway_ms: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_lateness_ms: Option<u64>,
     }
     let body = Body {
         destination: &content.destination,
@@ -94,6 +100,7 @@ pub fn occurrence_body(content: &ScheduleContent, id: &str, at_ms: u64) -> Vec<u
         id,
         deliver_at: format_epoch_ms(at_ms),
         leeway_ms: content.leeway_ms,
+        max_lateness_ms: content.max_lateness_ms,
     };
     // A struct of strings and raw JSON always serialises.
     serde_json::to_vec(&body).unwrap_or_default()

@@ -53,6 +53,11 @@ pub struct ScheduleRequest {
     /// schedules of one instant arrive spread over it.
     #[schema(example = 10000)]
     leeway_ms: Option<u64>,
+    /// As a task's: each occurrence is never published to its destination
+    /// more than this many milliseconds after its moment; it expires
+    /// instead (a reminder hours late after an outage is worse than none).
+    #[schema(example = 300000)]
+    max_lateness_ms: Option<u64>,
     /// A cron expression: five fields (minute, hour, day of month, month,
     /// day of week), or six with seconds first; ranges, steps, names, `L`,
     /// `#`, `W`. One of `cron` and `every`.
@@ -113,6 +118,9 @@ pub struct SchedulePatch {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<u64>)]
     leeway_ms: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<u64>)]
+    max_lateness_ms: Option<Option<u64>>,
     cron: Option<String>,
     every: Option<String>,
     timezone: Option<String>,
@@ -170,6 +178,7 @@ impl ScheduleRequest {
             content_type: self.content_type,
             headers: self.headers,
             leeway_ms: self.leeway_ms,
+            max_lateness_ms: self.max_lateness_ms,
         };
         Ok((self.id, validate_parts(content, spec, cascade, now_ms)?))
     }
@@ -204,6 +213,7 @@ impl SchedulePatch {
         set(&mut content.content_type, self.content_type);
         set(&mut content.headers, self.headers);
         set(&mut content.leeway_ms, self.leeway_ms);
+        set(&mut content.max_lateness_ms, self.max_lateness_ms);
         if let Some(payload) = self.payload {
             content.payload = payload;
             content.payload_base64 = None;

@@ -32,7 +32,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::limit_view::LimitsView;
 use super::publisher::{DuePublisher, Released};
@@ -137,6 +137,7 @@ impl Limiter {
             ),
             Err(error) => warn!(%error, "cannot look for released tasks whose lease ran out"),
         }
+        self.expire_waiting().await;
         let (limits, waiting) = tokio::join!(ledger.limits(), ledger.waiting_per_destination());
         let (limits, waiting) = match (limits, waiting) {
             (Ok(limits), Ok(waiting)) => (limits, waiting),
@@ -157,6 +158,46 @@ impl Limiter {
         view.limits = limits;
         view.destinations = waiting.into_iter().map(|(d, _, _)| d).collect();
         view.record(clock::now_ms());
+    }
+
+    /// Waiting tasks whose deadline passed (their limit paused, or its
+    /// backlog too long) expire where they wait: never released after it.
+    /// Those whose message goes to an expired destination are taken, as a
+    /// pass's are, and their message sent there.
+    async fn expire_waiting(&self) {
+        let now_ms = clock::now_ms();
+        match self.ledger.any_waiting_past_deadline(now_ms).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                warn!(%error, "cannot look for waiting tasks past their deadline");
+                return;
+            }
+        }
+        let lease_until_ms = now_ms + LEASE.as_millis() as u64;
+        let most = u32::try_from(PASS_MOST).unwrap_or(u32::MAX);
+        let taken = self
+            .ledger
+            .take_waiting_past_deadline(now_ms, lease_until_ms, most)
+            .await;
+        match taken {
+            Ok(taken) if !taken.is_empty() => self.publish(taken).await.await,
+            Ok(_) => {}
+            Err(error) => warn!(%error, "cannot take waiting tasks past their deadline"),
+        }
+        match self.ledger.expire_waiting(now_ms).await {
+            Ok(limits) if limits.is_empty() => {}
+            Ok(limits) => {
+                let tasks = limits.len() as u64;
+                self.publisher.metrics.expired("waiting", tasks);
+                info!(
+                    tasks,
+                    "waiting tasks expired: their deadline passed before their release limit let \
+                     them go"
+                );
+            }
+            Err(error) => warn!(%error, "cannot expire waiting tasks past their deadline"),
+        }
     }
 
     /// Reads each bounded queue's depth.
@@ -236,34 +277,37 @@ impl Limiter {
         released: Vec<StoredTask>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let outcomes = join_all(released.iter().map(|stored| async {
-            let outcome = match self.publisher.message_of(stored, clock::now_ms()) {
-                Ok(message) => self.publisher.publish_within(message, PUBLISH_LIMIT).await,
+            // Read just before the publish: never published after its deadline.
+            let now_ms = clock::now_ms();
+            match self
+                .publisher
+                .release_stored(stored, now_ms, PUBLISH_LIMIT, true)
+                .await
+            {
+                Ok(outcome) => Some((outcome, clock::now_ms())),
                 Err(reason) => {
                     warn!(
                         task_id = stored.id,
                         reason, "a waiting task cannot be released"
                     );
-                    return None;
+                    None
                 }
-            };
-            Some((outcome, clock::now_ms()))
+            }
         }))
         .await;
         let mut releases = LedgerReleases::default();
         for (stored, outcome) in released.iter().zip(outcomes) {
-            match outcome {
-                Some((Ok(outcome), at_ms)) => {
-                    self.observe(stored, outcome, at_ms);
-                    releases.delivered(stored.id.clone(), at_ms);
-                }
-                Some((Err(error), _)) => {
-                    warn!(task_id = stored.id, %error, "a waiting task could not be released; it waits again");
-                    releases.again(stored.id.clone());
-                }
-                None => {}
+            if let Some((outcome, at_ms)) = outcome
+                && let Some(released) = releases.note(stored, outcome, at_ms)
+            {
+                self.observe(stored, released, at_ms);
             }
         }
-        releases.record(self.ledger.clone(), PutBack::Wait)
+        releases.record(
+            self.ledger.clone(),
+            PutBack::Wait,
+            self.publisher.metrics.clone(),
+        )
     }
 
     fn observe(&self, stored: &StoredTask, outcome: Released, at_ms: u64) {

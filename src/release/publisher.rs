@@ -20,6 +20,10 @@ use crate::cascade::Cascade;
 use crate::ledger::StoredTask;
 use crate::message;
 use crate::metrics::Metrics;
+use crate::task::deadline;
+use crate::telemetry::TaskTracer;
+use crate::telemetry::TraceContext;
+use crate::telemetry::spans::{self, Release, ReleaseEnd, TaskRef};
 
 /// How long an exchange other than the business exchange, once seen to
 /// exist, is taken to exist without asking the broker again.
@@ -33,6 +37,18 @@ pub(super) enum Released {
     /// Its exchange does not exist: kept in the chain's unroutable queue,
     /// whose notice marks the task `unroutable`.
     Unroutable,
+}
+
+/// What a due task's release at its time came to.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Published to where it is delivered (or refused: it is released
+    /// again).
+    Published(Result<Released, PublishError>),
+    /// Its deadline had passed: never published there. Its message went to
+    /// the task's expired destination instead, when it names one (a failed
+    /// send is released again, and expires again).
+    Expired(Option<(String, Result<Released, PublishError>)>),
 }
 
 /// A publish's outcome once confirmed. A late confirm is awaited up to
@@ -78,6 +94,7 @@ pub(super) struct DuePublisher {
     pub cascade: Arc<Cascade>,
     pub metrics: Arc<Metrics>,
     exchanges: SeenExchanges,
+    tracer: TaskTracer,
 }
 
 impl DuePublisher {
@@ -87,29 +104,98 @@ impl DuePublisher {
             cascade,
             metrics,
             exchanges: SeenExchanges::default(),
+            tracer: TaskTracer::off(),
         }
     }
 
-    /// To the business exchange (or the exchange the task names), as it
-    /// was published but for the broker's dead-lettering history, with the
-    /// routing key it is delivered with ([`message::released`]); a late
-    /// confirm is awaited. A task whose exchange does not exist, or
-    /// returns it, is kept in the unroutable queue rather than failing
-    /// again and again.
-    pub(super) async fn publish(&self, message: &Inbound) -> Result<Released, PublishError> {
-        let message = message::released(
-            &message.routing_key,
-            message.payload.clone(),
-            &message.properties,
+    /// Records the spans each release closes through `tracer`.
+    pub fn traced(mut self, tracer: TaskTracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    /// A due message of the release stage at `now_ms`: to the business
+    /// exchange (or the exchange the task names), as it was published but
+    /// for the broker's dead-lettering history, with the routing key it is
+    /// delivered with ([`message::released`]); a late confirm is awaited. A
+    /// task whose exchange does not exist, or returns it, is kept in the
+    /// unroutable queue rather than failing again and again. Past the
+    /// deadline its message carries, it expires instead.
+    pub(super) async fn release(&self, inbound: &Inbound, now_ms: u64) -> Outcome {
+        let properties = &inbound.properties;
+        let released = message::released(
+            &inbound.routing_key,
+            inbound.payload.clone(),
+            properties,
             &self.cascade,
         );
-        self.publish_message(message).await
+        let traced = TracedRelease::of(&self.tracer, &released, now_ms, false);
+        let outcome = if deadline::passed(message::deadline_ms(properties), now_ms) {
+            let to = message::expired_destination(properties);
+            self.expire(released, to, now_ms, None).await
+        } else {
+            Outcome::Published(self.publish_message(released).await)
+        };
+        self.trace(traced, &outcome);
+        outcome
+    }
+
+    /// Records the spans a release closes, when its task is traced.
+    fn trace(&self, traced: Option<TracedRelease>, outcome: &Outcome) {
+        if let Some(traced) = traced {
+            self.tracer
+                .record(traced.spans(outcome, crate::clock::now_ms()));
+        }
+    }
+
+    /// A task the ledger releases (a waiting or a staged one) at `now_ms`,
+    /// as [`DuePublisher::release`] does, given up after `limit` (a
+    /// possible second copy rather than a release that waits for good).
+    /// The error says why its row can never be published.
+    /// `by_limit`: the limiter releases it (a release limit held it).
+    pub async fn release_stored(
+        &self,
+        stored: &StoredTask,
+        now_ms: u64,
+        limit: Duration,
+        by_limit: bool,
+    ) -> Result<Outcome, String> {
+        let message = self.message_of(stored, now_ms)?;
+        let traced = TracedRelease::of(&self.tracer, &message, now_ms, by_limit);
+        let outcome = if deadline::passed(stored.deadline_ms, now_ms) {
+            let to = stored.expired_destination.clone();
+            self.expire(message, to, now_ms, Some(limit)).await
+        } else {
+            Outcome::Published(self.publish_within(message, limit).await)
+        };
+        self.trace(traced, &outcome);
+        Ok(outcome)
+    }
+
+    /// An expired task's `message`, sent to its expired destination `to`
+    /// (at its exchange) if it names one, marked when it expired.
+    async fn expire(
+        &self,
+        message: message::Message,
+        to: Option<String>,
+        now_ms: u64,
+        limit: Option<Duration>,
+    ) -> Outcome {
+        let Some(destination) = to else {
+            return Outcome::Expired(None);
+        };
+        let message = message::expired_to(message, &destination, now_ms);
+        let sent = match limit {
+            Some(limit) => self.publish_within(message, limit).await,
+            None => self.publish_message(message).await,
+        };
+        Outcome::Expired(Some((destination, sent)))
     }
 
     /// The message a task the ledger releases (a waiting or a staged one)
     /// is published as, built from its row at `now_ms`; the error says
     /// why it can never be.
-    pub fn message_of(&self, stored: &StoredTask, now_ms: u64) -> Result<message::Message, String> {
+    fn message_of(&self, stored: &StoredTask, now_ms: u64) -> Result<message::Message, String> {
         let mut task = stored.rerouted(&self.cascade, now_ms)?;
         let payload = std::mem::take(&mut task.payload);
         Ok(message::released_of_task(
@@ -121,7 +207,7 @@ impl DuePublisher {
 
     /// [`DuePublisher::publish_message`], given up after `limit` (a possible
     /// second copy rather than a release that waits for good).
-    pub async fn publish_within(
+    async fn publish_within(
         &self,
         message: message::Message,
         limit: Duration,
@@ -206,5 +292,69 @@ impl DuePublisher {
             self.exchanges.saw(exchange);
         }
         Ok(exists)
+    }
+}
+
+/// What a traced task's release spans need, read from its message before
+/// it is published (only when spans are recorded).
+struct TracedRelease {
+    context: TraceContext,
+    task_id: String,
+    revision: u64,
+    destination: String,
+    delay_from_ms: u64,
+    deliver_at_ms: u64,
+    released_ms: u64,
+    by_limit: bool,
+}
+
+impl TracedRelease {
+    fn of(
+        tracer: &TaskTracer,
+        message: &message::Message,
+        released_ms: u64,
+        by_limit: bool,
+    ) -> Option<TracedRelease> {
+        if !tracer.is_on() {
+            return None;
+        }
+        let properties = &message.properties;
+        let context = TraceContext::sampled(message::traceparent(properties).as_deref())?;
+        let deliver_at_ms = message::deliver_at_ms(properties)?;
+        let delay_ms = message::delay_ms(properties).unwrap_or(0);
+        Some(TracedRelease {
+            context,
+            task_id: message::message_id(properties)?.to_owned(),
+            revision: message::revision(properties),
+            destination: message.routing_key.clone(),
+            delay_from_ms: deliver_at_ms.saturating_sub(delay_ms),
+            deliver_at_ms,
+            released_ms,
+            by_limit,
+        })
+    }
+
+    fn spans(&self, outcome: &Outcome, ended_ms: u64) -> Vec<spans::SpanRecord> {
+        let end = match outcome {
+            Outcome::Published(Ok(released)) => ReleaseEnd::Delivered {
+                unroutable: *released == Released::Unroutable,
+            },
+            Outcome::Expired(None) | Outcome::Expired(Some((_, Ok(_)))) => ReleaseEnd::Expired,
+            Outcome::Published(Err(_)) | Outcome::Expired(Some((_, Err(_)))) => ReleaseEnd::Failed,
+        };
+        spans::release_spans(&Release {
+            task: TaskRef {
+                context: self.context,
+                task_id: &self.task_id,
+                revision: self.revision,
+                destination: &self.destination,
+            },
+            delay_from_ms: self.delay_from_ms,
+            deliver_at_ms: self.deliver_at_ms,
+            released_ms: self.released_ms,
+            ended_ms,
+            by_limit: self.by_limit,
+            end,
+        })
     }
 }

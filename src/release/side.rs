@@ -19,6 +19,7 @@ use super::watch::ArrivalWatch;
 use crate::cascade::Cascade;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
+use crate::telemetry::TaskTracer;
 
 /// What the release side is built from, shared with the scheduler.
 pub(crate) struct ReleaseHandles {
@@ -32,6 +33,8 @@ pub(crate) struct ReleaseHandles {
     pub staged_wake: Arc<Notify>,
     /// What the way of delaying learns from what arrives.
     pub watch: Arc<dyn ArrivalWatch>,
+    /// Where the spans of the releases go.
+    pub tracer: TaskTracer,
 }
 
 /// The release side's background work, built, not started.
@@ -52,8 +55,10 @@ impl ReleaseSide {
             limits,
             staged_wake,
             watch,
+            tracer,
         } = handles;
-        let publisher = DuePublisher::new(broker.clone(), cascade.clone(), metrics.clone());
+        let publisher =
+            DuePublisher::new(broker.clone(), cascade.clone(), metrics.clone()).traced(tracer);
         let in_flight = super::in_flight::InFlight::default();
         ReleaseSide {
             unroutable_watch: UnroutableWatch {

@@ -48,12 +48,13 @@ use tracing::{debug, warn};
 use super::hold::{self, Offsets};
 use super::in_flight::InFlight;
 use super::limit_view::LimitsView;
-use super::publisher::{DuePublisher, Released};
+use super::publisher::{DuePublisher, Outcome, Released};
+use super::record::expiry_why;
 use super::watch::{Arrival, ArrivalWatch};
-use crate::broker::{ConsumeLimits, Inbound, PublishError, Settle};
+use crate::broker::{ConsumeLimits, Inbound, Settle};
 use crate::cascade::Cascade;
 use crate::clock;
-use crate::ledger::{ClaimAsk, Finding, Ledger, WaitsFor};
+use crate::ledger::{ClaimAsk, Expiry, Finding, Ledger, WaitsFor};
 use crate::message::{self, Message};
 use crate::metrics::Metrics;
 use crate::task::TaskState;
@@ -88,6 +89,8 @@ pub enum Verdict {
     Forward,
     /// The task was cancelled.
     DropCancelled,
+    /// The task expired: its deadline passed before a copy was published.
+    DropExpired,
     /// An older revision of a task moved since: its new copy is in the cascade.
     DropStale,
     /// The task was already delivered in this revision: a second copy.
@@ -109,6 +112,7 @@ impl Verdict {
     fn dropped(self) -> Option<&'static str> {
         match self {
             Verdict::DropCancelled => Some("cancelled"),
+            Verdict::DropExpired => Some("expired"),
             Verdict::DropStale => Some("stale"),
             Verdict::DropDuplicate => Some("duplicate"),
             Verdict::Deliver
@@ -131,6 +135,10 @@ pub fn judge(finding: Finding, revision: u64) -> Verdict {
             state: TaskState::Cancelled,
             ..
         } => Verdict::DropCancelled,
+        Finding::Found {
+            state: TaskState::Expired,
+            ..
+        } => Verdict::DropExpired,
         Finding::Found {
             revision: current, ..
         } if current > revision => Verdict::DropStale,
@@ -202,7 +210,8 @@ struct DueMessage<'a> {
     due: Due<'a>,
     judged: Judged,
     waits_for: Option<WaitsFor>,
-    published: Option<(Result<Released, PublishError>, u64)>,
+    /// What its release came to, and when (the confirm's time, epoch ms).
+    published: Option<(Outcome, u64)>,
 }
 
 impl DueMessage<'_> {
@@ -609,16 +618,17 @@ impl ReleaseStage {
         }
     }
 
-    /// A message published at its time, and when its confirm came; `None`
-    /// when it is not to be published, or `shutdown` came first (claimed,
-    /// it goes back to the queue and is claimed again by whoever takes it).
+    /// A message released at its time (published, or expired past its
+    /// deadline then), and when its confirm came; `None` when it is not to
+    /// be published, or `shutdown` came first (claimed, it goes back to the
+    /// queue and is claimed again by whoever takes it).
     async fn publish_at(
         &self,
         due: &Due<'_>,
         publish: bool,
         held: &Held<'_>,
         shutdown: &CancellationToken,
-    ) -> Option<(Result<Released, PublishError>, u64)> {
+    ) -> Option<(Outcome, u64)> {
         if !publish {
             held.let_go(due.at_us);
             return None;
@@ -627,14 +637,17 @@ impl ReleaseStage {
             return None;
         }
         held.released(due.at_us, clock::mono_us());
-        let outcome = self.publisher.publish(due.message).await;
-        Some((outcome, crate::clock::now_ms()))
+        // Read just before the publish: never published after its deadline.
+        let outcome = self.publisher.release(due.message, clock::now_ms()).await;
+        Some((outcome, clock::now_ms()))
     }
 
     /// How to settle each message of a group, by its verdict and what its
-    /// publish did; the delivered ones are marked so in the ledger first.
+    /// publish did; the delivered and the expired ones are marked so in the
+    /// ledger first.
     async fn record(&self, group: Vec<DueMessage<'_>>) -> Vec<(usize, Settle)> {
         let mut delivered: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        let mut expired = Expired::default();
         let mut settles = Vec::with_capacity(group.len());
         for DueMessage {
             due,
@@ -655,9 +668,17 @@ impl ReleaseStage {
                 Settle::Ack
             } else {
                 match published {
+                    Some((Outcome::Expired(None), at_ms)) => {
+                        expired.add(judged.identity, at_ms, None);
+                        Settle::Ack
+                    }
+                    Some((Outcome::Expired(Some((to, Ok(_)))), at_ms)) => {
+                        expired.add(judged.identity, at_ms, Some(to));
+                        Settle::Ack
+                    }
                     // Its notice marks it unroutable; not delivered.
-                    Some((Ok(Released::Unroutable), _)) => Settle::Ack,
-                    Some((Ok(Released::Delivered), at_ms)) => {
+                    Some((Outcome::Published(Ok(Released::Unroutable)), _)) => Settle::Ack,
+                    Some((Outcome::Published(Ok(Released::Delivered)), at_ms)) => {
                         self.observe_delivery(message, verdict, at_ms);
                         if verdict == Verdict::Deliver
                             && let Some((id, _)) = judged.identity
@@ -666,7 +687,10 @@ impl ReleaseStage {
                         }
                         Settle::Ack
                     }
-                    Some((Err(error), _)) => {
+                    Some((
+                        Outcome::Published(Err(error)) | Outcome::Expired(Some((_, Err(error)))),
+                        _,
+                    )) => {
                         warn!(
                             task_id = message::message_id(&message.properties),
                             %error,
@@ -682,7 +706,8 @@ impl ReleaseStage {
         let marks = delivered
             .into_iter()
             .map(|(at_ms, ids)| self.ledger.mark_delivered(ids, at_ms));
-        if let Some(Err(error)) = join_all(marks).await.into_iter().find(Result::is_err) {
+        let (marked, ()) = tokio::join!(join_all(marks), expired.record(self));
+        if let Some(Err(error)) = marked.into_iter().find(Result::is_err) {
             // Delivered all the same; a copy that comes again is delivered again.
             warn!(%error, "delivered tasks not marked so in the ledger");
         }
@@ -709,6 +734,46 @@ impl ReleaseStage {
     }
 }
 
+/// Why a task the release stage expired did, as the ledger keeps it.
+const EXPIRED_AT_RELEASE: &str = "its deadline passed before the release stage could publish \
+     it (the broker unavailable or blocked, delayline stopped, or its message late out of the \
+     cascade)";
+
+/// A group's messages whose deadline passed at their time: counted, and
+/// their tasks (those the message names) marked expired in the ledger.
+#[derive(Default)]
+struct Expired {
+    tasks: Vec<Expiry>,
+    messages: u64,
+}
+
+impl Expired {
+    /// A message that expired at `at_ms`, its message sent to `sent_to`.
+    fn add(&mut self, identity: Option<(String, u64)>, at_ms: u64, sent_to: Option<String>) {
+        self.messages += 1;
+        if let Some((id, revision)) = identity {
+            let why = expiry_why(EXPIRED_AT_RELEASE, sent_to.as_deref());
+            self.tasks.push(Expiry {
+                id,
+                revision,
+                at_ms,
+                why,
+            });
+        }
+    }
+
+    async fn record(self, stage: &ReleaseStage) {
+        if self.messages == 0 {
+            return;
+        }
+        stage.metrics.expired("release", self.messages);
+        if let Err(error) = stage.ledger.mark_expired(&self.tasks).await {
+            // Never published all the same; a copy that comes again expires again.
+            warn!(%error, "expired tasks not marked so in the ledger");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -724,6 +789,7 @@ mod tests {
                 let verdict = judge(found(state, current), message);
                 let expected = match (state, current.cmp(&message)) {
                     (Cancelled, _) => Verdict::DropCancelled,
+                    (Expired, _) => Verdict::DropExpired,
                     (_, std::cmp::Ordering::Greater) => Verdict::DropStale,
                     (Delivered | Waiting | Staged, std::cmp::Ordering::Equal) => {
                         Verdict::DropDuplicate

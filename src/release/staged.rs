@@ -27,11 +27,10 @@ use tracing::warn;
 
 use super::in_flight::InFlight;
 use super::limit_view::LimitsView;
-use super::publisher::{DuePublisher, Released};
+use super::publisher::{DuePublisher, Outcome, Released};
 use super::record::{LedgerReleases, PutBack};
 use super::stage::CLAIM_AHEAD;
 use super::watch::ArrivalWatch;
-use crate::broker::PublishError;
 use crate::clock;
 use crate::ledger::{Ledger, StoredTask, UnstageInput};
 
@@ -75,8 +74,8 @@ pub(crate) struct StagedRelease {
 
 /// What became of a taken task's publish.
 enum Publish {
-    /// Published, or refused, with when the answer came.
-    Done(Result<Released, PublishError>, u64),
+    /// Published, refused, or expired, with when the answer came.
+    Done(Outcome, u64),
     /// Not published: the replica stops.
     Stopped,
     /// Its row can never be published (it stays taken, its lease runs out).
@@ -210,19 +209,22 @@ impl StagedRelease {
         .await;
         for (task, outcome) in published {
             match outcome {
-                Publish::Done(Ok(released), at_ms) => {
-                    self.observe(&task, released, at_ms);
-                    releases.delivered(task.id, at_ms);
-                }
-                Publish::Done(Err(error), _) => {
-                    warn!(task_id = task.id, %error, "a staged task could not be released; it is staged again");
-                    releases.again(task.id);
+                Publish::Done(outcome, at_ms) => {
+                    if let Some(released) = releases.note(&task, outcome, at_ms) {
+                        self.observe(&task, released, at_ms);
+                    }
                 }
                 Publish::Stopped => releases.again(task.id),
                 Publish::Never => {}
             }
         }
-        releases.record(self.ledger.clone(), PutBack::Stage).await;
+        releases
+            .record(
+                self.ledger.clone(),
+                PutBack::Stage,
+                self.publisher.metrics.clone(),
+            )
+            .await;
         drop(releasing);
     }
 
@@ -249,8 +251,9 @@ impl StagedRelease {
         free
     }
 
-    /// Publishes `task` at its moment by this replica's wall clock, and
-    /// says when its confirm came.
+    /// Publishes `task` at its moment by this replica's wall clock (or,
+    /// past its deadline then, expires it), and says when its confirm
+    /// came.
     async fn publish_at(&self, task: &StoredTask, shutdown: &CancellationToken) -> Publish {
         let moment_ms = task.release_at_ms.unwrap_or(task.deliver_at_ms);
         loop {
@@ -264,18 +267,22 @@ impl StagedRelease {
                 () = clock::until_mono_us(at_us) => {}
             }
         }
-        let message = match self.publisher.message_of(task, clock::now_ms()) {
-            Ok(message) => message,
+        // Read just before the publish: never published after its deadline.
+        let now_ms = clock::now_ms();
+        match self
+            .publisher
+            .release_stored(task, now_ms, PUBLISH_LIMIT, false)
+            .await
+        {
+            Ok(outcome) => Publish::Done(outcome, clock::now_ms()),
             Err(reason) => {
                 warn!(
                     task_id = task.id,
                     reason, "a staged task cannot be released"
                 );
-                return Publish::Never;
+                Publish::Never
             }
-        };
-        let outcome = self.publisher.publish_within(message, PUBLISH_LIMIT).await;
-        Publish::Done(outcome, clock::now_ms())
+        }
     }
 
     fn observe(&self, task: &StoredTask, released: Released, at_ms: u64) {

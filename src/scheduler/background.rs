@@ -31,6 +31,7 @@ use super::{Mode, Scheduler};
 use crate::chain::{ShardStrands, level_keepers};
 use crate::release::ReleaseSide;
 use crate::stop::Named;
+use crate::telemetry::TaskTracer;
 
 impl Scheduler {
     /// Starts the background work the table above lists for this mode.
@@ -42,7 +43,8 @@ impl Scheduler {
         let mut work = ledger_upkeep(bookkeeper, settings, &shutdown);
         work.extend(self.spawn_planner(shutdown.clone()));
         if self.inner.cascade.release_stage() {
-            work.extend(release_side(bookkeeper, settings, shutdown));
+            let tracer = self.inner.tracer.clone();
+            work.extend(release_side(bookkeeper, settings, tracer, shutdown));
         }
         work
     }
@@ -88,6 +90,7 @@ fn ledger_upkeep(
 fn release_side(
     bookkeeper: &Bookkeeper,
     settings: &SchedulerSettings,
+    tracer: TaskTracer,
     shutdown: CancellationToken,
 ) -> Vec<Named> {
     let mut work = Vec::new();
@@ -116,7 +119,7 @@ fn release_side(
             keeper.run(every, shutdown.clone()),
         ));
     }
-    let side = ReleaseSide::new(bookkeeper.release_handles(Arc::new(strands)));
+    let side = ReleaseSide::new(bookkeeper.release_handles(Arc::new(strands), tracer));
     work.push(Named::spawn(
         "the unroutable watch",
         side.unroutable_watch.run(shutdown.clone()),

@@ -41,6 +41,7 @@ use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::release::{ArrivalWatch, Broker, LimitsView, ReleaseHandles};
 use crate::task::{Itinerary, Task, TaskState};
+use crate::telemetry::TaskTracer;
 
 /// How often the forwarder looks for pending tasks when it found none.
 const FORWARD_POLL: Duration = Duration::from_millis(200);
@@ -285,6 +286,11 @@ impl Bookkeeper {
             delay_ms: itinerary.route.delay_ms,
             routing_key: itinerary.route.routing_key,
             lease_until_ms: now_ms + self.lease_ms,
+            deadline_ms: crate::task::deadline::moved(
+                current.deadline_ms,
+                current.deliver_at_ms,
+                itinerary.deliver_at_ms,
+            ),
         };
         let moved = match self
             .ledger
@@ -312,7 +318,11 @@ impl Bookkeeper {
 
     /// What the release side is built from (see `crate::release::side`),
     /// told of what arrives through `watch`.
-    pub fn release_handles(&self, watch: Arc<dyn ArrivalWatch>) -> ReleaseHandles {
+    pub fn release_handles(
+        &self,
+        watch: Arc<dyn ArrivalWatch>,
+        tracer: TaskTracer,
+    ) -> ReleaseHandles {
         ReleaseHandles {
             broker: self.broker.clone(),
             ledger: self.ledger.clone(),
@@ -321,6 +331,7 @@ impl Bookkeeper {
             limits: self.limits.clone(),
             staged_wake: self.staged_wake.clone(),
             watch,
+            tracer,
         }
     }
 

@@ -51,8 +51,8 @@ pub(crate) use settings::{ScheduleSettings, SchedulerSettings};
 // it speaks the scheduler's words and imports nothing below it.
 pub(crate) use crate::broker::PublishError;
 pub(crate) use crate::ledger::{
-    Cancel, ChangeKey, Cursor, LedgerError, ParkedFilter, ParkedMessage, ParkedQueue, Reschedule,
-    StoredOperation, StoredSchedule, StoredTask, TaskFilter,
+    Cancel, ChangeKey, Cursor, HOUR_MS, LedgerError, ParkedFilter, ParkedGroup, ParkedMessage,
+    ParkedQueue, Reschedule, StoredOperation, StoredSchedule, StoredTask, TaskFilter,
 };
 #[cfg(test)]
 pub(crate) use crate::release::PublishAlone;
@@ -65,6 +65,8 @@ use crate::clock::Reading;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::task::{Task, TaskState};
+use crate::telemetry::spans::{self, Phase, TaskRef};
+use crate::telemetry::{TaskTracer, TraceContext};
 use bookkeeper::{Bookkeeper, Prepared};
 
 enum Mode {
@@ -93,6 +95,8 @@ struct Inner {
     /// The ledger's last check that it can write, and when: readiness
     /// writes at most once a second, however often it is asked.
     write_checked: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    /// Where the spans of tasks whose producers trace them go.
+    tracer: TaskTracer,
     /// Leads for tasks that fall due together (with a ledger only: what
     /// arrives early is staged there).
     bursts: Option<Bursts>,
@@ -114,6 +118,7 @@ impl Scheduler {
         cascade: Arc<Cascade>,
         metrics: Arc<Metrics>,
         settings: SchedulerSettings,
+        tracer: TaskTracer,
     ) -> Self {
         let bursts = ledger.as_ref().and_then(|_| Bursts::new(&cascade));
         let mode = match ledger {
@@ -137,12 +142,19 @@ impl Scheduler {
                 started_ms: crate::clock::now_ms(),
                 write_checked: tokio::sync::Mutex::new(None),
                 bursts,
+                tracer,
             }),
         }
     }
 
     pub fn cascade(&self) -> &Cascade {
         &self.inner.cascade
+    }
+
+    /// Where the spans of traced tasks go (the retry intake's parked
+    /// messages' too).
+    pub(crate) fn tracer(&self) -> &TaskTracer {
+        &self.inner.tracer
     }
 
     /// Whether tasks are recorded: only then are idempotency keys honoured
@@ -184,6 +196,10 @@ impl Scheduler {
         now: &Reading,
     ) -> Result<Submitted, SubmitError> {
         let prepared = self.prepare(task, now)?;
+        // Read only when spans are recorded: off, tracing costs this check.
+        let traceparent = (self.inner.tracer.is_on())
+            .then(|| crate::message::traceparent(&prepared.message.properties))
+            .flatten();
         let submitted = match &self.inner.mode {
             Mode::Ledger(bookkeeper) => {
                 bookkeeper
@@ -208,7 +224,34 @@ impl Scheduler {
         self.inner
             .metrics
             .accepted(submitted.accepted.state.as_str(), submitted.replayed);
+        if !submitted.replayed {
+            self.trace_accept(traceparent.as_deref(), task, &submitted, now.wall_ms);
+        }
         Ok(submitted)
+    }
+
+    /// The span of `task`'s acceptance, from the request's instant to its
+    /// answer, when its producer traces it.
+    fn trace_accept(
+        &self,
+        traceparent: Option<&str>,
+        task: &Task,
+        submitted: &Submitted,
+        from_ms: u64,
+    ) {
+        let Some(context) = TraceContext::sampled(traceparent) else {
+            return;
+        };
+        let of = TaskRef {
+            context,
+            task_id: &task.id,
+            revision: task.revision,
+            destination: &task.destination,
+        };
+        let accepted = spans::span(&of, Phase::Accept, from_ms, crate::clock::now_ms())
+            .with("delayline.state", submitted.accepted.state.as_str())
+            .with("delayline.deliver_at_ms", task.deliver_at_ms.to_string());
+        self.inner.tracer.record([accepted]);
     }
 
     /// `task` as it goes into the chain (with a head start through the levels if
@@ -420,17 +463,33 @@ impl Scheduler {
         metrics
             .broker_misconfigured
             .set(i64::from(broker.problem.is_some_and(|p| p.misconfigured)));
+        // Readiness counts the pending tasks already: counted once per scrape.
+        let ready = self.readiness().await;
         if let Mode::Ledger(bookkeeper) = &self.inner.mode {
             let ledger = bookkeeper.ledger();
-            // A scrape must not fail when the ledger does: that is when it matters.
-            let pending = ledger.pending_tasks().await.unwrap_or_else(|error| {
-                warn!(%error, "cannot count pending tasks for /metrics");
-                ledger.pending_estimate()
-            });
+            let pending = match &ready {
+                Ok(Readiness {
+                    pending: Some(pending),
+                    ..
+                })
+                | Err(NotReady::LedgerFull { pending }) => *pending,
+                // A scrape must not fail when the ledger does: that is when it matters.
+                Err(NotReady::Ledger(_)) => ledger.pending_estimate(),
+                _ => ledger.pending_tasks().await.unwrap_or_else(|error| {
+                    warn!(%error, "cannot count pending tasks for /metrics");
+                    ledger.pending_estimate()
+                }),
+            };
             metrics
                 .ledger_pending
                 .set(i64::try_from(pending).unwrap_or(i64::MAX));
         }
+        metrics.ready.set(i64::from(ready.is_ok()));
+        let cannot_write = matches!(
+            ready,
+            Err(NotReady::LedgerCannotWrite(_) | NotReady::Ledger(_))
+        );
+        metrics.ledger_writable.set(i64::from(!cannot_write));
         self.refresh_schedule_metrics().await;
     }
 

@@ -23,6 +23,8 @@ pub enum TaskError {
     InvalidId(String),
     #[error("{0}")]
     InvalidExchange(String),
+    #[error("{0}")]
+    InvalidDeadline(String),
 }
 
 impl TaskError {
@@ -51,6 +53,7 @@ impl TaskError {
             TaskError::InvalidHeader(m) => TaskError::InvalidHeader(locate(m)),
             TaskError::InvalidId(m) => TaskError::InvalidId(locate(m)),
             TaskError::InvalidExchange(m) => TaskError::InvalidExchange(locate(m)),
+            TaskError::InvalidDeadline(m) => TaskError::InvalidDeadline(locate(m)),
         }
     }
 
@@ -66,6 +69,7 @@ impl TaskError {
             TaskError::InvalidHeader(_) => "invalid_header",
             TaskError::InvalidId(_) => "invalid_id",
             TaskError::InvalidExchange(_) => "invalid_exchange",
+            TaskError::InvalidDeadline(_) => "invalid_deadline",
         }
     }
 

@@ -82,6 +82,11 @@ pub struct TaskParts {
     pub client: Option<String>,
     pub exchange: Option<String>,
     pub leeway_ms: u64,
+    /// Epoch milliseconds after which it is never published to its
+    /// destination (see [`super::deadline`]); `None`: however late.
+    pub deadline_ms: Option<u64>,
+    /// Where its message goes instead once its deadline passed.
+    pub expired_destination: Option<String>,
     pub carried: Option<lapin::BasicProperties>,
 }
 
@@ -114,6 +119,12 @@ pub struct Task {
     /// Its leeway (0: none): `deliver_at_ms` is the moment drawn in
     /// it, [`leeway_offset_ms`] after the due time asked for.
     pub leeway_ms: u64,
+    /// Epoch milliseconds after which it is never published to its
+    /// destination: it expires instead ([`super::deadline`]).
+    pub deadline_ms: Option<u64>,
+    /// Where its message goes instead once its deadline passed (a
+    /// destination at its exchange); `None`: nowhere.
+    pub expired_destination: Option<String>,
     /// A message taken in over AMQP (an ingress): its properties, delivered
     /// as they came (see [`crate::message::taken_in`]). `content_type` and
     /// `headers` are then a copy, for inspection.
@@ -139,7 +150,9 @@ pub struct Task {
 ///   waits in the unroutable queue (release stage only);
 /// - `cancelled`: withdrawn; it is never delivered;
 /// - `failed`: the broker can never take it (quarantined, with the reason in
-///   `last_error`).
+///   `last_error`);
+/// - `expired`: its deadline passed before it could be published to its
+///   destination; it never is (why in `last_error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
@@ -154,10 +167,11 @@ pub enum TaskState {
     Unroutable,
     Cancelled,
     Failed,
+    Expired,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 9] = [
+    pub const ALL: [TaskState; 10] = [
         TaskState::Pending,
         TaskState::Scheduled,
         TaskState::Releasing,
@@ -167,6 +181,7 @@ impl TaskState {
         TaskState::Unroutable,
         TaskState::Cancelled,
         TaskState::Failed,
+        TaskState::Expired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -180,6 +195,7 @@ impl TaskState {
             TaskState::Unroutable => "unroutable",
             TaskState::Cancelled => "cancelled",
             TaskState::Failed => "failed",
+            TaskState::Expired => "expired",
         }
     }
 
@@ -225,6 +241,13 @@ pub struct TaskAccepted {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     #[schema(format = DateTime)]
     pub due_at: Option<String>,
+    /// Its deadline, when it has one: never published after it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(format = DateTime)]
+    pub deadline: Option<String>,
+    /// Where its message goes instead once its deadline passed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub expired_destination: Option<String>,
     pub state: TaskState,
 }
 
@@ -242,6 +265,8 @@ impl Task {
             client,
             exchange,
             leeway_ms,
+            deadline_ms,
+            expired_destination,
             carried,
         } = parts;
         Task {
@@ -258,6 +283,8 @@ impl Task {
             client,
             exchange,
             leeway_ms,
+            deadline_ms,
+            expired_destination,
             carried,
             _made: (),
         }
@@ -282,6 +309,8 @@ impl Task {
             deliver_at: format_epoch_ms(self.deliver_at_ms),
             leeway_ms: (self.leeway_ms > 0).then_some(self.leeway_ms),
             due_at: leeway_due_at(&self.id, self.deliver_at_ms, self.leeway_ms),
+            deadline: self.deadline_ms.map(format_epoch_ms),
+            expired_destination: self.expired_destination.clone(),
             state,
         }
     }
@@ -303,9 +332,24 @@ impl Task {
             content_type: &self.content_type,
             headers: &self.headers,
             exchange: self.exchange.as_deref(),
+            deadline_ms: self.deadline_ms,
+            expired_destination: self.expired_destination.as_deref(),
             carried: self.carried.as_ref(),
         }
     }
+}
+
+/// The id of the task that replays expired task `id` (see
+/// `StoredTask::replayed`): one a task, so that a replay asked for twice
+/// answers the first (the ledger's ids are unique), and readable where it
+/// fits in an id's 255 bytes.
+pub fn replay_id(id: &str) -> String {
+    let readable = format!("{id}~replay");
+    if readable.len() <= crate::cascade::MAX_NAME_BYTES {
+        return readable;
+    }
+    use sha2::{Digest, Sha256};
+    format!("replay~{:x}", Sha256::digest(id.as_bytes()))
 }
 
 /// Where in its leeway of `window_ms` the task `id` is delivered:

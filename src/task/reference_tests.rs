@@ -13,8 +13,9 @@ fn a_misspelt_field_is_told_every_field_of_a_task() {
     assert_eq!(
         error.to_string(),
         "/exchnage: unknown field \"exchnage\"; the fields of a task are destination, \
-         delay_ms, delay, deliver_at, leeway_ms, leeway, payload, payload_base64, \
-         content_type, headers, id, exchange"
+         delay_ms, delay, deliver_at, leeway_ms, leeway, deadline, max_lateness_ms, \
+         max_lateness, expired_destination, payload, payload_base64, content_type, headers, id, \
+         exchange"
     );
 }
 

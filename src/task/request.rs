@@ -12,9 +12,11 @@ use serde_json::value::RawValue;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::deadline::{AskedDeadline, DeadlineError};
 use super::error::TaskError;
 use super::model::{Itinerary, Task, TaskParts, leeway_offset_ms};
-use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError};
+use crate::cascade::{Cascade, MAX_NAME_BYTES, RouteError, validate_destination};
+use crate::clock::format_epoch_ms;
 use crate::message::{FieldValue, is_reserved_header};
 
 /// The JSON body of `POST /v1/tasks`, as received.
@@ -54,6 +56,28 @@ pub(crate) struct TaskRequest<'a> {
     /// The leeway as a human duration: `"10s"`, `"5m"`.
     #[schema(example = "10s")]
     leeway: Option<String>,
+    /// An RFC 3339 time after which the task is never published to its
+    /// destination: if it could not be delivered by then (the broker down,
+    /// its destination paused or paced, delayline stopped), it becomes
+    /// `expired` instead. Not before the due time (with a leeway, the
+    /// window's end). At most one of `deadline`, `max_lateness_ms` and
+    /// `max_lateness`. Needs the release stage. A move keeps how late the
+    /// task may be, not the instant.
+    #[schema(format = DateTime, example = "2026-11-22T14:10:00Z")]
+    deadline: Option<String>,
+    /// The deadline as how late after its due time (its own moment, with
+    /// a leeway) the task may still be delivered, in milliseconds.
+    #[schema(value_type = Option<u64>, minimum = 0, example = 300000)]
+    max_lateness_ms: Option<serde_json::Number>,
+    /// `max_lateness_ms` as a human duration: `"5m"`.
+    #[schema(example = "5m")]
+    max_lateness: Option<String>,
+    /// With a deadline: where the task's message goes instead once the
+    /// deadline passed (a destination, the routing key at the exchange it
+    /// is delivered to), marked `x-delayline-expired-at-ms`. Without it an
+    /// expired task's message goes nowhere.
+    #[schema(example = "billing.expired", min_length = 1, max_length = 253)]
+    expired_destination: Option<String>,
     // Not a plain `Option`, which would take `null` for absent.
     /// Any JSON, `null` included, delivered as its exact JSON bytes
     /// (`application/json`); without it or `payload_base64` the body is empty.
@@ -69,7 +93,8 @@ pub(crate) struct TaskRequest<'a> {
     // Kept raw, so that an integer too large for 64 bits is refused rather
     // than turned into a float.
     /// String, number or boolean values. Reserved: `x-delay-ms`,
-    /// `x-deliver-at-ms`, `x-delayline-revision`, `x-delayline-exchange`,
+    /// `x-deliver-at-ms`, `x-delayline-revision`, `x-delayline-deadline-ms`,
+    /// `x-delayline-expired-to`, `x-delayline-expired-at-ms`, `x-delayline-exchange`,
     /// `x-delayline-delivery-key`, `x-delayline-expiration`,
     /// `x-delayline-user-id`, `x-delayline-schedule`,
     /// `x-delayline-occurrence`, `x-death*`, `x-first-death*`, `x-last-death*`,
@@ -195,6 +220,8 @@ impl TaskRequest<'_> {
             "/leeway"
         };
         let (payload, content_type) = self.payload()?;
+        let asked_deadline =
+            requested_deadline(&self.deadline, &self.max_lateness_ms, &self.max_lateness)?;
         let client_id = self.id.is_some();
         let id = validate_id(self.id)?;
         let moment = delay + Duration::from_millis(leeway_offset_ms(&id, leeway_ms));
@@ -214,6 +241,8 @@ impl TaskRequest<'_> {
                 };
                 TaskError::from(error).at(field)
             })?;
+        let deadline_ms = deadline_of(asked_deadline, cascade, &id, &itinerary, leeway_ms)?;
+        let expired_destination = expired_destination(self.expired_destination, deadline_ms)?;
         let parts = TaskParts {
             client_id,
             id,
@@ -225,6 +254,8 @@ impl TaskRequest<'_> {
             client: None,
             exchange: validate_exchange(self.exchange, cascade)?,
             leeway_ms,
+            deadline_ms,
+            expired_destination,
             carried: None,
         };
         Ok(Task::new(parts, itinerary))
@@ -399,6 +430,117 @@ fn requested_leeway(
         }
     };
     Ok(u64::try_from(window.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The deadline of task `id`, if it asks for one: after the whole of its
+/// window, whatever moment its id drew in it.
+fn deadline_of(
+    asked: Option<(AskedDeadline, &'static str)>,
+    cascade: &Cascade,
+    id: &str,
+    itinerary: &Itinerary,
+    leeway_ms: u64,
+) -> Result<Option<u64>, TaskError> {
+    let Some((asked, field)) = asked else {
+        return Ok(None);
+    };
+    if !cascade.release_stage() {
+        return Err(TaskError::InvalidDeadline(format!(
+            "{field}: needs the release stage (a ledger): without it the broker delivers \
+             the task however late"
+        )));
+    }
+    let moment_ms = itinerary.deliver_at_ms;
+    let due_ms = moment_ms.saturating_sub(leeway_offset_ms(id, leeway_ms));
+    let window_end_ms = moment_ms.max(due_ms.saturating_add(leeway_ms));
+    match asked.resolve(moment_ms, window_end_ms) {
+        Ok(deadline_ms) => Ok(Some(deadline_ms)),
+        Err(DeadlineError::BeforeDue {
+            deadline_ms,
+            window_end_ms,
+        }) => Err(TaskError::InvalidDeadline(format!(
+            "{field}: {} is before the task is due ({}{}): it could never be delivered",
+            format_epoch_ms(deadline_ms),
+            format_epoch_ms(window_end_ms),
+            if leeway_ms > 0 {
+                ", its leeway's end"
+            } else {
+                ""
+            }
+        ))),
+        Err(DeadlineError::TooLate) => Err(TaskError::InvalidDeadline(format!(
+            "{field}: past {}, the latest deadline there is",
+            format_epoch_ms(super::deadline::LATEST_MS)
+        ))),
+    }
+}
+
+/// Where an expired task's message goes: a destination, given only with a
+/// deadline.
+fn expired_destination(
+    destination: Option<String>,
+    deadline_ms: Option<u64>,
+) -> Result<Option<String>, TaskError> {
+    let Some(destination) = destination else {
+        return Ok(None);
+    };
+    if deadline_ms.is_none() {
+        return Err(TaskError::InvalidDeadline(
+            "/expired_destination: needs a deadline (deadline, max_lateness_ms or \
+             max_lateness): without one the task never expires"
+                .to_owned(),
+        ));
+    }
+    validate_destination(&destination)
+        .map_err(|error| TaskError::from(error).at("/expired_destination"))?;
+    Ok(Some(destination))
+}
+
+/// The deadline a request asks for with at most one of its three fields,
+/// and the field's pointer.
+fn requested_deadline(
+    deadline: &Option<String>,
+    max_lateness_ms: &Option<serde_json::Number>,
+    max_lateness: &Option<String>,
+) -> Result<Option<(AskedDeadline, &'static str)>, TaskError> {
+    let lateness = |duration: Duration| {
+        AskedDeadline::LatenessAtMost(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+    };
+    let asked = match (deadline, max_lateness_ms, max_lateness) {
+        (None, None, None) => return Ok(None),
+        (Some(text), None, None) => {
+            let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| {
+                TaskError::InvalidDeadline(format!(
+                    "/deadline: {text:?} is not an RFC 3339 time such as \
+                     \"2026-01-02T15:04:05Z\": {e}"
+                ))
+            })?;
+            let ms = at.unix_timestamp_nanos().div_euclid(1_000_000).max(0);
+            (
+                AskedDeadline::At(u64::try_from(ms).unwrap_or(u64::MAX)),
+                "/deadline",
+            )
+        }
+        (None, Some(ms), None) => {
+            let duration = delay_of_ms(ms, "/max_lateness_ms")
+                .map_err(|error| TaskError::InvalidDeadline(error.to_string()))?;
+            (lateness(duration), "/max_lateness_ms")
+        }
+        (None, None, Some(text)) => {
+            let duration = humantime::parse_duration(text).map_err(|e| {
+                TaskError::InvalidDeadline(format!(
+                    "/max_lateness: {text:?} is not a duration such as \"30s\" or \"5m\": {e}"
+                ))
+            })?;
+            (lateness(duration), "/max_lateness")
+        }
+        _ => {
+            return Err(TaskError::InvalidDeadline(
+                "give at most one of deadline, max_lateness_ms or max_lateness".to_owned(),
+            ));
+        }
+    };
+    Ok(Some(asked))
 }
 
 /// A number of milliseconds as given in `field` (`/delay_ms`, `/leeway_ms`):

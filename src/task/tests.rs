@@ -394,3 +394,56 @@ fn every_bad_request_has_its_code() {
     }
     assert!(parse(r#"{"destination":"d","delay_ms":25500}"#).is_ok());
 }
+
+/// A deadline as a time or as how late the task may be; refused before
+/// the task is due (with a leeway, its window's end), given twice, or
+/// without the release stage (only it can hold a task back).
+#[test]
+fn a_deadline_is_a_time_after_the_due_time_and_needs_the_release_stage() {
+    let staged = crate::cascade::sharded_for_tests(8, 100, 1);
+    let parse_staged = |body: &str| Task::parse(body.as_bytes(), &staged, now());
+    let plain = parse_staged(r#"{"destination": "d", "delay_ms": 1000}"#).unwrap();
+    assert_eq!(plain.deadline_ms, None);
+    assert_eq!(plain.accepted(TaskState::Scheduled).deadline, None);
+    let late =
+        parse_staged(r#"{"destination": "d", "delay_ms": 1000, "max_lateness_ms": 500}"#).unwrap();
+    assert_eq!(late.deadline_ms, Some(late.deliver_at_ms + 500));
+    let human = r#"{"destination": "d", "delay_ms": 1000, "max_lateness": "2s"}"#;
+    let human = parse_staged(human).unwrap();
+    assert_eq!(human.deadline_ms, Some(human.deliver_at_ms + 2_000));
+    assert_eq!(
+        human.accepted(TaskState::Scheduled).deadline,
+        Some(format_epoch_ms(human.deliver_at_ms + 2_000))
+    );
+    // As a time: kept exactly, from the due time on.
+    let due = plain.deliver_at_ms;
+    let at = |deadline_ms: u64, leeway_ms: u64| {
+        format!(
+            r#"{{"destination": "d", "delay_ms": 1000, "leeway_ms": {leeway_ms}, "id": "t-9",
+                 "deadline": "{}"}}"#,
+            format_epoch_ms(deadline_ms)
+        )
+    };
+    assert_eq!(parse_staged(&at(due, 0)).unwrap().deadline_ms, Some(due));
+    let early = parse_staged(&at(due - 1, 0)).unwrap_err();
+    assert_eq!(early.code(), "invalid_deadline");
+    assert!(early.to_string().starts_with("/deadline: "), "{early}");
+    // With a leeway, not before the window's end, whatever moment was drawn.
+    assert!(parse_staged(&at(due + 4_999, 5_000)).is_err());
+    assert!(parse_staged(&at(due + 5_000, 5_000)).is_ok());
+
+    for body in [
+        r#"{"destination": "d", "delay_ms": 1, "max_lateness_ms": 5, "max_lateness": "5ms"}"#,
+        r#"{"destination": "d", "delay_ms": 1, "max_lateness": "soon"}"#,
+        r#"{"destination": "d", "delay_ms": 1, "max_lateness_ms": -1}"#,
+        r#"{"destination": "d", "delay_ms": 1, "deadline": "tomorrow"}"#,
+    ] {
+        let error = parse_staged(body).unwrap_err();
+        assert_eq!(error.code(), "invalid_deadline", "{body}: {error}");
+    }
+    // Without the release stage the broker delivers however late.
+    let without = parse(r#"{"destination": "d", "delay_ms": 1, "max_lateness_ms": 5}"#);
+    let error = without.unwrap_err();
+    assert_eq!(error.code(), "invalid_deadline");
+    assert!(error.to_string().contains("release stage"), "{error}");
+}

@@ -210,7 +210,12 @@ async fn a_sigkill_while_a_burst_is_staged_and_while_it_is_released_loses_nothin
         .await;
     println!("a burst of 400 through two SIGKILLs: {duplicates} duplicates");
     assert!(duplicates <= 400, "{duplicates}");
-    assert_eq!(count_in_state(&http, &base, "staged").await, 0);
+    // Every task may have arrived (the killed replica published it) while
+    // its row still waits out the dead lease: it leaves `staged` then.
+    eventually("no task of the burst stays staged", async || {
+        count_in_state(&http, &base, "staged").await == 0
+    })
+    .await;
     child.kill().await.unwrap();
 }
 

@@ -336,7 +336,7 @@ async fn the_console_finds_cancels_and_reschedules_with_the_apis_permissions() {
     assert_eq!(status, 200);
 }
 
-fn client(name: &str, permissions: &[&str]) -> ClientSettings {
+pub(crate) fn client(name: &str, permissions: &[&str]) -> ClientSettings {
     ClientSettings {
         name: name.to_owned(),
         token_sha256: TokenHashes::One(hash_hex(&format!("tok-{name}"))),

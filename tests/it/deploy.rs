@@ -1002,3 +1002,61 @@ async fn the_systemd_unit_verifies_and_runs_with_its_environment_file() {
     runs_as_deployed("systemd", launch, &installed[1..2], None).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The alert rules pass `promtool check rules` and their unit tests
+/// (`promtool test rules`: each alert quiet, then firing with its labels and
+/// annotations); the Operator's PrometheusRule holds the same groups; each
+/// alert's `runbook_url` is an entry of docs/runbook.md. (That the tests'
+/// series are shaped as /metrics exports them is the library's test
+/// `the_alert_rules_tests_feed_series_shaped_as_exported`.)
+#[test]
+fn the_alert_rules_pass_promtool_and_each_links_its_runbook_entry() {
+    let promtool = |args: &[&str]| {
+        let output = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(repo("deploy/prometheus"))
+            .output()
+            .expect("promtool (Debian's prometheus package; tests/run installs it)");
+        let said = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "promtool {args:?}:\n{said}");
+        said
+    };
+    let checked = promtool(&["check", "rules", "delayline-alerts.yml"]);
+    assert!(checked.contains("SUCCESS: 15 rules found"), "{checked}");
+    promtool(&["test", "rules", "delayline-alerts.test.yml"]);
+
+    let rules = yaml("deploy/prometheus/delayline-alerts.yml");
+    let operator = yaml("deploy/k8s/monitoring/prometheusrule.yaml");
+    assert_eq!(str_of(&operator, &["kind"]), "PrometheusRule");
+    assert_eq!(operator["spec"]["groups"], rules["groups"]);
+
+    let runbook = read("docs/runbook.md");
+    let tested = read("deploy/prometheus/delayline-alerts.test.yml");
+    let groups = rules["groups"].as_sequence().unwrap();
+    let alerts = groups
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap());
+    for alert in alerts {
+        let name = str_of(alert, &["alert"]);
+        let url = str_of(alert, &["annotations", "runbook_url"]);
+        let anchor = format!("#{}", name.to_lowercase());
+        assert!(
+            url.ends_with(&format!("docs/runbook.md{anchor}")),
+            "{name}: {url}"
+        );
+        assert!(
+            runbook.contains(&format!("\n### {name}\n")),
+            "no runbook entry {name}"
+        );
+        assert!(
+            tested.contains(&format!("alertname: {name}\n")),
+            "{name} has no unit test"
+        );
+        let severity = str_of(alert, &["labels", "severity"]);
+        assert!(
+            ["critical", "warning", "info"].contains(&severity),
+            "{name}"
+        );
+    }
+}

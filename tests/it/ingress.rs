@@ -32,7 +32,7 @@ const PLUGIN_SECTION: &str = "# Coming from the x-delayed-message plugin";
 const LATE_ALLOWED_MS: u64 = 5_000;
 
 /// Default settings with one ingress per (name, deliver_to type, accepted keys).
-fn settings_with(ingresses: &[(&str, &str, &[&str])]) -> Settings {
+pub(crate) fn settings_with(ingresses: &[(&str, &str, &[&str])]) -> Settings {
     let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), Backend::Sqlite);
     let prefix = settings.cascade.prefix.clone();
     settings.ingress = ingresses

@@ -503,8 +503,8 @@ async fn a_group_broken_off_by_a_deadlock_on_postgresql_is_run_again() {
     use sqlx::{Connection, Executor};
     let settings = with_ledger(test_settings(4, 20, QueueType::Classic), Backend::Postgres);
     let _cleanup = Cleanup::for_settings(&settings);
-    let histogram = prometheus_client::metrics::histogram::Histogram::new([1.0]);
-    let ledger = delayline::ledger::open(&settings.store, true, histogram)
+    let commits = delayline::ledger::CommitObservers::unobserved();
+    let ledger = delayline::ledger::open(&settings.store, true, commits)
         .await
         .unwrap()
         .expect("a PostgreSQL ledger");

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod alerts;
 mod api;
 mod bulk;
 mod burst;
@@ -13,6 +14,7 @@ mod chaos;
 mod command_line;
 mod console;
 mod contract;
+mod deadlines;
 mod delivery;
 mod deploy;
 mod examples;
@@ -30,7 +32,9 @@ mod provision;
 mod release;
 mod release_limits;
 mod retries;
+mod retry_policies;
 mod schedules;
 mod security;
 mod shards;
 mod strand;
+mod traces;

@@ -323,8 +323,10 @@ fn cli_prints_the_plan_and_routes_without_a_broker() {
     assert!(stateless.contains("hold_ms         0"), "{stateless}");
     let plan = run(&["provision", "--dry-run"]);
     // Four levels, the unroutable queue and, with the default ledger, the
-    // release stage and its notices of unroutable tasks.
-    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 7);
+    // release stage and its notices of unroutable tasks, and the retries'
+    // intake and refused queues (a policy can be set while running).
+    assert_eq!(plan.lines().filter(|l| l.starts_with("queue")).count(), 9);
+    assert!(plan.contains("queue    delayline.retry.intake"), "{plan}");
     assert!(
         plan.contains("queue    delayline.v1.unroutable-seen durable"),
         "{plan}"

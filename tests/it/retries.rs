@@ -10,9 +10,13 @@ use std::time::{Duration, SystemTime};
 use delayline::broker::connect;
 use delayline::cascade::QueueType;
 use delayline::clock::epoch_ms;
+use delayline::clock::{format_epoch_ms, parse_epoch_ms};
 use delayline::config::Settings;
 use delayline::ingress::RetrySettings;
-use delayline::message::{ATTEMPT_HEADER, REFUSAL_CODE_HEADER};
+use delayline::message::{
+    ATTEMPT_HEADER, REFUSAL_CODE_HEADER, RETRY_AFTER_HEADER, RETRY_AT_HEADER, RETRY_QUEUE_HEADER,
+};
+use delayline::testkit::now_ms;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -34,7 +38,7 @@ const LATE_ALLOWED_MS: u64 = 4_000;
 
 /// A policy over `queues`: 200 ms, then 400, 800, at most 2 s, 20% jitter,
 /// four deliveries in all.
-fn policy(queues: &[&str]) -> RetrySettings {
+pub(crate) fn policy(queues: &[&str]) -> RetrySettings {
     RetrySettings {
         name: "work".into(),
         queues: queues.iter().map(|q| (*q).to_owned()).collect(),
@@ -44,16 +48,18 @@ fn policy(queues: &[&str]) -> RetrySettings {
         jitter: 0.2,
         max_attempts: 4,
         park_to: None,
+        max_lateness: None,
+        give_up_after: None,
     }
 }
 
 /// Default settings (a 10 ms chain of 8 levels) with `policies`, each
 /// queue named under the test's prefix.
-fn settings_with(policies: Vec<RetrySettings>) -> Settings {
+pub(crate) fn settings_with(policies: Vec<RetrySettings>) -> Settings {
     settings_on(Backend::Sqlite, policies)
 }
 
-fn settings_on(backend: Backend, policies: Vec<RetrySettings>) -> Settings {
+pub(crate) fn settings_on(backend: Backend, policies: Vec<RetrySettings>) -> Settings {
     let mut settings = with_ledger(test_settings(8, 10, QueueType::Quorum), backend);
     let prefix = settings.cascade.prefix.clone();
     settings.retry = policies
@@ -71,16 +77,16 @@ fn settings_on(backend: Backend, policies: Vec<RetrySettings>) -> Settings {
     settings
 }
 
-fn text(value: &str) -> AMQPValue {
+pub(crate) fn text(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
 /// The one argument a consumer's queue adds, and the others it has.
-fn dead_letters_to(app: &TestApp, extra: &[(&str, AMQPValue)]) -> FieldTable {
+pub(crate) fn dead_letters_to(app: &TestApp, extra: &[(&str, AMQPValue)]) -> FieldTable {
     dead_letters_under(app.cascade.prefix(), extra)
 }
 
-fn dead_letters_under(prefix: &str, extra: &[(&str, AMQPValue)]) -> FieldTable {
+pub(crate) fn dead_letters_under(prefix: &str, extra: &[(&str, AMQPValue)]) -> FieldTable {
     let mut arguments = FieldTable::default();
     let exchange = format!("{prefix}.retry");
     arguments.insert("x-dead-letter-exchange".into(), text(&exchange));
@@ -91,13 +97,13 @@ fn dead_letters_under(prefix: &str, extra: &[(&str, AMQPValue)]) -> FieldTable {
 }
 
 /// A consumer's queue of the test's own (deleted with its other objects).
-async fn declare_queue(app: &mut TestApp, name: &str, arguments: FieldTable) -> String {
+pub(crate) async fn declare_queue(app: &mut TestApp, name: &str, arguments: FieldTable) -> String {
     let queue = format!("{}.{name}", app.cascade.prefix());
     declare_named(&mut app.cleanup, &queue, arguments).await;
     queue
 }
 
-async fn declare_named(cleanup: &mut Cleanup, queue: &str, arguments: FieldTable) {
+pub(crate) async fn declare_named(cleanup: &mut Cleanup, queue: &str, arguments: FieldTable) {
     cleanup.queues.push(queue.to_owned());
     let connection = connect(amqp_uri(), "retry test queue").await.unwrap();
     let channel = connection.create_channel().await.unwrap();
@@ -113,19 +119,19 @@ async fn declare_named(cleanup: &mut Cleanup, queue: &str, arguments: FieldTable
 }
 
 /// Publishes to `queue` by the default exchange, confirmed.
-async fn publish(queue: &str, body: &[u8], properties: BasicProperties) {
+pub(crate) async fn publish(queue: &str, body: &[u8], properties: BasicProperties) {
     crate::ingress::publish("", queue, body, properties).await;
 }
 
 /// A lapin consumer that settles each delivery as the test says.
-struct Worker {
+pub(crate) struct Worker {
     connection: Connection,
     _channel: Channel,
     consumer: lapin::Consumer,
 }
 
 impl Worker {
-    async fn on(queue: &str) -> Worker {
+    pub(crate) async fn on(queue: &str) -> Worker {
         let connection = connect(amqp_uri(), "retry test worker").await.unwrap();
         let channel = connection.create_channel().await.unwrap();
         let consumer = channel
@@ -149,7 +155,7 @@ impl Worker {
         let _ = self.connection.close(200, "crashed".into()).await;
     }
 
-    async fn next(&mut self, timeout: Duration) -> Option<(u64, Delivery)> {
+    pub(crate) async fn next(&mut self, timeout: Duration) -> Option<(u64, Delivery)> {
         let delivery = tokio::time::timeout(timeout, self.consumer.next())
             .await
             .ok()??;
@@ -157,7 +163,7 @@ impl Worker {
     }
 }
 
-fn attempt_of(delivery: &Delivery) -> Option<i64> {
+pub(crate) fn attempt_of(delivery: &Delivery) -> Option<i64> {
     match delivery
         .properties
         .headers()
@@ -176,18 +182,48 @@ fn pika_consumer() -> String {
     crate::lifecycle::doc_block("docs/retries.md", "# Retries", "python", 1)
 }
 
+/// A consumer of the retries page's, run as written by Python with `args`.
+struct Recipe(tokio::process::Child);
+
+impl Recipe {
+    fn start<'a>(code: &str, args: impl IntoIterator<Item = &'a str>) -> Recipe {
+        let child = tokio::process::Command::new(tool("python"))
+            .arg("-c")
+            .arg(code)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Recipe(child)
+    }
+
+    /// The `count` JSON lines it prints (each within 20 s of the one
+    /// before), once it ended well.
+    async fn lines(mut self, count: usize) -> Vec<Value> {
+        let stdout = self.0.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut seen: Vec<Value> = Vec::new();
+        while seen.len() < count {
+            let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+                .await
+                .expect("the consumer got every delivery")
+                .unwrap()
+                .expect("the consumer printed every delivery");
+            seen.push(serde_json::from_str(&line).unwrap());
+        }
+        assert!(self.0.wait().await.unwrap().success());
+        seen
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pika_consumer_rejecting_three_times_gets_it_back_after_each_backoff_then_acks() {
     let mut app = TestApp::spawn(settings_with(vec![policy(&["orders"])])).await;
     let arguments = dead_letters_to(&app, &[("x-queue-type", text("quorum"))]);
     let queue = declare_queue(&mut app, "orders", arguments).await;
     let exchange = format!("{}.retry", app.cascade.prefix());
-    let mut consumer = tokio::process::Command::new(tool("python"))
-        .args(["-c", &pika_consumer(), amqp_uri(), &queue, &exchange, "3"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let consumer = Recipe::start(&pika_consumer(), [amqp_uri(), &queue, &exchange, "3"]);
     let mut headers = FieldTable::default();
     headers.insert("tenant".into(), text("acme"));
     let properties = BasicProperties::default()
@@ -196,18 +232,7 @@ async fn a_pika_consumer_rejecting_three_times_gets_it_back_after_each_backoff_t
         .with_content_type("application/json".into())
         .with_headers(headers);
     publish(&queue, br#"{"order":42}"#, properties).await;
-
-    let mut lines = tokio::io::BufReader::new(consumer.stdout.take().unwrap()).lines();
-    let mut seen: Vec<Value> = Vec::new();
-    while seen.len() < 4 {
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("the consumer got every attempt")
-            .unwrap()
-            .expect("the consumer printed every attempt");
-        seen.push(serde_json::from_str(&line).unwrap());
-    }
-    assert!(consumer.wait().await.unwrap().success());
+    let seen = consumer.lines(4).await;
     let attempts: Vec<i64> = seen
         .iter()
         .map(|s| s["attempt"].as_i64().unwrap())
@@ -245,7 +270,7 @@ async fn a_pika_consumer_rejecting_three_times_gets_it_back_after_each_backoff_t
 }
 
 /// Rejects every delivery of the next `count` messages; their arrivals.
-async fn reject_all(worker: &mut Worker, count: usize) -> Vec<(u64, Delivery)> {
+pub(crate) async fn reject_all(worker: &mut Worker, count: usize) -> Vec<(u64, Delivery)> {
     let mut seen = Vec::new();
     while seen.len() < count {
         let (at, delivery) = worker
@@ -500,6 +525,286 @@ async fn a_queue_no_policy_covers_goes_to_the_refused_queue_and_is_never_looped(
     assert_eq!(policies["attempt_header"], ATTEMPT_HEADER);
 }
 
+/// A consumer's own time: the message published to the retry exchange with
+/// the queue and a wait (or a time), then acked, comes back then, never
+/// earlier, as the next attempt, without the three headers; a wait beyond
+/// the policy's `max_delay`, or headers without a time, are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_at_the_consumers_time_comes_back_then_and_a_wait_beyond_the_policy_is_refused() {
+    let mut app = TestApp::spawn(settings_with(vec![policy(&["timed"])])).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let queue = declare_queue(&mut app, "timed", arguments).await;
+    let exchange = format!("{}.retry", app.cascade.prefix());
+    let refused_queue = format!("{}.retry.refused", app.cascade.prefix());
+    let mut refused = TestConsumer::existing(&refused_queue).await;
+    let mut worker = Worker::on(&queue).await;
+    let properties = BasicProperties::default().with_message_id("timed-1".into());
+    publish(&queue, b"later, please", properties).await;
+
+    // After a wait: back that long after delayline took it in, or later.
+    let (first_at, first) = worker
+        .next(Duration::from_secs(20))
+        .await
+        .expect("a delivery");
+    assert_eq!(attempt_of(&first), None);
+    let after = [(RETRY_AFTER_HEADER, AMQPValue::LongLongInt(1_500))];
+    ask_back(&exchange, &queue, &first, &after).await;
+    first.ack(BasicAckOptions::default()).await.unwrap();
+    let second = came_back(&mut worker, first_at + 1_500, 2).await;
+
+    // At a time (RFC 3339), within the policy's max_delay (2 s): back then.
+    let back_at = now_ms() + 1_800;
+    let at = [(RETRY_AT_HEADER, text(&format_epoch_ms(back_at)))];
+    ask_back(&exchange, &queue, &second, &at).await;
+    second.ack(BasicAckOptions::default()).await.unwrap();
+    let third = came_back(&mut worker, back_at, 3).await;
+
+    // Beyond the policy's max_delay (2 s), or without a time: refused.
+    let too_long = vec![(RETRY_AFTER_HEADER, AMQPValue::LongLongInt(60_000))];
+    for (asks, code) in [
+        (too_long, "retry_wait_too_long"),
+        (vec![], "bad_retry_headers"),
+    ] {
+        ask_back(&exchange, &queue, &third, &asks).await;
+        let copy = refused
+            .next(Duration::from_secs(10))
+            .await
+            .expect("refused");
+        assert_eq!(copy.header(REFUSAL_CODE_HEADER).cloned(), Some(text(code)));
+    }
+    third.ack(BasicAckOptions::default()).await.unwrap();
+    assert!(
+        worker.next(Duration::from_millis(1_500)).await.is_none(),
+        "nothing more"
+    );
+}
+
+/// The next delivery: at `back_at` or later (within the lateness allowed
+/// here), as `attempt`, the message as it left, without the headers that
+/// asked for it.
+async fn came_back(worker: &mut Worker, back_at: u64, attempt: i64) -> Delivery {
+    let (came, delivery) = worker.next(Duration::from_secs(20)).await.expect("back");
+    assert!(came >= back_at, "back {} ms early", back_at - came);
+    assert!(
+        came <= back_at + LATE_ALLOWED_MS,
+        "back {} ms late",
+        came - back_at
+    );
+    assert_eq!(attempt_of(&delivery), Some(attempt));
+    assert_eq!(delivery.data, b"later, please");
+    let id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.as_str().to_owned());
+    assert_eq!(id.as_deref(), Some("timed-1"));
+    let headers = delivery.properties.headers().clone().unwrap_or_default();
+    for asked in [RETRY_QUEUE_HEADER, RETRY_AT_HEADER, RETRY_AFTER_HEADER] {
+        assert!(!headers.inner().contains_key(asked), "{asked} came back");
+    }
+    delivery
+}
+
+/// Publishes `delivery` again to the retry `exchange` as a consumer asking
+/// for its own retry time does: its properties and headers, plus the queue
+/// and `asks` (confirmed).
+async fn ask_back(exchange: &str, queue: &str, delivery: &Delivery, asks: &[(&str, AMQPValue)]) {
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    headers.insert(RETRY_QUEUE_HEADER.into(), text(queue));
+    for (name, value) in asks {
+        headers.insert((*name).into(), value.clone());
+    }
+    let properties = delivery.properties.clone().with_headers(headers);
+    crate::ingress::publish(exchange, "", &delivery.data, properties).await;
+}
+
+/// The retries page's recipe for a 429's `Retry-After`, run as written:
+/// the message comes back after exactly that long, as attempt 2, and is
+/// acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pika_recipe_for_a_429_brings_the_message_back_after_retry_after() {
+    let mut app = TestApp::spawn(settings_with(vec![policy(&["limited"])])).await;
+    let arguments = dead_letters_to(&app, &[("x-queue-type", text("quorum"))]);
+    let queue = declare_queue(&mut app, "limited", arguments).await;
+    let exchange = format!("{}.retry", app.cascade.prefix());
+    let recipe = crate::lifecycle::doc_block(
+        "docs/retries.md",
+        "## A retry at your consumer's time",
+        "python",
+        0,
+    );
+    let consumer = Recipe::start(&recipe, [amqp_uri(), &queue, &exchange, "2"]);
+    let properties = BasicProperties::default().with_message_id("call-7".into());
+    publish(&queue, b"{}", properties).await;
+    let seen = consumer.lines(2).await;
+    let attempts: Vec<i64> = seen
+        .iter()
+        .map(|s| s["attempt"].as_i64().unwrap())
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+    let gap = seen[1]["at_ms"].as_u64().unwrap() - seen[0]["at_ms"].as_u64().unwrap();
+    assert!(gap >= 2_000, "back after {gap} ms, Retry-After was 2 s");
+    assert!(gap <= 2_000 + LATE_ALLOWED_MS, "back after {gap} ms");
+    assert_eq!(seen[1]["message_id"], "call-7");
+}
+
+/// A parked message replayed at a time (a body with a delay) comes back
+/// then, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_message_replayed_at_a_time_comes_back_then() {
+    let once = RetrySettings {
+        max_attempts: 1,
+        ..policy(&["once"])
+    };
+    let mut app = TestApp::spawn(settings_with(vec![once])).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let queue = declare_queue(&mut app, "once", arguments).await;
+    let mut worker = Worker::on(&queue).await;
+    publish(&queue, b"parked", BasicProperties::default()).await;
+    reject_all(&mut worker, 1).await;
+    let path = format!("/v1/parked?queue={queue}");
+    eventually("parked", async || {
+        app.get(&path).await.1["parked"]
+            .as_array()
+            .is_some_and(|p| p.len() == 1)
+    })
+    .await;
+    let (_, parked) = app.get(&path).await;
+    let id = parked["parked"][0]["id"].as_str().unwrap().to_owned();
+    let (status, refused) = app
+        .post(
+            &format!("/v1/parked/{id}/replay"),
+            &json!({"delay": "soon"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (422, &json!("invalid_delay"))
+    );
+    let asked_at = now_ms();
+    let (status, done) = app
+        .post(
+            &format!("/v1/parked/{id}/replay"),
+            &json!({"delay_ms": 1_500}),
+        )
+        .await;
+    assert_eq!((status, &done["changed"]), (200, &json!(1)), "{done}");
+    let (came, delivery) = worker
+        .next(Duration::from_secs(20))
+        .await
+        .expect("replayed");
+    assert!(
+        came >= asked_at + 1_500,
+        "back {} ms early",
+        asked_at + 1_500 - came
+    );
+    assert_eq!(delivery.data, b"parked");
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+}
+
+/// Parked messages by group (queue, reason, the hour their failure
+/// began), with counts, over the API and the command line; a group
+/// replayed and another discarded as a whole, by its filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_messages_are_grouped_and_a_group_replayed_or_discarded_whole() {
+    let once = RetrySettings {
+        max_attempts: 2,
+        ..policy(&["ga", "gb"])
+    };
+    let mut app = TestApp::spawn(settings_with(vec![once])).await;
+    let arguments = dead_letters_to(&app, &[]);
+    let a = declare_queue(&mut app, "ga", arguments.clone()).await;
+    let b = declare_queue(&mut app, "gb", arguments).await;
+    let started_ms = now_ms();
+    let mut worker_a = Worker::on(&a).await;
+    let mut worker_b = Worker::on(&b).await;
+    for (queue, worker, count) in [(&a, &mut worker_a, 3), (&b, &mut worker_b, 2)] {
+        for n in 0..count {
+            publish(
+                queue,
+                format!("m{n}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await;
+        }
+        // Each fails twice: its first failure's hour is its group's.
+        reject_all(worker, count * 2).await;
+    }
+    eventually("all five parked", async || {
+        app.get("/v1/parked").await.1["parked"]
+            .as_array()
+            .is_some_and(|p| p.len() == 5)
+    })
+    .await;
+    let (status, groups) = app.get("/v1/parked/groups").await;
+    assert_eq!(status, 200, "{groups}");
+    let groups = groups["groups"].as_array().unwrap().clone();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let hour = started_ms - started_ms % 3_600_000;
+    for (group, queue, count) in [(&groups[0], &a, 3), (&groups[1], &b, 2)] {
+        assert_eq!(
+            (&group["queue"], &group["parked"]),
+            (&json!(queue), &json!(count))
+        );
+        assert_eq!(group["reason"], "rejected");
+        let first = parse_epoch_ms(group["first_failed_hour"].as_str().unwrap()).unwrap();
+        // The hour may have turned while the test ran.
+        assert!(first == hour || first == hour + 3_600_000, "{group}");
+    }
+    let printed = cli(&app, &["parked", "groups"]).await;
+    assert!(
+        printed.contains(a.as_str()) && printed.contains(b.as_str()),
+        "{printed}"
+    );
+
+    // Replay group a (its filter as the groups answer it): all three back.
+    let filter = json!({"queue": a, "reason": "rejected",
+                        "first_failed_hour": groups[0]["first_failed_hour"]});
+    let (status, done) = app
+        .post(
+            "/v1/parked/bulk",
+            &json!({"filter": filter, "action": "replay"}),
+        )
+        .await;
+    assert_eq!((status, &done["changed"]), (200, &json!(3)), "{done}");
+    for _ in 0..3 {
+        let (_, delivery) = worker_a
+            .next(Duration::from_secs(20))
+            .await
+            .expect("replayed");
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    // Discard group b from the command line.
+    let hour_b = groups[1]["first_failed_hour"].as_str().unwrap();
+    let args = [
+        "parked",
+        "discard",
+        "--queue",
+        &b,
+        "--reason",
+        "rejected",
+        "--first-failed-hour",
+        hour_b,
+    ];
+    let printed = cli(&app, &args).await;
+    assert!(printed.starts_with("discarded 2 of 2"), "{printed}");
+    let (_, groups) = app.get("/v1/parked/groups").await;
+    assert_eq!(groups["groups"], json!([]));
+    assert!(worker_b.next(Duration::from_millis(500)).await.is_none());
+}
+
+/// `delayline ARGS --url` against `app`: what it printed.
+async fn cli(app: &TestApp, args: &[&str]) -> String {
+    let args = [args, &["--url", app.base.as_str()]].concat();
+    let output = crate::common::delayline_command(&app.settings, &args)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_limit_on_the_queue_holds_its_retries_until_resumed() {
     let mut app = TestApp::spawn(settings_with(vec![policy(&["paced"])])).await;
@@ -531,6 +836,57 @@ async fn a_release_limit_on_the_queue_holds_its_retries_until_resumed() {
         .expect("released");
     assert_eq!(attempt_of(&delivery), Some(2));
     assert_eq!(delivery.data, b"later");
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+}
+
+/// A policy with `max_lateness`: a retry held past it (its queue's limit
+/// paused) is never delivered; it expires in the ledger, and a replay of
+/// it brings the message back to its queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_held_past_its_policys_max_lateness_expires_and_can_be_replayed() {
+    let late = RetrySettings {
+        max_lateness: Some("300ms".into()),
+        ..policy(&["late"])
+    };
+    let mut app = TestApp::spawn(settings_with(vec![late])).await;
+    let (_, policies) = app.get("/v1/retries").await;
+    assert_eq!(
+        policies["policies"][0]["max_lateness_ms"], 300,
+        "{policies}"
+    );
+    let arguments = dead_letters_to(&app, &[]);
+    let queue = declare_queue(&mut app, "late", arguments).await;
+    let limit = json!({"destinations": queue, "paused": true});
+    let (status, body) = app.put("/v1/limits/late", &limit).await;
+    assert_eq!(status, 201, "{body}");
+    let mut worker = Worker::on(&queue).await;
+    publish(&queue, b"too late", BasicProperties::default()).await;
+    reject_all(&mut worker, 1).await;
+    let path = format!("/v1/tasks?destination={queue}&state=expired");
+    eventually("the held retry expires", async || {
+        app.get(&path).await.1["tasks"]
+            .as_array()
+            .is_some_and(|t| t.len() == 1)
+    })
+    .await;
+    let (_, expired) = app.get(&path).await;
+    let id = expired["tasks"][0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = app.post("/v1/limits/late/resume", &json!({})).await;
+    assert_eq!(status, 200);
+    assert!(
+        worker.next(Duration::from_millis(1_500)).await.is_none(),
+        "an expired retry was delivered"
+    );
+    let (status, replay) = app
+        .post(&format!("/v1/tasks/{id}/replay"), &json!({}))
+        .await;
+    assert_eq!(status, 202, "{replay}");
+    let (_, delivery) = worker
+        .next(Duration::from_secs(10))
+        .await
+        .expect("replayed");
+    assert_eq!(attempt_of(&delivery), Some(2));
+    assert_eq!(delivery.data, b"too late");
     delivery.ack(BasicAckOptions::default()).await.unwrap();
 }
 
@@ -570,6 +926,7 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
         page.contains(&format!(">{queue}</a></td><td>2</td>"))
             && page.contains("click 0")
             && page.contains("click 1")
+            && page.contains("Replay group")
     })
     .await;
     // Newest first.
@@ -610,7 +967,7 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
 
 /// `settings`' retry policies as the file a service reads (`[[retry]]` is
 /// read from a file only), under `target/`.
-fn retry_config_file(settings: &Settings) -> std::path::PathBuf {
+pub(crate) fn retry_config_file(settings: &Settings) -> std::path::PathBuf {
     let mut text = String::new();
     for policy in &settings.retry {
         let queues: Vec<String> = policy.queues.iter().map(|q| format!("{q:?}")).collect();
@@ -634,7 +991,11 @@ fn retry_config_file(settings: &Settings) -> std::path::PathBuf {
 }
 
 /// The binary, with `settings` and their retry policies, on `port`.
-async fn serve(settings: &Settings, config: &std::path::Path, port: u16) -> tokio::process::Child {
+pub(crate) async fn serve(
+    settings: &Settings,
+    config: &std::path::Path,
+    port: u16,
+) -> tokio::process::Child {
     let mut command = crate::common::serve_command(settings, port);
     command.env("DELAYLINE_CONFIG", config);
     let child = command.spawn().unwrap();
@@ -643,7 +1004,10 @@ async fn serve(settings: &Settings, config: &std::path::Path, port: u16) -> toki
 }
 
 /// Counts a delivery by its message id, and acknowledges it.
-async fn count_and_ack(counts: &mut std::collections::HashMap<String, u32>, delivery: Delivery) {
+pub(crate) async fn count_and_ack(
+    counts: &mut std::collections::HashMap<String, u32>,
+    delivery: Delivery,
+) {
     let id = delivery
         .properties
         .message_id()
@@ -884,7 +1248,7 @@ async fn the_wiring_check_finds_each_broken_link_and_deprovision_keeps_the_retry
     let (ok, uncovered) = run(check(&[&stray])).await;
     assert!(!ok, "{uncovered}");
     assert!(
-        uncovered.contains(&format!("PROBLEM  no [[retry]] policy covers {stray}")),
+        uncovered.contains(&format!("PROBLEM  no retry policy covers {stray}")),
         "{uncovered}"
     );
     assert!(
@@ -901,7 +1265,7 @@ async fn the_wiring_check_finds_each_broken_link_and_deprovision_keeps_the_retry
     let (ok, refused) = run(deprovision(&[])).await;
     assert!(!ok, "{refused}");
     assert!(
-        refused.contains("1 [[retry]] policies are configured"),
+        refused.contains("1 retry policies are in force"),
         "{refused}"
     );
     let whole = format!("delayline --config {config} deprovision --yes --drop-retries");

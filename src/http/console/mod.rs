@@ -15,6 +15,7 @@
 mod assets;
 mod pages;
 mod parked;
+mod retries;
 mod router;
 pub(super) mod sessions;
 mod views;

@@ -617,6 +617,7 @@ async fn task_page(
         task: &task,
         may_cancel: session.caller.may(Permission::Cancel),
         may_reschedule: session.caller.may(Permission::Reschedule),
+        may_replay: session.caller.may(Permission::Submit),
         csrf: &session.csrf,
         notice: notice.into_notice(),
     };
@@ -692,6 +693,29 @@ async fn reschedule(
         Err(error) => Err(error.into()),
     };
     back_to(&id, outcome)
+}
+
+/// An expired task's replay: the API's `POST /v1/tasks/{id}/replay`; the
+/// page shown is the new task's.
+async fn replay(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<ChangeForm>,
+) -> Response {
+    let session = match form_session(&state, &headers, &form.csrf, Permission::Submit) {
+        Ok(session) => session,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let now = crate::clock::read();
+    let outcome = super::super::expired::replay_expired(&state, &session.caller, &id, &now).await;
+    match outcome {
+        Ok(submitted) => back_to(
+            &submitted.accepted.id,
+            Ok(format!("replayed {id} as this task, due now")),
+        ),
+        Err(error) => back_to(&id, Err(error)),
+    }
 }
 
 async fn schedules(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -811,14 +835,21 @@ async fn problems(
         .scheduler
         .tasks(&of_state(TaskState::Unroutable), now_ms)
         .await;
-    let (failed, unroutable) = match (failed, unroutable) {
-        (Ok(failed), Ok(unroutable)) => (failed, unroutable),
-        (Err(error), _) | (_, Err(error)) => return refused(error.into()),
+    let expired = state
+        .scheduler
+        .tasks(&of_state(TaskState::Expired), now_ms)
+        .await;
+    let (failed, unroutable, expired) = match (failed, unroutable, expired) {
+        (Ok(failed), Ok(unroutable), Ok(expired)) => (failed, unroutable, expired),
+        (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
+            return refused(error.into());
+        }
     };
     let unroutable_messages = state.metrics.unroutable_messages.get().to_string();
     let view = super::views::Problems {
         failed: &failed,
         unroutable: &unroutable,
+        expired: &expired,
         unroutable_messages,
         stranded: stranded_levels(&state),
         may_requeue: session.caller.may(Permission::Admin),
@@ -865,6 +896,7 @@ pub(super) fn routes() -> axum::Router<AppState> {
         .route("/console/tasks/{id}", get(task_page))
         .route("/console/tasks/{id}/cancel", post(cancel))
         .route("/console/tasks/{id}/reschedule", post(reschedule))
+        .route("/console/tasks/{id}/replay", post(replay))
         .route("/console/schedules", get(schedules))
         .route("/console/schedules/{id}/{action}", post(pause))
         .route("/console/limits", get(limits))

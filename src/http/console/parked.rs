@@ -14,10 +14,10 @@ use super::views::{notice, page, urlencode};
 use crate::auth::Permission;
 use crate::clock::format_epoch_ms;
 use crate::http::error::ApiError;
-use crate::http::retries::{act_on_filter, act_on_one};
+use crate::http::retries::{act_on_filter, act_on_one, parked_filter, replay_after_ms};
 use crate::http::state::AppState;
 use crate::ingress::{ParkedAction, Unparked};
-use crate::scheduler::{ParkedFilter, ParkedMessage, ParkedQueue};
+use crate::scheduler::{ParkedFilter, ParkedGroup, ParkedMessage, ParkedQueue};
 
 /// Messages shown per page.
 const SHOWN: u32 = 50;
@@ -46,18 +46,20 @@ async fn parked_page(
     };
     let filter = ParkedFilter {
         queue: query.queue.clone(),
-        reason: None,
+        ..ParkedFilter::default()
     };
     let found = tokio::try_join!(
         ledger.parked_per_queue(),
+        ledger.parked_groups(),
         ledger.parked(&filter, None, SHOWN)
     );
-    let (queues, messages) = match found {
+    let (queues, groups, messages) = match found {
         Ok(found) => found,
         Err(error) => return refused(error.into()),
     };
     let view = ParkedView {
         queues: &queues,
+        groups: &groups,
         messages: &messages,
         selected: query.queue.as_deref(),
         csrf: &session.csrf,
@@ -68,6 +70,7 @@ async fn parked_page(
 
 struct ParkedView<'a> {
     queues: &'a [ParkedQueue],
+    groups: &'a [ParkedGroup],
     messages: &'a [ParkedMessage],
     selected: Option<&'a str>,
     csrf: &'a str,
@@ -80,7 +83,8 @@ impl ParkedView<'_> {
             (notice(&self.notice))
             p { "Messages a retry policy gave up on after their last attempt. A replay sends one "
                 "back to the queue it failed in, now, on its first attempt again (release limits "
-                "hold it); a discard deletes it (the guide's Retries page says more)." }
+                "hold it, and pace a group's); a discard deletes it (the guide's Retries page "
+                "says more)." }
             @if self.queues.is_empty() { p { "Nothing is parked." } } @else { table {
                 thead { tr { th { "queue" } th { "parked" } th { "newest" } th { "all of the queue's" } } }
                 tbody { @for queue in self.queues {
@@ -93,12 +97,56 @@ impl ParkedView<'_> {
                     }
                 } }
             } }
+            (self.groups_markup())
             h2 { @if let Some(queue) = self.selected { "Newest of " code { (queue) } } @else { "Newest" } }
             @if self.messages.is_empty() { p { "None." } } @else { table {
                 thead { tr { th { "parked" } th { "queue" } th { "reason" } th { "attempts" }
                              th { "message id" } th { "body" } th { "" } } }
                 tbody { @for message in self.messages { (self.row(message)) } }
             } }
+        }
+    }
+
+    /// The groups (queue, reason, hour the failure began), each replayed
+    /// or discarded at once: how a failure is cleared once its cause is.
+    fn groups_markup(&self) -> Markup {
+        html! {
+            @if !self.groups.is_empty() {
+                h2 { "By queue, reason and the hour the failure began" }
+                table {
+                    thead { tr { th { "queue" } th { "reason" } th { "first failed" } th { "parked" }
+                                 th { "newest" } th { "the group's" } } }
+                    tbody { @for group in self.groups {
+                        tr {
+                            td { (group.queue) }
+                            td { (group.reason) }
+                            td { (format_epoch_ms(group.first_failed_hour_ms)) }
+                            td { (group.parked) }
+                            td { (format_epoch_ms(group.newest_parked_at_ms)) }
+                            td { (self.group_form(group, "replay", "Replay group"))
+                                 (self.group_form(group, "discard", "Discard group")) }
+                        }
+                    } }
+                }
+            }
+        }
+    }
+
+    fn group_form(&self, group: &ParkedGroup, action: &str, label: &str) -> Markup {
+        let hour = format_epoch_ms(group.first_failed_hour_ms);
+        let confirm = format!(
+            "{label}: {} parked messages of {} ({}, first failed in the hour of {hour})?",
+            group.parked, group.queue, group.reason
+        );
+        html! {
+            form.inline method="post" action="/console/parked/bulk" data-confirm=(confirm) {
+                input type="hidden" name="csrf" value=(self.csrf);
+                input type="hidden" name="queue" value=(group.queue);
+                input type="hidden" name="reason" value=(group.reason);
+                input type="hidden" name="first_failed_hour" value=(hour);
+                input type="hidden" name="action" value=(action);
+                button type="submit" { (label) }
+            }
         }
     }
 
@@ -114,7 +162,8 @@ impl ParkedView<'_> {
                 td { (message.message_id.clone().unwrap_or_default()) }
                 td { code { (shown) } }
                 td { (self.one_form(&message.id, "replay", "Replay"))
-                     (self.one_form(&message.id, "discard", "Discard")) }
+                     (self.one_form(&message.id, "discard", "Discard"))
+                     (self.later_form(&message.id)) }
             }
         }
     }
@@ -124,6 +173,18 @@ impl ParkedView<'_> {
             form.inline method="post" action=(format!("/console/parked/{}/{action}", urlencode(id))) {
                 input type="hidden" name="csrf" value=(self.csrf);
                 button type="submit" { (label) }
+            }
+        }
+    }
+
+    /// A replay at a time: back after the delay typed (`10m`), as the
+    /// API's replay with a `delay`.
+    fn later_form(&self, id: &str) -> Markup {
+        html! {
+            form.inline method="post" action=(format!("/console/parked/{}/replay", urlencode(id))) {
+                input type="hidden" name="csrf" value=(self.csrf);
+                input type="text" name="delay" placeholder="10m" size="5" required;
+                button type="submit" { "Replay later" }
             }
         }
     }
@@ -145,6 +206,11 @@ impl ParkedView<'_> {
 struct ParkedForm {
     csrf: String,
     queue: Option<String>,
+    /// With `first_failed_hour`: one group of the page's.
+    reason: Option<String>,
+    /// A replay of one message: after this long (`10m`), not now.
+    delay: Option<String>,
+    first_failed_hour: Option<String>,
     action: Option<String>,
 }
 
@@ -154,10 +220,7 @@ fn back(
     outcome: Result<Unparked, ApiError>,
     action: ParkedAction,
 ) -> Response {
-    let verb = match action {
-        ParkedAction::Replay => "replayed",
-        ParkedAction::Discard => "discarded",
-    };
+    let verb = action.outcome();
     let said = match outcome {
         Ok(done) => format!(
             "done={}",
@@ -190,6 +253,16 @@ async fn one(
         ));
     };
     let now = crate::clock::read();
+    let action = match (action, form.delay.filter(|d| !d.trim().is_empty())) {
+        (ParkedAction::Replay { .. }, Some(delay)) => {
+            let body = serde_json::json!({ "delay": delay }).to_string();
+            match replay_after_ms(&state, body.as_bytes(), &now) {
+                Ok(after_ms) => ParkedAction::Replay { after_ms },
+                Err(error) => return back(None, Err(error), action),
+            }
+        }
+        (action, _) => action,
+    };
     let outcome = act_on_one(&state, &id, action, &now).await;
     back(None, outcome, action)
 }
@@ -208,12 +281,18 @@ async fn bulk(
             "action: replay or discard",
         ));
     };
-    let filter = ParkedFilter {
-        queue: form.queue.clone(),
-        reason: None,
-    };
+    let code = crate::http::codes::ErrorCode::InvalidRequest;
+    let filter = parked_filter(
+        form.queue.clone(),
+        form.reason,
+        form.first_failed_hour,
+        code,
+    );
     let now = crate::clock::read();
-    let outcome = act_on_filter(&state, filter, action, &now).await;
+    let outcome = match filter {
+        Ok(filter) => act_on_filter(&state, filter, action, &now).await,
+        Err(error) => Err(error),
+    };
     back(form.queue.as_deref(), outcome, action)
 }
 

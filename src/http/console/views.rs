@@ -30,6 +30,7 @@ pub fn page(title: &str, signed_in: Option<&str>, body: Markup) -> Markup {
                         a href="/console/schedules" { "Schedules" }
                         a href="/console/limits" { "Limits" }
                         a href="/console/problems" { "Problems" }
+                        a href="/console/retries" { "Retries" }
                         a href="/console/parked" { "Parked" }
                         @if let Some(csrf) = signed_in {
                             form.inline method="post" action="/console/logout" {
@@ -285,6 +286,8 @@ pub struct TaskPage<'a> {
     pub release_stage: bool,
     pub may_cancel: bool,
     pub may_reschedule: bool,
+    /// The caller may submit tasks: an expired task offers its replay.
+    pub may_replay: bool,
     pub csrf: &'a str,
     pub notice: Option<(bool, String)>,
 }
@@ -305,6 +308,13 @@ pub fn task(view: &TaskPage, signed_in: Option<&str>) -> Markup {
             }
             h2 { "Timeline" }
             ol { @for (when, what) in timeline(task, &view.levels, view.release_stage) { li { (when) ": " (what) } } }
+            @if task.state == TaskState::Expired && view.may_replay {
+                form method="post" action=(format!("{path}/replay"))
+                    data-confirm="Replay this expired task? A new task is delivered now, late." {
+                    input type="hidden" name="csrf" value=(view.csrf);
+                    button type="submit" { "Replay now" }
+                }
+            }
             @if changeable && view.may_cancel {
                 form method="post" action=(format!("{path}/cancel"))
                     data-confirm="Cancel this task? It will never be delivered." {
@@ -346,8 +356,10 @@ fn timeline(
         vec![(Some(task.created_at_ms), "accepted".to_owned())];
     match (task.published_at_ms, &task.last_error) {
         (Some(at), _) => events.push((Some(at), "published into the cascade".to_owned())),
-        (None, Some(error)) => events.push((None, format!("pending: {error}"))),
-        (None, None) => {}
+        (None, Some(error)) if task.state == TaskState::Pending => {
+            events.push((None, format!("pending: {error}")));
+        }
+        (None, _) => {}
     }
     let mut at = task.published_at_ms.unwrap_or(task.created_at_ms);
     for (level, ms) in levels {
@@ -389,6 +401,14 @@ fn timeline(
     }
     if let Some(at) = task.cancelled_at_ms {
         events.push((Some(at), "cancelled".to_owned()));
+    }
+    if let Some(at) = task.deadline_ms {
+        let what = "its deadline: never published to its destination after it";
+        events.push((Some(at), what.to_owned()));
+    }
+    if let Some(at) = task.expired_at_ms {
+        let why = task.last_error.as_deref().unwrap_or("its deadline passed");
+        events.push((Some(at), format!("expired, never delivered: {why}")));
     }
     events.sort_by_key(|(at, _)| at.unwrap_or(u64::MAX));
     events
@@ -485,6 +505,8 @@ pub fn limits(found: &[LimitStatus], csrf: &str, signed_in: Option<&str>) -> Mar
 pub struct Problems<'a> {
     pub failed: &'a [StoredTask],
     pub unroutable: &'a [StoredTask],
+    /// Tasks whose deadline passed before they could be published.
+    pub expired: &'a [StoredTask],
     /// The unroutable queue's depth, as the metrics last read it.
     pub unroutable_messages: String,
     /// Levels found stranded and drained by this replica: (level, queue,
@@ -507,6 +529,18 @@ pub fn problems(view: &Problems, signed_in: Option<&str>) -> Markup {
                 tbody { @for task in view.failed {
                     tr { td { a href=(format!("/console/tasks/{}", urlencode(&task.id))) { (task.id) } }
                          td { (task.destination) } td { (task.last_error.clone().unwrap_or_default()) } }
+                } }
+            } }
+            h2 { "Expired tasks" }
+            p { "Their deadline passed before they could be published to their destination: "
+                "never delivered." }
+            @if view.expired.is_empty() { p { "None." } } @else { table {
+                thead { tr { th { "id" } th { "destination" } th { "deadline" } th { "why" } } }
+                tbody { @for task in view.expired {
+                    tr { td { a href=(format!("/console/tasks/{}", urlencode(&task.id))) { (task.id) } }
+                         td { (task.destination) }
+                         td { (task.deadline_ms.map(format_epoch_ms).unwrap_or_default()) }
+                         td { (task.last_error.clone().unwrap_or_default()) } }
                 } }
             } }
             h2 { "Stranded levels" }
@@ -635,6 +669,9 @@ mod tests {
             waited_for: None,
             release_at_ms: None,
             staged_by: None,
+            deadline_ms: None,
+            expired_at_ms: None,
+            expired_destination: None,
         }
     }
 
@@ -737,6 +774,7 @@ mod tests {
                 release_stage: true,
                 may_cancel: false,
                 may_reschedule: false,
+                may_replay: false,
                 csrf: "c",
                 notice: None,
             };

@@ -230,8 +230,12 @@ impl Cleanup {
     }
 
     pub fn for_cascade(cascade: &Cascade) -> Self {
+        // With the retry objects a service of this prefix declares whenever
+        // its release stage is on (deleting one that is not there is no
+        // error), named where the service names them.
+        let retries = delayline::ingress::Retries::new(&[], cascade).expect("no policies");
         Cleanup {
-            plan: cascade.plan(),
+            plan: delayline::ingress::plan_with(cascade, &[], Some(&retries)),
             queues: Vec::new(),
             exchanges: Vec::new(),
             ledger_of: None,

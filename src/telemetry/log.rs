@@ -4,34 +4,7 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use serde::{Deserialize, Serialize};
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogSettings {
-    pub format: LogFormat,
-    /// A tracing env-filter directive; `RUST_LOG` takes precedence when set. lapin is
-    /// silenced by default: it logs every channel the broker closes, even expected ones,
-    /// and delayline reports the connection problems that matter itself.
-    pub filter: String,
-}
-
-impl Default for LogSettings {
-    fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            filter: "info,lapin=off".to_owned(),
-        }
-    }
-}
+use super::settings::{LogFormat, LogSettings};
 
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over `log.filter`
 /// so an operator can turn up verbosity without touching the configuration.
