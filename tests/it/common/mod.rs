@@ -91,13 +91,53 @@ pub fn bearer_client(token: &str) -> reqwest::Client {
         .expect("an HTTP client")
 }
 
-/// A port nothing listens on right now.
+/// The lowest port [`free_port`] hands out: above the fixed ports of the
+/// machine's services (5672, 5432, 15672, ...), which stay bound anyway.
+const LOWEST_TEST_PORT: u32 = 20_000;
+
+/// A port nothing listens on right now, and that no outgoing connection can
+/// take before the test's listener binds it.
+///
+/// Why not port 0: the kernel's answer lies in its ephemeral range, which it
+/// also hands to every outgoing connection (a test's AMQP and HTTP clients),
+/// so between this call and the service's bind a client's socket could take
+/// it (CI saw "Address already in use" for a metrics listener). Ports below
+/// that range are taken only by explicit binds; the counter keeps this test
+/// process from handing one out twice, and the bind check skips the ports
+/// other processes hold.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static FIRST: OnceLock<u32> = OnceLock::new();
+    let span = ephemeral_range_start()
+        .saturating_sub(LOWEST_TEST_PORT)
+        .max(1);
+    // Another test process (the `alone` binary, a second checkout) starts
+    // elsewhere in the span.
+    let first = *FIRST.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        u32::try_from(random % u64::from(span)).expect("below the span")
+    });
+    for _ in 0..span {
+        let offset = (first + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(LOWEST_TEST_PORT + offset).expect("a port");
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {LOWEST_TEST_PORT} and the ephemeral range");
+}
+
+/// Where the kernel's ports for outgoing connections begin (Linux's
+/// `ip_local_port_range`; 32768 where it cannot be read).
+fn ephemeral_range_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// The value of the sample `series` (name and labels, as exposed) in a scrape.
