@@ -39,6 +39,16 @@ pub enum LedgerError {
     Corrupt { id: String, reason: String },
     #[error("the ledger writer has stopped")]
     Closed,
+    /// A health question the ledger did not answer in time (see
+    /// [`super::Ledger::answered`]).
+    #[error(
+        "ledger: {context}: no answer within {} ms (a table locked by a migration or a \
+         VACUUM FULL, or a database server that hangs)", .within.as_millis()
+    )]
+    Silent {
+        context: &'static str,
+        within: std::time::Duration,
+    },
     /// One failure answered to every write of the group it broke.
     #[error(transparent)]
     Shared(Arc<LedgerError>),

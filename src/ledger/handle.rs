@@ -32,6 +32,8 @@ pub struct Ledger {
     pub(super) holder: i64,
     pub(super) pending: Arc<PendingCount>,
     max_pending: u64,
+    /// `store.health_timeout_ms`.
+    health_timeout: Duration,
     /// Stops the recount of pending tasks when the ledger closes.
     closing: CancellationToken,
     /// The last admission the ledger could not write, when and why:
@@ -105,6 +107,7 @@ pub async fn open(
         identity: identity.into(),
         pending,
         max_pending: settings.max_pending,
+        health_timeout: Duration::from_millis(settings.health_timeout_ms),
         closing,
         failed_admission: Arc::default(),
     };
@@ -220,6 +223,20 @@ impl Ledger {
         self.max_pending
     }
 
+    /// `question`'s answer, or [`LedgerError::Silent`] once it has taken
+    /// `store.health_timeout_ms`: for `/readyz` and `/metrics`, which must
+    /// answer while a lock or a hung server holds the ledger.
+    pub async fn answered<T>(
+        &self,
+        context: &'static str,
+        question: impl Future<Output = Result<T, LedgerError>>,
+    ) -> Result<T, LedgerError> {
+        let within = self.health_timeout;
+        tokio::time::timeout(within, question)
+            .await
+            .unwrap_or(Err(LedgerError::Silent { context, within }))
+    }
+
     /// The pending count as last known, without asking the database.
     pub fn pending_estimate(&self) -> u64 {
         self.pending.get()
@@ -271,5 +288,36 @@ impl Ledger {
     pub async fn close(&self) {
         self.closing.cancel();
         on_pool!(&self.pool, p => p.close().await);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::LedgerError;
+
+    /// A question the ledger does not answer is given up at the health
+    /// timeout and says so; one it answers is passed through.
+    #[tokio::test]
+    async fn a_health_question_is_given_up_at_the_timeout() {
+        let (ledger, dir) = super::scratch_sqlite().await;
+        let started = std::time::Instant::now();
+        let silent = ledger
+            .answered(
+                "counting",
+                std::future::pending::<Result<u64, LedgerError>>(),
+            )
+            .await;
+        let waited = started.elapsed();
+        let Err(LedgerError::Silent { context, within }) = silent else {
+            panic!("{silent:?}");
+        };
+        assert_eq!((context, within), ("counting", Duration::from_millis(800)));
+        assert!(waited >= within && waited < within * 4, "{waited:?}");
+        let pending = ledger.answered("counting", ledger.pending_tasks()).await;
+        assert_eq!(pending.unwrap(), 0);
+        ledger.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -35,6 +35,11 @@ pub struct StoreSettings {
     /// Bytes of the payload kept after publishing, for inspection; 0 keeps none.
     /// Until then the whole payload is kept: the forwarder may need it.
     pub payload_copy_bytes: u32,
+    /// How long `/readyz` and a `/metrics` scrape wait for the ledger to
+    /// answer: a table locked by a migration, or a server that hangs, must
+    /// not hold them (a scrape cut off by Prometheus loses every metric just
+    /// when they matter).
+    pub health_timeout_ms: u64,
 }
 
 impl Default for StoreSettings {
@@ -48,6 +53,7 @@ impl Default for StoreSettings {
             prune_interval_ms: 60_000,
             resend_after_ms: 60_000,
             payload_copy_bytes: 64 * 1024,
+            health_timeout_ms: 800,
         }
     }
 }
@@ -62,6 +68,9 @@ impl StoreSettings {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_connections == 0 {
             return Err("store.max_connections must be at least 1".into());
+        }
+        if !(1..=60_000).contains(&self.health_timeout_ms) {
+            return Err("store.health_timeout_ms must be between 1 and 60000".into());
         }
         Location::parse(self)
             .map(|_| ())
@@ -133,6 +142,23 @@ mod tests {
             data_dir: "/var/lib/delayline".to_owned(),
             ..StoreSettings::default()
         })
+    }
+
+    #[test]
+    fn a_health_timeout_is_between_a_millisecond_and_a_minute() {
+        for (timeout, valid) in [
+            (0, false),
+            (1, true),
+            (800, true),
+            (60_000, true),
+            (60_001, false),
+        ] {
+            let settings = StoreSettings {
+                health_timeout_ms: timeout,
+                ..StoreSettings::default()
+            };
+            assert_eq!(settings.validate().is_ok(), valid, "{timeout}");
+        }
     }
 
     #[test]

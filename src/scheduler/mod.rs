@@ -306,6 +306,23 @@ impl Scheduler {
         outcome.map_err(NotReady::LedgerCannotWrite)
     }
 
+    /// The ledger's part of readiness: it answers (within
+    /// `store.health_timeout_ms`), has room and can write; the pending count.
+    async fn ledger_readiness(&self, ledger: &Ledger) -> Result<u64, NotReady> {
+        let checked = async {
+            let pending = ledger.pending_tasks().await?;
+            if ledger.is_full() {
+                return Err(NotReady::LedgerFull { pending });
+            }
+            self.check_write(ledger).await?;
+            Ok(pending)
+        };
+        let bounded = ledger.answered("checking readiness", async {
+            Ok::<_, LedgerError>(checked.await)
+        });
+        bounded.await?
+    }
+
     /// Ready means a task posted now would be accepted. Without a ledger that
     /// needs the broker (connected and provisioned); with one, the ledger must
     /// answer, have room and be able to write, and the broker may be away.
@@ -342,15 +359,7 @@ impl Scheduler {
                 }
                 None
             }
-            Mode::Ledger(bookkeeper) => {
-                let ledger = bookkeeper.ledger();
-                let pending = ledger.pending_tasks().await?;
-                if ledger.is_full() {
-                    return Err(NotReady::LedgerFull { pending });
-                }
-                self.check_write(ledger).await?;
-                Some(pending)
-            }
+            Mode::Ledger(bookkeeper) => Some(self.ledger_readiness(bookkeeper.ledger()).await?),
         };
         let stateless = pending.is_none();
         Ok(Readiness {
@@ -475,10 +484,13 @@ impl Scheduler {
                 | Err(NotReady::LedgerFull { pending }) => *pending,
                 // A scrape must not fail when the ledger does: that is when it matters.
                 Err(NotReady::Ledger(_)) => ledger.pending_estimate(),
-                _ => ledger.pending_tasks().await.unwrap_or_else(|error| {
-                    warn!(%error, "cannot count pending tasks for /metrics");
-                    ledger.pending_estimate()
-                }),
+                _ => ledger
+                    .answered("counting pending tasks", ledger.pending_tasks())
+                    .await
+                    .unwrap_or_else(|error| {
+                        warn!(%error, "cannot count pending tasks for /metrics");
+                        ledger.pending_estimate()
+                    }),
             };
             metrics
                 .ledger_pending

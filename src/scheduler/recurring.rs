@@ -325,7 +325,11 @@ impl Scheduler {
         let Ok(bookkeeper) = self.changeable() else {
             return;
         };
-        match bookkeeper.ledger().count_schedules().await {
+        let ledger = bookkeeper.ledger();
+        match ledger
+            .answered("counting schedules", ledger.count_schedules())
+            .await
+        {
             Ok(counts) => {
                 for (state, count) in [
                     ("active", counts.active),
