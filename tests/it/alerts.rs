@@ -1,15 +1,18 @@
 //! The alert rules against a real Prometheus (Debian's): it scrapes a
 //! running delayline every second and evaluates deploy/prometheus's rules
 //! with their expressions as written and their timings shortened (`for`,
-//! range windows and offsets in seconds, not minutes), while real faults
-//! happen: the ledger refused its writes, a destination paused with tasks
-//! due, a consumer rejecting until its messages park, the broker blocked by
-//! its memory alarm (and tasks late behind it), the password delayline
-//! connects with changed. Each matching alert fires, then resolves once the
-//! fault ends. The Grafana dashboard's every query returns data from the same
+//! range windows and offsets in seconds, not minutes; the minute a level may
+//! hold messages past its TTL, 2 s), while real faults happen: the ledger
+//! refused its writes, a destination paused with tasks due, a consumer
+//! rejecting until its messages park, the broker blocked by its memory alarm
+//! (and tasks late behind it), the password delayline connects with changed,
+//! a stalled broker and a lost message, a node's dead-letter workers
+//! stopped, the ledger's table locked while thousands of tasks fall due.
+//! Each matching alert fires, then resolves once the fault ends. The Grafana dashboard's every query returns data from the same
 //! Prometheus, naming only metrics and labels delayline exports.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,13 +21,17 @@ use lapin::BasicProperties;
 use serde_json::{Value, json};
 
 use crate::common::nodes::{BrokerNode, NodeOptions};
-use crate::common::{Backend, TestApp, TestConsumer, free_port, psql, test_settings, with_ledger};
+use crate::common::{
+    Backend, POSTGRES_URL, TestApp, TestConsumer, free_port, psql, sample, test_settings,
+    with_ledger,
+};
 use crate::faults::PgRole;
 use crate::retries::{
     Worker, dead_letters_to, declare_queue, policy, publish, reject_all, settings_on,
 };
 
-/// The rules with the timings of a test: every `for` 2 s, every range 20 s.
+/// The rules with the timings of a test: every `for` 2 s, every range 20 s,
+/// a level's minute past its TTL 2 s.
 fn rules_for_a_test() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/delayline-alerts.yml");
     let rules = std::fs::read_to_string(path).unwrap();
@@ -32,7 +39,10 @@ fn rules_for_a_test() -> String {
     for line in rules.lines() {
         let line = match line.trim_start().strip_prefix("for: ") {
             Some(_) => format!("{}for: 2s", &line[..line.len() - line.trim_start().len()]),
-            None => shorten_ranges(line),
+            None => shorten_ranges(line).replace(
+                "delayline_level_queue_ttl_seconds + 60",
+                "delayline_level_queue_ttl_seconds + 2",
+            ),
         };
         shortened.push_str(&line);
         shortened.push('\n');
@@ -544,4 +554,254 @@ async fn a_stalled_broker_and_a_lost_message_fire_confirms_slow_and_tasks_resent
         prometheus.until(alert, &none, false, RESOLVES_WITHIN).await;
     }
     app.stop().await.unwrap();
+}
+
+/// A node's quorum-queue dead-letter workers stop for good (the stand-in of
+/// `strand.rs` for RabbitMQ #16652, a worker stopped after a node loss):
+/// what expires in a level is held there, so DelaylineLevelHoldsMessages
+/// fires, and the probes through a level are overtaken, so delayline takes
+/// the level over and DelaylineLevelStranded fires. Mended as the runbook
+/// says (the workers' supervisor started again, each level's Raft member
+/// restarted), the levels are handed back after `stranded_recheck_ms` and
+/// hold nothing: both resolve, and every task arrives once, never early.
+/// On a node of the test's own, with the management API (only it counts
+/// held messages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_that_stops_dead_lettering_fires_stranded_and_holds_until_mended() {
+    let node = BrokerNode::start(&NodeOptions {
+        management: true,
+        ..NodeOptions::default()
+    });
+    // 8 levels of 50 ms, probed every 200 ms with a margin of a second.
+    let mut settings = with_ledger(test_settings(8, 50, QueueType::Quorum), Backend::Sqlite);
+    settings.amqp.uri = node.uri().into();
+    settings.cascade.level_probe_ms = 200;
+    settings.cascade.stranded_margin_ms = 1_000;
+    settings.cascade.stranded_recheck_ms = 5_000;
+    settings.metrics.queue_poll_ms = 250;
+    let management = node.management_port.unwrap();
+    settings.metrics.management_url = format!("http://guest:guest@127.0.0.1:{management}").into();
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("alerts.held");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Quorum).await;
+    let prometheus = Prometheus::start(app.base.trim_start_matches("http://"));
+    let none = json!({});
+    let stopped = node.ctl(&["eval", crate::strand::STOP_DEAD_LETTERING]);
+    assert_eq!(stopped.trim(), "undefined", "the stand-in took effect");
+    let mut ids = HashSet::new();
+    for _ in 0..5 {
+        // 60 units: levels 5, 4, 3 and 2.
+        let task = json!({"destination": "alerts.held", "delay_ms": 3_000});
+        let (status, body) = app.post("/v1/tasks", &task).await;
+        assert_eq!(status, 202, "{body}");
+        ids.insert(body["id"].as_str().unwrap().to_owned());
+    }
+    // The management API's counts lag by up to its statistics interval (5 s).
+    for alert in ["DelaylineLevelHoldsMessages", "DelaylineLevelStranded"] {
+        let took = prometheus.until(alert, &none, true, 2 * FIRES_WITHIN).await;
+        println!("{alert}: fired after {took:?}");
+    }
+    let started = node.ctl(&["eval", crate::strand::START_DEAD_LETTERING]);
+    assert!(started.contains("ok"), "{started}");
+    for level in 0..app.cascade.levels() {
+        node.release_stranded_level(&app.cascade.level_queue(level));
+    }
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(40))
+        .await;
+    for alert in ["DelaylineLevelHoldsMessages", "DelaylineLevelStranded"] {
+        prometheus.until(alert, &none, false, RESOLVES_WITHIN).await;
+    }
+    app.stop().await.unwrap();
+}
+
+/// An operator's session holding a table of the PostgreSQL ledger locked (as
+/// a migration or a `VACUUM FULL` does) until it is let go; killed with the
+/// test if it fails.
+struct TableLock(std::process::Child);
+
+impl TableLock {
+    /// Locks `table` (schema-qualified) and returns once the lock is held.
+    fn take(table: &str) -> TableLock {
+        let mut child = std::process::Command::new("psql")
+            .args([POSTGRES_URL, "-q", "-v", "ON_ERROR_STOP=1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("psql runs");
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        stdin.flush().unwrap();
+        let lock = TableLock(child);
+        let held = format!(
+            "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
+             AND mode = 'AccessExclusiveLock' AND granted"
+        );
+        let started = Instant::now();
+        while psql_answer(&held) != "1" {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{table} not locked"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        lock
+    }
+
+    /// Commits, which lets the lock go.
+    fn release(mut self) {
+        let mut stdin = self.0.stdin.take().unwrap();
+        writeln!(stdin, "COMMIT;").unwrap();
+        drop(stdin);
+        assert!(
+            self.0.wait().unwrap().success(),
+            "the locking session failed"
+        );
+    }
+}
+
+impl Drop for TableLock {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What `sql` answers (one value), as psql prints it.
+fn psql_answer(sql: &str) -> String {
+    let output = std::process::Command::new("psql")
+        .args([POSTGRES_URL, "-At", "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(output.status.success(), "{sql}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// `count` tasks to `destination` due at `due_ms`, in batches: their ids.
+async fn post_due_at(
+    app: &TestApp,
+    destination: &str,
+    count: usize,
+    due_ms: u64,
+) -> HashSet<String> {
+    let at = delayline::clock::format_epoch_ms(due_ms);
+    let mut ids = HashSet::with_capacity(count);
+    while ids.len() < count {
+        let tasks: Vec<Value> = (0..1_000.min(count - ids.len()))
+            .map(|_| json!({"destination": destination, "deliver_at": at}))
+            .collect();
+        let (status, batch) = app.post("/v1/tasks/batch", &json!({"tasks": tasks})).await;
+        assert_eq!(status, 200, "{batch}");
+        for result in batch["results"].as_array().unwrap() {
+            let id = result["task"]["id"].as_str();
+            ids.insert(id.unwrap_or_else(|| panic!("refused: {result}")).to_owned());
+        }
+    }
+    ids
+}
+
+/// More than the rule's 10,000, with room for what the stage has taken.
+const PILED_UP: usize = 11_000;
+
+/// The ledger's `tasks` table locked by an operator's session while 11,000
+/// tasks fall due at one instant: the release stage cannot take them, so
+/// the release queue grows past the rule's 10,000 and
+/// DelaylineReleaseQueueGrowing fires; the resender's pass waits the lock
+/// out, so DelaylineResendPassSlow fires once it is let go. Meanwhile
+/// `/readyz` and `/metrics` answer within `store.health_timeout_ms`
+/// (without the bound the scrape waited for the lock, and Prometheus lost
+/// every series just then). Every task arrives once, never early; both
+/// alerts resolve. On a node of the test's own, with the management API
+/// (which counts the messages the stage holds unacknowledged as well).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_ledger_fires_release_queue_growing_and_resend_pass_slow_and_is_still_scraped() {
+    let node = BrokerNode::start(&NodeOptions {
+        management: true,
+        ..NodeOptions::default()
+    });
+    let mut settings = with_ledger(test_settings(8, 100, QueueType::Classic), Backend::Postgres);
+    settings.amqp.uri = node.uri().into();
+    settings.metrics.queue_poll_ms = 500;
+    let management = node.management_port.unwrap();
+    settings.metrics.management_url = format!("http://guest:guest@127.0.0.1:{management}").into();
+    // Due at one instant, they come through the levels, not staged ahead.
+    settings.cascade.burst_level_rate = 0;
+    // The pass runs every second; no task is overdue long enough to be resent.
+    settings.store.resend_after_ms = 120_000;
+    // Within Prometheus's scrape timeout here (its interval, 1 s).
+    settings.store.health_timeout_ms = 300;
+    let table = format!("{}.tasks", settings.cascade.prefix.replace('-', "_"));
+    let app = TestApp::spawn(settings).await;
+    let key = app.cascade.binding_key("alerts.locked");
+    let mut consumer =
+        TestConsumer::on_node(&node.uri(), &app.cascade, &key, QueueType::Classic).await;
+    let prometheus = Prometheus::start(app.base.trim_start_matches("http://"));
+    let none = json!({});
+    prometheus.scraping().await;
+
+    let due_ms = delayline::testkit::now_ms() + 20_000;
+    let ids = post_due_at(&app, "alerts.locked", PILED_UP, due_ms).await;
+    let lock = TableLock::take(&table);
+    let locked = Instant::now();
+    assert!(
+        delayline::testkit::now_ms() + 1_000 < due_ms,
+        "posting took too long: the tasks fell due before the lock"
+    );
+    let asked = Instant::now();
+    let (status, ready) = app.get("/readyz").await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["error"]["code"], "ledger_unavailable", "{ready}");
+    let scrape = app.scrape().await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "/readyz and /metrics waited for the lock: {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(sample(&scrape, "delayline_ledger_writable"), Some(0.0));
+    let took = prometheus
+        .until(
+            "DelaylineReleaseQueueGrowing",
+            &none,
+            true,
+            Duration::from_secs(60),
+        )
+        .await;
+    println!("the release queue growing: fired after {took:?}");
+    // Held 22 s: the resend pass's window (20 s here) then holds slow passes only.
+    tokio::time::sleep(Duration::from_secs(22).saturating_sub(locked.elapsed())).await;
+    lock.release();
+    let took = prometheus
+        .until("DelaylineResendPassSlow", &none, true, FIRES_WITHIN)
+        .await;
+    println!("the resend pass slow: fired after {took:?}");
+    consumer
+        .expect_each_once_never_early(ids, Duration::from_secs(60))
+        .await;
+    for alert in ["DelaylineReleaseQueueGrowing", "DelaylineResendPassSlow"] {
+        prometheus.until(alert, &none, false, RESOLVES_WITHIN).await;
+    }
+    app.stop().await.unwrap();
+}
+
+/// Every alert of the rules is fired by a test of this file: a new rule
+/// comes with its real fault.
+#[test]
+fn every_alert_of_the_rules_is_fired_here() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules =
+        std::fs::read_to_string(root.join("deploy/prometheus/delayline-alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(root.join("tests/it/alerts.rs")).unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("- alert: "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(alerts.len(), 15, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            tests.contains(&format!("\"{alert}\"")),
+            "no test fires {alert}"
+        );
+    }
 }

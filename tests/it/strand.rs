@@ -24,13 +24,14 @@ use delayline::cascade::QueueType;
 /// with it every worker, for good (it is not restarted, and no new worker
 /// can start): RabbitMQ 3.10 and 4.3 alike then hold every expired message
 /// of every at-least-once queue on the node.
-const STOP_DEAD_LETTERING: &str =
+pub(crate) const STOP_DEAD_LETTERING: &str =
     "supervisor:terminate_child(rabbit_sup, rabbit_fifo_dlx_sup), whereis(rabbit_fifo_dlx_sup).";
 
 /// The stand-in mended: the supervisor started again. A queue starts its
 /// worker when its Raft member becomes leader, so each level's member is
 /// then restarted with the runbook's script.
-const START_DEAD_LETTERING: &str = "supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup).";
+pub(crate) const START_DEAD_LETTERING: &str =
+    "supervisor:restart_child(rabbit_sup, rabbit_fifo_dlx_sup).";
 
 /// The sum of every sample of `metric` (all its label sets) in a scrape.
 pub(crate) fn sum_of(scrape: &str, metric: &str) -> f64 {
