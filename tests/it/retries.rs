@@ -891,7 +891,7 @@ async fn a_retry_held_past_its_policys_max_lateness_expires_and_can_be_replayed(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_click() {
+async fn the_console_shows_parked_messages_and_replays_one_now_one_later_and_discards_a_group() {
     use crate::console::{Browser, csrf_of};
     use delayline::auth::token::hash_hex;
     use delayline::auth::{ClientSettings, TokenHashes};
@@ -912,46 +912,75 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
     let arguments = dead_letters_to(&app, &[]);
     let queue = declare_queue(&mut app, "clicks", arguments).await;
     let mut worker = Worker::on(&queue).await;
-    for n in 0..2 {
+    for n in 0..3 {
         let body = format!("click {n}");
         publish(&queue, body.as_bytes(), BasicProperties::default()).await;
     }
-    reject_all(&mut worker, 2).await;
+    reject_all(&mut worker, 3).await;
 
     let ops = Browser::sign_in(&app, "tok-ops").await;
     let mut page = String::new();
-    eventually("both are parked", async || {
+    eventually("all three are parked", async || {
         page = ops.get("/console/parked").await.1;
-        // The count and the list are two reads: wait for both to show two.
-        page.contains(&format!(">{queue}</a></td><td>2</td>"))
-            && page.contains("click 0")
-            && page.contains("click 1")
+        // The count and the list are two reads: wait for both to show three.
+        page.contains(&format!(">{queue}</a></td><td>3</td>"))
+            && (0..3).all(|n| page.contains(&format!("click {n}")))
             && page.contains("Replay group")
     })
     .await;
     // Newest first.
-    let (first, second) = (page.find("click 1").unwrap(), page.find("click 0").unwrap());
+    let (first, second) = (page.find("click 2").unwrap(), page.find("click 1").unwrap());
     assert!(first < second, "newest first");
     let viewer = Browser::sign_in(&app, "tok-viewer").await;
     assert_eq!(viewer.get("/console/parked").await.0, 403);
 
+    // Replay: the newest, at once.
     let csrf = csrf_of(&page);
-    let replay = page.find("/replay\"").expect("a replay button");
-    let at = page[..replay].rfind("/console/parked/").unwrap() + "/console/parked/".len();
-    let id = page[at..replay].to_owned();
-    let path = format!("/console/parked/{id}/replay");
-    let (status, location) = ops.post(&path, &[("csrf", &csrf)], "same-origin").await;
+    let ids = replay_paths(&page);
+    let (status, location) = ops.post(&ids[0], &[("csrf", &csrf)], "same-origin").await;
     assert_eq!(status, 303, "{location}");
     assert!(location.contains("replayed%201%20of%201"), "{location}");
     let (_, delivery) = worker
         .next(Duration::from_secs(10))
         .await
         .expect("replayed");
+    assert_eq!(delivery.data, b"click 2");
+    delivery.ack(BasicAckOptions::default()).await.unwrap();
+
+    // Replay later: the next, a second after the click, never before.
+    let clicked = std::time::Instant::now();
+    let form = [("csrf", csrf.as_str()), ("delay", "1s")];
+    let (status, location) = ops.post(&ids[1], &form, "same-origin").await;
+    assert_eq!(status, 303, "{location}");
+    assert!(location.contains("replayed%201%20of%201"), "{location}");
+    let (_, delivery) = worker
+        .next(Duration::from_secs(10))
+        .await
+        .expect("replayed later");
+    assert!(
+        clicked.elapsed() >= Duration::from_secs(1),
+        "early: {:?}",
+        clicked.elapsed()
+    );
     assert_eq!(delivery.data, b"click 1");
     delivery.ack(BasicAckOptions::default()).await.unwrap();
+
+    // Discard the group (its queue, reason and hour, as the page's form says).
+    let page = ops.get("/console/parked").await.1;
+    let value = |name: &str| {
+        let field = format!("name=\"{name}\" value=\"");
+        let at = page
+            .find(&field)
+            .unwrap_or_else(|| panic!("no {name} in {page}"))
+            + field.len();
+        page[at..at + page[at..].find('"').unwrap()].to_owned()
+    };
+    let (reason, hour) = (value("reason"), value("first_failed_hour"));
     let form = [
         ("csrf", csrf.as_str()),
         ("queue", queue.as_str()),
+        ("reason", reason.as_str()),
+        ("first_failed_hour", hour.as_str()),
         ("action", "discard"),
     ];
     let (status, location) = ops.post("/console/parked/bulk", &form, "same-origin").await;
@@ -963,6 +992,20 @@ async fn the_console_shows_parked_messages_per_queue_and_replays_one_with_a_clic
             .1
             .contains("Nothing is parked.")
     );
+}
+
+/// The replay forms' paths on the console's Parked page, in its order
+/// (each message has a Replay and a Replay later form, to one path).
+fn replay_paths(page: &str) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for (at, _) in page.match_indices("/replay\"") {
+        let start = page[..at].rfind("/console/parked/").unwrap();
+        let path = &page[start..at + "/replay".len()];
+        if paths.last().is_none_or(|last| last != path) {
+            paths.push(path.to_owned());
+        }
+    }
+    paths
 }
 
 /// `settings`' retry policies as the file a service reads (`[[retry]]` is
