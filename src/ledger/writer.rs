@@ -783,6 +783,40 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// Tasks past their deadline are marked expired in one transaction,
+    /// each only in the revision that expired and only while not final: a
+    /// take's worth of them costs one commit, not one a task.
+    #[tokio::test]
+    async fn expired_tasks_are_marked_together_each_in_its_revision_and_never_once_final() {
+        let (ledger, dir) = crate::ledger::handle::scratch_sqlite().await;
+        let rows: Vec<Row> = (0..300).map(|_| row()).collect();
+        for row in &rows {
+            ledger.writes.admit(row.clone(), None).await.unwrap();
+        }
+        ledger.cancel(&[rows[0].id.clone()], None, 1).await.unwrap();
+        let mut expired: Vec<crate::ledger::Expiry> = rows
+            .iter()
+            .map(|row| crate::ledger::Expiry {
+                id: row.id.clone(),
+                revision: u64::try_from(row.revision).unwrap(),
+                at_ms: 7_000,
+                why: "its deadline passed".to_owned(),
+            })
+            .collect();
+        // Moved since: a newer revision than the one that expired.
+        expired[1].revision += 1;
+        assert_eq!(ledger.mark_expired(&expired).await.unwrap(), 298);
+        let state = async |row: &Row| ledger.get(&row.id).await.unwrap().unwrap().state;
+        assert_eq!(state(&rows[0]).await, TaskState::Cancelled);
+        assert_eq!(state(&rows[1]).await, TaskState::Pending);
+        for row in &rows[2..] {
+            assert_eq!(state(row).await, TaskState::Expired);
+        }
+        assert_eq!(ledger.mark_expired(&[]).await.unwrap(), 0);
+        ledger.close().await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// A claim holds the claimed tasks a limit names in the same commit:
     /// `waiting` for that limit, the others `releasing`; a task not
     /// claimed (here: an older revision) is not held.
