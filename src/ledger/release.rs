@@ -145,9 +145,8 @@ impl Ledger {
     /// reached a final state first (a task delivered is never also
     /// expired). How many changed. A statement each (each has its own
     /// reason), all in one transaction: one commit (and, on SQLite, one
-    /// fsync) for a take's expired tasks, not one a task, so a burst whose
-    /// deadlines passed while delayline was stopped expires as fast as it
-    /// would have been released.
+    /// fsync) for a take's expired tasks, not one a task: a burst whose
+    /// deadlines passed while delayline was stopped is many of them.
     pub async fn mark_expired(&self, tasks: &[Expiry]) -> Result<u64, LedgerError> {
         if tasks.is_empty() {
             return Ok(0);

@@ -803,7 +803,7 @@ mod tests {
                 why: "its deadline passed".to_owned(),
             })
             .collect();
-        // Moved since: a newer revision than the one that expired.
+        // Not the row's revision (as when it was moved since): left alone.
         expired[1].revision += 1;
         assert_eq!(ledger.mark_expired(&expired).await.unwrap(), 298);
         let state = async |row: &Row| ledger.get(&row.id).await.unwrap().unwrap().state;
