@@ -937,26 +937,14 @@ async fn the_console_shows_parked_messages_and_replays_one_now_one_later_and_dis
     // Replay: the newest, at once.
     let csrf = csrf_of(&page);
     let ids = replay_paths(&page);
-    let (status, location) = ops.post(&ids[0], &[("csrf", &csrf)], "same-origin").await;
-    assert_eq!(status, 303, "{location}");
-    assert!(location.contains("replayed%201%20of%201"), "{location}");
-    let (_, delivery) = worker
-        .next(Duration::from_secs(10))
-        .await
-        .expect("replayed");
+    let delivery = replay_on_console(&ops, &ids[0], &[("csrf", &csrf)], &mut worker).await;
     assert_eq!(delivery.data, b"click 2");
     delivery.ack(BasicAckOptions::default()).await.unwrap();
 
     // Replay later: the next, a second after the click, never before.
     let clicked = std::time::Instant::now();
     let form = [("csrf", csrf.as_str()), ("delay", "1s")];
-    let (status, location) = ops.post(&ids[1], &form, "same-origin").await;
-    assert_eq!(status, 303, "{location}");
-    assert!(location.contains("replayed%201%20of%201"), "{location}");
-    let (_, delivery) = worker
-        .next(Duration::from_secs(10))
-        .await
-        .expect("replayed later");
+    let delivery = replay_on_console(&ops, &ids[1], &form, &mut worker).await;
     assert!(
         clicked.elapsed() >= Duration::from_secs(1),
         "early: {:?}",
@@ -992,6 +980,24 @@ async fn the_console_shows_parked_messages_and_replays_one_now_one_later_and_dis
             .1
             .contains("Nothing is parked.")
     );
+}
+
+/// Posts one of the Parked page's replay forms (to `path`), which says it
+/// replayed one message, and receives that message.
+async fn replay_on_console(
+    ops: &crate::console::Browser,
+    path: &str,
+    form: &[(&str, &str)],
+    worker: &mut Worker,
+) -> Delivery {
+    let (status, location) = ops.post(path, form, "same-origin").await;
+    assert_eq!(status, 303, "{location}");
+    assert!(location.contains("replayed%201%20of%201"), "{location}");
+    let (_, delivery) = worker
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the replayed message");
+    delivery
 }
 
 /// The replay forms' paths on the console's Parked page, in its order
