@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use delayline::cascade::CascadeSettings;
 use delayline::clock::epoch_ms;
 use delayline::ledger::StoreSettings;
-use delayline::ledger::{Admission, ClaimAsk, Entry, Finding, Ledger};
+use delayline::ledger::{Admission, ClaimAsk, Entry, Finding, Ledger, UnstageInput};
 use delayline::secret::Secret;
 use delayline::task::Task;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
@@ -36,6 +36,10 @@ use crate::cpu::process_cpu_ms;
 const WINDOW: usize = 256;
 /// Claims in flight at once.
 const WINDOWS_IN_FLIGHT: usize = 4;
+/// Staged tasks a take releases, and takes out at once, as the staged
+/// release's (`release::staged`'s `PAGE` and `PAGES_OUT`).
+const PAGE: u32 = 1000;
+const PAGES_OUT: usize = 3;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LedgerRun {
@@ -66,13 +70,25 @@ pub struct Schema<'a> {
     pub label: Option<&'a str>,
 }
 
+/// How the phase's tasks are due and released.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shape {
+    /// Every task the same delay (see `--ledger-same-delay`).
+    pub same_delay: bool,
+    /// Released as a burst's are: staged first (not measured: ahead of the
+    /// instant), then taken from the ledger in pages and marked delivered,
+    /// the staged release's writes, instead of claimed in windows.
+    pub staged: bool,
+}
+
 /// The phase: `tasks` tasks at 16 and at 256 callers, a tenth of them at
 /// one, each run in a fresh ledger of its own, of `schema`.
 pub async fn phase(
     tasks: usize,
     schema: &Schema<'_>,
-    same_delay: bool,
+    shape: Shape,
 ) -> anyhow::Result<Vec<LedgerRun>> {
+    let Shape { same_delay, staged } = shape;
     let mut label = match (schema.label, schema.dropped.is_empty()) {
         (Some(label), _) => format!("sqlite {label}"),
         (None, true) => "sqlite".to_owned(),
@@ -80,6 +96,9 @@ pub async fn phase(
     };
     if same_delay {
         label.push_str(" same-delay");
+    }
+    if staged {
+        label.push_str(" staged");
     }
     let mut runs = Vec::new();
     for concurrency in [1, 16, 256] {
@@ -89,7 +108,7 @@ pub async fn phase(
         ));
         std::fs::create_dir_all(&dir)?;
         let tasks = if concurrency == 1 { tasks / 10 } else { tasks };
-        let run = default_ledger(&label, &dir, tasks, concurrency, schema, same_delay).await;
+        let run = default_ledger(&label, &dir, (tasks, concurrency), schema, shape).await;
         let _ = std::fs::remove_dir_all(&dir);
         runs.push(run?);
     }
@@ -137,10 +156,9 @@ pub fn print(runs: &[LedgerRun]) {
 async fn default_ledger(
     label: &str,
     dir: &Path,
-    tasks: usize,
-    concurrency: usize,
+    (tasks, concurrency): (usize, usize),
     schema: &Schema<'_>,
-    same_delay: bool,
+    Shape { same_delay, staged }: Shape,
 ) -> anyhow::Result<LedgerRun> {
     let path = dir.join("ledger.db");
     let settings = StoreSettings {
@@ -185,9 +203,17 @@ async fn default_ledger(
     let started = Instant::now();
     let latencies = admit_all(&ledger, built, concurrency).await?;
     let admitted_in = started.elapsed();
-    let cpu_admitted = own_cpu_ms()?;
-    release_all(&ledger, ids).await?;
-    let released_in = started.elapsed() - admitted_in;
+    let mut cpu_admitted = own_cpu_ms()?;
+    let mut released_from = started.elapsed();
+    if staged {
+        stage_all(&ledger, ids).await?;
+        cpu_admitted = own_cpu_ms()?;
+        released_from = started.elapsed();
+        release_staged(&ledger, tasks).await?;
+    } else {
+        release_all(&ledger, ids).await?;
+    }
+    let released_in = started.elapsed() - released_from;
     let cpu_after = own_cpu_ms()?;
     ledger.close().await;
 
@@ -252,8 +278,68 @@ async fn release_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
             .await?;
         anyhow::Ok(())
     };
+    in_windows(&ids, one).await
+}
+
+/// Claims the tasks in windows and stages each until now.
+async fn stage_all(ledger: &Ledger, ids: Vec<String>) -> anyhow::Result<()> {
+    let now_ms = epoch_ms(SystemTime::now());
+    let one = async |window: &[String]| {
+        let asks = window.iter().map(|id| ClaimAsk {
+            stage_until: Some(now_ms),
+            ..ClaimAsk::of(id.clone(), 1)
+        });
+        let findings = ledger.stage(asks.collect()).await?;
+        if let Some(other) = findings.iter().find(|f| **f != Finding::Staged) {
+            bail!("a due task was not staged: {other:?}");
+        }
+        anyhow::Ok(())
+    };
+    in_windows(&ids, one).await
+}
+
+/// Takes the staged tasks in pages, a few at once, and marks each page
+/// delivered, until all `tasks` are.
+async fn release_staged(ledger: &Ledger, tasks: usize) -> anyhow::Result<()> {
+    let take = async |_: usize| {
+        let now_ms = epoch_ms(SystemTime::now());
+        let input = UnstageInput {
+            by_ms: now_ms,
+            others_by_ms: now_ms,
+            own: delayline::clock::source(),
+            lease_until_ms: now_ms + 60_000,
+            most: PAGE,
+        };
+        let taken: Vec<String> = ledger
+            .unstage(input)
+            .await?
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        let count = taken.len();
+        ledger.mark_delivered(taken, now_ms).await?;
+        anyhow::Ok(count)
+    };
+    let pages = tasks.div_ceil(PAGE as usize);
+    let released: Vec<usize> = stream::iter(0..pages)
+        .map(take)
+        .buffer_unordered(PAGES_OUT)
+        .try_collect()
+        .await?;
+    let released: usize = released.iter().sum();
+    if released != tasks {
+        bail!("{released} of {tasks} staged tasks were taken");
+    }
+    Ok(())
+}
+
+/// Runs `one` on each window of `ids`, a few windows at once.
+async fn in_windows(
+    ids: &[String],
+    one: impl AsyncFn(&[String]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     stream::iter(ids.chunks(WINDOW))
-        .map(one)
+        .map(|window| one(window))
         .buffer_unordered(WINDOWS_IN_FLIGHT)
         .try_collect()
         .await

@@ -125,6 +125,11 @@ struct Args {
     /// them over an hour.
     #[arg(long)]
     ledger_same_delay: bool,
+    /// The ledger phase releases its tasks as a burst's are released: staged
+    /// first, then taken in pages and marked delivered (the staged
+    /// release's writes); its release figures are of those alone.
+    #[arg(long)]
+    ledger_staged: bool,
     /// The ingest phase (and the overload phase) gives every task the same
     /// delay, so the ledger's due-order indexes take each at their end,
     /// instead of spreading them over an hour.

@@ -403,7 +403,11 @@ async fn ledger(args: &Args, _seconds: Duration, results: &mut Results) -> anyho
         sql: args.ledger_sql.as_deref(),
         label: args.ledger_label.as_deref(),
     };
-    results.ledger = ledger::phase(tasks, &schema, args.ledger_same_delay).await?;
+    let shape = ledger::Shape {
+        same_delay: args.ledger_same_delay,
+        staged: args.ledger_staged,
+    };
+    results.ledger = ledger::phase(tasks, &schema, shape).await?;
     Ok(())
 }
 
