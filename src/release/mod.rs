@@ -44,4 +44,5 @@ pub(crate) use broker::PublishAlone;
 pub(crate) use limit_view::{LimitStatus, LimitsView};
 pub(crate) use side::{ReleaseHandles, ReleaseSide};
 pub use stage::{RELEASE_WINDOW, RELEASE_WINDOWS};
+pub use staged::{PAGE, PAGES_OUT};
 pub(crate) use watch::{Arrival, ArrivalWatch};

@@ -37,7 +37,7 @@ use crate::ledger::{Ledger, StoredTask, UnstageInput};
 /// Most staged tasks one take releases.
 pub const PAGE: u32 = 1000;
 /// Takes being released at once: one publishing while the next is taken.
-const PAGES_OUT: usize = 3;
+pub const PAGES_OUT: usize = 3;
 /// How long the release sleeps at most before it looks again (another
 /// replica may have staged an earlier task meanwhile).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
