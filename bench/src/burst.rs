@@ -179,6 +179,19 @@ fn print_cpu(run: &BurstRun) {
         us(release.service_us),
         us(release.load_generator_us),
     );
+    let busy = |cpu: &CpuPerTask, per_sec: f64| {
+        cpu.total_us()
+            .map_or("?".to_owned(), |us| format!("{:.2}", us * per_sec / 1e6))
+    };
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    // Both are CPU-bound on a machine this size: a release that keeps fewer
+    // cores busy than its ceiling did waits somewhere (a bubble), which its
+    // ratio to the ceiling alone does not tell from a slower process.
+    println!(
+        "burst cores busy: ceiling {}, release {} (of {cores})",
+        busy(ceiling, run.business_ceiling_per_sec),
+        busy(release, run.release_per_sec),
+    );
 }
 
 /// One run's size, way of admitting and lead before the instant.

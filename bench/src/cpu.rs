@@ -51,6 +51,15 @@ pub struct CpuPerTask {
     pub load_generator_us: Option<f64>,
 }
 
+impl CpuPerTask {
+    /// Every process's CPU a task together; `None` unless the broker's,
+    /// the service's and the load generator's were all read.
+    pub fn total_us(&self) -> Option<f64> {
+        let database = self.database_us.unwrap_or(0.0);
+        Some(self.broker_us? + self.service_us? + self.load_generator_us? + database)
+    }
+}
+
 /// Readings of the three processes at the start of a measurement.
 pub struct Meter {
     broker: Option<(u32, f64)>,
