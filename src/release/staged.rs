@@ -38,7 +38,7 @@ use crate::ledger::{Ledger, StoredTask, UnstageInput};
 pub const PAGE: u32 = 1000;
 /// Takes being released at once: while some publish, others are taken or
 /// marked delivered (each a commit). With three, a burst's release kept
-/// 1.77–1.83 of two cores busy against its ceiling's 1.85–1.95; with five,
+/// 1.77–1.83 of two cores busy against its ceiling's 1.84–1.95; with five,
 /// 1.83–1.89; eight kept no more busy (bench record 59).
 pub const PAGES_OUT: usize = 5;
 /// How long the release sleeps at most before it looks again (another
