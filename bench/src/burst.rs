@@ -6,7 +6,9 @@
 //! the first and the last arrive, lateness p50 and p99, the release rate
 //! (tasks over the time from the instant to the last), against the raw
 //! publish ceiling to the business exchange measured on the same service
-//! just before; tasks the strand watch published again; early, lost and
+//! just before the admission and again just after the last arrival (the
+//! machine's speed moves between the two); tasks the strand watch
+//! published again; early, lost and
 //! duplicated; the service's and the broker's peak memory. With a leeway
 //! (`--burst-leeway-s`), each task says any moment within it after the
 //! instant will do: then also how evenly the window's seconds are filled
@@ -44,6 +46,11 @@ pub struct BurstRun {
     /// Confirmed publishes a second to the business exchange, routed to a
     /// consumer's classic queue, measured on the same service just before.
     pub business_ceiling_per_sec: f64,
+    /// The same ceiling measured again just after the last arrival: this
+    /// machine's speed moves by a quarter within minutes, and the release
+    /// comes a minute or more after the first measurement.
+    #[serde(default)]
+    pub business_ceiling_after_per_sec: f64,
     pub resent: f64,
     pub staged: f64,
     /// Messages the strand watch took off levels it judged stranded and
@@ -128,7 +135,7 @@ pub async fn phase(
             run.broker_peak_mib = peak.stop() as f64 / 1024.0;
             println!(
                 "burst: {} admitted {} in {:.1} s, {:.1} s ahead: first +{:.0} ms, last +{:.0} ms, \
-                 p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s; \
+                 p50 {:.0} ms, p99 {:.0} ms; {:.0}/s against a ceiling of {:.0}/s ({:.0}/s after); \
                  resent {}, staged {}, drained {}, early {}, lost {}, duplicates {}; \
                  peak memory: service {:.0} MiB, broker {:.0} MiB; \
                  leeway {} s: past the window {} (by up to {:.0} ms), busiest second over the mean {:.2}, \
@@ -143,6 +150,7 @@ pub async fn phase(
                 run.p99_ms,
                 run.release_per_sec,
                 run.business_ceiling_per_sec,
+                run.business_ceiling_after_per_sec,
                 run.resent,
                 run.staged,
                 run.drained,
@@ -289,6 +297,16 @@ async fn one(
     let got = arrivals(&mut receiver, tasks, due_ms + leeway_ms).await;
     let release_cpu = meter.finish(got.len() as u64);
     let scrape = scrape(&sut.base).await.unwrap_or_default();
+    let ceiling_after = raw_amqp(
+        amqp_uri,
+        &sut.cascade,
+        target,
+        channels,
+        256,
+        Duration::from_secs(5),
+        progress,
+    )
+    .await?;
     let mut run = summary(
         mode,
         tasks,
@@ -301,6 +319,7 @@ async fn one(
         spread_over_window(&mut run, &got, (due_ms, leeway_ms));
     }
     (run.ceiling_cpu, run.release_cpu) = (ceiling_cpu, release_cpu);
+    run.business_ceiling_after_per_sec = ceiling_after.tasks_per_sec;
     Ok(run)
 }
 
@@ -384,6 +403,7 @@ fn summary(
         p99_ms: quantile(&late_ms, 0.99),
         release_per_sec: unique.len() as f64 / (last_ms.max(1.0) / 1000.0),
         business_ceiling_per_sec: ceiling,
+        business_ceiling_after_per_sec: 0.0,
         resent: sample(scrape, "delayline_tasks_resent_total"),
         staged: sample(scrape, "delayline_tasks_staged_total"),
         drained: scrape
