@@ -8,8 +8,8 @@
 //! publish ceiling to the business exchange measured on the same service
 //! just before the admission and again just after the last arrival (the
 //! machine's speed moves between the two); tasks the strand watch
-//! published again; early, lost and
-//! duplicated; the service's and the broker's peak memory. With a leeway
+//! published again; early, lost and duplicated; the service's and the
+//! broker's peak memory. With a leeway
 //! (`--burst-leeway-s`), each task says any moment within it after the
 //! instant will do: then also how evenly the window's seconds are filled
 //! and how many arrived past its end.
@@ -25,7 +25,7 @@ use delayline::testkit::{now_us, quantile};
 
 use crate::arrivals::consume;
 use crate::cpu::{CpuPerTask, Meter};
-use crate::load::{RawTarget, raw_amqp, submit_due_from};
+use crate::load::{RawTarget, Throughput, raw_amqp, submit_due_from};
 use crate::sut::{ServiceUnderTest, Setup, Store};
 
 #[derive(Clone, Debug, Serialize)]
@@ -248,23 +248,8 @@ async fn one(
     let (tasks, mode) = (plan.tasks, plan.mode);
     let mut ceiling_arrivals = consume(sut, "ceiling", amqp_uri).await?;
     let broker = crate::cpu::broker_pid();
-    let business = sut.cascade.business_exchange().to_owned();
-    let target = RawTarget::Exchange {
-        label: "business",
-        exchange: &business,
-        key: Some("ceiling"),
-    };
     let meter = Meter::start(broker, sut.pid());
-    let ceiling = raw_amqp(
-        amqp_uri,
-        &sut.cascade,
-        target,
-        channels,
-        256,
-        Duration::from_secs(5),
-        progress,
-    )
-    .await?;
+    let ceiling = business_ceiling(sut, amqp_uri, channels, progress).await?;
     let ceiling_cpu = meter.finish(ceiling.tasks);
     tokio::spawn(async move { while ceiling_arrivals.recv().await.is_some() {} });
     let mut receiver = consume(sut, "burst", amqp_uri).await?;
@@ -297,30 +282,46 @@ async fn one(
     let got = arrivals(&mut receiver, tasks, due_ms + leeway_ms).await;
     let release_cpu = meter.finish(got.len() as u64);
     let scrape = scrape(&sut.base).await.unwrap_or_default();
-    let ceiling_after = raw_amqp(
-        amqp_uri,
-        &sut.cascade,
-        target,
-        channels,
-        256,
-        Duration::from_secs(5),
-        progress,
-    )
-    .await?;
+    let ceiling_after = business_ceiling(sut, amqp_uri, channels, progress).await?;
     let mut run = summary(
         mode,
         tasks,
         (start_us, admitted_us, due_ms),
         &got,
-        ceiling.tasks_per_sec,
+        (ceiling.tasks_per_sec, ceiling_after.tasks_per_sec),
         &scrape,
     );
     if leeway_ms > 0 {
         spread_over_window(&mut run, &got, (due_ms, leeway_ms));
     }
     (run.ceiling_cpu, run.release_cpu) = (ceiling_cpu, release_cpu);
-    run.business_ceiling_after_per_sec = ceiling_after.tasks_per_sec;
     Ok(run)
+}
+
+/// The raw publish ceiling to the business exchange (the bench's own
+/// confirmed publishes for 5 s, to the `ceiling` consumer's queue).
+async fn business_ceiling(
+    sut: &ServiceUnderTest,
+    amqp_uri: &str,
+    channels: usize,
+    progress: &ProgressBar,
+) -> anyhow::Result<Throughput> {
+    let target = RawTarget::Exchange {
+        label: "business",
+        exchange: sut.cascade.business_exchange(),
+        key: Some("ceiling"),
+    };
+    let (in_flight, lasting) = (256, Duration::from_secs(5));
+    raw_amqp(
+        amqp_uri,
+        &sut.cascade,
+        target,
+        channels,
+        in_flight,
+        lasting,
+        progress,
+    )
+    .await
 }
 
 /// How evenly the arrivals filled the window `[due, due + leeway]`, by
@@ -381,7 +382,7 @@ fn summary(
     tasks: usize,
     (start_us, admitted_us, due_ms): (i64, i64, u64),
     got: &[(String, i64)],
-    ceiling: f64,
+    (ceiling, ceiling_after): (f64, f64),
     scrape: &str,
 ) -> BurstRun {
     let due_us = due_ms as i64 * 1000;
@@ -403,7 +404,7 @@ fn summary(
         p99_ms: quantile(&late_ms, 0.99),
         release_per_sec: unique.len() as f64 / (last_ms.max(1.0) / 1000.0),
         business_ceiling_per_sec: ceiling,
-        business_ceiling_after_per_sec: 0.0,
+        business_ceiling_after_per_sec: ceiling_after,
         resent: sample(scrape, "delayline_tasks_resent_total"),
         staged: sample(scrape, "delayline_tasks_staged_total"),
         drained: scrape

@@ -171,7 +171,6 @@ type PreparedMessage = (String, String, Vec<u8>, BasicProperties);
 /// Where the raw path publishes: into the cascade as delayline would, or
 /// into one plain queue (default exchange, the queue's name as routing key),
 /// the same bodies and properties, for what the cascade's entry costs.
-#[derive(Clone, Copy)]
 pub enum RawTarget<'a> {
     Cascade,
     PlainQueue(&'a str),
